@@ -1,0 +1,150 @@
+"""Argument checks shared by the indexes and the tracker.
+
+Every public entry point validates before it mutates, so bad input raises a
+``TypeError``/``ValueError`` and leaves the structure as it was.
+"""
+
+from __future__ import annotations
+
+import array
+import math
+import operator
+import sys
+
+#: Ledger and entry ids are non-negative int64 (Pulsar's ``long``).
+MAX_ID = (1 << 63) - 1
+#: Entry ids below this fit a 32-bit Roaring bitmap.
+U32 = 1 << 32
+
+
+def check_int(name: str, value: object, maximum: int = MAX_ID) -> int:
+    """Return ``value`` as a non-negative ``int`` no larger than ``maximum``.
+
+    Accepts ``int`` and integer-like objects (numpy integers) but never
+    ``bool``, floats, strings or ``None``.
+    """
+    if type(value) is not int:
+        if isinstance(value, bool) or isinstance(value, float) or value is None:
+            raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+        try:
+            value = operator.index(value)
+        except TypeError:
+            raise TypeError(f"{name} must be an int, not {type(value).__name__}") from None
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    if value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
+    return value
+
+
+def check_delay_ms(name: str, value: object) -> int:
+    """Return a delay in whole milliseconds (floats are rounded up).
+
+    Rejects ``bool``, NaN, infinities, negatives and non-numbers.
+    """
+    if type(value) is int:
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0 ms, got {value}")
+        return value
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            raise ValueError(f"{name} must be a finite number of ms, got {value}")
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0 ms, got {value}")
+        return math.ceil(value)
+    return check_int(name, value)
+
+
+def check_precision(precision_bits: object, rounding: object) -> tuple[int, int]:
+    """Validate ``precision_bits``/``rounding``; return ``(add, mask)``.
+
+    A due time maps to its bucket as ``(due + add) & mask``: ``add`` is 0 for
+    ``"floor"`` (Pulsar's trim: up to 2^bits-1 ms early) and ``2^bits - 1`` for
+    ``"ceil"`` (up to 2^bits-1 ms late, never early).
+    """
+    bits = check_int("precision_bits", precision_bits, 30)
+    if rounding not in ("floor", "ceil"):
+        raise ValueError(f"rounding must be 'floor' or 'ceil', got {rounding!r}")
+    width = 1 << bits
+    return (0 if rounding == "floor" else width - 1), ~(width - 1)
+
+
+def _from_numpy(ids) -> array.array:
+    np = sys.modules["numpy"]
+    if ids.ndim != 1:
+        raise ValueError(f"entry_ids must be one-dimensional, got shape {ids.shape}")
+    kind = ids.dtype.kind
+    if kind not in "iu":
+        raise TypeError(f"entry_ids must hold integers, not dtype {ids.dtype}")
+    out = array.array("I")
+    if ids.size == 0:
+        return out
+    if kind == "i" and ids.min() < 0:
+        raise ValueError("entry ids must be >= 0")
+    top = int(ids.max())
+    if top > MAX_ID:
+        raise ValueError(f"entry ids must be <= {MAX_ID}, got {top}")
+    if top >= U32:
+        out = array.array("Q")
+        out.frombytes(np.ascontiguousarray(ids, dtype=np.uint64).tobytes())
+    else:
+        out.frombytes(np.ascontiguousarray(ids, dtype=np.uint32).tobytes())
+    return out
+
+
+def _from_signed_array(ids: array.array) -> array.array:
+    # A C-level conversion rejects negatives (OverflowError) without a Python loop.
+    try:
+        return array.array("I", ids)
+    except OverflowError:
+        pass
+    try:
+        wide = array.array("Q", ids)
+    except OverflowError:
+        raise ValueError("entry ids must be >= 0") from None
+    return _check_wide(wide)
+
+
+def _check_wide(wide: array.array) -> array.array:
+    if len(wide) and max(wide) > MAX_ID:
+        raise ValueError(f"entry ids must be <= {MAX_ID}")
+    return wide
+
+
+def entry_array(ids: object) -> array.array:
+    """Convert ``entry_ids`` to ``array('I')`` (all < 2^32) or ``array('Q')``.
+
+    Fast paths (no per-element Python code): ``array.array`` of any integer
+    typecode and numpy integer arrays. Other iterables are checked element by
+    element in C (``bool``/float/None/negative/too large are rejected).
+    """
+    if isinstance(ids, array.array):
+        tc = ids.typecode
+        if tc in "fdu" or tc == "w":
+            raise TypeError(f"entry_ids array must hold integers, not typecode {tc!r}")
+        if tc in "IL" and ids.itemsize == 4:
+            return ids if tc == "I" else array.array("I", ids.tobytes())
+        if tc in "QL" and ids.itemsize == 8:
+            wide = array.array("Q")
+            wide.frombytes(ids.tobytes())
+            return _from_signed_array(wide) if len(wide) and max(wide) < U32 else _check_wide(wide)
+        return _from_signed_array(ids)
+    if type(ids).__module__ == "numpy" and hasattr(ids, "dtype"):
+        return _from_numpy(ids)
+    if isinstance(ids, (str, bytes, bytearray, memoryview, dict)) or ids is None:
+        raise TypeError(f"entry_ids must be an iterable of ints, not {type(ids).__name__}")
+    try:
+        seq = ids if isinstance(ids, (list, tuple)) else list(ids)
+    except TypeError:
+        raise TypeError(f"entry_ids must be an iterable of ints, not {type(ids).__name__}") from None
+    for t in set(map(type, seq)):
+        if t is bool or not (issubclass(t, int) or hasattr(t, "__index__")):
+            raise TypeError(f"entry ids must be ints, not {t.__name__}")
+    try:
+        return array.array("I", seq)
+    except OverflowError:
+        pass
+    try:
+        return _check_wide(array.array("Q", seq))
+    except OverflowError:
+        raise ValueError(f"entry ids must be between 0 and {MAX_ID}") from None

@@ -1,0 +1,41 @@
+"""``nacktracker demo | bench | plan | sweep | trace`` — the command line."""
+
+from __future__ import annotations
+
+import argparse
+import runpy
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def _run_script(name: str, argv: list[str]) -> int:
+    script = BENCH / name
+    if not script.exists():
+        print(f"nacktracker: {script} not found (the benchmarks ship with the source tree)", file=sys.stderr)
+        return 2
+    sys.argv = [str(script), *argv]
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as e:
+        return int(e.code or 0)
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    # Until the Pulsar demo lands, the demo is the seed-000 memory comparison.
+    return _run_script("memory.py", ["--messages", "2000000", "--x", "8", "--y", "10"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nacktracker", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="run the end-to-end demo")
+    demo.set_defaults(func=_demo)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

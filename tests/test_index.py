@@ -1,0 +1,290 @@
+"""TimeBucketIndex and its baselines: semantics, bad input, memory honesty."""
+
+from __future__ import annotations
+
+import array
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pyroaring import BitMap, BitMap64
+
+from nacktracker import DictIndex, HeapIndex, TimeBucketIndex
+
+ALL = (TimeBucketIndex, DictIndex, HeapIndex)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(params=ALL, ids=lambda c: c.__name__)
+def cls(request):
+    return request.param
+
+
+# -- bucketing ----------------------------------------------------------------
+
+@pytest.mark.parametrize("bits", [0, 3, 8, 10])
+def test_floor_is_never_late_and_at_most_2_bits_early(cls, bits):
+    idx = cls(precision_bits=bits, rounding="floor")
+    for due in (0, 1, 255, 256, 1000, 123_456_789):
+        b = idx.bucket_of(due)
+        assert b <= due < b + (1 << bits)
+        assert b % (1 << bits) == 0
+
+
+@pytest.mark.parametrize("bits", [0, 3, 8, 10])
+def test_ceil_is_never_early_and_at_most_2_bits_late(cls, bits):
+    idx = cls(precision_bits=bits, rounding="ceil")
+    for due in (0, 1, 255, 256, 1000, 123_456_789):
+        b = idx.bucket_of(due)
+        assert due <= b < due + (1 << bits)
+        assert b % (1 << bits) == 0
+
+
+def test_pop_due_respects_bucket_time(cls):
+    idx = cls(precision_bits=8)  # floor: due 1000 -> bucket 768
+    idx.add(1, 1, 1000)
+    assert idx.next_due_ms() == 768
+    assert idx.pop_due(767) == []
+    assert idx.pop_due(768) == [(1, 1)]
+    assert len(idx) == 0 and idx.next_due_ms() is None
+
+    idx = cls(precision_bits=8, rounding="ceil")  # due 1000 -> bucket 1024
+    idx.add(1, 1, 1000)
+    assert idx.pop_due(1023) == []
+    assert idx.pop_due(1024) == [(1, 1)]
+
+
+def test_order_is_bucket_then_ledger_then_entry(cls):
+    idx = cls(precision_bits=0)
+    idx.add(9, 5, 20)
+    idx.add(9, 1, 20)
+    idx.add(2, 7, 20)
+    idx.add(5, 3, 10)
+    idx.add_many(1, [30, 10, 20], 30)
+    assert idx.pop_due(100) == [(5, 3), (2, 7), (9, 1), (9, 5), (1, 10), (1, 20), (1, 30)]
+
+
+def test_stored_once_per_bucket_and_pending_in_each_bucket(cls):
+    idx = cls(precision_bits=4)
+    idx.add(1, 1, 100)
+    idx.add(1, 1, 101)  # same bucket (96)
+    assert len(idx) == 1
+    idx.add(1, 1, 200)  # another bucket: pending twice
+    assert len(idx) == 2
+    assert idx.pop_due(100) == [(1, 1)]
+    assert (1, 1) in idx
+    assert idx.pop_due(500) == [(1, 1)]
+    assert (1, 1) not in idx
+
+
+def test_discard_removes_every_occurrence(cls):
+    idx = cls(precision_bits=0)
+    idx.add(1, 1, 10)
+    idx.add(1, 1, 20)
+    idx.add(1, 2, 10)
+    assert idx.discard(1, 1) is True
+    assert idx.discard(1, 1) is False
+    assert idx.discard(42, 1) is False
+    assert len(idx) == 1
+    assert idx.pop_due(100) == [(1, 2)]
+
+
+def test_empty_buckets_do_not_linger(cls):
+    idx = cls(precision_bits=0)
+    idx.add(1, 1, 10)
+    idx.add(1, 2, 20)
+    idx.discard(1, 1)
+    assert idx.next_due_ms() == 20
+    idx.add_many(3, [], 5)
+    assert idx.next_due_ms() == 20
+
+
+def test_large_entry_ids_switch_to_64_bits():
+    idx = TimeBucketIndex(precision_bits=0)
+    idx.add(1, 5, 10)
+    idx.add(1, 2**32 + 7, 10)
+    idx.add(1, 2**63 - 1, 10)
+    idx.add(2, 3, 10)
+    kinds = {ledger: type(bm) for _, ledger, bm in idx.iter_bitmaps()}
+    assert kinds == {1: BitMap64, 2: BitMap}
+    assert idx.pop_due(10) == [(1, 5), (1, 2**32 + 7), (1, 2**63 - 1), (2, 3)]
+
+
+def test_fast_path_keeps_count_across_interleaving():
+    idx = TimeBucketIndex(precision_bits=0)
+    for i in range(100):
+        idx.add(1, i, 10)
+        idx.add(2, i, 10)
+        idx.add(1, i, 10)  # duplicate within the bucket
+    assert len(idx) == 200
+    idx.discard(1, 0)
+    assert len(idx) == 199
+    assert len(idx.pop_due(10)) == 199 and len(idx) == 0
+
+
+def test_compaction_turns_consecutive_ids_into_runs():
+    idx = TimeBucketIndex(precision_bits=10)
+    for i in range(4000):
+        idx.add(1, i, 1024)  # one bucket, consecutive ids: an array of 8000 B
+    idx.add(1, 4000, 4096)  # a newer bucket: the first one is compacted
+    stats = {b: bm.get_statistics() for b, _, bm in idx.iter_bitmaps()}
+    assert stats[1024]["n_run_containers"] == 1
+    assert stats[1024]["n_bytes_run_containers"] < 16
+
+
+@pytest.mark.parametrize("make", [
+    lambda v: array.array("I", v), lambda v: array.array("L", v), lambda v: array.array("Q", v),
+    lambda v: array.array("q", v), lambda v: array.array("i", v), lambda v: array.array("H", v),
+    lambda v: np.array(v, dtype=np.uint32), lambda v: np.array(v, dtype=np.int64),
+    lambda v: np.array(v, dtype=np.uint64), lambda v: np.array(v, dtype=np.int16),
+    list, tuple, iter, lambda v: range(0, 0) if not v else v,
+], ids=["I", "L", "Q", "q", "i", "H", "np.u32", "np.i64", "np.u64", "np.i16", "list", "tuple", "iter", "seq"])
+def test_add_many_accepts_every_integer_container_without_corrupting(cls, make):
+    ids = [0, 1, 7, 1000, 32767, 3]
+    idx = cls(precision_bits=0)
+    idx.add_many(4, make(ids), 50)
+    assert idx.pop_due(50) == [(4, e) for e in sorted(ids)]
+
+
+def test_add_many_large_ids(cls):
+    big = [2**40, 2**63 - 1, 5]
+    for data in (array.array("Q", big), np.array(big, dtype=np.uint64), big):
+        idx = cls(precision_bits=0)
+        idx.add_many(1, data, 5)
+        assert idx.pop_due(5) == [(1, e) for e in sorted(big)]
+
+
+BAD_IDS = [-1, 2**63, True, False, 1.0, float("nan"), None, "1", b"1", [1]]
+BAD_MS = [-1, 2**63, True, 1.5, float("nan"), float("inf"), None, "5"]
+
+
+def _snapshot(idx):
+    return len(idx), idx.next_due_ms()
+
+
+def _filled(cls):
+    idx = cls(precision_bits=2)
+    idx.add(1, 1, 10)
+    idx.add_many(2, [1, 2], 20)
+    return idx
+
+
+@pytest.mark.parametrize("bad", BAD_IDS, ids=repr)
+def test_bad_ids_are_rejected_and_leave_the_index_unchanged(cls, bad):
+    idx = _filled(cls)
+    before = _snapshot(idx)
+    for call in (lambda: idx.add(bad, 1, 5), lambda: idx.add(1, bad, 5),
+                 lambda: idx.add_many(bad, [1], 5), lambda: idx.discard(bad, 1),
+                 lambda: idx.discard(1, bad)):
+        with pytest.raises((TypeError, ValueError)):
+            call()
+    assert _snapshot(idx) == before
+
+
+@pytest.mark.parametrize("bad", BAD_MS, ids=repr)
+def test_bad_times_are_rejected(cls, bad):
+    idx = _filled(cls)
+    before = _snapshot(idx)
+    for call in (lambda: idx.add(1, 1, bad), lambda: idx.add_many(1, [1], bad),
+                 lambda: idx.pop_due(bad)):
+        with pytest.raises((TypeError, ValueError)):
+            call()
+    assert _snapshot(idx) == before
+
+
+@pytest.mark.parametrize("bad", [
+    [1, -1], [1, True], [1.0], [None], [2**63], "123", b"12", None, 5,
+    array.array("d", [1.0]), array.array("q", [3, -4]), np.array([1.5]), np.array([True]),
+    np.array([1, -2], dtype=np.int64), np.array([[1, 2]], dtype=np.uint32),
+], ids=repr)
+def test_add_many_bad_ids_change_nothing(cls, bad):
+    idx = _filled(cls)
+    before = _snapshot(idx)
+    with pytest.raises((TypeError, ValueError)):
+        idx.add_many(3, bad, 5)
+    assert _snapshot(idx) == before
+    assert idx.next_due_ms() == 8
+
+
+@pytest.mark.parametrize("bits,rounding", [(-1, "floor"), (31, "floor"), (1.0, "floor"),
+                                           (True, "floor"), (8, "round"), (8, None)])
+def test_bad_precision(cls, bits, rounding):
+    with pytest.raises((TypeError, ValueError)):
+        cls(precision_bits=bits, rounding=rounding)
+
+
+def test_numpy_integer_scalars_are_ids(cls):
+    idx = cls(precision_bits=0)
+    idx.add(np.int64(3), np.uint32(4), np.int64(5))
+    assert idx.pop_due(5) == [(3, 4)]
+
+
+# -- differential property test ----------------------------------------------
+
+ledger_s = st.integers(0, 3)
+entry_s = st.one_of(st.integers(0, 40), st.integers(2**32 - 2, 2**32 + 2))
+due_s = st.integers(0, 300)
+op_s = st.one_of(
+    st.tuples(st.just("add"), ledger_s, entry_s, due_s),
+    st.tuples(st.just("add_many"), ledger_s, st.lists(entry_s, max_size=8), due_s),
+    st.tuples(st.just("discard"), ledger_s, entry_s),
+    st.tuples(st.just("pop_due"), due_s),
+    st.tuples(st.just("next_due"),),
+)
+
+
+@pytest.mark.parametrize("bits", [0, 3, 8])
+@pytest.mark.parametrize("rounding", ["floor", "ceil"])
+@settings(max_examples=150, deadline=None)
+@given(ops=st.lists(op_s, max_size=60))
+def test_time_buckets_match_dict_and_heap(bits, rounding, ops):
+    models = [c(precision_bits=bits, rounding=rounding) for c in ALL]
+    for op in ops:
+        results = []
+        for m in models:
+            name, *args = op
+            if name == "next_due":
+                results.append(m.next_due_ms())
+            elif name == "add_many":
+                results.append(m.add_many(*args))
+            else:
+                results.append(getattr(m, name)(*args))
+        assert results[0] == results[1] == results[2], (op, results)
+        assert len(models[0]) == len(models[1]) == len(models[2])
+    final = [m.pop_due(10**6) for m in models]
+    assert final[0] == final[1] == final[2]
+    assert all(len(m) == 0 for m in models)
+
+
+@settings(max_examples=100, deadline=None)
+@given(ops=st.lists(st.tuples(ledger_s, entry_s, due_s), max_size=80), bits=st.sampled_from([0, 3, 8]))
+def test_nothing_duplicated_within_a_bucket(ops, bits):
+    idx = TimeBucketIndex(precision_bits=bits)
+    for ledger, entry, due in ops:
+        idx.add(ledger, entry, due)
+    seen = set()
+    for bucket, ledger, bm in idx.pop_due_bitmaps(10**6):
+        for entry in bm:
+            assert (bucket, ledger, entry) not in seen
+            seen.add((bucket, ledger, entry))
+    expected = {(idx.bucket_of(d), l, e) for l, e, d in ops}
+    assert seen == expected
+
+
+# -- memory honesty -------------------------------------------------------------
+
+def test_nbytes_within_25_percent_of_rss_growth():
+    """Build a large index in a fresh process: nbytes() must track real RSS."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "memory.py"), "--one", "--index", "TimeBucketIndex",
+         "--workload", "random", "--messages", "3000000", "--x", "1", "--y", "10"],
+        check=True, capture_output=True, text=True, cwd=ROOT)
+    row = json.loads(out.stdout.strip().splitlines()[-1])
+    assert row["rss_growth"] > 4_000_000  # large enough to dwarf page noise
+    assert math.isclose(row["nbytes"], row["rss_growth"], rel_tol=0.25), row
