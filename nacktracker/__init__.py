@@ -5,7 +5,26 @@ Pending nacks live in a PIP-393 time-bucket index (trimmed due time -> ledger
 bucket; a pluggable adapter asks the broker to redeliver.
 """
 
+from .backoff import FixedBackoff, MultiplierBackoff
+from .clock import LoopClock, ManualClock
+from .events import NackEvent
 from .index import DictIndex, HeapIndex, TimeBucketIndex
+from .keys import MessageKey
+from .tracker import NegativeAcksTracker, TrackerClosedError
 
-__all__ = ["TimeBucketIndex", "DictIndex", "HeapIndex"]
+__all__ = [
+    "TimeBucketIndex", "DictIndex", "HeapIndex",
+    "NegativeAcksTracker", "TrackerClosedError", "MessageKey", "NackEvent",
+    "FixedBackoff", "MultiplierBackoff", "LoopClock", "ManualClock",
+    "TrackedConsumer", "subscribe",
+]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # The Pulsar layer imports pulsar-client; load it only when asked for.
+    if name in ("TrackedConsumer", "subscribe"):
+        from . import consumer
+
+        return getattr(consumer, name)
+    raise AttributeError(f"module 'nacktracker' has no attribute {name!r}")

@@ -310,6 +310,10 @@ class TimeBucketIndex:
     def __bool__(self) -> bool:
         return bool(self._keys)
 
+    def has_ledger(self, ledger_id: int) -> bool:
+        """Whether anything of this ledger is pending. Runtime complexity: O(1)."""
+        return ledger_id in self._ledgers
+
     def bucket_count(self) -> int:
         """Distinct bucket times pending. Runtime complexity: O(n) bitmaps."""
         return len({key >> _SHIFT for key in self._keys})

@@ -1,0 +1,78 @@
+"""Message identity as the tracker sees it, duck-typed from Pulsar objects.
+
+No ``pulsar`` import here: a ``pulsar.Message`` is anything with
+``message_id()``; a message id (``pulsar.MessageId`` or ``_pulsar.MessageId``)
+is anything with ``ledger_id()`` and ``entry_id()``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+from ._checks import check_int
+
+__all__ = ["MessageKey", "key_of"]
+
+
+class MessageKey(NamedTuple):
+    """A message's position: ``(ledger_id, entry_id)`` names the entry,
+    ``batch_index`` the message inside a batch entry (-1: not batched),
+    ``partition`` and ``topic`` where it lives (needed by multi-topic and
+    partitioned consumers to route the redelivery)."""
+
+    ledger_id: int
+    entry_id: int
+    partition: int = -1
+    batch_index: int = -1
+    topic: Optional[str] = None
+
+    @property
+    def entry(self) -> "MessageKey":
+        """The whole entry this message belongs to (``batch_index=-1``)."""
+        return self if self.batch_index == -1 else self._replace(batch_index=-1)
+
+
+def _signed(name: str, value: object) -> int:
+    """Partition and batch index: -1 means "none"."""
+    if type(value) is int and value == -1:
+        return -1
+    return check_int(name, value)
+
+
+def key_of(obj: object) -> tuple[MessageKey, Optional[int]]:
+    """``(MessageKey, redelivery_count or None)`` for a message, a message id
+    or a :class:`MessageKey`. Raises ``TypeError`` for anything else and
+    ``ValueError`` for out-of-range ids."""
+    if type(obj) is MessageKey:
+        key, count = obj, None
+        topic = obj.topic
+    else:
+        count = None
+        topic = None
+        message_id = getattr(obj, "message_id", None)
+        if callable(message_id):  # a Message
+            count_of = getattr(obj, "redelivery_count", None)
+            count = count_of() if callable(count_of) else None
+            topic_of = getattr(obj, "topic_name", None)
+            topic = topic_of() if callable(topic_of) else None
+            obj = message_id()
+        if type(obj) is MessageKey:
+            return key_of(obj._replace(topic=topic or obj.topic))[0], count
+        ledger = getattr(obj, "ledger_id", None)
+        entry = getattr(obj, "entry_id", None)
+        if not (callable(ledger) and callable(entry)):
+            raise TypeError(
+                f"expected a pulsar Message, MessageId or nacktracker.MessageKey, not {type(obj).__name__}")
+        partition = getattr(obj, "partition", None)
+        batch = getattr(obj, "batch_index", None)
+        key = MessageKey(ledger(), entry(), partition() if callable(partition) else -1,
+                         batch() if callable(batch) else -1, topic or None)
+    if not (topic is None or isinstance(topic, str)):
+        raise TypeError(f"topic must be a str or None, not {type(topic).__name__}")
+    if type(key.ledger_id) is not int or type(key.entry_id) is not int or (key.ledger_id | key.entry_id) >> 63:
+        key = key._replace(ledger_id=check_int("ledger_id", key.ledger_id),
+                           entry_id=check_int("entry_id", key.entry_id))
+    if key.partition != -1 or key.batch_index != -1:
+        key = key._replace(partition=_signed("partition", key.partition),
+                           batch_index=_signed("batch_index", key.batch_index))
+    return key, count

@@ -1,0 +1,495 @@
+"""NegativeAcksTracker: the only part of nacktracker that knows time.
+
+One timer, armed at the earliest pending bucket (minus the adapter's declared
+lead). An add into an earlier bucket pulls the timer earlier; an add into a
+later bucket leaves it alone, so a steady stream of nacks never postpones a
+due redelivery. On fire, every due bucket is popped and handed to the adapter
+in one call; then the timer is armed at the next bucket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import math
+import sys
+import time
+from collections import Counter, deque
+from typing import Any, Callable, Optional
+
+from ._checks import check_delay_ms, check_int, check_precision
+from .adapters.base import RedeliveryAdapter
+from .clock import Clock, LoopClock, TimerHandle
+from .events import NackEvent
+from .index import TimeBucketIndex
+from .keys import MessageKey, key_of
+
+__all__ = ["NegativeAcksTracker", "TrackerClosedError", "LatencyHistogram"]
+
+log = logging.getLogger(__name__)
+
+_FOREVER = (1 << 63) - 1
+
+
+class TrackerClosedError(RuntimeError):
+    """The tracker was closed; it accepts no more nacks."""
+
+
+class LatencyHistogram:
+    """Counts per whole millisecond, clamped to ``[-limit, limit]``: bounded
+    memory whatever the traffic. Percentiles are exact to 1 ms inside the range."""
+
+    __slots__ = ("limit", "_counts", "count", "max")
+
+    def __init__(self, limit_ms: int = 600_000) -> None:
+        self.limit = limit_ms
+        self._counts: Counter[int] = Counter()
+        self.count = 0
+        self.max: Optional[float] = None
+
+    def add(self, value_ms: float, weight: int = 1) -> None:
+        self._counts[max(-self.limit, min(self.limit, round(value_ms)))] += weight
+        self.count += weight
+        if self.max is None or value_ms > self.max:
+            self.max = value_ms
+
+    def percentile(self, p: float) -> Optional[int]:
+        if not self.count:
+            return None
+        rank = max(1, math.ceil(p / 100 * self.count))
+        seen = 0
+        for value in sorted(self._counts):
+            seen += self._counts[value]
+            if seen >= rank:
+                return value
+        return None  # unreachable
+
+    def summary(self) -> dict[str, Any]:
+        return {"count": self.count, "p50": self.percentile(50), "p99": self.percentile(99),
+                "max": None if self.max is None else round(self.max, 3)}
+
+
+class NegativeAcksTracker:
+    """Schedules redeliveries of negatively acknowledged messages.
+
+    ``adapter``: a :class:`~nacktracker.adapters.RedeliveryAdapter`.
+    ``delay_ms``: default nack delay. ``precision_bits``/``rounding``: the
+    bucket width 2^bits ms and whether a bucket fires early (``"floor"``,
+    Pulsar's semantics) or late (``"ceil"``). ``backoff``: ``f(redelivery_count)
+    -> ms`` used when ``add`` gets no ``delay_ms``. ``max_redeliveries``: a
+    message nacked with ``redelivery_count >= max_redeliveries`` is not
+    scheduled but handed to ``on_dead_letter(key)`` (sync or async; required
+    then: dropping silently is not an option). ``clock``: a
+    :class:`~nacktracker.clock.Clock` (default: the event loop's monotonic
+    clock). ``on_event``: receives a :class:`~nacktracker.events.NackEvent` per
+    nack, redelivery and dead letter.
+
+    Must be used from one event loop; other threads call :meth:`add_threadsafe`.
+
+    >>> async def main():
+    ...     adapter = MemoryAdapter()
+    ...     async with NegativeAcksTracker(adapter, delay_ms=10, precision_bits=0) as t:
+    ...         t.add(MessageKey(ledger_id=1, entry_id=2))
+    ...         await adapter.wait_for(1)
+    ...     return adapter.redelivered
+    >>> asyncio.run(main())
+    [MessageKey(ledger_id=1, entry_id=2, partition=-1, batch_index=-1, topic=None)]
+    """
+
+    def __init__(self, adapter: RedeliveryAdapter, *, delay_ms: int = 60_000, precision_bits: int = 8,
+                 rounding: str = "floor", backoff: Optional[Callable[[int], int]] = None,
+                 max_redeliveries: Optional[int] = None,
+                 on_dead_letter: Optional[Callable[[MessageKey], Any]] = None,
+                 clock: Optional[Clock] = None, on_event: Optional[Callable[[NackEvent], Any]] = None,
+                 retry_min_ms: int = 100, retry_max_ms: int = 10_000,
+                 consumer_name: Optional[str] = None) -> None:
+        if not callable(getattr(adapter, "redeliver", None)):
+            raise TypeError(f"adapter must have an async redeliver(keys) method, not {type(adapter).__name__}")
+        lead = getattr(adapter, "lead_ms", 0) or 0
+        self._lead = check_int("adapter.lead_ms", lead)
+        self._delay_ms = check_delay_ms("delay_ms", delay_ms)
+        self._round_add, self._mask = check_precision(precision_bits, rounding)
+        for name, fn in (("backoff", backoff), ("on_dead_letter", on_dead_letter), ("on_event", on_event)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{name} must be callable, not {type(fn).__name__}")
+        if max_redeliveries is not None:
+            max_redeliveries = check_int("max_redeliveries", max_redeliveries)
+            if max_redeliveries < 1:
+                raise ValueError("max_redeliveries must be >= 1")
+            if on_dead_letter is None:
+                raise ValueError("max_redeliveries needs on_dead_letter: the tracker never drops a message silently")
+        if clock is not None and not (callable(getattr(clock, "now_ms", None))
+                                      and callable(getattr(clock, "call_at", None))):
+            raise TypeError("clock must provide now_ms() and call_at(when_ms, callback)")
+        self._retry_min = check_delay_ms("retry_min_ms", retry_min_ms) or 1
+        self._retry_max = max(self._retry_min, check_delay_ms("retry_max_ms", retry_max_ms))
+        self.adapter = adapter
+        self.precision_bits, self.rounding = precision_bits, rounding
+        self.delay_ms = self._delay_ms
+        self.max_redeliveries = max_redeliveries
+        self.consumer_name = consumer_name
+        self._backoff = backoff
+        self._on_dead_letter = on_dead_letter
+        self._on_event = on_event
+        self._clock: Optional[Clock] = clock
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._index = TimeBucketIndex(precision_bits, rounding)
+        # one slot per (partition, ledger[, topic]); see _slot()
+        self._slots: dict[tuple[int, int], dict[Optional[str], int]] = {}
+        self._origins: dict[int, tuple[Optional[str], int, int]] = {}
+        self._next_synthetic = 1 << 62
+        self._timer: Optional[TimerHandle] = None
+        self._timer_at: Optional[int] = None
+        self._retry_timer: Optional[TimerHandle] = None
+        self._retry_streak = 0
+        self._outbox: deque[list[MessageKey]] = deque()
+        self._sending: Optional[asyncio.Task] = None
+        self._side_tasks: set[asyncio.Task] = set()
+        self._closed = False
+        self._lateness = LatencyHistogram()
+        self._n = Counter()  # nacks, redelivered, dead_lettered, failures, ...
+        try:
+            self._bind(asyncio.get_running_loop())
+        except RuntimeError:
+            pass  # bound on first use inside a loop
+
+    # -- public API --------------------------------------------------------------
+
+    def add(self, message_id: Any, *, delay_ms: Optional[float] = None,
+            redelivery_count: Optional[int] = None) -> Optional[int]:
+        """Schedule a redelivery of ``message_id`` (a ``pulsar.Message``, a
+        message id or a :class:`MessageKey`).
+
+        Delay: ``delay_ms`` if given, else ``backoff(redelivery_count)`` when a
+        backoff is set, else the tracker's ``delay_ms``. ``redelivery_count``
+        defaults to the message's own (0 for ids). Returns the due time on the
+        tracker's clock (ms), or ``None`` when the message was dead-lettered.
+        Never blocks. Runtime complexity: O(1) amortised.
+        """
+        if self._closed:
+            raise TrackerClosedError("tracker is closed")
+        key, own_count = key_of(message_id)
+        count = redelivery_count if redelivery_count is not None else (own_count or 0)
+        count = check_int("redelivery_count", count)
+        if delay_ms is not None:
+            delay = check_delay_ms("delay_ms", delay_ms)
+        elif self._backoff is not None:
+            delay = check_delay_ms("backoff result", self._backoff(count))
+        else:
+            delay = self._delay_ms
+        if self._loop is None:
+            self._bind(asyncio.get_running_loop())
+        if self.max_redeliveries is not None and count >= self.max_redeliveries:
+            self._dead_letter(key, count, delay)
+            return None
+        return self._schedule(key, delay, count)
+
+    def add_threadsafe(self, message_id: Any, *, delay_ms: Optional[float] = None,
+                       redelivery_count: Optional[int] = None) -> None:
+        """:meth:`add` from another thread (e.g. a pulsar listener thread).
+
+        Arguments are checked in the calling thread (bad input raises there);
+        the add itself runs on the tracker's loop.
+        """
+        if self._closed:
+            raise TrackerClosedError("tracker is closed")
+        if self._loop is None:
+            raise RuntimeError("the tracker is not bound to an event loop yet: create it inside the loop")
+        key, own_count = key_of(message_id)
+        if redelivery_count is not None:
+            check_int("redelivery_count", redelivery_count)
+        else:
+            redelivery_count = own_count
+        if delay_ms is not None:
+            check_delay_ms("delay_ms", delay_ms)
+
+        def run() -> None:
+            try:
+                self.add(key, delay_ms=delay_ms, redelivery_count=redelivery_count)
+            except TrackerClosedError:
+                self._n["rejected_after_close"] += 1
+                log.warning("nack of %s arrived after close; not scheduled", key)
+
+        self._loop.call_soon_threadsafe(run)
+
+    def discard(self, message_id: Any) -> bool:
+        """Cancel the pending redelivery of a message (it was acknowledged).
+
+        Cancels the whole entry (Pulsar redelivers entries; batch siblings are
+        the consumer's business). Returns whether anything was pending.
+        Runtime complexity: O(b) for the b buckets holding its ledger.
+        """
+        key, _ = key_of(message_id)
+        slot = self._slot(key, create=False)
+        if slot is None or not self._index.discard(slot, key.entry_id):
+            return False
+        self._release(slot)
+        return True
+
+    def __contains__(self, message_id: Any) -> bool:
+        key, _ = key_of(message_id)
+        slot = self._slot(key, create=False)
+        return slot is not None and (slot, key.entry_id) in self._index
+
+    @property
+    def pending(self) -> int:
+        """Pending redeliveries (an entry pending in two buckets counts twice)."""
+        return len(self._index)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def next_fire_ms(self) -> Optional[int]:
+        """When the timer is armed for, on the tracker's clock (None: idle)."""
+        return self._timer_at
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and gauges; ``lateness_ms`` is actual fire time minus the
+        bucket's fire time. The error against the requested due time is
+        lateness plus the bucket rounding (and the adapter's own latency)."""
+        return {
+            "pending": len(self._index), "unsent": sum(map(len, self._outbox)),
+            "buckets": self._index.bucket_count(), "bitmaps": self._index.bitmap_count(),
+            "nbytes": self.nbytes(), "nacks": self._n["nacks"], "redelivered": self._n["redelivered"],
+            "dead_lettered": self._n["dead_lettered"], "dead_letter_failures": self._n["dead_letter_failures"],
+            "failures": self._n["failures"], "fires": self._n["fires"],
+            "rejected_after_close": self._n["rejected_after_close"],
+            "lateness_ms": self._lateness.summary(),
+        }
+
+    def nbytes(self) -> int:
+        """Bytes held by the pending set (index plus the ledger routing table)."""
+        slots = sys.getsizeof(self._slots) + sys.getsizeof(self._origins)
+        slots += sum(sys.getsizeof(t) for t in self._slots.values())
+        return self._index.nbytes() + slots
+
+    async def close(self, flush: bool = False) -> None:
+        """Stop the timer. ``flush=True`` first hands every pending message to
+        the adapter (raising if that fails, with the keys still counted in
+        ``stats()['unsent']``). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._cancel(self._timer)
+        self._timer = self._timer_at = None
+        self._cancel(self._retry_timer)
+        self._retry_timer = None
+        if self._sending is not None:
+            await asyncio.gather(self._sending, return_exceptions=True)
+        if self._side_tasks:
+            await asyncio.gather(*self._side_tasks, return_exceptions=True)
+        if flush:
+            self._collect(_FOREVER, self._clock.now_ms() if self._clock else 0.0)
+            if self._outbox:
+                batch = self._take_outbox()
+                try:
+                    await self.adapter.redeliver(batch)
+                except Exception:
+                    self._n["failures"] += 1
+                    self._outbox.appendleft(batch)
+                    raise
+                self._delivered(batch)
+
+    async def __aenter__(self) -> "NegativeAcksTracker":
+        if self._loop is None:
+            self._bind(asyncio.get_running_loop())
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return (f"NegativeAcksTracker(pending={self.pending}, precision_bits={self.precision_bits}, "
+                f"rounding={self.rounding!r}, closed={self._closed})")
+
+    # -- scheduling ----------------------------------------------------------------
+
+    def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        if self._clock is None:
+            self._clock = LoopClock(loop)
+
+    def _schedule(self, key: MessageKey, delay: int, count: int) -> int:
+        due = math.ceil(self._clock.now_ms()) + delay
+        if due > _FOREVER:
+            raise ValueError(f"delay_ms {delay} is too large")
+        slot = self._slot(key, create=True)
+        self._index.add(slot, key.entry_id, due)
+        self._n["nacks"] += 1
+        fire = ((due + self._round_add) & self._mask) - self._lead
+        if self._timer_at is None or fire < self._timer_at:
+            self._arm(fire)
+        if self._on_event is not None:
+            self._emit("nack", key, delay, count)
+        return due
+
+    def _arm(self, fire_ms: int) -> None:
+        self._cancel(self._timer)
+        self._timer_at = fire_ms
+        self._timer = self._clock.call_at(fire_ms, self._on_timer)
+
+    def _on_timer(self) -> None:
+        armed = self._timer_at
+        self._timer = self._timer_at = None
+        if self._closed:
+            return
+        now = self._clock.now_ms()
+        # the loop may wake a hair before the armed time: the armed time counts as reached
+        self._collect(max(now, armed) + self._lead, now)
+        self._n["fires"] += 1
+        self._kick()
+        nxt = self._index.next_due_ms()
+        if nxt is not None:
+            self._arm(nxt - self._lead)
+
+    def _collect(self, horizon_ms: float, now: float) -> None:
+        """Pop every bucket due by ``horizon_ms`` into the outbox."""
+        keys: list[MessageKey] = []
+        released = set()
+        for bucket, slot, bm in self._index.pop_due_bitmaps(min(_FOREVER, math.floor(horizon_ms))):
+            topic, partition, ledger = self._origins[slot]
+            self._lateness.add(now - (bucket - self._lead), len(bm))
+            keys.extend(MessageKey(ledger, entry, partition, -1, topic) for entry in bm)
+            released.add(slot)
+        for slot in released:
+            self._release(slot)
+        if keys:
+            self._outbox.append(keys)
+
+    # -- sending -------------------------------------------------------------------
+
+    def _take_outbox(self) -> list[MessageKey]:
+        batch = self._outbox.popleft()
+        while self._outbox:
+            batch.extend(self._outbox.popleft())
+        return batch
+
+    def _kick(self) -> None:
+        """Start one adapter call if none is running and none is backing off."""
+        if self._sending is not None or self._retry_timer is not None or not self._outbox or self._closed:
+            return
+        self._sending = self._loop.create_task(self._send(self._take_outbox()))
+
+    async def _send(self, batch: list[MessageKey]) -> None:
+        try:
+            await self.adapter.redeliver(batch)
+        except asyncio.CancelledError:
+            self._outbox.appendleft(batch)
+            raise
+        except Exception as exc:
+            self._n["failures"] += 1
+            self._outbox.appendleft(batch)
+            wait = min(self._retry_max, self._retry_min * (1 << min(self._retry_streak, 30)))
+            self._retry_streak += 1
+            log.warning("redeliver of %d messages failed (%r); retrying in %d ms", len(batch), exc, wait)
+            if not self._closed:
+                self._retry_timer = self._clock.call_at(self._clock.now_ms() + wait, self._retry)
+        else:
+            self._retry_streak = 0
+            self._delivered(batch)
+        finally:
+            self._sending = None
+        self._kick()
+
+    def _retry(self) -> None:
+        self._retry_timer = None
+        self._kick()
+
+    def _delivered(self, batch: list[MessageKey]) -> None:
+        self._n["redelivered"] += len(batch)
+        if self._on_event is not None:
+            for key in batch:
+                self._emit("redeliver", key, 0, 0)
+
+    # -- dead letters --------------------------------------------------------------
+
+    def _dead_letter(self, key: MessageKey, count: int, delay: int) -> None:
+        self._emit("dead_letter", key, delay, count)
+        try:
+            result = self._on_dead_letter(key)
+        except Exception:
+            log.exception("on_dead_letter(%s) failed; the message stays pending", key)
+            self._dead_letter_failed(key, delay, count)
+            return
+        if inspect.isawaitable(result):
+            task = self._loop.create_task(self._await_dead_letter(result, key, delay, count))
+            self._side_tasks.add(task)
+            task.add_done_callback(self._side_tasks.discard)
+        else:
+            self._n["dead_lettered"] += 1
+
+    async def _await_dead_letter(self, result: Any, key: MessageKey, delay: int, count: int) -> None:
+        try:
+            await result
+        except Exception:
+            log.exception("on_dead_letter(%s) failed; the message stays pending", key)
+            self._dead_letter_failed(key, delay, count)
+        else:
+            self._n["dead_lettered"] += 1
+
+    def _dead_letter_failed(self, key: MessageKey, delay: int, count: int) -> None:
+        """Nothing lost: schedule an ordinary redelivery; the next nack of it
+        tries the dead-letter hook again."""
+        self._n["dead_letter_failures"] += 1
+        if not self._closed:
+            self._schedule(key, delay, count)
+
+    # -- helpers -------------------------------------------------------------------
+
+    def _slot(self, key: MessageKey, create: bool) -> Optional[int]:
+        """The index's ledger id for a key's ``(topic, partition, ledger)``.
+
+        On a real cluster ledger ids are unique, so the slot is the ledger id
+        itself; some brokers (pulsar-lite) number ledgers per topic, so a
+        ledger id already taken by another topic gets a synthetic slot. A key
+        without a topic matches the only topic known for its ledger.
+        """
+        pl = (key.partition, key.ledger_id)
+        topics = self._slots.get(pl)
+        if topics is not None:
+            slot = topics.get(key.topic)
+            if slot is not None:
+                return slot
+            if len(topics) == 1:
+                (known, slot), = topics.items()
+                if key.topic is None:
+                    return slot
+                if known is None:  # learn the topic of an id-only key
+                    del topics[None]
+                    topics[key.topic] = slot
+                    self._origins[slot] = (key.topic, key.partition, key.ledger_id)
+                    return slot
+        if not create:
+            return None
+        slot = key.ledger_id
+        if slot in self._origins:
+            slot = self._next_synthetic
+            self._next_synthetic += 1
+        self._slots.setdefault(pl, {})[key.topic] = slot
+        self._origins[slot] = (key.topic, key.partition, key.ledger_id)
+        return slot
+
+    def _release(self, slot: int) -> None:
+        if self._index.has_ledger(slot):
+            return
+        topic, partition, ledger = self._origins.pop(slot)
+        topics = self._slots[(partition, ledger)]
+        del topics[topic]
+        if not topics:
+            del self._slots[(partition, ledger)]
+
+    def _emit(self, kind: str, key: MessageKey, delay: int, count: int) -> None:
+        if self._on_event is None:
+            return
+        try:
+            self._on_event(NackEvent(time.time_ns() // 1_000_000, kind, key.ledger_id, key.entry_id, delay,
+                                     count, key.partition, key.batch_index, key.topic, self.consumer_name))
+        except Exception:
+            log.exception("on_event hook failed")
+
+    @staticmethod
+    def _cancel(handle: Optional[TimerHandle]) -> None:
+        if handle is not None:
+            handle.cancel()

@@ -1,0 +1,450 @@
+"""NegativeAcksTracker with an injectable clock and the MemoryAdapter."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+
+import pytest
+
+from nacktracker import (FixedBackoff, ManualClock, MessageKey, MultiplierBackoff, NegativeAcksTracker,
+                         TrackerClosedError)
+from nacktracker.adapters import AdapterError, MemoryAdapter
+
+
+async def settle(rounds: int = 5) -> None:
+    """Let tasks the timer started (adapter calls) run to completion."""
+    for _ in range(rounds):
+        await asyncio.sleep(0)
+
+
+def make(clock=None, **kw):
+    clock = clock or ManualClock(start_ms=1_000_000)
+    adapter = kw.pop("adapter", None) or MemoryAdapter(clock=clock.now_ms, lead_ms=kw.pop("lead_ms", 0))
+    return NegativeAcksTracker(adapter, clock=clock, **kw), adapter, clock
+
+
+def K(entry, ledger=7, **kw):
+    return MessageKey(ledger, entry, **kw)
+
+
+# -- exact fire times ------------------------------------------------------------
+
+@pytest.mark.parametrize("bits", [0, 8, 10])
+@pytest.mark.parametrize("rounding", ["floor", "ceil"])
+async def test_fires_exactly_at_the_bucket_time(bits, rounding):
+    tracker, adapter, clock = make(precision_bits=bits, rounding=rounding, delay_ms=1000)
+    start = clock.now_ms()
+    due = tracker.add(K(1))
+    assert due == start + 1000
+    width = 1 << bits
+    bucket = (due // width) * width if rounding == "floor" else -(-due // width) * width
+    assert tracker.next_fire_ms() == bucket
+    clock.advance_to(bucket - 1)
+    await settle()
+    assert adapter.calls == []
+    clock.advance_to(bucket)
+    await settle()
+    assert [c.at_ms for c in adapter.calls] == [bucket]
+    assert adapter.redelivered == [K(1)]
+    error = bucket - due
+    assert (-width < error <= 0) if rounding == "floor" else (0 <= error < width)
+    assert tracker.pending == 0 and tracker.next_fire_ms() is None
+
+
+async def test_an_earlier_add_pulls_the_timer_earlier_and_a_later_one_does_not():
+    tracker, adapter, clock = make(precision_bits=0)
+    t0 = clock.now_ms()
+    tracker.add(K(1), delay_ms=1000)
+    assert tracker.next_fire_ms() == t0 + 1000
+    tracker.add(K(2), delay_ms=100)
+    assert tracker.next_fire_ms() == t0 + 100
+    tracker.add(K(3), delay_ms=5000)
+    assert tracker.next_fire_ms() == t0 + 100
+    clock.advance(100)
+    await settle()
+    assert adapter.redelivered == [K(2)]
+    assert tracker.next_fire_ms() == t0 + 1000
+    clock.advance(900)
+    await settle()
+    assert adapter.redelivered == [K(2), K(1)]
+
+
+async def test_a_steady_stream_of_nacks_never_postpones_redelivery():
+    """10,000 nacks at one per ms, delay 100 ms, precision 0: each fires on time."""
+    tracker, adapter, clock = make(precision_bits=0, delay_ms=100)
+    t0 = int(clock.now_ms())
+    added_at = {}
+    for i in range(10_000):
+        clock.advance_to(t0 + i)
+        await settle(2)
+        tracker.add(K(i, ledger=1 + i // 5000))
+        added_at[K(i, ledger=1 + i // 5000)] = t0 + i
+    for t in range(t0 + 10_000, t0 + 10_101):
+        clock.advance_to(t)
+        await settle(2)
+    arrivals = {k: c.at_ms for c in adapter.calls for k in c.keys}
+    assert len(arrivals) == 10_000
+    assert all(arrivals[k] == added_at[k] + 100 for k in added_at)
+    assert arrivals[K(0, ledger=1)] == t0 + 100  # the first comes back while nacks still pour in
+
+
+async def test_one_adapter_call_per_fire_with_every_due_bucket():
+    tracker, adapter, clock = make(precision_bits=0)
+    for i, delay in enumerate((10, 20, 30)):
+        tracker.add(K(i), delay_ms=delay)
+    clock.stall(50)  # the loop was blocked: one wake-up covers three buckets
+    await settle()
+    assert len(adapter.calls) == 1
+    assert adapter.calls[0].keys == (K(0), K(1), K(2))
+    assert tracker.stats()["lateness_ms"]["max"] == 40  # the first bucket fired 40 ms late
+
+
+async def test_lead_ms_fires_earlier():
+    tracker, adapter, clock = make(precision_bits=0, lead_ms=30)
+    t0 = clock.now_ms()
+    tracker.add(K(1), delay_ms=200)
+    assert tracker.next_fire_ms() == t0 + 170
+    clock.advance(170)
+    await settle()
+    assert adapter.calls[0].at_ms == t0 + 170
+
+
+# -- delays, backoff, dead letters ---------------------------------------------------
+
+async def test_delay_precedence_explicit_then_backoff_then_default():
+    tracker, _, clock = make(precision_bits=0, delay_ms=5000, backoff=MultiplierBackoff(100, 1000))
+    t0 = clock.now_ms()
+    assert tracker.add(K(1), delay_ms=42) == t0 + 42
+    assert [tracker.add(K(10 + n), redelivery_count=n) - t0 for n in range(6)] == [100, 200, 400, 800, 1000, 1000]
+    plain, _, clock2 = make(precision_bits=0, delay_ms=5000)
+    assert plain.add(K(1)) == clock2.now_ms() + 5000
+    fixed, _, clock3 = make(precision_bits=0, backoff=FixedBackoff(300))
+    assert fixed.add(K(1), redelivery_count=9) == clock3.now_ms() + 300
+
+
+async def test_redelivery_count_comes_from_the_message():
+    class Msg:
+        def __init__(self, count):
+            self._count = count
+
+        def message_id(self):
+            return K(3)
+
+        def redelivery_count(self):
+            return self._count
+
+        def topic_name(self):
+            return "persistent://public/default/t"
+
+    tracker, _, clock = make(precision_bits=0, backoff=MultiplierBackoff(100, 10_000))
+    assert tracker.add(Msg(3)) == clock.now_ms() + 800
+
+
+async def test_dead_letter_after_max_redeliveries():
+    seen = []
+    tracker, adapter, clock = make(precision_bits=0, max_redeliveries=3, on_dead_letter=seen.append)
+    assert tracker.add(K(1), redelivery_count=2) is not None
+    assert tracker.add(K(2), redelivery_count=3) is None
+    assert seen == [K(2)] and tracker.pending == 1
+    assert tracker.stats()["dead_lettered"] == 1
+
+
+async def test_async_dead_letter_and_a_failing_one_keeps_the_message():
+    calls = []
+
+    async def dlq(key):
+        calls.append(key)
+        if key.entry_id == 2:
+            raise RuntimeError("publish failed")
+
+    tracker, adapter, clock = make(precision_bits=0, max_redeliveries=1, on_dead_letter=dlq, delay_ms=100)
+    tracker.add(K(1), redelivery_count=1)
+    tracker.add(K(2), redelivery_count=1)
+    await settle()
+    assert calls == [K(1), K(2)]
+    s = tracker.stats()
+    assert s["dead_lettered"] == 1 and s["dead_letter_failures"] == 1
+    assert tracker.pending == 1  # the failed one is redelivered, to be dead-lettered again
+    clock.advance(100)
+    await settle()
+    assert adapter.redelivered == [K(2)]
+
+
+def test_max_redeliveries_without_a_hook_is_refused():
+    with pytest.raises(ValueError, match="on_dead_letter"):
+        NegativeAcksTracker(MemoryAdapter(), max_redeliveries=3)
+
+
+# -- discard, close ------------------------------------------------------------------
+
+async def test_discard_cancels_every_pending_occurrence():
+    tracker, adapter, clock = make(precision_bits=0)
+    tracker.add(K(1), delay_ms=10)
+    tracker.add(K(1), delay_ms=20)
+    tracker.add(K(2), delay_ms=10)
+    assert K(1) in tracker
+    assert tracker.discard(K(1)) is True
+    assert tracker.discard(K(1)) is False
+    assert tracker.discard(K(99, ledger=12345)) is False
+    clock.advance(30)
+    await settle()
+    assert adapter.redelivered == [K(2)]
+
+
+async def test_close_without_flush_keeps_pending_accounted_and_stops_the_timer():
+    tracker, adapter, clock = make(precision_bits=0)
+    tracker.add(K(1), delay_ms=10)
+    await tracker.close()
+    clock.advance(100)
+    await settle()
+    assert adapter.calls == [] and tracker.pending == 1
+    with pytest.raises(TrackerClosedError):
+        tracker.add(K(2))
+    assert tracker.pending == 1
+    await tracker.close()  # idempotent
+
+
+async def test_close_with_flush_redelivers_everything_now():
+    tracker, adapter, clock = make(precision_bits=0)
+    tracker.add(K(1), delay_ms=10_000)
+    tracker.add(K(2, ledger=8, topic="t"), delay_ms=99_000)
+    await tracker.close(flush=True)
+    assert adapter.redelivered == [K(1), K(2, ledger=8, topic="t")]
+    assert tracker.pending == 0 and tracker.stats()["redelivered"] == 2
+
+
+async def test_flush_failure_raises_and_keeps_the_keys_counted():
+    tracker, adapter, clock = make(precision_bits=0)
+    tracker.add(K(1), delay_ms=10_000)
+    adapter.fail_next(1)
+    with pytest.raises(AdapterError):
+        await tracker.close(flush=True)
+    assert tracker.stats()["unsent"] == 1
+
+
+async def test_async_with_closes():
+    clock = ManualClock()
+    async with NegativeAcksTracker(MemoryAdapter(clock=clock.now_ms), clock=clock) as tracker:
+        tracker.add(K(1))
+    assert tracker.closed
+
+
+# -- adapter failures -----------------------------------------------------------------
+
+async def test_adapter_failure_is_retried_with_backoff_and_nothing_is_lost(caplog):
+    tracker, adapter, clock = make(precision_bits=0, retry_min_ms=100, retry_max_ms=1000)
+    t0 = clock.now_ms()
+    tracker.add(K(1), delay_ms=10)
+    adapter.fail_next(3)
+    clock.advance(10)
+    await settle()
+    assert adapter.failed_calls == 1 and tracker.stats()["unsent"] == 1
+    tracker.add(K(2), delay_ms=50)  # due while the first one backs off
+    clock.advance_to(t0 + 110)  # first retry (100 ms) fails too
+    await settle()
+    clock.advance_to(t0 + 310)  # second retry (200 ms) fails
+    await settle()
+    assert adapter.failed_calls == 3
+    clock.advance_to(t0 + 710)  # third retry (400 ms) succeeds with everything due
+    await settle()
+    assert adapter.redelivered == [K(1), K(2)]
+    s = tracker.stats()
+    assert s["failures"] == 3 and s["unsent"] == 0 and s["redelivered"] == 2
+    assert "retrying" in caplog.text
+
+
+async def test_slow_adapter_never_blocks_add_and_calls_do_not_pile_up():
+    clock = ManualClock()
+    adapter = MemoryAdapter(clock=clock.now_ms, delay_s=0.05)
+    tracker = NegativeAcksTracker(adapter, clock=clock, precision_bits=0)
+    for step in range(20):
+        tracker.add(K(step), delay_ms=1)
+        clock.advance(1)
+        await asyncio.sleep(0)
+    assert adapter.max_in_flight == 1
+    await adapter.wait_for(20, timeout=5)
+    assert adapter.max_in_flight == 1
+    assert len(adapter.calls) < 20  # fires that came during a call were merged
+    assert sorted(k.entry_id for k in adapter.redelivered) == list(range(20))
+
+
+# -- routing, events, stats ---------------------------------------------------------------
+
+async def test_keys_keep_topic_and_partition_even_when_ledger_ids_collide():
+    tracker, adapter, clock = make(precision_bits=0)
+    a = MessageKey(0, 1, partition=-1, topic="persistent://public/default/a")
+    b = MessageKey(0, 1, partition=-1, topic="persistent://public/default/b")
+    c = MessageKey(0, 1, partition=3, topic="persistent://public/default/c-partition-3")
+    for key in (a, b, c):
+        tracker.add(key, delay_ms=5)
+    assert tracker.pending == 3
+    tracker.discard(b)
+    clock.advance(5)
+    await settle()
+    assert sorted(adapter.redelivered, key=str) == sorted([a, c], key=str)
+    assert tracker.stats()["pending"] == 0 and tracker._origins == {} and tracker._slots == {}
+
+
+async def test_a_batch_message_is_tracked_as_its_entry():
+    tracker, adapter, clock = make(precision_bits=0)
+    tracker.add(K(5, batch_index=3), delay_ms=5)
+    tracker.add(K(5, batch_index=4), delay_ms=5)
+    clock.advance(5)
+    await settle()
+    assert adapter.redelivered == [K(5)]
+
+
+async def test_events_and_stats():
+    events = []
+    tracker, adapter, clock = make(precision_bits=0, on_event=events.append, max_redeliveries=5,
+                                   on_dead_letter=lambda key: None, consumer_name="c1")
+    tracker.add(K(1, topic="t"), delay_ms=10)
+    tracker.add(K(2), redelivery_count=5)
+    clock.advance(12)
+    await settle()
+    kinds = [(e.kind, e.entry_id) for e in events]
+    assert kinds == [("nack", 1), ("dead_letter", 2), ("redeliver", 1)]
+    assert events[0].topic == "t" and events[0].delay_ms == 10 and events[0].consumer == "c1"
+    assert abs(events[0].ts_ms - time.time() * 1000) < 60_000  # wall clock, for humans
+    s = tracker.stats()
+    assert s["nacks"] == 1 and s["redelivered"] == 1 and s["dead_lettered"] == 1
+    assert s["lateness_ms"]["count"] == 1 and s["lateness_ms"]["max"] == 0
+    assert s["nbytes"] > 0
+
+
+async def test_a_failing_event_hook_does_not_break_add(caplog):
+    def boom(event):
+        raise RuntimeError("hook")
+
+    tracker, _, _ = make(on_event=boom)
+    tracker.add(K(1))
+    assert tracker.pending == 1 and "on_event hook failed" in caplog.text
+
+
+# -- threads and the real loop ----------------------------------------------------------
+
+async def test_add_threadsafe_from_a_listener_thread():
+    adapter = MemoryAdapter()
+    tracker = NegativeAcksTracker(adapter, precision_bits=0, delay_ms=20)
+    errors = []
+
+    def listener():
+        for i in range(100):
+            tracker.add_threadsafe(K(i))
+        try:
+            tracker.add_threadsafe(object())
+        except TypeError as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=listener)
+    thread.start()
+    thread.join()
+    assert len(errors) == 1
+    await adapter.wait_for(100, timeout=5)
+    assert sorted(k.entry_id for k in adapter.redelivered) == list(range(100))
+    await tracker.close()
+
+
+async def test_real_loop_precision_p99_lateness_within_10_ms():
+    """1,000 nacks with delays 20–200 ms at precision 0 on the real loop."""
+    adapter = MemoryAdapter()
+    tracker = NegativeAcksTracker(adapter, precision_bits=0)
+    loop = asyncio.get_running_loop()
+    due = {}
+    for i in range(1000):
+        key = K(i)
+        delay = 20 + (i * 37) % 181
+        due[key] = tracker.add(key, delay_ms=delay)
+        if i % 50 == 0:
+            await asyncio.sleep(0.001)
+    await adapter.wait_for(1000, timeout=10)
+    errors = sorted(c.at_ms - due[k] for c in adapter.calls for k in c.keys)
+    p99 = errors[math.ceil(0.99 * len(errors)) - 1]
+    assert errors[0] >= -1  # never early at precision 0 (1 ms: the clock's own rounding)
+    assert p99 <= 10, errors[-20:]
+    assert tracker.stats()["lateness_ms"]["p99"] <= 10
+    await tracker.close()
+
+
+async def test_wall_clock_jumps_move_nothing(monkeypatch):
+    adapter = MemoryAdapter()
+    tracker = NegativeAcksTracker(adapter, precision_bits=0)
+    tracker.add(K(1), delay_ms=50)
+    fire = tracker.next_fire_ms()
+    monkeypatch.setattr(time, "time", lambda: 4_000_000_000.0)  # wall clock jumps by decades
+    tracker.add(K(2), delay_ms=60)
+    assert tracker.next_fire_ms() == fire
+    await adapter.wait_for(2, timeout=2)
+    await tracker.close()
+
+
+# -- bad input -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad", [object(), 5, "7:1", None, (1, 2), b"x", 1.5])
+async def test_non_message_ids_are_refused(bad):
+    tracker, _, _ = make()
+    tracker.add(K(1))
+    with pytest.raises(TypeError):
+        tracker.add(bad)
+    with pytest.raises(TypeError):
+        tracker.discard(bad)
+    assert tracker.pending == 1
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), -0.5, True, "10", [10]])
+async def test_bad_delays_are_refused(bad):
+    tracker, _, _ = make()
+    tracker.add(K(1))
+    with pytest.raises((TypeError, ValueError)):
+        tracker.add(K(2), delay_ms=bad)
+    assert tracker.pending == 1 and K(2) not in tracker
+
+
+@pytest.mark.parametrize("bad", [-1, 1.0, True, "1"])
+async def test_bad_redelivery_counts_are_refused(bad):
+    tracker, _, _ = make()
+    with pytest.raises((TypeError, ValueError)):
+        tracker.add(K(2), redelivery_count=bad)
+    assert tracker.pending == 0
+
+
+@pytest.mark.parametrize("bad", [MessageKey(-1, 1), MessageKey(1, -1), MessageKey(1, 2**63), MessageKey(1, 1, -2),
+                                 MessageKey(1, 1, topic=5), MessageKey(True, 1)])
+async def test_bad_keys_are_refused(bad):
+    tracker, _, _ = make()
+    with pytest.raises((TypeError, ValueError)):
+        tracker.add(bad)
+    assert tracker.pending == 0
+
+
+async def test_bad_backoff_results_are_refused():
+    tracker, _, _ = make(backoff=lambda n: float("nan"))
+    with pytest.raises(ValueError):
+        tracker.add(K(1))
+    assert tracker.pending == 0
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"delay_ms": -5}, {"delay_ms": float("nan")}, {"precision_bits": 31}, {"rounding": "nearest"},
+    {"backoff": 5}, {"max_redeliveries": 0, "on_dead_letter": print}, {"clock": object()},
+    {"on_event": "x"},
+])
+def test_bad_construction(kwargs):
+    with pytest.raises((TypeError, ValueError)):
+        NegativeAcksTracker(MemoryAdapter(), **kwargs)
+
+
+def test_adapter_must_have_redeliver():
+    with pytest.raises(TypeError):
+        NegativeAcksTracker(object())
+
+
+@pytest.mark.parametrize("bad", [(-1, 10), (10, 5), (float("nan"), 10)])
+def test_bad_backoff_construction(bad):
+    with pytest.raises((TypeError, ValueError)):
+        MultiplierBackoff(*bad)
+    with pytest.raises((TypeError, ValueError)):
+        MultiplierBackoff(10, 100, multiplier=0.5)
