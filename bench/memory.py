@@ -110,9 +110,14 @@ def run_fresh(index: str, kind: str, messages: int, x: int, y: int,
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def configurations(messages: int, indexes, grid, random_y=(10,), share=0.1):
+def configurations(messages: int, indexes, grid, random_y=(10,), baselines_at=None):
+    """``(index, workload, messages, x, y)`` to run. ``baselines_at``: run the
+    per-message baselines only at these (x, y) — their bytes/message does not
+    depend on x or y (a quick run uses it)."""
     for x, y in grid:
         for index in indexes:
+            if index != "TimeBucketIndex" and baselines_at is not None and (x, y) not in baselines_at:
+                continue
             yield index, "sequential", messages, x, y
     for y in random_y:
         for index in indexes:
@@ -123,10 +128,14 @@ def table(rows: list[dict]) -> str:
     head = ("| index | workload | x | y | messages | nbytes B/msg | RSS B/msg | total MB (RSS) "
             "| seed estimate B/msg | Java MB (seed 000) |")
     lines = [head, "|" + "---|" * 10]
+    if rows and rows[0]["messages"] < 5_000_000:
+        lines.insert(0, "RSS is page-granular: below ~1 MB of growth trust nbytes more than RSS.\n")
     for r in rows:
-        java = JAVA_MB.get((r["x"], r["y"])) if r["workload"] == "sequential" else None
-        if r["index"] == "HeapIndex":
-            java = JAVA_HEAP_MB
+        java = None
+        if r["index"] == "TimeBucketIndex" and r["workload"] == "sequential":
+            java = JAVA_MB.get((r["x"], r["y"]))
+        elif r["index"] == "HeapIndex":
+            java = f"{JAVA_HEAP_MB} (heap of triples)"
         est = seed_estimate(r["x"], r["y"]) if r["index"] == "TimeBucketIndex" and r["workload"] == "sequential" else None
         lines.append(
             f"| {r['index']} | {r['workload']} | {r['x']} | {r['y']} | {r['messages']:,} "

@@ -28,11 +28,21 @@ def _demo(args: argparse.Namespace) -> int:
     return _run_script("memory.py", ["--messages", "2000000", "--x", "8", "--y", "10"])
 
 
+def _bench(args: argparse.Namespace) -> int:
+    argv = ["--out", args.out] + (["--quick"] if args.quick else []) + (["--skip", args.skip] if args.skip else [])
+    return _run_script("suite.py", argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nacktracker", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the end-to-end demo")
     demo.set_defaults(func=_demo)
+    bench = sub.add_parser("bench", help="run the benchmark suite (bench/suite.py)")
+    bench.add_argument("--quick", action="store_true", help="1M messages, fewer repeats")
+    bench.add_argument("--out", default="bench/results/latest", help="output folder")
+    bench.add_argument("--skip", default="", help="comma-separated parts to skip")
+    bench.set_defaults(func=_bench)
     args = parser.parse_args(argv)
     return args.func(args)
 
