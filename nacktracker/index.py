@@ -305,7 +305,15 @@ class TimeBucketIndex:
             return False
         if type(ledger_id) is not int or type(entry_id) is not int or entry_id < 0:
             return False
-        return any(_has(bm, entry_id) for bm in self._ledgers.get(ledger_id, {}).values())
+        mine = self._ledgers.get(ledger_id)
+        if mine is None:
+            return False
+        if entry_id < U32:
+            for bm in mine.values():
+                if entry_id in bm:
+                    return True
+            return False
+        return any(_has(bm, entry_id) for bm in mine.values())
 
     def __bool__(self) -> bool:
         return bool(self._keys)

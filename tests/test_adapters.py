@@ -1,0 +1,202 @@
+"""PulsarAdapter against the real embedded broker: burst spacing, declared
+lead time, topic routing on multi-topic consumers, boundary errors."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+
+import pytest
+
+pulsar = pytest.importorskip("pulsar")
+import _pulsar  # noqa: E402
+import pulsar.asyncio  # noqa: E402
+
+from nacktracker import MessageKey  # noqa: E402
+from nacktracker.adapters import PulsarAdapter, RedeliveryAdapter  # noqa: E402
+from nacktracker.adapters.pulsar import DEFAULT_LEAD_MS, DEFAULT_MIN_GAP_MS, MIN_NACK_DELAY_MS  # noqa: E402
+from nacktracker.keys import key_of  # noqa: E402
+
+Shared = pulsar.ConsumerType.Shared
+
+
+async def shared(client, topics, **kw):
+    # pulsar-lite redelivers only on Shared/Key_Shared; the adapter needs the minimum nack delay.
+    return await client.subscribe(topics, "sub", consumer_type=Shared,
+                                  negative_ack_redelivery_delay_ms=MIN_NACK_DELAY_MS, **kw)
+
+
+async def publish(client, topic, n, prefix=b"m"):
+    producer = await client.create_producer(topic, batching_enabled=False)
+    await asyncio.gather(*[producer.send(prefix + b"%d" % i) for i in range(n)])
+    await producer.close()
+
+
+async def take(pump, n):
+    return [(await pump.get())[1] for _ in range(n)]
+
+
+# -- boundary ---------------------------------------------------------------------
+
+def test_rejects_what_is_not_a_consumer():
+    with pytest.raises(TypeError, match="pulsar.Consumer"):
+        PulsarAdapter(object())
+
+
+@pytest.mark.broker
+async def test_checks_its_options_and_keys(client, topic):
+    consumer = await shared(client, topic())
+    with pytest.raises(ValueError, match="min_gap_ms must be >= 34"):
+        PulsarAdapter(consumer, min_gap_ms=20)
+    with pytest.raises(ValueError):
+        PulsarAdapter(consumer, lead_ms=-1)
+    adapter = PulsarAdapter(consumer)
+    assert isinstance(adapter, RedeliveryAdapter)
+    assert (adapter.lead_ms, adapter.min_gap_ms) == (DEFAULT_LEAD_MS, DEFAULT_MIN_GAP_MS)
+    with pytest.raises(TypeError, match="MessageKey"):
+        await adapter.redeliver([(1, 2)])
+    assert adapter.queued == 0  # a bad batch queues nothing
+    await adapter.aclose()
+    await consumer.close()
+
+
+# -- end to end -------------------------------------------------------------------
+
+@pytest.mark.broker
+async def test_lone_burst_latency_matches_lead_ms(client, topic, pumps, record_property):
+    """Measure the nack path end to end and hold the declared lead to it."""
+    t = topic()
+    consumer = await shared(client, t)
+    await publish(client, t, 8)
+    pump = pumps(consumer)
+    adapter = PulsarAdapter(consumer)
+    loop = asyncio.get_running_loop()
+    latencies = []
+    for msg in await take(pump, 8):
+        sent = loop.time() * 1000
+        await adapter.redeliver([key_of(msg)[0]])
+        arrived, back = await pump.get()
+        assert back.message_id() == msg.message_id() and back.redelivery_count() == 1
+        latencies.append(arrived - sent)
+        await consumer.acknowledge(back)
+        await asyncio.sleep(0.06)  # > one client tick: every burst is a lone burst
+    p50 = statistics.median(latencies)
+    record_property("lone_burst_latency_ms", [round(x, 1) for x in latencies])
+    print(f"lone burst latency ms: min={min(latencies):.1f} p50={p50:.1f} max={max(latencies):.1f}")
+    assert min(latencies) >= MIN_NACK_DELAY_MS  # the client holds every nack that long
+    assert abs(p50 - adapter.lead_ms) <= 30, (p50, adapter.lead_ms)
+    assert max(latencies) < adapter.lead_ms + 120
+    await consumer.close()
+
+
+@pytest.mark.broker
+async def test_bursts_are_spaced_and_merged_and_nothing_starves(client, topic, pumps):
+    """Hand over one key every ~5 ms (a fire per ms-bucket, far denser than the
+    client's 33 ms tick): bursts never start sooner than min_gap_ms after the
+    last one ended, every key is sent once, and redeliveries arrive while the
+    stream is still running."""
+    t = topic()
+    n = 120
+    consumer = await shared(client, t, receiver_queue_size=1000)
+    await publish(client, t, n)
+    pump = pumps(consumer)
+    adapter = PulsarAdapter(consumer)
+    msgs = await take(pump, n)
+    loop = asyncio.get_running_loop()
+    start = loop.time() * 1000
+    for msg in msgs:
+        await adapter.redeliver([key_of(msg)[0]])
+        await asyncio.sleep(0.005)
+    stream_end = loop.time() * 1000
+    arrivals = []
+    for _ in range(n):
+        arrived, back = await pump.get()
+        assert back.redelivery_count() == 1
+        arrivals.append(arrived)
+        await consumer.acknowledge(back)
+    gaps = [b[0] - a[1] for a, b in zip(adapter.bursts, adapter.bursts[1:])]
+    assert min(gaps) >= adapter.min_gap_ms - 1  # loop timers may fire a hair early
+    assert sum(size for _, _, size in adapter.bursts) == n == adapter.sent
+    assert len(adapter.bursts) < n / 3  # merged, not one burst per key
+    during = sum(1 for a in arrivals if a < stream_end)
+    assert during >= n // 2, (during, stream_end - start)
+    await consumer.close()
+
+
+@pytest.mark.broker
+async def test_multi_topic_ids_carry_their_topic(client, topic, pumps):
+    """pulsar-lite numbers ledgers per topic, so two topics' ids can be equal:
+    only the id's topic tells a multi-topic consumer where to route the nack."""
+    a, b = topic("a"), topic("b")
+    consumer = await shared(client, [a, b])
+    await publish(client, a, 1, b"a")
+    await publish(client, b, 1, b"b")
+    pump = pumps(consumer)
+    adapter = PulsarAdapter(consumer)
+    assert adapter.multi_topic
+    first = {m.topic_name(): m for m in await take(pump, 2)}
+    assert set(first) == {a, b}
+    keys = {t: key_of(m)[0] for t, m in first.items()}
+    assert keys[a].topic == a and keys[b].topic == b
+
+    await adapter.redeliver([keys[b]])
+    _, back = await pump.get()
+    assert (back.topic_name(), back.data(), back.redelivery_count()) == (b, b"b0", 1)
+    await consumer.acknowledge(back)
+
+    # a bare key has no topic: the client would drop it silently, the adapter says so
+    await adapter.redeliver([keys[a]._replace(topic=None)])
+    await asyncio.sleep(0.3)
+    assert adapter.unroutable == 1 and pump.queue.empty()
+
+    await adapter.redeliver([keys[a]])
+    _, back = await pump.get()
+    assert (back.topic_name(), back.data(), back.redelivery_count()) == (a, b"a0", 1)
+    await consumer.acknowledge(back)
+    await consumer.close()
+
+
+@pytest.mark.broker
+async def test_works_with_the_sync_consumer(broker_url, topic, pulsar_logger):
+    sync_client = pulsar.Client(broker_url, logger=pulsar_logger)
+    try:
+        t = topic()
+        consumer = sync_client.subscribe(t, "sub", consumer_type=Shared,
+                                         negative_ack_redelivery_delay_ms=MIN_NACK_DELAY_MS)
+        sync_client.create_producer(t, batching_enabled=False).send(b"x")
+        msg = await asyncio.to_thread(consumer.receive, 5000)
+        adapter = PulsarAdapter(consumer)
+        await adapter.redeliver([MessageKey(msg.message_id().ledger_id(), msg.message_id().entry_id())])
+        back = await asyncio.to_thread(consumer.receive, 5000)
+        assert back.data() == b"x" and back.redelivery_count() == 1
+        consumer.acknowledge(back)
+    finally:
+        sync_client.close()
+
+
+@pytest.mark.broker
+async def test_aclose_drops_queued_keys_and_stops(client, topic, pumps):
+    t = topic()
+    consumer = await shared(client, t)
+    await publish(client, t, 2)
+    pump = pumps(consumer)
+    adapter = PulsarAdapter(consumer, min_gap_ms=400)
+    one, two = await take(pump, 2)
+    await adapter.redeliver([key_of(one)[0]])  # sent now
+    await asyncio.sleep(0)
+    await adapter.redeliver([key_of(two)[0]])  # waits 400 ms for its slot
+    await asyncio.sleep(0.01)
+    assert adapter.queued == 1
+    await adapter.aclose()
+    assert adapter.queued == 0 and adapter.sent == 1
+    _, back = await pump.get()
+    assert back.data() == one.data()
+    await asyncio.sleep(0.6)
+    assert pump.queue.empty()
+    await consumer.close()
+
+
+def test_message_id_building_sets_topic_only_when_known():
+    # the _pulsar.MessageId constructor order is (partition, ledger, entry, batch)
+    mid = _pulsar.MessageId(3, 7, 9, -1)
+    assert (mid.partition(), mid.ledger_id(), mid.entry_id(), mid.batch_index()) == (3, 7, 9, -1)

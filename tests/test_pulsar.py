@@ -1,0 +1,562 @@
+"""TrackedConsumer end to end against the real embedded broker (pulsar-lite).
+
+Timing bounds are generous (a loaded CI machine), but every test also checks
+the direction that matters: nothing early, nothing lost, nothing acked comes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import statistics
+import tracemalloc
+
+import pytest
+
+pulsar = pytest.importorskip("pulsar")
+import pulsar.asyncio  # noqa: E402
+
+import nacktracker  # noqa: E402
+from nacktracker.consumer import (  # noqa: E402
+    PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_REAL_TOPIC, ConsumerClosed, ReceiveTimeout, TrackedConsumer)
+from nacktracker.testing import EmbeddedBroker  # noqa: E402
+
+Shared = pulsar.ConsumerType.Shared
+Earliest = pulsar.InitialPosition.Earliest
+EARLY_MS = 70  # the adapter's path varies 103-166 ms around its 133 ms lead
+LATE_MS = 250
+
+
+async def tracked(client, topics, **options) -> TrackedConsumer:
+    # Earliest: the tests publish before they subscribe
+    return await nacktracker.subscribe(client, topics, "sub", initial_position=Earliest, **options)
+
+
+def now_ms() -> float:
+    return asyncio.get_running_loop().time() * 1000.0
+
+
+async def publish(client, topic, n, prefix=b"m", **options):
+    producer = await client.create_producer(topic, batching_enabled=False)
+    ids = await asyncio.gather(*[producer.send(prefix + b"%d" % i, **options) for i in range(n)])
+    await producer.close()
+    return ids
+
+
+async def publish_batch(client, topic, n, prefix=b"b"):
+    """``n`` messages in one batch entry."""
+    producer = await client.create_producer(topic, batching_enabled=True, batching_max_messages=n,
+                                            batching_max_publish_delay_ms=5000)
+    await asyncio.gather(*[producer.send(prefix + b"%d" % i) for i in range(n)])
+    await producer.close()
+
+
+async def expect_nothing(consumer, ms=500):
+    with pytest.raises(ReceiveTimeout):
+        msg = await consumer.receive(timeout_ms=ms)
+        pytest.fail(f"unexpected message {msg.data()!r} (redelivery_count={msg.redelivery_count()})")
+
+
+def entry_of(msg):
+    mid = msg.message_id()
+    return mid.ledger_id(), mid.entry_id()
+
+
+# -- basic redelivery ---------------------------------------------------------------
+
+@pytest.mark.broker
+async def test_nacked_messages_come_back_once_on_time_with_count(client, topic):
+    t = topic()
+    await publish(client, t, 6)
+    async with await tracked(client, t, precision_bits=0, delay_ms=400) as consumer:
+        due = {}
+        for i in range(6):
+            msg = await consumer.receive(timeout_ms=5000)
+            assert msg.redelivery_count() == 0
+            if i == 0:
+                await consumer.negative_acknowledge(msg)  # the consumer's delay_ms
+                due[msg.data()] = now_ms() + 400
+            else:
+                await consumer.negative_acknowledge(msg, delay_ms=200 + 150 * i)
+                due[msg.data()] = now_ms() + 200 + 150 * i
+        errors = []
+        for _ in range(6):
+            msg = await consumer.receive(timeout_ms=5000)
+            errors.append(now_ms() - due.pop(msg.data()))
+            assert msg.redelivery_count() == 1
+            await consumer.acknowledge(msg)
+        assert not due
+        print("redelivery error ms:", [round(e) for e in errors])
+        assert all(-EARLY_MS <= e <= LATE_MS for e in errors), errors
+        await expect_nothing(consumer, 400)
+        assert consumer.tracker.pending == 0
+
+
+@pytest.mark.broker
+async def test_acknowledged_messages_never_come_back(client, topic):
+    t = topic()
+    await publish(client, t, 4)
+    async with await tracked(client, t, precision_bits=0) as consumer:
+        m0, m1, m2, m3 = [await consumer.receive(timeout_ms=5000) for _ in range(4)]
+        await consumer.acknowledge(m0)
+        await consumer.negative_acknowledge(m1, delay_ms=300)
+        await consumer.acknowledge(m1)  # the ack cancels its pending nack
+        await consumer.negative_acknowledge(m2, delay_ms=300)
+        await consumer.negative_acknowledge(m3, delay_ms=300)
+        await consumer.acknowledge(m3.message_id())  # by id works too
+        assert consumer.tracker.pending == 1
+        back = await consumer.receive(timeout_ms=3000)
+        assert back.data() == m2.data() and back.redelivery_count() == 1
+        await consumer.acknowledge(back)
+        await expect_nothing(consumer, 800)
+
+
+@pytest.mark.broker
+async def test_multi_topic_consumer_routes_each_nack_to_its_topic(client, topic):
+    a, b = topic("a"), topic("b")
+    await publish(client, a, 1, b"a")
+    await publish(client, b, 1, b"b")
+    async with await tracked(client, [a, b], precision_bits=0) as consumer:
+        first = {}
+        for _ in range(2):
+            msg = await consumer.receive(timeout_ms=5000)
+            first[msg.topic_name()] = msg
+        await consumer.negative_acknowledge(first[a], delay_ms=300)
+        await consumer.negative_acknowledge(first[b], delay_ms=600)
+        one = await consumer.receive(timeout_ms=3000)
+        two = await consumer.receive(timeout_ms=3000)
+        assert [(m.topic_name(), m.data(), m.redelivery_count()) for m in (one, two)] == \
+            [(a, b"a0", 1), (b, b"b0", 1)]
+        await consumer.acknowledge(one)
+        await consumer.acknowledge(two)
+        await expect_nothing(consumer, 400)
+
+
+@pytest.mark.broker
+async def test_copies_of_messages_with_pending_nacks_are_held_back(client, topic):
+    """``redeliver_unacknowledged_messages()`` (like a reconnect) makes the broker
+    send every unacked message again at once: the held one surfaces again, the
+    copies of the two nacked ones are dropped and each comes back at its due time."""
+    t = topic()
+    await publish(client, t, 3)
+    async with await tracked(client, t, precision_bits=0, backoff=nacktracker.FixedBackoff(700)) as consumer:
+        m0, m1, m2 = [await consumer.receive(timeout_ms=5000) for _ in range(3)]
+        await consumer.negative_acknowledge(m0)  # the backoff's 700 ms
+        await consumer.negative_acknowledge(m1, delay_ms=700)
+        due = now_ms() + 700
+        consumer.redeliver_unacknowledged_messages()
+        held = await consumer.receive(timeout_ms=2000)
+        assert held.data() == m2.data() and now_ms() < due - 300
+        await consumer.acknowledge(held)
+        back = sorted([await consumer.receive(timeout_ms=2000) for _ in range(2)], key=lambda m: m.data())
+        assert [m.data() for m in back] == [m0.data(), m1.data()]
+        assert now_ms() >= due - EARLY_MS
+        for m in back:
+            await consumer.acknowledge(m)
+        await expect_nothing(consumer, 400)
+        assert consumer.stats()["early_copies_dropped"] == 2
+        assert (await consumer.get_last_message_id()).entry_id() == m2.message_id().entry_id()
+
+
+@pytest.mark.broker
+async def test_unsubscribe_closes_everything(client, topic):
+    t = topic()
+    await publish(client, t, 1)
+    consumer = await tracked(client, t)
+    msg = await consumer.receive(timeout_ms=5000)
+    await consumer.negative_acknowledge(msg, delay_ms=10_000)
+    await consumer.unsubscribe()
+    assert consumer.closed and consumer.tracker.closed
+    with pytest.raises(ConsumerClosed):
+        await consumer.receive(timeout_ms=10)
+    await consumer.close()  # idempotent after unsubscribe
+
+
+# -- batch entries ------------------------------------------------------------------
+
+@pytest.mark.broker
+async def test_batch_siblings_each_come_back_at_their_own_time(client, topic, broker_url, pulsar_logger):
+    """One entry of 4: m0 acked, m1 nacked 300 ms, m2 nacked 900 ms, m3 held.
+    The entry comes back twice; each time only the due message surfaces."""
+    t = topic()
+    await publish_batch(client, t, 4)
+    consumer = await tracked(client, t, precision_bits=0)
+    msgs = [await consumer.receive(timeout_ms=5000) for _ in range(4)]
+    assert len({entry_of(m) for m in msgs}) == 1
+    assert [m.message_id().batch_index() for m in msgs] == [0, 1, 2, 3]
+    m0, m1, m2, m3 = msgs
+    await consumer.acknowledge(m0)
+    await consumer.negative_acknowledge(m1, delay_ms=300)
+    due1 = now_ms() + 300
+    await consumer.negative_acknowledge(m2, delay_ms=900)
+    due2 = now_ms() + 900
+    assert consumer.stats()["batch_records"] == 1
+
+    back1 = await consumer.receive(timeout_ms=3000)
+    assert (back1.data(), back1.redelivery_count()) == (m1.data(), 1)
+    assert -EARLY_MS <= now_ms() - due1 <= LATE_MS
+    await consumer.acknowledge(back1)
+    back2 = await consumer.receive(timeout_ms=3000)
+    assert back2.data() == m2.data()  # m0 (acked), m3 (held) and the early m2 were dropped
+    assert now_ms() >= due2 - EARLY_MS
+    await consumer.acknowledge(back2)
+    await consumer.acknowledge(m3)
+    await expect_nothing(consumer, 500)
+    stats = consumer.stats()
+    assert stats["batch_records"] == 0  # nothing of the entry pending: record dropped
+    assert stats["siblings_dropped"] >= 4 and stats["early_copies_dropped"] >= 1
+    await consumer.close()
+
+    # every message of the entry was acked across three deliveries: the broker has the
+    # whole entry acknowledged, so a fresh consumer on the subscription gets nothing
+    await asyncio.sleep(0.2)
+    async with await tracked(client, t) as again:
+        await expect_nothing(again, 600)
+
+
+@pytest.mark.broker
+async def test_batch_siblings_still_arriving_when_one_is_nacked_are_surfaced(client, topic):
+    """The application nacks m0 before the pump has pulled its siblings: they are
+    first copies, not redeliveries, and must reach the application."""
+    t = topic()
+    await publish_batch(client, t, 4)
+    raw = await client.subscribe(t, "sub", consumer_type=Shared, negative_ack_redelivery_delay_ms=100,
+                                 initial_position=Earliest)
+    async with TrackedConsumer(raw, client=client, precision_bits=0, prefetch=1) as consumer:
+        m0 = await consumer.receive(timeout_ms=5000)
+        await consumer.negative_acknowledge(m0, delay_ms=400)  # before the pump runs again
+        rest = [await consumer.receive(timeout_ms=3000) for _ in range(3)]
+        assert [m.message_id().batch_index() for m in rest] == [1, 2, 3]
+        assert all(m.redelivery_count() == 0 for m in rest)
+        for m in rest:
+            await consumer.acknowledge(m)
+        back = await consumer.receive(timeout_ms=3000)
+        assert (back.data(), back.redelivery_count()) == (m0.data(), 1)
+        await consumer.acknowledge(back)
+        await expect_nothing(consumer, 500)
+        assert consumer.stats()["batch_records"] == 0
+
+
+@pytest.mark.broker
+async def test_batch_record_memory(client, topic, record_property):
+    """Bytes of bookkeeping per partly nacked batch entry (two of four messages
+    nacked): Python allocations made by the nacks, measured with tracemalloc."""
+    t = topic()
+    entries = 200
+    producer = await client.create_producer(t, batching_enabled=True, batching_max_messages=4,
+                                            batching_max_publish_delay_ms=5000)
+    await asyncio.gather(*[producer.send(b"%d" % i) for i in range(entries * 4)])
+    await producer.close()
+    async with await tracked(client, t, delay_ms=60_000) as consumer:
+        msgs = [await consumer.receive(timeout_ms=5000) for _ in range(entries * 4)]
+        by_entry: dict = {}
+        for m in msgs:
+            by_entry.setdefault(entry_of(m), []).append(m)
+        assert len(by_entry) == entries
+        tracemalloc.start()
+        try:
+            before = tracemalloc.take_snapshot()
+            for siblings in by_entry.values():
+                await consumer.negative_acknowledge(siblings[1], delay_ms=60_000)
+                await consumer.negative_acknowledge(siblings[2], delay_ms=70_000)
+            after = tracemalloc.take_snapshot()
+        finally:
+            tracemalloc.stop()
+        mine = os.path.join("nacktracker", "consumer.py")
+        diff = after.compare_to(before, "filename")
+        record_bytes = sum(d.size_diff for d in diff if d.traceback[0].filename.endswith(mine))
+        total_bytes = sum(d.size_diff for d in diff)
+        per_entry = record_bytes / entries
+        record_property("batch_record_bytes_per_entry", round(per_entry))
+        record_property("all_nack_bytes_per_entry", round(total_bytes / entries))
+        print(f"batch record: {per_entry:.0f} B per partly nacked entry (consumer.py allocations); "
+              f"{total_bytes / entries:.0f} B including the tracker's index")
+        assert consumer.stats()["batch_records"] == entries
+        assert 0 < per_entry < 2000
+        for siblings in by_entry.values():
+            for m in siblings:
+                await consumer.acknowledge(m)
+        assert consumer.stats()["batch_records"] == 0 and consumer.tracker.pending == 0
+
+
+# -- dead letters -------------------------------------------------------------------
+
+async def nack_until_dead(consumer, msg, delay_ms=100):
+    """Nack every copy until the consumer stops handing it back; return the counts seen."""
+    counts = [msg.redelivery_count()]
+    await consumer.negative_acknowledge(msg, delay_ms=delay_ms)
+    while True:
+        try:
+            msg = await consumer.receive(timeout_ms=1500)
+        except ReceiveTimeout:
+            return counts
+        counts.append(msg.redelivery_count())
+        await consumer.negative_acknowledge(msg, delay_ms=delay_ms)
+
+
+@pytest.mark.broker
+async def test_dead_letter_after_max_redeliveries(client, topic, pumps):
+    t = topic()
+    dlq = f"{t}-sub-DLQ"  # Pulsar's default naming
+    dlq_consumer = await client.subscribe(dlq, "inspect", consumer_type=Shared)
+    dlq_pump = pumps(dlq_consumer)
+    [sent_id] = await publish(client, t, 1, properties={"k": "v"}, partition_key="pk")
+    async with await tracked(client, t, precision_bits=0, max_redeliveries=2) as consumer:
+        first = await consumer.receive(timeout_ms=5000)
+        assert await nack_until_dead(consumer, first) == [0, 1, 2]
+        _, dead = await dlq_pump.get()
+        assert dead.data() == b"m0" and dead.partition_key() == "pk"
+        props = dead.properties()
+        assert props["k"] == "v" and props[PROPERTY_REAL_TOPIC] == t
+        assert props[PROPERTY_ORIGIN_MESSAGE_ID] == f"{sent_id.ledger_id()}:{sent_id.entry_id()}:-1"
+        stats = consumer.stats()
+        assert (stats["dead_lettered"], stats["dead_letter_published"], stats["pending"]) == (1, 1, 0)
+    await asyncio.sleep(0.2)  # let the ack reach the broker before the next subscribe
+    async with await tracked(client, t) as again:
+        await expect_nothing(again, 500)  # the original was acknowledged
+    await asyncio.sleep(0.3)
+    assert dlq_pump.queue.empty()  # exactly one copy
+
+
+@pytest.mark.broker
+async def test_dead_letter_publish_failure_keeps_the_message_and_retries(client, topic, pumps):
+    t = topic()
+    dlq = topic("dlq")
+    dlq_pump = pumps(await client.subscribe(dlq, "inspect", consumer_type=Shared))
+    await publish(client, t, 1)
+    async with await tracked(client, t, precision_bits=0, max_redeliveries=1,
+                                           dead_letter_topic=dlq) as consumer:
+        # fault injection at our seam: the cached dead-letter producer is broken (closed)
+        broken = await client.create_producer(dlq)
+        await broken.close()
+        consumer._dlq_producers[dlq] = broken
+        first = await consumer.receive(timeout_ms=5000)
+        counts = await nack_until_dead(consumer, first)
+        assert counts == [0, 1, 2]  # count 1 failed to publish and came back once more
+        _, dead = await dlq_pump.get()
+        assert dead.data() == b"m0"
+        stats = consumer.stats()
+        assert (stats["dead_letter_failed"], stats["dead_letter_failures"], stats["dead_lettered"]) == (1, 1, 1)
+    await asyncio.sleep(0.3)
+    assert dlq_pump.queue.empty()
+
+
+# -- faults and load ----------------------------------------------------------------
+
+@pytest.mark.broker
+@pytest.mark.skipif(bool(os.environ.get("PULSAR_URL")), reason="stops and starts its own embedded broker")
+async def test_broker_stop_start_mid_run_every_nacked_message_comes_back(topic, pulsar_logger, tmp_path):
+    """Group A's buckets fire while the broker is down (the client drops those
+    requests; the broker's own redelivery after the restart brings them back);
+    group B is still pending when the broker sends everything unacked again
+    (those copies are dropped; B's buckets bring them back on time)."""
+    with EmbeddedBroker(tmp_path / "broker") as broker:
+        client = pulsar.asyncio.Client(broker.url, logger=pulsar_logger, operation_timeout_seconds=10)
+        try:
+            t = topic()
+            await publish(client, t, 8)
+            await publish_batch(client, t, 3)
+            consumer = await tracked(client, t, precision_bits=0)
+            msgs = [await consumer.receive(timeout_ms=5000) for _ in range(11)]
+            due = {}
+            for i, m in enumerate(msgs):
+                if m.message_id().batch_index() in (0, 2):
+                    await consumer.acknowledge(m)  # batch siblings acked before the restart
+                    continue
+                delay = 700 if i % 2 else 4000  # A: fires during the outage; B: after the restart
+                await consumer.negative_acknowledge(m, delay_ms=delay)
+                due[m.data()] = now_ms() + delay
+            assert len(due) == 9
+            await asyncio.sleep(0.3)  # an ack right before a restart can be lost
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, broker.stop)  # same data dir: it is ours, not removed
+            await asyncio.sleep(1.0)
+            await loop.run_in_executor(None, broker.start)
+            back: dict = {}
+            while len(back) < len(due):
+                msg = await consumer.receive(timeout_ms=15_000)
+                back.setdefault(msg.data(), now_ms())
+                await consumer.acknowledge(msg)
+            assert set(back) == set(due)
+            early = {k: round(back[k] - due[k]) for k in due if back[k] < due[k] - EARLY_MS}
+            assert not early, f"surfaced before due (ms): {early}"
+            print("dropped early copies:", consumer.stats()["early_copies_dropped"])
+            await expect_nothing(consumer, 800)
+            await consumer.close()
+        finally:
+            await client.close()
+
+
+async def steady_stream(consumer_receive, nack, ack, n_fresh_needed, period_ms=5, stream_ms=3000):
+    """Nack one fresh message every ``period_ms`` for ``stream_ms``; ack every
+    redelivery as it arrives. Returns (nack times, redelivery arrival times, stream end)."""
+    loop = asyncio.get_running_loop()
+    fresh: asyncio.Queue = asyncio.Queue()
+    nacked_at: dict = {}
+    arrivals: dict = {}
+
+    async def receiver():
+        while True:
+            msg = await consumer_receive()
+            if msg.redelivery_count() == 0:
+                fresh.put_nowait(msg)
+            else:
+                arrivals.setdefault(msg.data(), now_ms())
+                await ack(msg)
+
+    task = loop.create_task(receiver())
+    try:
+        start = now_ms()
+        while now_ms() - start < stream_ms:
+            msg = await asyncio.wait_for(fresh.get(), 5)
+            nacked_at[msg.data()] = now_ms()
+            await nack(msg)
+            await asyncio.sleep(period_ms / 1000)
+        end = now_ms()
+        deadline = end + 3000
+        while len(arrivals) < len(nacked_at) and now_ms() < deadline:
+            await asyncio.sleep(0.02)
+    finally:
+        task.cancel()  # test-only: the plain consumer's receive() may lose one message here
+        await asyncio.gather(task, return_exceptions=True)
+    return nacked_at, arrivals, end
+
+
+@pytest.mark.broker
+async def test_steady_stream_of_nacks_never_postpones_redelivery(client, topic, record_property):
+    """A nack every 5 ms for 3 s, 200 ms delay. Ours: redeliveries keep
+    arriving during the stream. The built-in tracker (recorded, not asserted):
+    every nack re-arms its timer, so nothing comes back until the stream stops."""
+    n = 700
+    ours_topic, theirs_topic = topic("ours"), topic("theirs")
+    await publish(client, ours_topic, n)
+    await publish(client, theirs_topic, n)
+
+    consumer = await tracked(client, ours_topic, precision_bits=0, delay_ms=200)
+    nacked, arrived, end = await steady_stream(consumer.receive, consumer.negative_acknowledge,
+                                               consumer.acknowledge, n)
+    await consumer.close()
+    due_in_stream = [k for k, at in nacked.items() if at + 200 < end - 300]
+    during = [k for k in due_in_stream if k in arrived and arrived[k] < end]
+    errors = sorted(arrived[k] - (nacked[k] + 200) for k in nacked if k in arrived)
+    ours = {"nacks": len(nacked), "redelivered_during_stream": len(during), "due_during_stream": len(due_in_stream),
+            "error_p50_ms": round(statistics.median(errors)), "error_p99_ms": round(errors[int(0.99 * len(errors))]),
+            "redelivered_total": len(arrived)}
+
+    plain = await client.subscribe(theirs_topic, "sub", consumer_type=Shared, negative_ack_redelivery_delay_ms=200,
+                                   initial_position=Earliest)
+    t_nacked, t_arrived, t_end = await steady_stream(plain.receive, plain.negative_acknowledge,
+                                                     plain.acknowledge, n)
+    await plain.close()
+    theirs = {"nacks": len(t_nacked), "redelivered_during_stream": sum(1 for at in t_arrived.values() if at < t_end),
+              "redelivered_total": len(t_arrived)}
+    if t_arrived:
+        theirs["first_redelivery_after_stream_end_ms"] = round(min(t_arrived.values()) - t_end)
+
+    record_property("steady_stream_ours", ours)
+    record_property("steady_stream_builtin", theirs)
+    print("steady stream, nacktracker:", ours)
+    print("steady stream, built-in client tracker:", theirs)
+    assert len(nacked) > 400
+    assert len(during) >= 0.9 * len(due_in_stream), ours
+    assert set(arrived) == set(nacked)  # every nack came back
+    assert -EARLY_MS <= ours["error_p50_ms"] <= LATE_MS, ours
+
+
+@pytest.mark.broker
+async def test_receive_timeout_never_loses_a_message(client, topic):
+    t = topic()
+    n = 60
+    async with await tracked(client, t) as consumer:
+        producer = await client.create_producer(t, batching_enabled=False)
+
+        async def trickle():
+            for i in range(n):
+                await producer.send(b"%d" % i)
+                await asyncio.sleep(random.uniform(0, 0.012))
+
+        sender = asyncio.create_task(trickle())
+        got, timeouts, cancelled = [], 0, 0
+        rng = random.Random(7)
+        deadline = now_ms() + 15_000
+        while len(got) < n and now_ms() < deadline:
+            if rng.random() < 0.2:  # a caller that gives up by cancelling
+                task = asyncio.create_task(consumer.receive())
+                await asyncio.sleep(rng.uniform(0, 0.004))
+                if task.cancel():
+                    cancelled += 1
+                    await asyncio.gather(task, return_exceptions=True)
+                elif not task.cancelled() and task.exception() is None:
+                    got.append(task.result().data())
+                continue
+            try:
+                msg = await consumer.receive(timeout_ms=rng.randint(0, 6))
+            except ReceiveTimeout as exc:
+                assert isinstance(exc, pulsar.Timeout)
+                assert exc.error() == pulsar.Result.Timeout
+                timeouts += 1
+                continue
+            got.append(msg.data())
+            await consumer.acknowledge(msg)
+        await sender
+        await producer.close()
+        assert timeouts > 0 and cancelled > 0
+        assert sorted(got, key=int) == [b"%d" % i for i in range(n)]  # all, once, none lost
+
+
+# -- API surface ----------------------------------------------------------------------
+
+@pytest.mark.broker
+async def test_async_for_async_with_and_close(client, topic):
+    t = topic()
+    await publish(client, t, 3)
+    consumer = await tracked(client, t)
+    assert consumer.topic() == t and consumer.subscription_name() == "sub" and consumer.consumer_name()
+    seen = []
+    async with consumer:
+        async for msg in consumer:
+            seen.append(msg.data())
+            await consumer.acknowledge(msg)
+            if len(seen) == 3:
+                asyncio.get_running_loop().call_later(0.05, lambda: asyncio.ensure_future(consumer.close()))
+    assert seen == [b"m0", b"m1", b"m2"] and consumer.closed
+    with pytest.raises(ConsumerClosed) as info:
+        await consumer.receive()
+    assert isinstance(info.value, pulsar.AlreadyClosed)
+    with pytest.raises(ConsumerClosed):
+        await consumer.negative_acknowledge(msg)
+    await consumer.close()  # idempotent
+
+
+@pytest.mark.broker
+async def test_api_boundary_errors(client, broker_url, topic, pulsar_logger):
+    sync_client = pulsar.Client(broker_url, logger=pulsar_logger)
+    try:
+        with pytest.raises(TypeError, match="pulsar.asyncio.Client"):
+            await nacktracker.subscribe(sync_client, topic(), "sub")
+    finally:
+        sync_client.close()
+    with pytest.raises(TypeError):
+        await nacktracker.subscribe(object(), topic(), "sub")
+    with pytest.raises(ValueError, match="negative_ack_redelivery_delay_ms"):
+        await nacktracker.subscribe(client, topic(), "sub", negative_ack_redelivery_delay_ms=1000)
+    with pytest.raises(ValueError, match="dead_letter_policy"):
+        await nacktracker.subscribe(client, topic(), "sub",
+                                    dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(max_redeliver_count=3))
+    with pytest.raises(ValueError):
+        await nacktracker.subscribe(client, topic(), "sub", delay_ms=-1)
+    with pytest.raises(ValueError, match="dead_letter_topic needs max_redeliveries"):
+        await nacktracker.subscribe(client, topic(), "sub", dead_letter_topic="x")
+    t = topic()
+    await publish(client, t, 1)
+    async with await tracked(client, t) as consumer:
+        msg = await consumer.receive(timeout_ms=5000)
+        with pytest.raises(ValueError):
+            await consumer.negative_acknowledge(msg, delay_ms=-5)
+        with pytest.raises(TypeError):
+            await consumer.negative_acknowledge("not a message")
+        with pytest.raises(ValueError):
+            await consumer.receive(timeout_ms=-1)
+        assert consumer.tracker.pending == 0  # bad input scheduled nothing
+        await consumer.acknowledge(msg)
