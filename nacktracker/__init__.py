@@ -7,16 +7,18 @@ bucket; a pluggable adapter asks the broker to redeliver.
 
 from .backoff import FixedBackoff, MultiplierBackoff
 from .clock import LoopClock, ManualClock
+from .dedup import Deduplicator
 from .events import NackEvent
 from .index import DictIndex, HeapIndex, TimeBucketIndex
 from .keys import MessageKey
+from .snapshot import SnapshotError
 from .tracker import NegativeAcksTracker, TrackerClosedError
 
 __all__ = [
     "TimeBucketIndex", "DictIndex", "HeapIndex",
     "NegativeAcksTracker", "TrackerClosedError", "MessageKey", "NackEvent",
     "FixedBackoff", "MultiplierBackoff", "LoopClock", "ManualClock",
-    "TrackedConsumer", "subscribe",
+    "TrackedConsumer", "subscribe", "Deduplicator", "SnapshotError",
 ]
 __version__ = "0.1.0"
 

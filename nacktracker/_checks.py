@@ -13,6 +13,9 @@ import sys
 
 #: Ledger and entry ids are non-negative int64 (Pulsar's ``long``).
 MAX_ID = (1 << 63) - 1
+#: Due times are below 2^62 ms (146 million years): a ceil-rounded bucket
+#: then still fits an int64 and ``pop_due`` can always reach it.
+MAX_DUE = (1 << 62) - 1
 #: Entry ids below this fit a 32-bit Roaring bitmap.
 U32 = 1 << 32
 

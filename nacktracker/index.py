@@ -29,7 +29,7 @@ from typing import Iterable, Iterator
 from pyroaring import BitMap, BitMap64
 from sortedcontainers import SortedList
 
-from ._checks import MAX_ID, U32, check_int, check_precision, entry_array
+from ._checks import MAX_DUE, U32, check_int, check_precision, entry_array
 
 __all__ = ["TimeBucketIndex", "DictIndex", "HeapIndex"]
 
@@ -115,20 +115,23 @@ class TimeBucketIndex:
 
     def bucket_of(self, due_ms: int) -> int:
         """The bucket time a due time maps to. Runtime complexity: O(1)."""
-        return (check_int("due_ms", due_ms) + self._add) & self._mask
+        return (check_int("due_ms", due_ms, MAX_DUE) + self._add) & self._mask
 
     def add(self, ledger_id: int, entry_id: int, due_ms: int) -> None:
         """Track ``(ledger_id, entry_id)`` as due at ``due_ms`` (monotonic ms).
+
+        Ids are ints in ``[0, 2^63)``, ``due_ms`` in ``[0, 2^62)``; anything
+        else raises ``TypeError``/``ValueError`` and changes nothing.
 
         Runtime complexity: O(1) when the bitmap of the previous add is hit
         (nacks come in bursts for one bucket and ledger), else O(log n) for
         n bitmaps.
         """
         if (type(ledger_id) is not int or type(entry_id) is not int or type(due_ms) is not int
-                or (ledger_id | entry_id | due_ms) >> 63):  # negative or >= 2^63
+                or (ledger_id | entry_id) >> 63 or due_ms >> 62):  # negative or too large
             ledger_id = check_int("ledger_id", ledger_id)
             entry_id = check_int("entry_id", entry_id)
-            due_ms = check_int("due_ms", due_ms)
+            due_ms = check_int("due_ms", due_ms, MAX_DUE)
         bucket = (due_ms + self._add) & self._mask
         if bucket == self._hot_bucket and ledger_id == self._hot_ledger:
             bm = self._hot_bm
@@ -148,7 +151,7 @@ class TimeBucketIndex:
         O(log n) to find the bitmap.
         """
         ledger_id = check_int("ledger_id", ledger_id)
-        due_ms = check_int("due_ms", due_ms)
+        due_ms = check_int("due_ms", due_ms, MAX_DUE)
         ids = entry_array(entry_ids)
         if not len(ids):
             return
@@ -378,15 +381,15 @@ class _PerMessageIndex:
         self._heap: list[tuple[int, int, int]] | None = None  # HeapIndex only
 
     def bucket_of(self, due_ms: int) -> int:
-        return (check_int("due_ms", due_ms) + self._add) & self._mask
+        return (check_int("due_ms", due_ms, MAX_DUE) + self._add) & self._mask
 
     def add(self, ledger_id: int, entry_id: int, due_ms: int) -> None:
         """Track one message. Runtime complexity: O(1) (dict) or O(log n) (heap)."""
         if (type(ledger_id) is not int or type(entry_id) is not int or type(due_ms) is not int
-                or (ledger_id | entry_id | due_ms) >> 63):
+                or (ledger_id | entry_id) >> 63 or due_ms >> 62):
             ledger_id = check_int("ledger_id", ledger_id)
             entry_id = check_int("entry_id", entry_id)
-            due_ms = check_int("due_ms", due_ms)
+            due_ms = check_int("due_ms", due_ms, MAX_DUE)
         key = (ledger_id, entry_id)
         bucket = (due_ms + self._add) & self._mask
         pending = self._pending
@@ -402,7 +405,7 @@ class _PerMessageIndex:
     def add_many(self, ledger_id: int, entry_ids: Iterable[int], due_ms: int) -> None:
         """Track many entries of one ledger. Runtime complexity: O(k)."""
         ledger_id = check_int("ledger_id", ledger_id)
-        bucket = (check_int("due_ms", due_ms) + self._add) & self._mask
+        bucket = (check_int("due_ms", due_ms, MAX_DUE) + self._add) & self._mask
         for entry_id in entry_array(entry_ids):
             self._put((ledger_id, entry_id), bucket)
 

@@ -18,12 +18,13 @@ import time
 from collections import Counter, deque
 from typing import Any, Callable, Optional
 
-from ._checks import check_delay_ms, check_int, check_precision
+from ._checks import MAX_DUE, check_delay_ms, check_int, check_precision
 from .adapters.base import RedeliveryAdapter
 from .clock import Clock, LoopClock, TimerHandle
 from .events import NackEvent
 from .index import TimeBucketIndex
 from .keys import MessageKey, key_of
+from . import snapshot as _snapshot
 
 __all__ = ["NegativeAcksTracker", "TrackerClosedError", "LatencyHistogram"]
 
@@ -265,10 +266,50 @@ class NegativeAcksTracker:
         slots += sum(sys.getsizeof(t) for t in self._slots.values())
         return self._index.nbytes() + slots
 
-    async def close(self, flush: bool = False) -> None:
+    # -- snapshots (format and rules: nacktracker/snapshot.py) -------------------------
+
+    def snapshot(self) -> bytes:
+        """The pending set as bytes: each bucket as its remaining delay, with
+        its topic/partition routing, plus the unsent outbox (due now). Works
+        on a closed tracker (``await close()`` first to include an adapter
+        call in flight). Runtime complexity: O(size of the snapshot).
+        """
+        return _snapshot.encode(self)
+
+    @classmethod
+    def restore(cls, data: Any, adapter: RedeliveryAdapter, *, elapsed: str = "wall",
+                **tracker_kwargs: Any) -> "NegativeAcksTracker":
+        """A new tracker holding what :meth:`snapshot` saved.
+
+        ``elapsed="wall"`` subtracts the wall time since the snapshot from
+        every remaining delay; ``"none"`` restarts them. ``tracker_kwargs`` go
+        to the constructor (``precision_bits``/``rounding`` default to the
+        snapshot's). Raises :class:`~nacktracker.snapshot.SnapshotError` (a
+        ``ValueError``) for foreign, truncated or corrupted data, before any
+        tracker is built. Call inside the event loop or pass ``clock=``.
+        """
+        return _snapshot.restore(cls, data, adapter, elapsed=elapsed, **tracker_kwargs)
+
+    def save(self, path: Any) -> None:
+        """Write :meth:`snapshot` to ``path`` atomically (temp file in the same
+        directory, fsync, rename, fsync the directory): a crash leaves the
+        old file or the new one. Blocks for the write."""
+        _snapshot.write_atomic(path, self.snapshot())
+
+    @classmethod
+    def load(cls, path: Any, adapter: RedeliveryAdapter, *, elapsed: str = "wall",
+             **tracker_kwargs: Any) -> "NegativeAcksTracker":
+        """:meth:`restore` from a file written by :meth:`save` (``OSError`` if
+        it cannot be read)."""
+        return _snapshot.restore(cls, _snapshot.read_file(path), adapter, elapsed=elapsed, **tracker_kwargs)
+
+    async def close(self, flush: bool = False, timeout: Optional[float] = None) -> None:
         """Stop the timer. ``flush=True`` first hands every pending message to
         the adapter (raising if that fails, with the keys still counted in
-        ``stats()['unsent']``). Idempotent."""
+        ``stats()['unsent']``). ``timeout`` (seconds) bounds the wait for an
+        adapter call in flight; past it the call is cancelled and its keys go
+        back to ``unsent`` (nothing lost; a snapshot includes them).
+        Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -277,7 +318,16 @@ class NegativeAcksTracker:
         self._cancel(self._retry_timer)
         self._retry_timer = None
         if self._sending is not None:
-            await asyncio.gather(self._sending, return_exceptions=True)
+            sending = self._sending
+            try:
+                done, _ = await asyncio.wait({sending}, timeout=timeout)
+            except asyncio.CancelledError:  # our caller gave up (e.g. wait_for): so does the call
+                done = None
+            if not done:
+                sending.cancel()  # its batch goes back to the outbox
+                await asyncio.gather(sending, return_exceptions=True)
+                if done is None:
+                    raise asyncio.CancelledError
         if self._side_tasks:
             await asyncio.gather(*self._side_tasks, return_exceptions=True)
         if flush:
@@ -313,7 +363,7 @@ class NegativeAcksTracker:
 
     def _schedule(self, key: MessageKey, delay: int, count: int) -> int:
         due = math.ceil(self._clock.now_ms()) + delay
-        if due > _FOREVER:
+        if due > MAX_DUE:
             raise ValueError(f"delay_ms {delay} is too large")
         slot = self._slot(key, create=True)
         self._index.add(slot, key.entry_id, due)
@@ -376,22 +426,30 @@ class NegativeAcksTracker:
         try:
             await self.adapter.redeliver(batch)
         except asyncio.CancelledError:
-            self._outbox.appendleft(batch)
-            raise
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():  # we were cancelled (close timeout)
+                self._outbox.appendleft(batch)
+                raise
+            exc: BaseException = asyncio.CancelledError("adapter raised CancelledError")
+            self._failed(batch, exc)
         except Exception as exc:
-            self._n["failures"] += 1
-            self._outbox.appendleft(batch)
-            wait = min(self._retry_max, self._retry_min * (1 << min(self._retry_streak, 30)))
-            self._retry_streak += 1
-            log.warning("redeliver of %d messages failed (%r); retrying in %d ms", len(batch), exc, wait)
-            if not self._closed:
-                self._retry_timer = self._clock.call_at(self._clock.now_ms() + wait, self._retry)
+            self._failed(batch, exc)
         else:
             self._retry_streak = 0
             self._delivered(batch)
         finally:
             self._sending = None
         self._kick()
+
+    def _failed(self, batch: list[MessageKey], exc: BaseException) -> None:
+        """Keep the batch (first in line) and retry after a capped backoff."""
+        self._n["failures"] += 1
+        self._outbox.appendleft(batch)
+        wait = min(self._retry_max, self._retry_min * (1 << min(self._retry_streak, 30)))
+        self._retry_streak += 1
+        log.warning("redeliver of %d messages failed (%r); retrying in %d ms", len(batch), exc, wait)
+        if not self._closed:
+            self._retry_timer = self._clock.call_at(self._clock.now_ms() + wait, self._retry)
 
     def _retry(self) -> None:
         self._retry_timer = None

@@ -288,3 +288,12 @@ def test_nbytes_within_25_percent_of_rss_growth():
     row = json.loads(out.stdout.strip().splitlines()[-1])
     assert row["rss_growth"] > 4_000_000  # large enough to dwarf page noise
     assert math.isclose(row["nbytes"], row["rss_growth"], rel_tol=0.25), row
+
+
+def test_due_times_stop_below_2_62_so_every_bucket_stays_reachable(cls):
+    idx = cls(precision_bits=8, rounding="ceil")
+    idx.add(1, 1, 2**62 - 1)  # rounds up past 2^62, still below 2^63
+    for call in (lambda: idx.add(1, 2, 2**62), lambda: idx.add_many(1, [2], 2**62)):
+        with pytest.raises(ValueError):
+            call()
+    assert idx.pop_due(2**63 - 1) == [(1, 1)] and len(idx) == 0

@@ -1,0 +1,296 @@
+"""Faults that need no broker: adapters that raise, hang or crawl; an event loop
+that stalls; a tracker closed with redeliveries still pending."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from nacktracker import ManualClock, MessageKey, NegativeAcksTracker
+from nacktracker.adapters import MemoryAdapter
+
+
+async def settle(rounds: int = 6) -> None:
+    for _ in range(rounds):
+        await asyncio.sleep(0)
+
+
+def K(entry, ledger=7, **kw):
+    return MessageKey(ledger, entry, **kw)
+
+
+class ScriptedAdapter:
+    """Raises the scripted exceptions, one per call, then succeeds."""
+
+    lead_ms = 0
+
+    def __init__(self, *failures: BaseException) -> None:
+        self.failures = list(failures)
+        self.delivered: list[MessageKey] = []
+        self.calls = 0
+
+    async def redeliver(self, keys) -> None:
+        self.calls += 1
+        if self.failures:
+            raise self.failures.pop(0)
+        self.delivered.extend(keys)
+
+
+# -- adapters that raise -----------------------------------------------------------------
+
+async def test_every_kind_of_adapter_error_is_retried_and_nothing_is_lost(caplog):
+    adapter = ScriptedAdapter(RuntimeError("broker"), OSError(104, "reset"), TimeoutError(), ValueError("bad id"),
+                              ConnectionError("gone"))
+    clock = ManualClock()
+    tracker = NegativeAcksTracker(adapter, clock=clock, precision_bits=0, retry_min_ms=10, retry_max_ms=40)
+    for i in range(5):
+        tracker.add(K(i), delay_ms=5 + i)
+    for _ in range(300):
+        clock.advance(1)
+        await settle(3)
+    assert sorted(adapter.delivered) == [K(i) for i in range(5)]  # each once
+    s = tracker.stats()
+    assert s["failures"] == 5 and s["redelivered"] == 5 and s["unsent"] == 0 and s["pending"] == 0
+    assert caplog.text.count("retrying") == 5
+    await tracker.close()
+
+
+async def test_retry_backoff_is_capped():
+    adapter = ScriptedAdapter(*[RuntimeError("down")] * 8)
+    clock = ManualClock()
+    tracker = NegativeAcksTracker(adapter, clock=clock, precision_bits=0, retry_min_ms=10, retry_max_ms=50)
+    tracker.add(K(1), delay_ms=0)
+    times = []
+    for _ in range(400):
+        before = adapter.calls
+        clock.advance(1)
+        await settle(3)
+        if adapter.calls != before:
+            times.append(clock.now_ms())
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert gaps == [10, 20, 40, 50, 50, 50, 50, 50]  # doubling, then capped at retry_max_ms
+    assert adapter.delivered == [K(1)]
+    await tracker.close()
+
+
+async def test_an_adapter_that_raises_before_returning_a_coroutine():
+    class SyncRaiser:
+        lead_ms = 0
+        calls = 0
+        delivered: list = []
+
+        def redeliver(self, keys):  # not async: raises at call time, or returns a coroutine
+            SyncRaiser.calls += 1
+            if SyncRaiser.calls == 1:
+                raise RuntimeError("raised synchronously")
+
+            async def ok():
+                self.delivered.extend(keys)
+            return ok()
+
+    adapter = SyncRaiser()
+    clock = ManualClock()
+    tracker = NegativeAcksTracker(adapter, clock=clock, precision_bits=0, retry_min_ms=10)
+    tracker.add(K(1), delay_ms=1)
+    clock.advance(1)
+    await settle()
+    clock.advance(10)
+    await settle()
+    assert adapter.delivered == [K(1)] and tracker.stats()["failures"] == 1
+    await tracker.close()
+
+
+async def test_an_adapter_raising_cancelled_error_is_retried_like_any_failure():
+    adapter = ScriptedAdapter(asyncio.CancelledError())  # e.g. a client future cancelled under the adapter
+    clock = ManualClock()
+    tracker = NegativeAcksTracker(adapter, clock=clock, precision_bits=0, retry_min_ms=10, retry_max_ms=100)
+    tracker.add(K(1), delay_ms=1)
+    for _ in range(1000):
+        clock.advance(1)
+        await settle(3)
+    assert adapter.delivered == [K(1)]
+    await tracker.close()
+
+
+# -- slow and hanging adapters ------------------------------------------------------------
+
+async def test_a_slow_adapter_on_the_real_loop_never_overlaps_and_loses_nothing():
+    adapter = MemoryAdapter(delay_s=0.15)
+    tracker = NegativeAcksTracker(adapter, precision_bits=0)
+    loop = asyncio.get_running_loop()
+    worst_add = 0.0
+    for i in range(60):
+        t0 = time.perf_counter()
+        tracker.add(K(i), delay_ms=5 + 5 * i)
+        worst_add = max(worst_add, time.perf_counter() - t0)
+        await asyncio.sleep(0.002)
+    assert worst_add < 0.01  # add() never waits for the adapter
+    await adapter.wait_for(60, timeout=10)
+    assert adapter.max_in_flight == 1  # one call at a time; fires during a call are merged
+    assert len(adapter.calls) < 60
+    assert sorted(k.entry_id for k in adapter.redelivered) == list(range(60))
+    assert tracker.stats()["redelivered"] == 60
+    started = loop.time()
+    tracker.add(K(100), delay_ms=0)
+    await asyncio.sleep(0.05)  # its call is in flight now
+    await tracker.close()  # waits for the call in flight
+    assert loop.time() - started >= 0.14
+    assert tracker.stats()["redelivered"] == 61 and adapter.in_flight == 0
+
+
+async def test_closing_over_a_hung_adapter_with_a_timeout_keeps_the_batch_unsent():
+    """close() waits for the adapter call in flight; bound it with wait_for and the
+    cancelled call's batch goes back to the outbox: counted, and in the snapshot."""
+    release = asyncio.Event()
+
+    class Hung:
+        lead_ms = 0
+
+        async def redeliver(self, keys):
+            await release.wait()
+
+    clock = ManualClock()
+    tracker = NegativeAcksTracker(Hung(), clock=clock, precision_bits=0)
+    tracker.add(K(1), delay_ms=1)
+    tracker.add(K(2), delay_ms=1000)
+    clock.advance(1)
+    await settle()
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(tracker.close(), 0.1)
+    assert tracker.closed
+    s = tracker.stats()
+    assert s["unsent"] == 1 and s["pending"] == 1 and s["redelivered"] == 0
+    clock2 = ManualClock()
+    restored = NegativeAcksTracker.restore(tracker.snapshot(), MemoryAdapter(clock=clock2.now_ms), clock=clock2,
+                                           elapsed="none")
+    assert restored.pending == 2 and restored.next_fire_ms() == 0  # the unsent one is due now
+
+
+async def test_close_timeout_bounds_the_wait_for_a_hung_adapter():
+    class Hung:
+        lead_ms = 0
+
+        async def redeliver(self, keys):
+            await asyncio.Event().wait()
+
+    clock = ManualClock()
+    tracker = NegativeAcksTracker(Hung(), clock=clock, precision_bits=0)
+    tracker.add(K(1), delay_ms=1)
+    clock.advance(1)
+    await settle()
+    await tracker.close(timeout=0.05)
+    assert tracker.closed and tracker.stats()["unsent"] == 1
+
+
+# -- a stalled event loop -------------------------------------------------------------------
+
+async def test_a_one_second_loop_stall_delivers_everything_late_and_reports_it():
+    adapter = MemoryAdapter()
+    tracker = NegativeAcksTracker(adapter, precision_bits=0)
+    loop = asyncio.get_running_loop()
+    due = {}
+    for i in range(200):
+        due[K(i)] = tracker.add(K(i), delay_ms=100 + 5 * i)  # due from +100 ms to +1095 ms
+    stall_at = loop.time()
+    loop.call_later(0.05, time.sleep, 1.0)  # a callback that blocks the loop for a second
+    await adapter.wait_for(200, timeout=10)
+    arrivals = {k: c.at_ms for c in adapter.calls for k in c.keys}
+    assert sorted(arrivals) == sorted(due)  # none lost
+    assert len(adapter.redelivered) == 200  # none twice
+    stall_end = (stall_at + 1.05) * 1000
+    late = [k for k in due if due[k] < stall_end - 50]
+    assert len(late) > 150
+    assert all(arrivals[k] >= stall_end - 5 for k in late)  # they waited for the loop...
+    assert all(arrivals[k] >= due[k] - 1 for k in due)  # ...and none came early
+    lateness = tracker.stats()["lateness_ms"]
+    assert lateness["count"] == 200 and lateness["max"] >= 850  # the stall is visible in stats()
+    assert 1 <= len(adapter.calls) < 200  # the first fire after the stall takes every overdue bucket at once
+    await tracker.close()
+
+
+async def test_a_stall_on_the_fake_clock_folds_every_due_bucket_into_one_call():
+    clock = ManualClock()
+    adapter = MemoryAdapter(clock=clock.now_ms)
+    tracker = NegativeAcksTracker(adapter, clock=clock, precision_bits=0)
+    for i in range(50):
+        tracker.add(K(i), delay_ms=10 * (i + 1))
+    clock.stall(1000)
+    await settle()
+    assert len(adapter.calls) == 1 and len(adapter.redelivered) == 50
+    assert tracker.stats()["lateness_ms"]["max"] == 990
+
+
+# -- closed with redeliveries pending ---------------------------------------------------------
+
+async def test_closed_with_pending_redeliveries_accounts_for_them():
+    clock = ManualClock()
+    adapter = MemoryAdapter(clock=clock.now_ms)
+    tracker = NegativeAcksTracker(adapter, clock=clock, precision_bits=0)
+    for i in range(10):
+        tracker.add(K(i), delay_ms=100 * (i + 1))
+    clock.advance(350)
+    await settle()
+    await tracker.close()
+    clock.advance(10_000)
+    await settle()
+    s = tracker.stats()
+    assert s["redelivered"] == 3 and s["pending"] == 7 and s["nacks"] == 10  # nacks = redelivered + pending
+    assert len(adapter.redelivered) == 3  # nothing after close
+    # what a closed tracker still holds can be carried over a restart
+    clock2 = ManualClock()
+    adapter2 = MemoryAdapter(clock=clock2.now_ms)
+    restored = NegativeAcksTracker.restore(tracker.snapshot(), adapter2, clock=clock2, elapsed="none")
+    clock2.advance(1000)
+    await settle()
+    assert sorted(k.entry_id for k in adapter2.redelivered) == list(range(3, 10))
+
+
+async def test_closed_during_retry_backoff_keeps_the_unsent_batch_counted():
+    clock = ManualClock()
+    adapter = MemoryAdapter(clock=clock.now_ms)
+    tracker = NegativeAcksTracker(adapter, clock=clock, precision_bits=0, retry_min_ms=100)
+    tracker.add(K(1), delay_ms=5)
+    tracker.add(K(2), delay_ms=5)
+    adapter.fail_next(1)
+    clock.advance(5)
+    await settle()
+    await tracker.close()
+    clock.advance(1000)  # the retry timer was cancelled by close
+    await settle()
+    s = tracker.stats()
+    assert s["unsent"] == 2 and s["pending"] == 0 and s["failures"] == 1 and adapter.calls == []
+
+
+async def test_close_with_flush_while_backing_off_delivers_the_unsent_batch():
+    clock = ManualClock()
+    adapter = MemoryAdapter(clock=clock.now_ms)
+    tracker = NegativeAcksTracker(adapter, clock=clock, precision_bits=0, retry_min_ms=100)
+    tracker.add(K(1), delay_ms=5)
+    tracker.add(K(2), delay_ms=50_000)
+    adapter.fail_next(1)
+    clock.advance(5)
+    await settle()
+    await tracker.close(flush=True)
+    assert adapter.redelivered == [K(1), K(2)]
+    s = tracker.stats()
+    assert s["unsent"] == 0 and s["pending"] == 0 and s["redelivered"] == 2
+
+
+async def test_a_nack_racing_close_from_another_thread_is_counted_not_lost_silently(caplog):
+    tracker = NegativeAcksTracker(MemoryAdapter(), precision_bits=0)
+    done = threading.Event()
+
+    def listener():
+        tracker.add_threadsafe(K(1))  # queued on the loop, runs after close below
+        done.set()
+
+    threading.Thread(target=listener).start()
+    done.wait(5)
+    await tracker.close()
+    await settle()
+    s = tracker.stats()
+    assert s["rejected_after_close"] == 1 and s["pending"] == 0
+    assert "arrived after close" in caplog.text
