@@ -21,6 +21,7 @@ import os
 import platform
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -89,14 +90,20 @@ def memory_configs(quick: bool) -> list:
                                       baselines_at={(8, 10)} if quick else None))
 
 
-def run_memory(quick: bool, progress: Progress) -> list[dict]:
+def run_memory(quick: bool, progress: Progress, workers: int = 2) -> list[dict]:
+    """Each configuration in its own fresh process, ``workers`` at a time:
+    RSS is per process, so neighbours do not disturb the figures (only the
+    build times, which this table does not report as results)."""
     configs = memory_configs(quick)
-    rows = []
-    for index, kind, n, x, y in configs:
-        progress.note(f"memory {index} {kind} x={x} y={y}")
-        rows.append(memory.run_fresh(index, kind, n, x, y))
+
+    def one(cfg):
+        index, kind, n, x, y = cfg
+        row = memory.run_fresh(index, kind, n, x, y)
         progress.step(f"memory {index} {kind} x={x} y={y}")
-    return rows
+        return row
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(one, configs))
 
 
 def _optional(name: str):
