@@ -1,0 +1,235 @@
+"""Command line of the Spark pipeline: ``trace generate``, ``plan``, ``sweep``.
+
+``add_subcommands(subparsers)`` registers them on the main ``nacktracker``
+parser; ``python -m nacktracker.pipeline.cli …`` runs them on their own, and
+so does ``spark-submit nacktracker/pipeline/cli.py …`` on a cluster. Nothing
+here imports pyspark until a command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Optional
+
+if not __package__:  # run as a file (``spark-submit …/cli.py``): make the relative imports work
+    __package__ = "nacktracker.pipeline"
+
+__all__ = ["add_subcommands", "main"]
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _conf(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def _spark_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("Spark")
+    g.add_argument("--master", default=None,
+                   help="Spark master URL (default: local[*]; under spark-submit, spark-submit's)")
+    g.add_argument("--driver-memory", default="4g", help="driver heap for local runs (default 4g)")
+    g.add_argument("--shuffle-partitions", type=int, default=None, help="spark.sql.shuffle.partitions")
+    g.add_argument("--conf", type=_conf, action="append", default=[], metavar="KEY=VALUE",
+                   help="any other Spark setting (repeatable)")
+
+
+def _session(args: argparse.Namespace):
+    from .spark import get_spark
+
+    return get_spark(args.master, driver_memory=args.driver_memory,
+                     shuffle_partitions=args.shuffle_partitions, conf=dict(args.conf))
+
+
+def _fail(exc: BaseException) -> int:
+    print(f"nacktracker: error: {exc}", file=sys.stderr)
+    return 2
+
+
+# -- trace generate -------------------------------------------------------------
+
+def _trace_generate(args: argparse.Namespace) -> int:
+    from .trace import TraceSpec, generate_trace
+
+    try:
+        spec = TraceSpec(events=args.events, consumers=args.consumers, rate=args.rate,
+                         rate_spread=args.rate_spread, delay_ms=args.delay_ms,
+                         delay_jitter_ms=args.delay_jitter_ms, entries_per_ledger=args.entries_per_ledger,
+                         nack_share=args.nack_share, batch_size=args.batch_size,
+                         renack_share=args.renack_share, topics=args.topics, seed=args.seed,
+                         start_ms=args.start_ms)
+    except ValueError as e:
+        return _fail(e)
+    started = time.perf_counter()
+    spark = _session(args)
+    try:
+        generate_trace(spark, spec, args.out, fmt=args.format, overwrite=args.overwrite, files=args.files)
+    except Exception as e:  # Spark's "path already exists" and friends: one line, not a JVM trace
+        if type(e).__name__ in ("AnalysisException", "IllegalArgumentException") or isinstance(e, ValueError):
+            return _fail(str(e).splitlines()[0])
+        raise
+    print(f"wrote {spec.events:,} events from {spec.consumers} consumers to {args.out} "
+          f"({args.format}) in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    return 0
+
+
+def _add_trace(sub) -> None:
+    trace = sub.add_parser("trace", help="nack event logs: generate synthetic ones")
+    tsub = trace.add_subparsers(dest="trace_command", required=True)
+    g = tsub.add_parser("generate", help="write a synthetic nack trace (Spark)",
+                        description="Write a synthetic nack event log, generated in Spark from spark.range: "
+                                    "seed 000's sequential workload or a random nack share, several consumers, "
+                                    "configurable rate, delays and ledger rollover.")
+    g.add_argument("--out", required=True, help="output directory")
+    g.add_argument("--events", type=int, required=True, help="number of nack events")
+    g.add_argument("--consumers", type=int, default=4, help="consumers (default 4)")
+    g.add_argument("--rate", type=float, default=1000.0, help="nacks per second per consumer (default 1000)")
+    g.add_argument("--rate-spread", type=float, default=1.0,
+                   help="the last consumer's rate over the first's (geometric; default 1)")
+    g.add_argument("--delay-ms", type=int, default=60_000, help="nack delay (default 60000)")
+    g.add_argument("--delay-jitter-ms", type=int, default=0, help="plus uniform 0..J ms (default 0)")
+    g.add_argument("--entries-per-ledger", type=int, default=50_000, help="ledger rollover (default 50000)")
+    g.add_argument("--nack-share", type=float, default=1.0,
+                   help="share of each ledger's entries nacked, at random; 1 = all, in order (default 1)")
+    g.add_argument("--batch-size", type=int, default=1, help="messages per batch entry (default 1)")
+    g.add_argument("--renack-share", type=float, default=0.0,
+                   help="share of events that nack an earlier, redelivered message again (default 0)")
+    g.add_argument("--topics", type=int, default=1, help="topics the consumers spread over (default 1)")
+    g.add_argument("--seed", type=int, default=1)
+    g.add_argument("--start-ms", type=int, default=1_700_000_000_000, help="first timestamp (epoch ms)")
+    g.add_argument("--format", choices=("parquet", "jsonl"), default="parquet")
+    g.add_argument("--files", type=int, default=None, help="output files (default: one per 2M events)")
+    g.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    _spark_options(g)
+    g.set_defaults(func=_trace_generate)
+
+
+# -- plan -----------------------------------------------------------------------
+
+def _plan(args: argparse.Namespace) -> int:
+    from ..events import TraceError
+    from .plan import run_plan
+    from .report import markdown, write_outputs
+
+    started = time.perf_counter()
+    spark = _session(args)
+    try:
+        result = run_plan(spark, args.trace, args.bits, max_early_ms=args.max_early_ms,
+                          rounding=args.rounding, fmt=args.format, partitions=args.partitions)
+    except (TraceError, ValueError) as e:
+        return _fail(e)
+    paths = write_outputs(result, args.out)
+    if not args.quiet:
+        print(markdown(result))
+    print(f"plan: {time.perf_counter() - started:.1f} s; wrote {', '.join(str(p) for p in paths.values())}",
+          file=sys.stderr)
+    return 0
+
+
+def _add_plan(sub) -> None:
+    from . import DEFAULT_BITS, DEFAULT_MAX_EARLY_MS
+
+    p = sub.add_parser("plan", help="size trackers from a nack event log (Spark)",
+                       description="For each consumer and candidate precision_bits: peak pending nacks, "
+                                   "peak tracker memory (real pyroaring bitmaps), redelivery error; fleet "
+                                   "totals and a recommendation. Writes Parquet, report.md and plot.png.")
+    p.add_argument("trace", help="event log: Parquet or JSON Lines file or directory (any Spark path)")
+    p.add_argument("--bits", type=_ints, default=list(DEFAULT_BITS),
+                   help=f"candidate precision bits (default {','.join(map(str, DEFAULT_BITS))})")
+    p.add_argument("--max-early-ms", type=float, default=DEFAULT_MAX_EARLY_MS,
+                   help=f"bound on the p99 redelivery error (default {DEFAULT_MAX_EARLY_MS})")
+    p.add_argument("--rounding", choices=("floor", "ceil"), default="floor",
+                   help="bucket rounding of the trackers (default floor: early, never late)")
+    p.add_argument("--format", choices=("auto", "parquet", "jsonl"), default="auto")
+    p.add_argument("--out", default="nacktracker-plan", help="output directory (default nacktracker-plan)")
+    p.add_argument("--partitions", type=int, default=None,
+                   help="tasks for the analysis (default: min(consumers, 4 x cores))")
+    p.add_argument("--quiet", action="store_true", help="do not print the report")
+    _spark_options(p)
+    p.set_defaults(func=_plan)
+
+
+# -- sweep ----------------------------------------------------------------------
+
+def _sweep(args: argparse.Namespace) -> int:
+    from .sweep import INDEXES, grid, run_sweep, table, write_outputs
+
+    indexes = INDEXES if args.indexes == ["all"] else args.indexes
+    try:
+        configs = grid(args.x, args.y, args.entries_per_ledger, args.shares, indexes, args.messages)
+    except ValueError as e:
+        return _fail(e)
+    started = time.perf_counter()
+    spark = _session(args)
+    rows = run_sweep(spark, configs)
+    command = " ".join(["nacktracker sweep", "--x", _join(args.x), "--y", _join(args.y),
+                        "--entries-per-ledger", _join(args.entries_per_ledger), "--shares", _join(args.shares),
+                        "--indexes", ",".join(indexes), "--messages", str(args.messages)])
+    print(f"`{command}`\n")
+    print(table(rows))
+    if args.out:
+        write_outputs(rows, args.out, command)
+    print(f"sweep: {len(rows)} configurations in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    return 0
+
+
+def _join(values) -> str:
+    return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
+
+
+def _add_sweep(sub) -> None:
+    s = sub.add_parser("sweep", help="the memory benchmark's parameter grid as Spark tasks",
+                       description="bench/memory.py's table (bytes per message per configuration, with seed "
+                                   "000's analytic estimate) over a grid of x (nacks/ms), y (precision bits), "
+                                   "entries per ledger and nack share; one Spark task per configuration, "
+                                   "each measured in a fresh interpreter.")
+    s.add_argument("--x", type=_ints, default=[1, 4, 8], help="nacks per ms (default 1,4,8)")
+    s.add_argument("--y", type=_ints, default=[8, 10, 15], help="precision bits (default 8,10,15)")
+    s.add_argument("--entries-per-ledger", type=_ints, default=[50_000], help="default 50000")
+    s.add_argument("--shares", type=_floats, default=[1.0, 0.1],
+                   help="nacked share per ledger; 1 = sequential workload (default 1,0.1)")
+    s.add_argument("--indexes", type=lambda t: t.split(","), default=["TimeBucketIndex"],
+                   help="TimeBucketIndex,DictIndex,HeapIndex or all (default TimeBucketIndex)")
+    s.add_argument("--messages", type=int, default=10_000_000, help="per configuration (default 10M)")
+    s.add_argument("--out", default=None, help="also write sweep.parquet/json/md here")
+    _spark_options(s)
+    s.set_defaults(func=_sweep)
+
+
+def add_subcommands(subparsers) -> None:
+    """Register ``trace generate``, ``plan`` and ``sweep`` on an argparse subparsers object.
+
+    Each sets ``func(args) -> int`` (the exit status).
+    """
+    _add_trace(subparsers)
+    _add_plan(subparsers)
+    _add_sweep(subparsers)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="nacktracker", description="nacktracker's Spark pipeline")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_subcommands(sub)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

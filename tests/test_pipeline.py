@@ -1,0 +1,428 @@
+"""The Spark pipeline: trace generation, plan (peak pending, memory, errors),
+sweep, bad traces. The kernel tests need no Spark; the rest share one
+session-scoped ``local[2]`` SparkSession and a few small traces."""
+
+from __future__ import annotations
+
+import array
+import importlib.util
+import itertools
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from nacktracker import DictIndex, TimeBucketIndex
+from nacktracker.events import (BadValueError, ColumnTypeError, EmptyTraceError, EventLogWriter,
+                                MissingColumnError, NackEvent, TraceError)
+from nacktracker.pipeline.memory_model import IndexCosts
+from nacktracker.pipeline.pending import analyse_rows, quantile
+from nacktracker.pipeline.plan import measured_costs, recommend
+
+ROOT = Path(__file__).resolve().parents[1]
+T0 = 1_700_000_000_000
+BITS = (0, 4, 8, 12)
+
+
+# -- an exact in-process replay with the real index ---------------------------------
+
+def replay(rows, bits, rounding="floor", stop_at=None):
+    """Feed ``(ts, ledger, entry, due)`` nacks to a TimeBucketIndex in time order,
+    firing every bucket whose time has come. Returns ``(peak, first instant,
+    index)``; with ``stop_at`` the index is the state at that instant."""
+    idx = TimeBucketIndex(precision_bits=bits, rounding=rounding)
+    peak, at = 0, None
+    for ts, group in itertools.groupby(sorted(rows), key=lambda r: r[0]):
+        if stop_at is not None and ts > stop_at:
+            break
+        idx.pop_due(ts)
+        for _, ledger, entry, due in group:
+            idx.add(ledger, entry, due)
+        idx.pop_due(ts)  # a bucket already in the past fires at once
+        if len(idx) > peak:
+            peak, at = len(idx), ts
+    return peak, at, idx
+
+
+def fresh_copy(idx: TimeBucketIndex) -> TimeBucketIndex:
+    """The same pending messages in a freshly built index."""
+    out = TimeBucketIndex(precision_bits=idx.precision_bits, rounding=idx.rounding)
+    for bucket, ledger, bm in idx.iter_bitmaps():
+        out.add_many(ledger, array.array("Q", bm) if bm.max() >= 1 << 32 else array.array("I", bm), bucket)
+    out.compact()
+    return out
+
+
+# -- the kernel, no Spark -----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def costs() -> IndexCosts:
+    return measured_costs()
+
+
+def test_kernel_hand_made_case(costs):
+    rows = [  # (ledger, entry, ts, due)
+        (1, 1, 100, 1100),   # pending 100..1100 at bits 0
+        (1, 1, 300, 1100),   # same message, same bucket, while pending: merged
+        (1, 2, 200, 1500),
+        (1, 2, 1600, 1700),  # same message, a later bucket: a second occurrence
+        (2, 9, 150, 160),
+    ]
+    r0, r8 = analyse_rows(rows, [0, 8], costs)
+    assert (r0.nacks, r0.occurrences, r0.merged, r0.immediate) == (5, 4, 1, 0)
+    assert (r0.peak_pending, r0.peak_at_ms) == (2, 150)  # 1:1 and 2:9 from 150 until 160
+    assert r0.err_values.tolist() == [0] and r0.err_counts.tolist() == [5]
+    # bits 8: buckets 1024, 1024, 1280, 1536, 0; the last two had passed when nacked: fired at once
+    assert (r8.occurrences, r8.immediate, r8.merged, r8.peak_pending, r8.peak_at_ms) == (2, 2, 1, 2, 200)
+    assert r8.err_values.tolist() == [-220, -100, -76, -10] and r8.err_counts.tolist() == [1, 1, 2, 1]
+    for r in (r0, r8):
+        peak, at, _ = replay([(ts, l, e, d) for l, e, ts, d in rows], r.bits)
+        assert (peak, at) == (r.peak_pending, r.peak_at_ms)
+
+
+def test_kernel_matches_replay_on_random_nacks(costs):
+    rng = np.random.default_rng(7)
+    n = 3000
+    ts = np.sort(rng.integers(T0, T0 + 20_000, n))
+    rows = [(int(rng.integers(100, 104)), int(rng.integers(0, 300)), int(t), int(t + rng.integers(0, 5000)))
+            for t in ts]
+    for rounding in ("floor", "ceil"):
+        results = analyse_rows(rows, [0, 3, 8, 11], costs, rounding=rounding)
+        for r in results:
+            peak, at, idx = replay([(t, l, e, d) for l, e, t, d in rows], r.bits, rounding)
+            assert (r.peak_pending, r.peak_at_ms) == (peak, at)
+            _, _, then = replay([(t, l, e, d) for l, e, t, d in rows], r.bits, rounding, stop_at=at)
+            assert len(then) == peak
+            assert r.index_bytes == pytest.approx(fresh_copy(then).nbytes(), rel=0.05)
+            errors = sorted(max(b, t) - d for l, e, t, d in rows
+                            for b in [idx.bucket_of(d)])
+            assert r.error_quantile(1.0) == max(abs(x) for x in errors)
+            assert int(r.err_counts.sum()) == n
+
+
+def test_kernel_with_nothing_ever_pending(costs):
+    (r,) = analyse_rows([(1, i, T0 + i, T0 + i) for i in range(10)], [0], costs)  # delay 0
+    assert (r.peak_pending, r.peak_at_ms, r.occurrences, r.immediate, r.bitmaps) == (0, None, 0, 10, 0)
+    assert r.index_bytes == TimeBucketIndex().nbytes()
+
+
+def test_partition_stream_is_cut_per_consumer():
+    from nacktracker.pipeline.plan import _consumers
+
+    def batch(cids, start):
+        n = len(cids)
+        return pa.RecordBatch.from_pydict({
+            "cid": pa.array(cids, pa.int32()), "ledger_id": list(range(start, start + n)),
+            "entry_id": [0] * n, "ts_ms": [0] * n, "due": [1] * n})
+
+    stream = [batch([0, 0], 0), batch([0, 1, 1], 2), batch([1], 5), batch([3, 4], 6)]
+    got = [(cid, cols[0].tolist()) for cid, cols in _consumers(iter(stream))]
+    assert got == [(0, [0, 1, 2]), (1, [3, 4, 5]), (3, [6]), (4, [7])]
+
+
+def test_quantile_is_nearest_rank():
+    v, c = np.array([-3, -1, 0]), np.array([1, 1, 2])
+    assert [quantile(v, c, q, absolute=True) for q in (0.25, 0.5, 0.75, 1.0)] == [0, 0, 1, 3]
+    assert quantile(v, c, 0.25) == -3 and quantile([], [], 0.5) == 0
+
+
+def test_recommend_takes_the_largest_bits_within_the_bound():
+    assert recommend({0: 0, 4: 15, 8: 253, 10: 1013}, 1000) == 8
+    assert recommend({8: 253, 10: 1013}, 100) is None
+
+
+def test_memory_model_constants_are_measured_and_tight(costs):
+    assert 0 < costs.sorted_per_bitmap < 64 and costs.max_model_error < 0.02
+    d = DictIndex()
+    for i in range(20_000):  # fresh int objects per message, as message ids give them
+        d.add(100_000 + i // 50_000, i, T0 + i)
+    assert costs.dict_index_per_entry == pytest.approx(d.nbytes() / len(d), rel=0.25)
+
+
+# -- Spark ----------------------------------------------------------------------------
+
+def _spark_available() -> bool:
+    return importlib.util.find_spec("pyspark") is not None and shutil.which("java") is not None
+
+
+needs_spark = pytest.mark.skipif(not _spark_available(), reason="needs pyspark and Java")
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One quiet local[2] session for every Spark test in the run."""
+    if not _spark_available():
+        pytest.skip("needs pyspark and Java")
+    from nacktracker.pipeline.spark import get_spark
+
+    session = get_spark("local[2]", shuffle_partitions=4, driver_memory="2g")
+    yield session
+    session.stop()
+
+
+SPEC = dict(events=45_000, consumers=3, rate=2000, rate_spread=2.0, delay_ms=1000, delay_jitter_ms=1000,
+            nack_share=0.3, entries_per_ledger=2000, batch_size=2, renack_share=0.05, seed=3)
+
+
+@pytest.fixture(scope="session")
+def trace(spark, tmp_path_factory):
+    from nacktracker.pipeline.trace import TraceSpec, generate_trace
+
+    out = str(tmp_path_factory.mktemp("traces") / "gen.parquet")
+    generate_trace(spark, TraceSpec(**SPEC), out, files=3)
+    return out
+
+
+@pytest.fixture(scope="session")
+def planned(spark, trace):
+    from nacktracker.pipeline.plan import run_plan
+
+    return run_plan(spark, trace, BITS, max_early_ms=300)
+
+
+def nacks_by_consumer(path):
+    table = pq.read_table(path).to_pandas()
+    table = table[table["kind"] == "nack"]
+    out = {}
+    for name, g in table.groupby("consumer"):
+        out[name] = list(zip(g["ts_ms"].tolist(), g["ledger_id"].tolist(), g["entry_id"].tolist(),
+                             (g["ts_ms"] + g["delay_ms"]).tolist()))
+    return out
+
+
+@pytest.mark.spark
+@needs_spark
+def test_generated_trace_has_the_shape_asked_for(trace):
+    t = pq.read_table(trace).to_pandas()
+    assert len(t) == SPEC["events"] and set(t["kind"]) == {"nack"}
+    assert sorted(t["consumer"].unique()) == ["consumer-000", "consumer-001", "consumer-002"]
+    assert t["delay_ms"].between(1000, 2000).all() and t["delay_ms"].nunique() > 900
+    assert 0.01 < (t["redelivery_count"] == 1).mean() < 0.05  # re-nacks start one delay into the trace
+    per = t.groupby("consumer")["ts_ms"].agg(["min", "max"])
+    # consumer 0 nacks 2000/s, consumer 2 twice as fast: the same count in half the time
+    span0 = per.loc["consumer-000", "max"] - per.loc["consumer-000", "min"]
+    span2 = per.loc["consumer-002", "max"] - per.loc["consumer-002", "min"]
+    assert span0 == pytest.approx(7500, rel=0.01) and span2 == pytest.approx(3750, rel=0.01)
+    fresh = t[t["redelivery_count"] == 0]
+    assert fresh.groupby(["consumer", "ledger_id"])["entry_id"].max().max() < SPEC["entries_per_ledger"]
+    assert set(t["batch_index"]) == {0, 1}
+
+
+@pytest.mark.spark
+@needs_spark
+def test_peak_pending_equals_an_exact_replay(planned, trace):
+    rows = planned.consumers
+    for name, nacks in nacks_by_consumer(trace).items():
+        for bits in BITS:
+            r = rows[(rows["consumer"] == name) & (rows["bits"] == bits)].iloc[0]
+            peak, at, _ = replay(nacks, bits)
+            assert (r["peak_pending"], r["peak_at_ms"]) == (peak, at), (name, bits)
+            assert r["nacks"] == len(nacks)
+    # the peak depends on bits (fire times move), and merging shows up at coarse buckets
+    c0 = rows[rows["consumer"] == "consumer-000"].set_index("bits")
+    assert c0.loc[12, "peak_pending"] != c0.loc[0, "peak_pending"]
+    assert c0.loc[12, "merged"] > c0.loc[0, "merged"]
+
+
+@pytest.mark.spark
+@needs_spark
+@pytest.mark.parametrize("bits", [0, 4, 8, 12])
+def test_peak_memory_agrees_with_an_index_built_in_process(planned, trace, bits):
+    name = "consumer-001"
+    r = planned.consumers.query("consumer == @name and bits == @bits").iloc[0]
+    nacks = nacks_by_consumer(trace)[name]
+    _, _, at_peak = replay(nacks, bits, stop_at=int(r["peak_at_ms"]))
+    assert len(at_peak) == r["peak_pending"]
+    built = fresh_copy(at_peak)
+    assert r["index_bytes"] == pytest.approx(built.nbytes(), rel=0.10)
+    assert (r["bitmaps"], r["buckets"]) == (built.bitmap_count(), built.bucket_count())
+    # and against the replayed index as it was at that instant (adds and pops, not fresh)
+    assert r["index_bytes"] == pytest.approx(at_peak.nbytes(), rel=0.25)
+
+
+@pytest.mark.spark
+@needs_spark
+def test_errors_fleet_totals_and_recommendation(planned, trace):
+    f = planned.fleet.set_index("bits")
+    c = planned.consumers
+    for bits in BITS:
+        assert f.loc[bits, "err_max"] <= (1 << bits) - 1 or bits == 0
+        assert f.loc[bits, "peak_pending"] == c[c["bits"] == bits]["peak_pending"].sum()
+        assert f.loc[bits, "index_bytes"] == c[c["bits"] == bits]["index_bytes"].sum()
+        assert f.loc[bits, "nacks"] == SPEC["events"]
+    assert f.loc[0, "err_p99"] == 0 and f.loc[8, "err_p99"] in range(240, 256)
+    assert planned.recommended == 8  # p99 ~ 253 ms <= 300 ms; bits 12 ~ 4 s
+    assert c[c["recommended"]]["bits"].tolist() == [8, 8, 8]
+    assert f.loc[0, "dict_index_bytes"] == pytest.approx(
+        planned.costs.dict_index_per_entry * f.loc[0, "peak_pending"], rel=1e-3)
+    # the fleet histogram holds every nack once per bits
+    h = planned.fleet_errors
+    assert (h.groupby("bits")["nacks"].sum() == SPEC["events"]).all()
+
+
+@pytest.mark.spark
+@needs_spark
+def test_report_outputs(planned, tmp_path):
+    from nacktracker.pipeline.report import markdown, write_outputs
+
+    paths = write_outputs(planned, tmp_path)
+    text = markdown(planned)
+    assert "**precision_bits = 8**" in text and "consumer-002" in text
+    assert paths["plot"].read_bytes()[:4] == b"\x89PNG"
+    assert len(pq.read_table(paths["consumers"])) == 3 * len(BITS)
+    assert pq.read_table(paths["fleet"]).column("bits").to_pylist() == list(BITS)
+
+
+@pytest.mark.spark
+@needs_spark
+def test_jsonl_and_writer_logs_plan_too(spark, tmp_path):
+    """A log from EventLogWriter (Parquet and JSON Lines), with redeliveries,
+    dead letters and an unnamed consumer: only nacks are tracked."""
+    from nacktracker.pipeline.plan import run_plan
+
+    events = []
+    for i in range(200):
+        events.append(NackEvent(T0 + i, "nack", 7, i, delay_ms=1000, consumer="a"))
+        events.append(NackEvent(T0 + i, "nack", 8, i, delay_ms=500, consumer=None))
+    events += [NackEvent(T0 + 1000, "redeliver", 7, 0, consumer="a"),
+               NackEvent(T0 + 1001, "dead_letter", 7, 1, redelivery_count=5, consumer="a")]
+    results = {}
+    for fmt in ("parquet", "jsonl"):
+        with EventLogWriter(tmp_path / fmt, format=fmt, rows_per_file=150) as w:
+            w.write_many(events)
+        results[fmt] = run_plan(spark, str(tmp_path / fmt), [0, 6])
+    a, b = results["parquet"], results["jsonl"]
+    assert a.trace.kinds == {"nack": 400, "redeliver": 1, "dead_letter": 1}
+    assert set(a.consumers["consumer"]) == {"a", "(unnamed)"}
+    cols = ["consumer", "bits", "peak_pending", "peak_at_ms", "index_bytes", "err_p99"]
+    assert a.consumers[cols].equals(b.consumers[cols])
+    assert a.consumers.query("consumer == 'a' and bits == 0")["peak_pending"].item() == 200
+
+
+# -- bad traces -------------------------------------------------------------------------
+
+def good_table(n=5):
+    return {"ts_ms": [T0 + i for i in range(n)], "kind": ["nack"] * n, "ledger_id": [1] * n,
+            "entry_id": list(range(n)), "delay_ms": [100] * n, "consumer": ["c"] * n}
+
+
+@pytest.mark.spark
+@needs_spark
+@pytest.mark.parametrize("change, error, column", [
+    (dict(delay_ms=None), MissingColumnError, "delay_ms"),
+    (dict(consumer=None), MissingColumnError, "consumer"),
+    (dict(ledger_id=["1", "1", "1", "1", "1"]), ColumnTypeError, "ledger_id"),
+    (dict(ts_ms=[1.0, 2.0, 3.0, 4.0, 5.0]), ColumnTypeError, "ts_ms"),
+    (dict(entry_id=[0, 1, -2, 3, 4]), BadValueError, "entry_id"),
+    (dict(ledger_id=[1, 1, 1, -1, 1]), BadValueError, "ledger_id"),
+    (dict(kind=["nack", "nack", "ack", "nack", "nack"]), BadValueError, "kind"),
+    (dict(ts_ms=[T0, None, T0, T0, T0]), BadValueError, "ts_ms"),
+])
+def test_bad_parquet_traces_name_the_column(spark, tmp_path, change, error, column):
+    from nacktracker.pipeline.plan import run_plan
+
+    cols = good_table()
+    cols.update(change)
+    pq.write_table(pa.table({k: v for k, v in cols.items() if v is not None}), tmp_path / "t.parquet")
+    with pytest.raises(error, match=repr(column)) as info:
+        run_plan(spark, str(tmp_path / "t.parquet"), [0])
+    assert info.value.column == column and isinstance(info.value, TraceError)
+
+
+@pytest.mark.spark
+@needs_spark
+def test_bad_jsonl_traces_name_the_column(spark, tmp_path):
+    from nacktracker.pipeline.plan import run_plan
+
+    (tmp_path / "a.jsonl").write_text('{"ts_ms": 1, "kind": "nack", "ledger_id": "x", "entry_id": 1, '
+                                      '"delay_ms": 5, "consumer": "c"}\n')
+    with pytest.raises(ColumnTypeError, match="'ledger_id'"):
+        run_plan(spark, str(tmp_path / "a.jsonl"), [0])
+    (tmp_path / "b.jsonl").write_text('{"ts_ms": 1, "kind": "nack", "ledger_id": 1, "entry_id": 1, '
+                                      '"consumer": "c"}\n')
+    with pytest.raises(MissingColumnError, match="'delay_ms'"):
+        run_plan(spark, str(tmp_path / "b.jsonl"), [0])
+
+
+@pytest.mark.spark
+@needs_spark
+def test_empty_traces(spark, tmp_path):
+    from nacktracker.pipeline.plan import run_plan
+
+    with pytest.raises(EmptyTraceError, match="no such file"):
+        run_plan(spark, str(tmp_path / "nothing-here"), [0])
+    (tmp_path / "empty-dir").mkdir()
+    with pytest.raises(EmptyTraceError, match="no event files"):
+        run_plan(spark, str(tmp_path / "empty-dir"), [0])
+    schema = pa.table(good_table()).schema
+    pq.write_table(pa.table(good_table()).slice(0, 0).cast(schema), tmp_path / "zero.parquet")
+    with pytest.raises(EmptyTraceError, match="no events"):
+        run_plan(spark, str(tmp_path / "zero.parquet"), [0])
+    only = good_table()
+    only["kind"] = ["redeliver"] * 5
+    pq.write_table(pa.table(only), tmp_path / "no-nacks.parquet")
+    with pytest.raises(EmptyTraceError, match="no 'nack' events"):
+        run_plan(spark, str(tmp_path / "no-nacks.parquet"), [0])
+
+
+# -- the command line and the sweep --------------------------------------------------------
+
+@pytest.mark.spark
+@needs_spark
+def test_cli_generates_and_plans(spark, tmp_path, capsys):
+    from nacktracker.pipeline.cli import main
+
+    out = tmp_path / "t"
+    assert main(["trace", "generate", "--out", str(out), "--events", "6000", "--consumers", "2",
+                 "--delay-ms", "2000", "--format", "jsonl"]) == 0
+    assert main(["plan", str(out), "--bits", "0,6,10", "--out", str(tmp_path / "plan"),
+                 "--max-early-ms", "100"]) == 0
+    text = capsys.readouterr().out
+    assert "**precision_bits = 6**" in text
+    assert (tmp_path / "plan" / "report.md").read_text() == text.rstrip("\n") + "\n"
+    assert main(["trace", "generate", "--out", str(out), "--events", "10"]) == 2  # exists
+    assert main(["plan", str(tmp_path / "missing"), "--out", str(tmp_path / "p2")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("bench_memory", ROOT / "bench" / "memory.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(not (ROOT / "bench" / "memory.py").exists(), reason="needs the source tree")
+def test_sweep_uses_the_benchmarks_workloads():
+    from nacktracker.pipeline import sweep
+
+    bench = load_bench()
+    for args in [("sequential", 3000, 4, 1000, 1.0), ("random", 3000, 1, 500, 0.1), ("random", 700, 2, 50, 0.5)]:
+        assert list(sweep.workload(*args)) == list(bench.workload(*args))
+    for x, y, e in itertools.product((1, 4, 8), (8, 10, 15), (50_000, 1000)):
+        assert sweep.seed_estimate(x, y, e) == bench.seed_estimate(x, y, e)
+    rows = [sweep.measure(sweep.SweepConfig(index, 4, 10, 50_000, 1.0, 20_000)) for index in sweep.INDEXES]
+    ours = [line for line in sweep.table(rows).splitlines() if line.startswith("|")]
+    theirs = [line for line in bench.table(rows).splitlines() if line.startswith("|")]
+    assert len(ours) == len(theirs)
+    for mine, bench_line in zip(ours, theirs):  # the same cells, then ours adds two columns
+        assert mine.startswith(bench_line.rstrip(" |")), (mine, bench_line)
+
+
+@pytest.mark.spark
+@needs_spark
+def test_sweep_runs_the_grid_as_spark_tasks(spark):
+    from nacktracker.pipeline.sweep import grid, run_sweep, table
+
+    configs = grid([1, 8], [8], [50_000], [1.0, 0.1], ["TimeBucketIndex", "DictIndex"], 20_000)
+    rows = run_sweep(spark, configs)
+    assert [(r["index"], r["x"], r["share"]) for r in rows] == [(c.index, c.x, c.share) for c in configs]
+    tb = {(r["x"], r["workload"]): r for r in rows if r["index"] == "TimeBucketIndex"}
+    assert tb[(8, "sequential")]["nbytes_per_msg"] < tb[(1, "sequential")]["nbytes_per_msg"]
+    assert all(r["rss_growth"] > 0 for r in rows if r["index"] == "DictIndex")
+    text = table(rows)
+    assert sum(line.startswith("| ") for line in text.splitlines()) == len(rows) + 1
+    assert "| 2.000 |" in text  # seed 000's estimate for x=1, y=8
