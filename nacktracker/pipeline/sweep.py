@@ -20,24 +20,20 @@ messages: ~10 s), about 2 µs and 200-270 B per message for the baselines
 
 from __future__ import annotations
 
-import gc
 import itertools
 import json
-import os
-import random
 import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass
-from typing import Iterator, Sequence
+from typing import Sequence
+
+from .. import workloads
 
 __all__ = ["SweepConfig", "grid", "workload", "measure", "measure_fresh", "run_sweep", "table",
            "seed_estimate", "INDEXES"]
 
 INDEXES = ("TimeBucketIndex", "DictIndex", "HeapIndex")
-#: Java's measured figures for 10M messages, seed 000 (MB).
-JAVA_MB = {(1, 10): 25.0, (4, 10): 20.48, (8, 10): 11.0, (8, 15): 2.25}
-JAVA_HEAP_MB = 240.0
+seed_estimate, workload = workloads.seed_estimate, workloads.workload
 
 
 @dataclass(frozen=True)
@@ -64,71 +60,9 @@ def grid(xs: Sequence[int], ys: Sequence[int], entries: Sequence[int], shares: S
             for i, s, e, x, y in itertools.product(indexes, shares, entries, xs, ys)]
 
 
-def seed_estimate(x: int, y: int, entries_per_ledger: int = 50_000) -> float:
-    """Seed 000's analytic bytes/message for M = x * 2^y messages per bucket."""
-    m = x * (1 << y)
-    if m < 4096:
-        return 2.0
-    if m < entries_per_ledger:
-        return 8192 / m
-    return 8192 / entries_per_ledger
-
-
-def workload(kind: str, messages: int, x: int, entries_per_ledger: int, share: float,
-             seed: int = 1) -> Iterator[tuple[int, int, int]]:
-    """Yield ``(ledger_id, entry_id, due_ms)`` in arrival order (bench/memory.py's workload)."""
-    t0 = 1_000_000
-    if kind == "sequential":
-        for i in range(messages):
-            yield 10_000 + i // entries_per_ledger, i % entries_per_ledger, t0 + i // x
-        return
-    rng = random.Random(seed)
-    per_ledger = max(1, int(entries_per_ledger * share))
-    i, ledger = 0, 10_000
-    while i < messages:
-        for entry in sorted(rng.sample(range(entries_per_ledger), per_ledger)):
-            if i == messages:
-                return
-            yield ledger, entry, t0 + i // x
-            i += 1
-        ledger += 1
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def measure(cfg: SweepConfig) -> dict:
     """Build one index in this process and measure it (bench/memory.py's row)."""
-    import nacktracker
-
-    cls = getattr(nacktracker, cfg.index)
-    gc.collect()
-    before = _rss_bytes()
-    idx = cls(precision_bits=cfg.y)
-    add = idx.add
-    started = time.perf_counter()
-    for ledger, entry, due in workload(cfg.workload, cfg.messages, cfg.x, cfg.entries_per_ledger, cfg.share):
-        add(ledger, entry, due)
-    if hasattr(idx, "compact"):
-        idx.compact()
-    build_s = time.perf_counter() - started
-    gc.collect()
-    grown = _rss_bytes() - before
-    nbytes = idx.nbytes()
-    assert len(idx) == cfg.messages, (len(idx), cfg.messages)
-    row = {
-        "index": cfg.index, "workload": cfg.workload, "messages": cfg.messages, "x": cfg.x, "y": cfg.y,
-        "entries_per_ledger": cfg.entries_per_ledger, "share": cfg.share,
-        "nbytes": nbytes, "rss_growth": grown,
-        "nbytes_per_msg": nbytes / cfg.messages, "rss_per_msg": grown / cfg.messages,
-        "build_s": round(build_s, 2),
-    }
-    if hasattr(idx, "bucket_count"):
-        row["buckets"] = idx.bucket_count()
-        row["bitmaps"] = idx.bitmap_count()
-    return row
+    return workloads.measure(cfg.index, cfg.workload, cfg.messages, cfg.x, cfg.y, cfg.entries_per_ledger, cfg.share)
 
 
 def measure_fresh(cfg: SweepConfig) -> dict:
@@ -155,25 +89,7 @@ def _weight(cfg: SweepConfig) -> float:
 
 def table(rows: list[dict]) -> str:
     """bench/memory.py's table, plus the entries-per-ledger and share columns."""
-    head = ("| index | workload | x | y | messages | nbytes B/msg | RSS B/msg | total MB (RSS) "
-            "| seed estimate B/msg | Java MB (seed 000) | entries/ledger | share |")
-    lines = [head, "|" + "---|" * 12]
-    if rows and min(r["messages"] for r in rows) < 5_000_000:
-        lines.insert(0, "RSS is page-granular: below ~1 MB of growth trust nbytes more than RSS.\n")
-    for r in rows:
-        seq = r["index"] == "TimeBucketIndex" and r["workload"] == "sequential"
-        java = None
-        if seq and r["entries_per_ledger"] == 50_000:
-            java = JAVA_MB.get((r["x"], r["y"]))
-        elif r["index"] == "HeapIndex":
-            java = f"{JAVA_HEAP_MB} (heap of triples)"
-        est = seed_estimate(r["x"], r["y"], r["entries_per_ledger"]) if seq else None
-        lines.append(
-            f"| {r['index']} | {r['workload']} | {r['x']} | {r['y']} | {r['messages']:,} "
-            f"| {r['nbytes_per_msg']:.3f} | {r['rss_per_msg']:.3f} | {r['rss_growth'] / 2**20:.1f} "
-            f"| {'' if est is None else f'{est:.3f}'} | {'' if java is None else java} "
-            f"| {r['entries_per_ledger']:,} | {r['share']:g} |")
-    return "\n".join(lines)
+    return workloads.table(rows, grid_columns=True)
 
 
 def write_outputs(rows: list[dict], out_dir: str, command: str) -> dict:
