@@ -32,7 +32,7 @@ import precision  # noqa: E402
 import throughput  # noqa: E402
 
 PACKAGES = ("nacktracker", "pyroaring", "sortedcontainers", "pulsar-client", "pulsar-lite", "pyspark", "numpy")
-PARTS = ("memory", "throughput", "precision", "pulsar", "soak", "snapshot", "dedup")
+PARTS = ("memory", "throughput", "precision", "pulsar", "consume", "soak", "snapshot", "dedup")
 
 
 def machine() -> dict:
@@ -177,7 +177,10 @@ def render(results: dict) -> str:
            "Package versions: " + ", ".join(f"{k} {v}" for k, v in m["packages"].items() if v), ""]
     if "memory" in results:
         rows = results["memory"]
-        out += ["## Memory per tracked nack (seed 000 workload)", "", memory.table(rows), ""]
+        n = rows[0]["messages"] if rows else 0
+        out += ["## Memory per tracked nack (seed 000 workload)", "",
+                f"`python bench/memory.py --messages {n}` — bytes per tracked nack, each configuration "
+                "in a fresh process", "", memory.table(rows), ""]
         out += headline_memory(rows) + [""]
         out += ["![memory](memory.png)", ""]
     if "throughput" in results:

@@ -24,8 +24,10 @@ def _run_script(name: str, argv: list[str]) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    # Until the Pulsar demo lands, the demo is the seed-000 memory comparison.
-    return _run_script("memory.py", ["--messages", "2000000", "--x", "8", "--y", "10"])
+    # Imported here: the other commands must not need pulsar-client.
+    from .demo import main as demo_main
+
+    return demo_main(quick=args.quick, as_json=args.json)
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -36,7 +38,9 @@ def _bench(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nacktracker", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run the end-to-end demo")
+    demo = sub.add_parser("demo", help="TrackedConsumer beside the built-in nack on a broker ($PULSAR_URL or embedded)")
+    demo.add_argument("--quick", action="store_true", help="smaller scenarios (~10 s instead of ~30 s)")
+    demo.add_argument("--json", action="store_true", help="print the measured result as JSON instead of the table")
     demo.set_defaults(func=_demo)
     bench = sub.add_parser("bench", help="run the benchmark suite (bench/suite.py)")
     bench.add_argument("--quick", action="store_true", help="1M messages, fewer repeats")

@@ -109,6 +109,7 @@ class NegativeAcksTracker:
             raise TypeError(f"adapter must have an async redeliver(keys) method, not {type(adapter).__name__}")
         lead = getattr(adapter, "lead_ms", 0) or 0
         self._lead = check_int("adapter.lead_ms", lead)
+        self._coalesce = check_int("adapter.coalesce_ms", getattr(adapter, "coalesce_ms", 0) or 0)
         self._delay_ms = check_delay_ms("delay_ms", delay_ms)
         self._round_add, self._mask = check_precision(precision_bits, rounding)
         for name, fn in (("backoff", backoff), ("on_dead_letter", on_dead_letter), ("on_event", on_event)):
@@ -386,8 +387,9 @@ class NegativeAcksTracker:
         if self._closed:
             return
         now = self._clock.now_ms()
-        # the loop may wake a hair before the armed time: the armed time counts as reached
-        self._collect(max(now, armed) + self._lead, now)
+        # the loop may wake a hair before the armed time: the armed time counts as reached;
+        # buckets due within the adapter's coalesce window ride along (see RedeliveryAdapter)
+        self._collect(max(now, armed) + self._lead + self._coalesce, now)
         self._n["fires"] += 1
         self._kick()
         nxt = self._index.next_due_ms()

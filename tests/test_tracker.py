@@ -448,3 +448,17 @@ def test_bad_backoff_construction(bad):
         MultiplierBackoff(*bad)
     with pytest.raises((TypeError, ValueError)):
         MultiplierBackoff(10, 100, multiplier=0.5)
+
+
+async def test_an_adapter_coalesce_window_folds_nearby_buckets_into_one_call():
+    adapter_clock = ManualClock()
+    adapter = MemoryAdapter(clock=adapter_clock.now_ms)
+    adapter.coalesce_ms = 20
+    tracker = NegativeAcksTracker(adapter, clock=adapter_clock, precision_bits=0)
+    t0 = adapter_clock.now_ms()
+    for i, delay in enumerate((100, 110, 120, 121)):
+        tracker.add(K(i), delay_ms=delay)
+    adapter_clock.advance(100)
+    await settle()
+    assert [k.entry_id for k in adapter.calls[0].keys] == [0, 1, 2]  # 110 and 120 ride along
+    assert tracker.next_fire_ms() == t0 + 121

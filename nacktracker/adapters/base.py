@@ -28,6 +28,13 @@ class RedeliveryAdapter(Protocol):
         The known latency of the adapter's redelivery path, in ms. The
         tracker fires that much earlier so messages arrive on time.
 
+    ``coalesce_ms`` (optional attribute, default 0)
+        For a path that cannot take two calls close together (the Pulsar
+        client's nack timer is re-armed by every nack): on each fire the
+        tracker also hands over buckets due within this many ms, up to that
+        much early, instead of leaving them to wait out the path's gap and
+        arrive late.
+
     ``aclose()`` (optional)
         Release resources; called by the owner, not by the tracker.
     """

@@ -11,7 +11,9 @@ can starve redelivery indefinitely. So this adapter
 * never starts a burst sooner than ``min_gap_ms`` after the previous burst
   ended: ids handed over meanwhile are queued and merged into the next burst;
 * declares the path's latency as ``lead_ms`` so the tracker fires that much
-  early and messages reach the application at their due time.
+  early and messages reach the application at their due time;
+* declares ``coalesce_ms`` (half the gap) so buckets due just after a fire
+  ride along with it instead of waiting out the gap.
 
 Figures measured here (pulsar-client 3.13, pulsar-lite, nack delay 100):
 a lone burst comes back after 103-138 ms (median 133); bursts spaced 34-80 ms
@@ -100,6 +102,10 @@ class PulsarAdapter:
         self._raw = raw
         self.lead_ms = check_delay_ms("lead_ms", DEFAULT_LEAD_MS if lead_ms is None else lead_ms)
         self.min_gap_ms = check_delay_ms("min_gap_ms", DEFAULT_MIN_GAP_MS if min_gap_ms is None else min_gap_ms)
+        # A bucket due within min_gap_ms after a burst waits for the gap to end (late by up
+        # to min_gap_ms); sending those due in the first half with this burst instead halves
+        # the worst case: at most min_gap_ms/2 early or late.
+        self.coalesce_ms = self.min_gap_ms // 2
         if self.min_gap_ms < 34:
             raise ValueError(f"min_gap_ms must be >= 34 (the client's nack timer ticks every 33 ms and "
                              f"nacks closer together than that starve it), got {self.min_gap_ms}")
