@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--out", default="bench/results/latest", help="output folder")
     bench.add_argument("--skip", default="", help="comma-separated parts to skip")
     bench.set_defaults(func=_bench)
+    from .pipeline.cli import add_subcommands  # trace generate, plan, sweep (pyspark loaded on use)
+
+    add_subcommands(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 
