@@ -466,6 +466,11 @@ class TrackedConsumer:
         ``dedup`` its id is recorded first, so a copy racing the ack is dropped
         (and forgotten again if the ack raises). Runtime: O(1), plus O(b)
         when its ledger has nacks pending in b buckets."""
+        if type(message) is pulsar.Message and self._dedup is None and not self._entries \
+                and not self.tracker.pending:
+            # nothing to cancel or record: the hot path of a healthy consumer costs one ack
+            await self._consumer.acknowledge(message)
+            return
         key, _ = self._key(message)
         recorded = self._remember(key)
         held = self._settle(key)
