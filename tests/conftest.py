@@ -94,3 +94,14 @@ async def pumps():
 def pulsar_logger():
     """A quiet logger for clients a test makes itself."""
     return quiet_logger()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _pulsar_client_exit_grace():
+    """pulsar-client 3.13's threads can still be releasing callbacks right after
+    ``close()``; an interpreter that finalizes meanwhile can abort. A short pause
+    at the end of the session avoids it (measured: nacktracker.demo.CLOSE_GRACE_S)."""
+    yield
+    import time
+
+    time.sleep(0.2)
