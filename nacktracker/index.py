@@ -150,12 +150,20 @@ class TimeBucketIndex:
         iterable of ints. Runtime complexity: O(k) in C for k ids, plus
         O(log n) to find the bitmap.
         """
-        ledger_id = check_int("ledger_id", ledger_id)
-        due_ms = check_int("due_ms", due_ms, MAX_DUE)
-        ids = entry_array(entry_ids)
+        if type(ledger_id) is not int or type(due_ms) is not int or ledger_id >> 63 or due_ms >> 62:
+            ledger_id = check_int("ledger_id", ledger_id)
+            due_ms = check_int("due_ms", due_ms, MAX_DUE)
+        if type(entry_ids) is array.array and entry_ids.typecode == "I":
+            ids = entry_ids  # the fast path: already what a 32-bit bitmap takes
+        else:
+            ids = entry_array(entry_ids)
         if not len(ids):
             return
-        bm = self._make_hot(((due_ms + self._add) & self._mask) << _SHIFT | ledger_id)
+        bucket = (due_ms + self._add) & self._mask
+        if bucket == self._hot_bucket and ledger_id == self._hot_ledger:
+            bm = self._hot_bm
+        else:
+            bm = self._make_hot(bucket << _SHIFT | ledger_id)
         if ids.typecode == "I":
             bm.update(ids if type(bm) is BitMap else array.array("Q", ids))
         else:
