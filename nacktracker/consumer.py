@@ -471,31 +471,27 @@ class TrackedConsumer:
             # nothing to cancel or record: the hot path of a healthy consumer costs one ack
             await self._consumer.acknowledge(message)
             return
-        key, _ = self._key(message)
-        recorded = self._remember(key)
-        held = self._settle(key)
-        try:
-            await self._consumer.acknowledge(message)
-        except BaseException:
-            self._forget(key, recorded)
-            raise
-        for mid in held:  # complete the batch ackers of the deliveries it was nacked in
-            await self._consumer.acknowledge(mid)
+        await self._ack(message, self._consumer.acknowledge)
 
     async def acknowledge_cumulative(self, message: MessageLike) -> None:
         """As ``pulsar.asyncio.Consumer.acknowledge_cumulative`` (not allowed on
         Shared subscriptions). Cancels pending nacks of this message only;
         earlier messages' pending nacks fire and the broker ignores them.
         With ``dedup`` only this message's id is recorded."""
+        await self._ack(message, self._consumer.acknowledge_cumulative)
+
+    async def _ack(self, message: MessageLike, send: Callable[[Any], Any]) -> None:
+        """Record (dedup), cancel pending nacks, then ``send`` the ack; undo the
+        record if it fails."""
         key, _ = self._key(message)
         recorded = self._remember(key)
         held = self._settle(key)
         try:
-            await self._consumer.acknowledge_cumulative(message)
+            await send(message)
         except BaseException:
             self._forget(key, recorded)
             raise
-        for mid in held:
+        for mid in held:  # complete the batch ackers of the deliveries it was nacked in
             await self._consumer.acknowledge(mid)
 
     async def negative_acknowledge(self, message: MessageLike, delay_ms: Optional[int] = None) -> None:
