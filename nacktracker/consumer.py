@@ -935,31 +935,28 @@ def _batch_size(mid: Any) -> int:
     i, n = 0, len(data)
     while i < n:
         tag = data[i]
-        i += 1
         if tag & 7 == 0:  # varint
-            value = shift = 0
-            while True:
-                byte = data[i]
-                i += 1
-                value |= (byte & 0x7F) << shift
-                shift += 7
-                if not byte & 0x80:
-                    break
+            value, i = _varint(data, i + 1)
             if tag >> 3 == 6:
                 return value
         elif tag & 7 == 2:  # length-delimited: skip
-            length = shift = 0
-            while True:
-                byte = data[i]
-                i += 1
-                length |= (byte & 0x7F) << shift
-                shift += 7
-                if not byte & 0x80:
-                    break
+            length, i = _varint(data, i + 1)
             i += length
         else:
             return 0
     return 0
+
+
+def _varint(data: bytes, i: int) -> tuple[int, int]:
+    """A protobuf varint at ``data[i:]``: ``(value, index after it)``."""
+    value = shift = 0
+    while True:
+        byte = data[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, i
 
 
 def _java_id(mid: Any) -> str:
