@@ -22,6 +22,8 @@ from nacktracker.consumer import (  # noqa: E402
     PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_REAL_TOPIC, ConsumerClosed, ReceiveTimeout, TrackedConsumer)
 from nacktracker.testing import EmbeddedBroker  # noqa: E402
 
+from broker_helpers import publish_batch  # noqa: E402
+
 Shared = pulsar.ConsumerType.Shared
 Earliest = pulsar.InitialPosition.Earliest
 EARLY_MS = 70  # the adapter's path varies 103-166 ms around its 133 ms lead
@@ -42,14 +44,6 @@ async def publish(client, topic, n, prefix=b"m", **options):
     ids = await asyncio.gather(*[producer.send(prefix + b"%d" % i, **options) for i in range(n)])
     await producer.close()
     return ids
-
-
-async def publish_batch(client, topic, n, prefix=b"b"):
-    """``n`` messages in one batch entry."""
-    producer = await client.create_producer(topic, batching_enabled=True, batching_max_messages=n,
-                                            batching_max_publish_delay_ms=5000)
-    await asyncio.gather(*[producer.send(prefix + b"%d" % i) for i in range(n)])
-    await producer.close()
 
 
 async def expect_nothing(consumer, ms=500):

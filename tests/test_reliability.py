@@ -27,6 +27,8 @@ from nacktracker.consumer import BATCHES_SUFFIX, ReceiveTimeout  # noqa: E402
 from nacktracker.snapshot import decode  # noqa: E402
 from nacktracker.testing import EmbeddedBroker  # noqa: E402
 
+from broker_helpers import publish_batch  # noqa: E402
+
 Earliest = pulsar.InitialPosition.Earliest
 EARLY_MS = 70  # the adapter's path varies 103-166 ms around its 133 ms lead (as in test_pulsar.py)
 LATE_MS = 300
@@ -78,14 +80,6 @@ async def publish(client, t, n, prefix=b"m"):
     producer = await client.create_producer(t, batching_enabled=False)
     for i in range(n):
         await producer.send(prefix + b"%d" % i)
-    await producer.close()
-
-
-async def publish_batch(client, t, n, prefix=b"b"):
-    """``n`` messages in one batch entry."""
-    producer = await client.create_producer(t, batching_enabled=True, batching_max_messages=n,
-                                            batching_max_publish_delay_ms=5000)
-    await asyncio.gather(*[producer.send(prefix + b"%d" % i) for i in range(n)])
     await producer.close()
 
 
