@@ -11,7 +11,12 @@ can starve redelivery indefinitely. So this adapter
 * never starts a burst sooner than ``min_gap_ms`` after the previous burst
   ended: ids handed over meanwhile are queued and merged into the next burst;
 * declares the path's latency as ``lead_ms`` so the tracker fires that much
-  early and messages reach the application at their due time;
+  early: a *measured* quantity, a high quantile (p99) of the latency from
+  :meth:`redeliver` to the copy's arrival at the consumer (reported by the
+  consumer through :meth:`PulsarAdapter.arrived`), learned online over the
+  last 512 arrivals and bounded to [100, 1000] ms. Copies that arrive before
+  their due time are held by the consumer until then, so a lead on the high
+  side costs a short wait, never an early message;
 * declares ``coalesce_ms`` (half the gap) so buckets due just after a fire
   ride along with it instead of waiting out the gap.
 
@@ -26,7 +31,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
+from collections import deque
 from typing import Any, Optional, Sequence
 
 import _pulsar
@@ -34,7 +41,7 @@ import _pulsar
 from .._checks import check_delay_ms
 from ..keys import MessageKey
 
-__all__ = ["PulsarAdapter", "MIN_NACK_DELAY_MS", "DEFAULT_LEAD_MS", "DEFAULT_MIN_GAP_MS"]
+__all__ = ["PulsarAdapter", "MIN_NACK_DELAY_MS", "DEFAULT_LEAD_MS", "DEFAULT_MIN_GAP_MS", "LEAD_BOUNDS_MS"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +54,22 @@ MIN_NACK_DELAY_MS = 100
 #: ``min_gap_ms`` (40) the path measured 108-133 ms (median 115) plus up to one
 #: gap of queueing (median ~20), so the same lead centres both regimes on 0.
 DEFAULT_LEAD_MS = 133
+#: The learned lead stays within these: no copy comes back faster than the
+#: client's 100 ms hold, and a path slower than a second is an outage, not a
+#: latency to plan for.
+LEAD_BOUNDS_MS = (100, 1000)
+#: The quantile of the path latency the lead is set to, the window it is taken
+#: over, the samples needed before it replaces the default, how often it is
+#: recomputed (a sort of the window), and the margin added for the loop's own
+#: jitter.
+_LEAD_QUANTILE = 0.99
+_LEAD_WINDOW = 512
+_LEAD_MIN_SAMPLES = 20
+_LEAD_EVERY = 16
+_LEAD_MARGIN_MS = 2
+#: An entry handed over longer ago than this without an arrival went to
+#: another consumer (or was lost with a reconnect): forget it.
+_HANDED_TTL_MS = 10_000
 #: The client's tick is 33 ms; 40 leaves 7 ms for timer jitter. A tick that
 #: fires after the next burst is re-armed and costs 33 ms more (measured under
 #: load: p99 grows, redelivery never stops); 50 measured ~25 ms later medians
@@ -74,8 +97,9 @@ class PulsarAdapter:
     ``lead_ms`` would be wrong. The adapter cannot read the setting back from
     the consumer; :func:`nacktracker.subscribe` sets it for you.
 
-    ``lead_ms``: the path latency the tracker should fire early by (default
-    :data:`DEFAULT_LEAD_MS`, measured). ``min_gap_ms``: the least spacing
+    ``lead_ms``: fix the path latency the tracker fires early by; ``None``
+    (default) learns it (see the module doc: ``arrived()`` reports arrivals;
+    until 20 have been seen, :data:`DEFAULT_LEAD_MS`). ``min_gap_ms``: the least spacing
     between bursts (default :data:`DEFAULT_MIN_GAP_MS`; at least 34 or the
     client's timer starves).
 
@@ -100,7 +124,11 @@ class PulsarAdapter:
             raise TypeError("consumer must be a pulsar.Consumer, pulsar.asyncio.Consumer or _pulsar.Consumer, "
                             f"not {type(consumer).__name__}")
         self._raw = raw
-        self.lead_ms = check_delay_ms("lead_ms", DEFAULT_LEAD_MS if lead_ms is None else lead_ms)
+        self._lead = check_delay_ms("lead_ms", DEFAULT_LEAD_MS if lead_ms is None else lead_ms)
+        self.learns_lead = lead_ms is None
+        self._handed: dict[MessageKey, float] = {}  # entry -> when redeliver() got it (insertion order)
+        self._latencies: deque[float] = deque(maxlen=_LEAD_WINDOW)
+        self._new_samples = 0
         self.min_gap_ms = check_delay_ms("min_gap_ms", DEFAULT_MIN_GAP_MS if min_gap_ms is None else min_gap_ms)
         # A bucket due within min_gap_ms after a burst waits for the gap to end (late by up
         # to min_gap_ms); sending those due in the first half with this burst instead halves
@@ -122,6 +150,35 @@ class PulsarAdapter:
 
     # -- the adapter protocol -----------------------------------------------------
 
+    @property
+    def lead_ms(self) -> int:
+        """How early the tracker should fire (read by it at every use)."""
+        return self._lead
+
+    def arrived(self, entry: MessageKey) -> None:
+        """The consumer received a copy of ``entry`` (``batch_index`` -1): if
+        this adapter asked for it, one latency sample. Runtime: O(1), plus a
+        sort of the 512-sample window every 16 samples."""
+        handed = self._handed.pop(entry, None)
+        if handed is None:
+            return
+        self._latencies.append(_now_ms() - handed)
+        self._new_samples += 1
+        if self.learns_lead and self._new_samples >= _LEAD_EVERY and len(self._latencies) >= _LEAD_MIN_SAMPLES:
+            self._new_samples = 0
+            ordered = sorted(self._latencies)
+            q = ordered[max(0, math.ceil(_LEAD_QUANTILE * len(ordered)) - 1)]
+            low, high = LEAD_BOUNDS_MS
+            self._lead = min(high, max(low, math.ceil(q) + _LEAD_MARGIN_MS))
+
+    def latency_summary(self) -> dict[str, Any]:
+        """The measured path latency over the window (ms): count, p50, p99, max."""
+        ordered = sorted(self._latencies)
+        if not ordered:
+            return {"count": 0}
+        pick = lambda p: round(ordered[max(0, math.ceil(p * len(ordered)) - 1)], 1)  # noqa: E731
+        return {"count": len(ordered), "p50": pick(0.5), "p99": pick(0.99), "max": round(ordered[-1], 1)}
+
     async def redeliver(self, keys: Sequence[MessageKey]) -> None:
         """Queue ``keys`` for the next burst and return at once.
 
@@ -138,8 +195,17 @@ class PulsarAdapter:
         for key in keys:
             if type(key) is not MessageKey:
                 raise TypeError(f"keys must be MessageKey, not {type(key).__name__}")
+        now = _now_ms()
+        handed = self._handed
+        while handed:  # forget entries whose copy never came here (oldest first)
+            first = next(iter(handed))
+            if now - handed[first] < _HANDED_TTL_MS:
+                break
+            del handed[first]
         for key in keys:
-            self._queued[key.entry] = None  # whole entries; duplicates merge
+            entry = key.entry
+            self._queued[entry] = None  # whole entries; duplicates merge
+            handed.setdefault(entry, now)
         if self._queued and self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="nacktracker-bursts")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any, Optional
+from typing import Any, Awaitable, Callable, Optional
 
 __all__ = ["DeadLetters", "PROPERTY_REAL_TOPIC", "PROPERTY_ORIGIN_MESSAGE_ID", "java_id"]
 
@@ -29,6 +29,25 @@ class DeadLetters:
         self.topic = topic
         self.producers: dict[str, Any] = {}
         self.published = self.failed = 0
+        #: The message being nacked: the tracker's dead-letter hook gets only its key.
+        self.candidate: Any = None
+
+    def hook(self, ack: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Any]:
+        """The tracker's ``on_dead_letter``: publish the message being nacked,
+        then ``ack`` it. Raising leaves the message pending (the tracker
+        redelivers it and the next nack tries again)."""
+
+        def on_dead_letter(key: Any) -> Any:
+            message = self.candidate
+            if not callable(getattr(message, "data", None)):
+                raise TypeError(f"cannot dead-letter {key}: only a Message carries its payload")
+            return self._publish_then_ack(message, ack)
+
+        return on_dead_letter
+
+    async def _publish_then_ack(self, message: Any, ack: Callable[[Any], Awaitable[None]]) -> None:
+        await self.publish(message)
+        await ack(message)
 
     async def publish(self, message: Any) -> None:
         """Publish ``message`` with its key, properties and event time plus

@@ -26,15 +26,15 @@ from ..keys import MessageKey, key_of
 from ..tracker import NegativeAcksTracker
 from .core import DeliveryCore, Verdict
 from .dlq import DeadLetters, quietly
-from .errors import ConsumerClosed, ReceiveTimeout
+from .errors import ConsumerClosed, ReceiveTimeout  # noqa: F401  (ReceiveTimeout: raised by the pump)
 from .options import ConsumerOptions, batch_size
 from .persist import SnapshotStore
+from .pump import ReceivePump
 
 __all__ = ["TrackedConsumer"]
 
 log = logging.getLogger("nacktracker.consumer")
 
-_STOP = object()  # queue sentinel: the pump stopped (closed or failed)
 #: How long after its bucket's time a requested copy may still arrive before it
 #: is taken to have gone to another consumer (its record then ends). Generous:
 #: the path takes ~100-200 ms, a reconnect a few seconds; a copy later than this
@@ -73,26 +73,22 @@ class TrackedConsumer:
             consumer, lead_ms=opts.lead_ms, min_gap_ms=opts.min_gap_ms)
         self._arrived: Optional[Callable[[MessageKey], None]] = getattr(self.adapter, "arrived", None)
         self._dead_letters = DeadLetters(client, consumer.subscription_name(), opts.dead_letter_topic)
-        self._dlq_candidate: Any = None
         # a single-topic consumer's ids need no topic; remember it for bare-id calls
         self._own_topic = None if getattr(self.adapter, "multi_topic", False) else consumer.topic()
         self._dedup = Deduplicator(opts.dedup_capacity) if opts.dedup else None
         self.tracker: NegativeAcksTracker
         self.core = DeliveryCore(check_precision(opts.precision_bits, "floor"), dedup=self._dedup,
                                  pending=self._pending, overdue_ms=COPY_OVERDUE_MS)
-        self._queue: asyncio.Queue = asyncio.Queue()
-        self._space = asyncio.Event()
-        self._pump: Optional[asyncio.Task] = None
+        self._pump = ReceivePump(consumer, self._admit, opts.prefetch)
         self._saver: Optional[asyncio.Task] = None
         self._wake: Optional[TimerHandle] = None
         self._wake_at: Optional[float] = None
-        self._error: Optional[BaseException] = None
-        self._closed = self._unsubscribing = False
-        self._counts = {"received": 0, "restored": 0, "copy_ack_failures": 0}
+        self._closed = False
+        self._counts = {"restored": 0, "copy_ack_failures": 0}
         tracker_options = dict(
             delay_ms=opts.delay_ms, precision_bits=opts.precision_bits, rounding="floor", backoff=opts.backoff,
             max_redeliveries=opts.max_redeliveries, clock=clock, on_due=self._on_due,
-            on_dead_letter=self._on_dead_letter if opts.max_redeliveries is not None else None,
+            on_dead_letter=self._dead_letters.hook(self.acknowledge) if opts.max_redeliveries is not None else None,
             consumer_name=consumer.consumer_name())
         self._store = None if opts.snapshot_path is None else SnapshotStore(opts.snapshot_path, opts.snapshot_on_error)
         if self._store is None:
@@ -131,22 +127,9 @@ class TrackedConsumer:
             timeout_ms = check_delay_ms("timeout_ms", timeout_ms)
         if self._closed:
             raise ConsumerClosed()
-        if self._pump is None:
+        if self._pump.task is None:
             self._start()
-        if timeout_ms is None:
-            item = await self._queue.get()
-        else:
-            try:
-                # Cancelling Queue.get() is safe (the item stays queued), unlike the client's receive().
-                item = await asyncio.wait_for(self._queue.get(), timeout_ms / 1000)
-            except asyncio.TimeoutError:
-                raise ReceiveTimeout(f"no message within {timeout_ms} ms") from None
-        if item is _STOP:
-            self._queue.put_nowait(_STOP)  # keep waking the other receivers
-            raise self._error if self._error is not None else ConsumerClosed()
-        if self._queue.qsize() < self.options.prefetch:
-            self._space.set()
-        return item
+        return await self._pump.get(timeout_ms)
 
     def __aiter__(self) -> "TrackedConsumer":
         return self
@@ -158,31 +141,11 @@ class TrackedConsumer:
             raise StopAsyncIteration from None
 
     def _start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._pump = loop.create_task(self._run_pump(), name="nacktracker-pump")
+        self._pump.start()
         if self._store is not None and self.options.snapshot_interval_s is not None:
-            self._saver = loop.create_task(
+            self._saver = asyncio.get_running_loop().create_task(
                 self._store.run_saver(self.options.snapshot_interval_s, self.tracker, self.core),
                 name="nacktracker-snapshots")
-
-    async def _run_pump(self) -> None:
-        """Owns the client's ``receive()``: never cancelled mid-wait except on close."""
-        try:
-            while True:
-                if self._queue.qsize() >= self.options.prefetch:
-                    self._space.clear()
-                    await self._space.wait()
-                msg = await self._consumer.receive()
-                self._counts["received"] += 1
-                if await self._admit(msg):
-                    self._queue.put_nowait(msg)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # the consumer was closed or failed: tell the receivers
-            if not (self._closed or self._unsubscribing):
-                log.warning("receive failed; the consumer stops delivering: %r", exc)
-                self._error = exc
-            self._queue.put_nowait(_STOP)
 
     async def _admit(self, msg: Any) -> bool:
         """Ask the core about a copy; whether it goes to the application now."""
@@ -259,11 +222,11 @@ class TrackedConsumer:
             self.core.nack_refused(key)
             log.warning("nack of %s ignored: it was acknowledged already", key)
             return
-        self._dlq_candidate = message
+        self._dead_letters.candidate = message  # what the tracker's dead-letter hook publishes
         try:
             due = self.tracker.add(key, delay_ms=delay_ms, redelivery_count=count or 0)
         finally:
-            self._dlq_candidate = None
+            self._dead_letters.candidate = None
         self.core.nacked(key, due, message, self.tracker.clock.now_ms())
         self._rearm()
 
@@ -293,20 +256,8 @@ class TrackedConsumer:
             return
         # the loop may wake a hair before the armed time: the armed time counts as reached
         for msg in self.core.release(max(self.tracker.clock.now_ms(), armed or 0)):
-            self._queue.put_nowait(msg)
+            self._pump.put(msg)
         self._rearm()
-
-    def _on_dead_letter(self, key: MessageKey) -> Any:
-        message = self._dlq_candidate
-        if not callable(getattr(message, "data", None)):
-            raise TypeError(f"cannot dead-letter {key}: only a Message carries its payload")
-        return self._dead_letter(message)
-
-    async def _dead_letter(self, message: Any) -> None:
-        """Publish to the dead-letter topic, then ack. Raising leaves the message
-        pending (the tracker redelivers it and the next nack tries again)."""
-        await self._dead_letters.publish(message)
-        await self.acknowledge(message)
 
     def _key(self, message: Any) -> tuple[MessageKey, Optional[int]]:
         if isinstance(message, MessageKey):
@@ -350,17 +301,10 @@ class TrackedConsumer:
         return self._closed
 
     def stats(self) -> dict[str, Any]:
-        """The tracker's stats plus the consumer's: copies ``received`` and
-        ``surfaced``; dropped as ``acked_copies_dropped`` (= ``dedup_dropped``),
-        ``held_copies_dropped``, ``early_copies_dropped``; ``siblings_dropped``
-        (acked or held, the two kinds a batch entry's copy brings back);
-        ``copies_parked``/``copies_released`` (arrived early, handed over at
-        their time); ``copies_overdue`` (requested copies that never came:
-        they went to another consumer); ``batch_records``, ``held``,
-        ``parked``; ``restored``; ``nacks_after_ack``; ``lead_ms`` (the
-        adapter's, learned); dead letters and snapshots."""
+        """The tracker's stats plus the consumer's (each key: ``README.md``,
+        "Consumer stats"). Runtime: O(1) plus the tracker's."""
         c = self.core.counts
-        return {**self.tracker.stats(), "received": self._counts["received"],
+        return {**self.tracker.stats(), "received": self._pump.received,
                 "surfaced": c["surfaced"] + c["released"],
                 "early_copies_dropped": c["early_dropped"] + c["twin_dropped"],
                 "held_copies_dropped": c["held_dropped"], "acked_copies_dropped": c["acked_dropped"],
@@ -382,11 +326,11 @@ class TrackedConsumer:
         (a new subscription of that name must not hold back its messages)."""
         if self._closed:
             raise ConsumerClosed()
-        self._unsubscribing = True  # the pump's receive() is about to fail: expected
+        self._pump.expect_failure = True  # the pump's receive() is about to fail: expected
         try:
             await self._consumer.unsubscribe()
         finally:
-            self._unsubscribing = False
+            self._pump.expect_failure = False
         await self._shutdown(close_consumer=False)
 
     async def close(self) -> None:
@@ -413,14 +357,10 @@ class TrackedConsumer:
         self._closed = True
         if self._wake is not None:
             self._wake.cancel()
-        tasks = [task for task in (self._pump, self._saver) if task is not None]
-        for task in tasks:
-            # The pump: the one place the client's receive() is cancelled; whatever it was about
-            # to return is unacknowledged and goes back to the subscription with the consumer.
-            # The saver: a write in flight finishes (see SnapshotStore.save), then the final save.
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self._queue.put_nowait(_STOP)
+        if self._saver is not None:  # a write in flight finishes (see SnapshotStore.save), then the final save
+            self._saver.cancel()
+            await asyncio.gather(self._saver, return_exceptions=True)
+        await self._pump.stop()
         await self.tracker.close()  # waits for an adapter call in flight: the snapshot has everything
         save_error: Optional[BaseException] = None
         if self._store is not None:
