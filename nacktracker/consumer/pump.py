@@ -49,6 +49,11 @@ class ReceivePump:
         pump's error or :class:`ConsumerClosed` once it stopped. O(1)."""
         if timeout_ms is None:
             item = await self._queue.get()
+        elif timeout_ms == 0:  # a poll (wait_for with 0 would not even look at the queue)
+            try:
+                item = self._queue.get_nowait()
+            except asyncio.QueueEmpty:
+                raise ReceiveTimeout("no message within 0 ms") from None
         else:
             try:
                 # Cancelling Queue.get() is safe (the item stays queued), unlike the client's receive().
