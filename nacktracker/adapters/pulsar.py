@@ -11,10 +11,11 @@ can starve redelivery indefinitely. So this adapter
 * never starts a burst sooner than ``min_gap_ms`` after the previous burst
   ended: ids handed over meanwhile are queued and merged into the next burst;
 * declares the path's latency as ``lead_ms`` so the tracker fires that much
-  early: a *measured* quantity, a high quantile (p99) of the latency from
-  :meth:`redeliver` to the copy's arrival at the consumer (reported by the
-  consumer through :meth:`PulsarAdapter.arrived`), learned online over the
-  last 512 arrivals and bounded to [100, 1000] ms. Copies that arrive before
+  early: a *measured* quantity, the largest latency from :meth:`redeliver`
+  to the copy's arrival at the consumer (reported by the consumer through
+  :meth:`PulsarAdapter.arrived`) over the last 256 arrivals, plus 5 ms,
+  bounded to [100, 1000] ms and updated at every arrival (the max rather
+  than a p99: a p99 over a window trails a load spike by many samples). Copies that arrive before
   their due time are held by the consumer until then, so a lead on the high
   side costs a short wait, never an early message;
 * declares ``coalesce_ms`` (half the gap) so buckets due just after a fire
@@ -58,15 +59,11 @@ DEFAULT_LEAD_MS = 133
 #: client's 100 ms hold, and a path slower than a second is an outage, not a
 #: latency to plan for.
 LEAD_BOUNDS_MS = (100, 1000)
-#: The quantile of the path latency the lead is set to, the window it is taken
-#: over, the samples needed before it replaces the default, how often it is
-#: recomputed (a sort of the window), and the margin added for the loop's own
-#: jitter.
-_LEAD_QUANTILE = 0.99
-_LEAD_WINDOW = 512
+#: The window the lead is the largest latency of, the samples needed before it
+#: replaces the initial lead, and the margin added for the loop's own jitter.
+_LEAD_WINDOW = 256
 _LEAD_MIN_SAMPLES = 20
-_LEAD_EVERY = 16
-_LEAD_MARGIN_MS = 2
+_LEAD_MARGIN_MS = 5
 #: An entry handed over longer ago than this without an arrival went to
 #: another consumer (or was lost with a reconnect): forget it.
 _HANDED_TTL_MS = 10_000
@@ -99,7 +96,8 @@ class PulsarAdapter:
 
     ``lead_ms``: fix the path latency the tracker fires early by; ``None``
     (default) learns it (see the module doc: ``arrived()`` reports arrivals;
-    until 20 have been seen, :data:`DEFAULT_LEAD_MS`). ``min_gap_ms``: the least spacing
+    until 20 have been seen, ``initial_lead_ms``, default
+    :data:`DEFAULT_LEAD_MS`). ``min_gap_ms``: the least spacing
     between bursts (default :data:`DEFAULT_MIN_GAP_MS`; at least 34 or the
     client's timer starves).
 
@@ -118,17 +116,22 @@ class PulsarAdapter:
     """
 
     def __init__(self, consumer: Any, *, lead_ms: Optional[int] = None,
-                 min_gap_ms: Optional[int] = None) -> None:
+                 min_gap_ms: Optional[int] = None, initial_lead_ms: Optional[int] = None) -> None:
         raw = getattr(consumer, "_consumer", consumer)
         if not isinstance(raw, _pulsar.Consumer):
             raise TypeError("consumer must be a pulsar.Consumer, pulsar.asyncio.Consumer or _pulsar.Consumer, "
                             f"not {type(consumer).__name__}")
         self._raw = raw
-        self._lead = check_delay_ms("lead_ms", DEFAULT_LEAD_MS if lead_ms is None else lead_ms)
+        if lead_ms is None:
+            self._lead = check_delay_ms("initial_lead_ms", DEFAULT_LEAD_MS if initial_lead_ms is None
+                                        else initial_lead_ms)
+        else:
+            self._lead = check_delay_ms("lead_ms", lead_ms)
         self.learns_lead = lead_ms is None
         self._handed: dict[MessageKey, float] = {}  # entry -> when redeliver() got it (insertion order)
         self._latencies: deque[float] = deque(maxlen=_LEAD_WINDOW)
-        self._new_samples = 0
+        self._maxima: deque[tuple[int, float]] = deque()  # (sample number, latency), latencies decreasing
+        self._samples = 0
         self.min_gap_ms = check_delay_ms("min_gap_ms", DEFAULT_MIN_GAP_MS if min_gap_ms is None else min_gap_ms)
         # A bucket due within min_gap_ms after a burst waits for the gap to end (late by up
         # to min_gap_ms); sending those due in the first half with this burst instead halves
@@ -157,19 +160,29 @@ class PulsarAdapter:
 
     def arrived(self, entry: MessageKey) -> None:
         """The consumer received a copy of ``entry`` (``batch_index`` -1): if
-        this adapter asked for it, one latency sample. Runtime: O(1), plus a
-        sort of the 512-sample window every 16 samples."""
+        this adapter asked for it, one latency sample, and the lead follows
+        the window's maximum. Runtime: O(1) amortised (a monotonic deque)."""
         handed = self._handed.pop(entry, None)
         if handed is None:
             return
-        self._latencies.append(_now_ms() - handed)
-        self._new_samples += 1
-        if self.learns_lead and self._new_samples >= _LEAD_EVERY and len(self._latencies) >= _LEAD_MIN_SAMPLES:
-            self._new_samples = 0
-            ordered = sorted(self._latencies)
-            q = ordered[max(0, math.ceil(_LEAD_QUANTILE * len(ordered)) - 1)]
+        latency = _now_ms() - handed
+        self._latencies.append(latency)
+        self._samples += 1
+        maxima = self._maxima
+        while maxima and maxima[-1][1] <= latency:
+            maxima.pop()
+        maxima.append((self._samples, latency))
+        while maxima[0][0] <= self._samples - _LEAD_WINDOW:
+            maxima.popleft()
+        if self.learns_lead and self._samples >= _LEAD_MIN_SAMPLES:
             low, high = LEAD_BOUNDS_MS
-            self._lead = min(high, max(low, math.ceil(q) + _LEAD_MARGIN_MS))
+            self._lead = min(high, max(low, math.ceil(maxima[0][1]) + _LEAD_MARGIN_MS))
+
+    def forget_handed(self) -> None:
+        """The consumer's application fell behind (its receive pump waited):
+        copies of entries handed over so far may have sat in the client's
+        queue, so their arrivals say nothing about the path. Runtime: O(1)."""
+        self._handed = {}
 
     def latency_summary(self) -> dict[str, Any]:
         """The measured path latency over the window (ms): count, p50, p99, max."""

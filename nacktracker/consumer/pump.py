@@ -25,12 +25,17 @@ class ReceivePump:
     """Pulls from ``consumer`` into a queue of at most ``prefetch`` messages
     (the client's receiver queue does the real buffering); ``admit(msg)``
     decides what goes in. ``put`` adds a message from elsewhere (a parked
-    copy released at its time)."""
+    copy released at its time). ``on_resume()`` is called when the pump goes
+    on after waiting for the application: what arrives next sat in the
+    client's queue meanwhile (the adapter must not learn its path latency
+    from those)."""
 
-    def __init__(self, consumer: Any, admit: Callable[[Any], Awaitable[bool]], prefetch: int) -> None:
+    def __init__(self, consumer: Any, admit: Callable[[Any], Awaitable[bool]], prefetch: int,
+                 on_resume: Optional[Callable[[], None]] = None) -> None:
         self._consumer = consumer
         self._admit = admit
         self._prefetch = prefetch
+        self._on_resume = on_resume
         self._queue: asyncio.Queue = asyncio.Queue()
         self._space = asyncio.Event()
         self.task: Optional[asyncio.Task] = None
@@ -82,6 +87,8 @@ class ReceivePump:
                 if self._queue.qsize() >= self._prefetch:
                     self._space.clear()
                     await self._space.wait()
+                    if self._on_resume is not None:
+                        self._on_resume()
                 msg = await self._consumer.receive()
                 self.received += 1
                 if await self._admit(msg):

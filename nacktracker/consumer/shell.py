@@ -40,6 +40,9 @@ log = logging.getLogger("nacktracker.consumer")
 #: the path takes ~100-200 ms, a reconnect a few seconds; a copy later than this
 #: still surfaces (it is past due), it just no longer finds its record.
 COPY_OVERDUE_MS = 10_000
+#: The adapter's lead before it has measured its path: above the path's p99
+#: measured here (~150-250 ms on a loaded machine).
+INITIAL_LEAD_MS = 250
 
 
 class TrackedConsumer:
@@ -69,8 +72,10 @@ class TrackedConsumer:
             raise TypeError(f"client must be a pulsar.asyncio.Client, not {type(client).__name__}")
         self._consumer = consumer
         self.options = opts
+        # Copies that arrive early are parked until due, so the lead starts on the high side and is
+        # learned down: an early copy costs a short wait, a late one costs precision.
         self.adapter = adapter if adapter is not None else PulsarAdapter(
-            consumer, lead_ms=opts.lead_ms, min_gap_ms=opts.min_gap_ms)
+            consumer, lead_ms=opts.lead_ms, min_gap_ms=opts.min_gap_ms, initial_lead_ms=INITIAL_LEAD_MS)
         self._arrived: Optional[Callable[[MessageKey], None]] = getattr(self.adapter, "arrived", None)
         self._dead_letters = DeadLetters(client, consumer.subscription_name(), opts.dead_letter_topic)
         # a single-topic consumer's ids need no topic; remember it for bare-id calls
@@ -79,7 +84,8 @@ class TrackedConsumer:
         self.tracker: NegativeAcksTracker
         self.core = DeliveryCore(check_precision(opts.precision_bits, "floor"), dedup=self._dedup,
                                  pending=self._pending, overdue_ms=COPY_OVERDUE_MS)
-        self._pump = ReceivePump(consumer, self._admit, opts.prefetch)
+        self._pump = ReceivePump(consumer, self._admit, opts.prefetch,
+                                 on_resume=getattr(self.adapter, "forget_handed", None))
         self._saver: Optional[asyncio.Task] = None
         self._wake: Optional[TimerHandle] = None
         self._wake_at: Optional[float] = None
