@@ -8,9 +8,8 @@ what it answers. ``tests/test_consumer_core.py`` drives it with arbitrary
 interleavings (hypothesis) against the promises it keeps:
 
 * nothing the application acknowledged surfaces again (acked ids live in a
-  :class:`~nacktracker.Deduplicator`; with ``dedup=False`` only while the
-  entry has a record: a sibling the application has seen and neither holds
-  nor nacked was acknowledged);
+  :class:`~nacktracker.Deduplicator`; with ``dedup=False`` only acks made
+  while their entry has a record are remembered, as long as it lives);
 * nothing the application still holds surfaces again;
 * each nack surfaces its message once, never before its bucket's time (the
   due time minus the bucket rounding: ``2^bits - 1`` ms for ``"floor"``,
@@ -34,7 +33,7 @@ import itertools
 from typing import Any, Callable, Iterable, Optional
 
 from ..keys import MessageKey
-from .state import _ALL_SEEN, AckResult, EntryRecord, Held, Nacked, Parked, Token, Verdict, _Deadline
+from .state import AckResult, EntryRecord, Held, Nacked, Parked, Token, Verdict, _Deadline
 
 __all__ = ["DeliveryCore", "Verdict", "AckResult", "Held", "Nacked", "Parked", "EntryRecord"]
 
@@ -67,7 +66,6 @@ class DeliveryCore:
         self._seq = itertools.count()
         self._high: dict[tuple[Optional[str], int], tuple[int, int]] = {}  # highest position seen
         self._cumulative: dict[tuple[Optional[str], int], tuple[int, int, int]] = {}
-        self._last: dict[tuple[Optional[str], int], MessageKey] = {}  # the last batch message pulled
         self.blind = False  # restored batch entries without records: hold their copies while pending
         self.counts = dict.fromkeys(("surfaced", "parked", "released", "acked_dropped", "held_dropped",
                                      "early_dropped", "twin_dropped", "expired", "nacks_after_ack"), 0)
@@ -89,10 +87,7 @@ class DeliveryCore:
         record = self.records.get(key.entry) if key.batch_index >= 0 else None
         if record is None:
             return False
-        if record.acked is not None and key.batch_index in record.acked:
-            return True
-        return (key.batch_index < record.unseen_from and key.batch_index not in record.nacked
-                and key not in self.held and key not in self.parked)
+        return record.acked is not None and key.batch_index in record.acked
 
     def next_wakeup_ms(self) -> Optional[float]:
         """When :meth:`release` has something to do (a parked copy's time or an
@@ -131,8 +126,6 @@ class DeliveryCore:
                 parked.tokens.append(token)
             return Verdict.DROP_TWIN
         entry = key.entry
-        if batched:
-            self._last[(key.topic, key.partition)] = key
         if not batched:
             nack = self.requested.pop(key, None)
             if nack is not None:
@@ -143,8 +136,7 @@ class DeliveryCore:
         record = self.records.get(entry)
         if record is not None:
             nack = record.nacked.get(key.batch_index)
-            if nack is None:  # a sibling the application has not seen (seen ones: is_acked)
-                record.unseen_from = key.batch_index + 1
+            if nack is None:  # neither acked, held nor nacked: the application has not seen it
                 return self._surface(key, [])
             if nack.fired or now_ms >= nack.release_ms:
                 del record.nacked[key.batch_index]
@@ -178,10 +170,7 @@ class DeliveryCore:
             return  # the tracker's index knows it until its bucket fires (see requested)
         record = self.records.get(key.entry)
         if record is None:
-            last = self._last.get((key.topic, key.partition))
-            record = self.records[key.entry] = EntryRecord(
-                unseen_from=last.batch_index + 1 if last is not None and last.entry == key.entry else _ALL_SEEN,
-                acked=None if self._dedup is not None else set())
+            record = self.records[key.entry] = EntryRecord(acked=None if self._dedup is not None else set())
         release = now_ms if due_ms is None else self.bucket_ms(due_ms)
         old = record.nacked.get(key.batch_index)
         if old is not None:
@@ -289,19 +278,16 @@ class DeliveryCore:
         again (``redeliver_unacknowledged_messages``): what it holds may
         surface once more."""
         self.held.clear()
-        for record in self.records.values():
-            record.unseen_from = 0
 
-    def restore_record(self, entry: MessageKey, nacked: Iterable[tuple[int, int]], fired: bool) -> None:
-        """A batch record from a snapshot: ``(batch_index, due_ms)`` pairs.
-        ``fired``: the restored tracker does not hold the entry (its bucket
-        fired before the save), so the copy the broker resends is the one to
+    def restore_record(self, entry: MessageKey, nacked: Iterable[tuple[int, int, bool]]) -> None:
+        """A batch record from a snapshot: ``(batch_index, due_ms, fired)``.
+        ``fired``: its bucket fired before the save (or the restored tracker
+        does not hold the entry), so the copy the broker resends is the one to
         park until due: nothing else will ask for it."""
-        # this process has seen none of it
-        record = self.records[entry] = EntryRecord(unseen_from=0, acked=None if self._dedup is not None else set())
-        for index, due in nacked:
+        record = self.records[entry] = EntryRecord(acked=None if self._dedup is not None else set())
+        for index, due, fired in nacked:
             record.nacked[index] = Nacked(self.bucket_ms(due), fired)
-        if fired:
+        if any(n.fired for n in record.nacked.values()):
             self._expire_at(max(n.release_ms for n in record.nacked.values()) + self.overdue_ms, entry, record)
 
     def note_position(self, topic: Optional[str], partition: int, ledger_id: int, entry_id: int) -> None:
@@ -309,12 +295,16 @@ class DeliveryCore:
         where = (topic, partition)
         self._high[where] = max(self._high.get(where, (-1, -1)), (ledger_id, entry_id))
 
-    def pending_batch_nacks(self) -> Iterable[tuple[MessageKey, int, int]]:
-        """``(entry, batch_index, release_ms)`` of every nacked batch message
-        that has not surfaced again (for snapshots). O(records)."""
+    def pending_batch_nacks(self) -> Iterable[tuple[MessageKey, int, int, bool]]:
+        """``(entry, batch_index, release_ms, fired)`` of every nacked batch
+        message that has not surfaced again, parked copies included (for
+        snapshots). O(records + parked)."""
         for entry, record in self.records.items():
             for index, nack in record.nacked.items():
-                yield entry, index, nack.release_ms
+                yield entry, index, nack.release_ms, nack.fired
+        for key, parked in self.parked.items():
+            if key.batch_index >= 0:
+                yield key.entry, key.batch_index, parked.release_ms, True
 
     # -- internals ---------------------------------------------------------------------
 
@@ -358,8 +348,6 @@ class DeliveryCore:
                     continue
                 for index in [i for i, n in state.nacked.items() if n.fired and n.release_ms + self.overdue_ms <= now_ms]:
                     del state.nacked[index]  # its copy went elsewhere (or is very late: it then surfaces)
-                    # not held, not nacked, yet not acknowledged here: it must not count as seen
-                    state.unseen_from = min(state.unseen_from, index)
                     self.counts["expired"] += 1
                 self._maybe_end(item.key, state, now_ms)
             elif self.requested.get(item.key) is state:

@@ -3,7 +3,9 @@ batch records (``<snapshot_path>.batches``) saved together and restored at start
 
 Batch-record file format: a line with the CRC-32 of the rest (8 hex digits),
 then JSON ``{"snapshot_crc32": int, "entries": [[topic, partition, ledger,
-entry, [[batch_index, remaining_ms], ...]], ...]}``; ``snapshot_crc32`` links
+entry, [[batch_index, remaining_ms, fired], ...]], ...]}`` (``fired``: 1 when
+the message's bucket had fired at the save; files without it read as 0);
+``snapshot_crc32`` links
 it to the snapshot it was written with (a crash between the two writes leaves
 a stale file, recognised and ignored).
 """
@@ -78,10 +80,12 @@ class SnapshotStore:
         now = math.ceil(options["clock"].now_ms())
         tracker = NegativeAcksTracker.restore(snap, adapter, elapsed="none", **options)
         for topic, partition, ledger, entry, nacked in batches or ():
-            due = [(index, now + remaining - shift) for index, remaining in nacked if remaining - shift > 0]
+            key = MessageKey(ledger, entry, partition, -1, topic)
+            pending = key in tracker
+            due = [(index, now + remaining - shift, bool(fired) or not pending)
+                   for index, remaining, fired in nacked if remaining - shift > 0]
             if due:
-                key = MessageKey(ledger, entry, partition, -1, topic)
-                core.restore_record(key, due, fired=key not in tracker)
+                core.restore_record(key, due)
         if batches is None and snap.records:
             log.warning("%s: no batch records for this snapshot; copies of restored batch entries are held "
                         "until the entry's last nack is due", path)
@@ -117,7 +121,7 @@ class SnapshotStore:
                 if not (topic is None or isinstance(topic, str)) or type(partition) is not int or partition < -1:
                     raise ValueError(f"bad topic {topic!r} or partition {partition!r}")
                 entries.append((topic, partition, check_int("ledger_id", ledger), check_int("entry_id", entry),
-                                [(check_int("batch_index", i), check_int("remaining_ms", r)) for i, r in nacked]))
+                                [_nacked(item) for item in nacked]))
         except (ValueError, KeyError, TypeError) as exc:  # JSONDecodeError is a ValueError
             raise SnapshotError(f"corrupted batch records: {exc}") from None
         return entries
@@ -137,8 +141,8 @@ class SnapshotStore:
         snapshot (the same clock reading or a later one: a record's remaining
         delay is never longer than its bucket's). O(nacked batch messages)."""
         entries: dict[MessageKey, list] = {}
-        for entry, index, release_ms in core.pending_batch_nacks():
-            entries.setdefault(entry, []).append([index, max(0, math.ceil(release_ms - now_ms))])
+        for entry, index, release_ms, fired in core.pending_batch_nacks():
+            entries.setdefault(entry, []).append([index, max(0, math.ceil(release_ms - now_ms)), int(fired)])
         doc = [[e.topic, e.partition, e.ledger_id, e.entry_id, nacked] for e, nacked in entries.items()]
         body = json.dumps({"snapshot_crc32": zlib.crc32(snapshot), "entries": doc}, separators=(",", ":")).encode()
         return b"%08x\n" % zlib.crc32(body) + body
@@ -180,3 +184,13 @@ class SnapshotStore:
                 os.unlink(path)
             except FileNotFoundError:
                 pass
+
+
+def _nacked(item: Any) -> tuple[int, int, int]:
+    """``[batch_index, remaining_ms(, fired)]`` from a batch-record file."""
+    if not isinstance(item, list) or len(item) not in (2, 3):
+        raise ValueError(f"bad nacked message {item!r}")
+    fired = item[2] if len(item) == 3 else 0
+    if fired not in (0, 1):
+        raise ValueError(f"bad fired flag {fired!r}")
+    return check_int("batch_index", item[0]), check_int("remaining_ms", item[1]), fired

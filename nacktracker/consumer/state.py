@@ -11,7 +11,6 @@ from ..keys import MessageKey
 __all__ = ["Verdict", "Held", "Nacked", "Parked", "EntryRecord", "AckResult", "Token"]
 
 Token = Any  # a received copy, opaque to the core
-_ALL_SEEN = 1 << 31  # a batch index above any real one
 
 
 class Verdict(enum.Enum):
@@ -57,9 +56,6 @@ class EntryRecord:
     """A batch entry with nacked messages (Pulsar redelivers whole entries)."""
 
     nacked: dict[int, Nacked] = field(default_factory=dict)  # batch index -> nack
-    # Siblings below this index have been seen by the application: not held, not nacked means
-    # acknowledged. Above it: the copy being pulled when the record was made, not seen yet.
-    unseen_from: int = _ALL_SEEN
     acked: Optional[set[int]] = None   # dedup=False only: indices acknowledged while the record lives
     linger_until: float = -1.0         # dedup=False only: a requested copy may arrive until then
 
