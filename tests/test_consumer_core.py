@@ -428,3 +428,30 @@ def test_without_dedup_only_acks_made_while_the_entry_has_a_record_are_remembere
     core.release(500 + OVERDUE)
     assert len(core.records) == 0
     assert deliver(core, m, 600 + OVERDUE) == [H, S, S, H]
+
+
+def test_memory_per_held_message_and_per_parked_copy(record_property):
+    """What the core keeps per message in the application's hands (its key and
+    a Held) and per batch record, measured with tracemalloc (the keys count:
+    the shell makes one per received copy). Recorded; bounded loosely."""
+    import tracemalloc
+
+    core, _ = make()
+    n = 20_000
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        for e in range(n):
+            core.arrive(MessageKey(1, e, -1, -1, TOPIC), 0, None, 0)
+        middle = tracemalloc.take_snapshot()
+        for e in range(n):
+            core.nacked(MessageKey(1, e, -1, 0, TOPIC), 60_000, None, 0)
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    held = sum(d.size_diff for d in middle.compare_to(before, "filename")) / n
+    record = sum(d.size_diff for d in after.compare_to(middle, "filename")) / n
+    record_property("core_bytes_per_held_message", round(held))
+    record_property("core_bytes_per_batch_record", round(record))
+    print(f"delivery core: {held:.0f} B per held message, {record:.0f} B per batch record (one nacked message)")
+    assert 0 < held < 400 and 0 < record < 1500

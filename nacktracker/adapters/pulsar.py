@@ -158,6 +158,12 @@ class PulsarAdapter:
         """How early the tracker should fire (read by it at every use)."""
         return self._lead
 
+    @property
+    def awaiting_arrivals(self) -> bool:
+        """Whether any entry handed over still waits for its copy (the
+        consumer skips :meth:`arrived` otherwise). O(1)."""
+        return bool(self._handed)
+
     def arrived(self, entry: MessageKey) -> None:
         """The consumer received a copy of ``entry`` (``batch_index`` -1): if
         this adapter asked for it, one latency sample, and the lead follows

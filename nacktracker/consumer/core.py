@@ -67,8 +67,8 @@ class DeliveryCore:
         self._high: dict[tuple[Optional[str], int], tuple[int, int]] = {}  # highest position seen
         self._cumulative: dict[tuple[Optional[str], int], tuple[int, int, int]] = {}
         self.blind = False  # restored batch entries without records: hold their copies while pending
-        self.counts = dict.fromkeys(("surfaced", "parked", "released", "acked_dropped", "held_dropped",
-                                     "early_dropped", "twin_dropped", "expired", "nacks_after_ack"), 0)
+        # per verdict (keyed by Verdict.value: the hot path counts without hashing an enum member)
+        self.counts = dict.fromkeys([v.value for v in Verdict] + ["released", "expired", "nacks_after_ack"], 0)
 
     # -- questions -------------------------------------------------------------------
 
@@ -78,9 +78,10 @@ class DeliveryCore:
 
     def is_acked(self, key: MessageKey) -> bool:
         """Whether the application acknowledged ``key`` (as far as remembered)."""
-        mark = self._cumulative.get((key.topic, key.partition))
-        if mark is not None and (key.ledger_id, key.entry_id, key.batch_index) <= mark:
-            return True
+        if self._cumulative:
+            mark = self._cumulative.get((key.topic, key.partition))
+            if mark is not None and (key.ledger_id, key.entry_id, key.batch_index) <= mark:
+                return True
         if self._dedup is not None and key.topic is not None \
                 and (key.topic, key.ledger_id, key.entry_id, key.batch_index) in self._dedup:
             return True
@@ -108,7 +109,7 @@ class DeliveryCore:
         the tracker lookup for a non-batched copy at or behind the highest
         position seen (only those can be redeliveries)."""
         verdict = self._arrive(key, batch_size, token, now_ms)
-        self.counts[_COUNTER[verdict]] += 1
+        self.counts[verdict._value_] += 1
         return verdict
 
     def _arrive(self, key: MessageKey, batch_size: int, token: Token, now_ms: float) -> Verdict:
@@ -120,19 +121,20 @@ class DeliveryCore:
             if batched:
                 held.tokens.append(token)
             return Verdict.DROP_HELD
-        parked = self.parked.get(key)
+        parked = self.parked.get(key) if self.parked else None
         if parked is not None:
             if batched:
                 parked.tokens.append(token)
             return Verdict.DROP_TWIN
-        entry = key.entry
         if not batched:
-            nack = self.requested.pop(key, None)
+            nack = self.requested.pop(key, None) if self.requested else None
             if nack is not None:
                 return self._due_or_park(key, nack.release_ms, token, nack.tokens, now_ms)
             if self._maybe_redelivery(key) and self._pending(key):
                 return Verdict.DROP_EARLY
-            return self._surface(key, [])
+            self.held[key] = Held()
+            return Verdict.SURFACE
+        entry = key.entry
         record = self.records.get(entry)
         if record is not None:
             nack = record.nacked.get(key.batch_index)
@@ -205,14 +207,14 @@ class DeliveryCore:
 
     def acked(self, key: MessageKey, now_ms: float) -> AckResult:
         """The broker accepted the application's ack of ``key``."""
-        tokens: list = []
         held = self.held.pop(key, None)
-        if held is not None:
-            tokens += held.tokens
-        parked = self.parked.pop(key, None)
-        if parked is not None:
-            tokens += parked.tokens + [parked.token]
-        self.requested.pop(key, None)
+        tokens: list = held.tokens if held is not None else []
+        if self.parked:
+            parked = self.parked.pop(key, None)
+            if parked is not None:
+                tokens += parked.tokens + [parked.token]
+        if self.requested:
+            self.requested.pop(key, None)
         if self._dedup is not None and key.topic is not None:
             self._dedup.seen_or_add(key.topic, key.ledger_id, key.entry_id, key.batch_index)
         if key.batch_index < 0:
@@ -362,6 +364,3 @@ class DeliveryCore:
             return self.records.get(item.key) is state
         return self.requested.get(item.key) is state
 
-
-_COUNTER = {Verdict.SURFACE: "surfaced", Verdict.PARK: "parked", Verdict.DROP_ACKED: "acked_dropped",
-            Verdict.DROP_HELD: "held_dropped", Verdict.DROP_EARLY: "early_dropped", Verdict.DROP_TWIN: "twin_dropped"}

@@ -155,8 +155,8 @@ class TrackedConsumer:
 
     async def _admit(self, msg: Any) -> bool:
         """Ask the core about a copy; whether it goes to the application now."""
-        key = self._key(msg)[0]
-        if self._arrived is not None:
+        key = self._message_key(msg)
+        if self._arrived is not None and self.adapter.awaiting_arrivals:
             self._arrived(key.entry)  # the adapter learns its path latency
         size = batch_size(msg.message_id()) if self.core.blind and key.batch_index >= 0 else 0
         verdict = self.core.arrive(key, size, msg, self.tracker.clock.now_ms())
@@ -175,7 +175,7 @@ class TrackedConsumer:
         its pending nack and remember it (``dedup``). A failed ack raises and
         changes nothing here: a pending nack stays pending. Runtime: O(1),
         plus the tracker's discard when nacks are pending."""
-        key = self._key(message)[0]
+        key = self._message_key(message)
         await self._consumer.acknowledge(message)
         result = self.core.acked(key, self.tracker.clock.now_ms())
         if result.discard and self.tracker.pending:
@@ -265,6 +265,15 @@ class TrackedConsumer:
             self._pump.put(msg)
         self._rearm()
 
+    def _message_key(self, message: Any) -> MessageKey:
+        """:meth:`_key` without the count; a received ``pulsar.Message`` (the
+        hot path: every receive and ack) skips the generic checks."""
+        if type(message) is pulsar.Message:
+            mid = message.message_id()
+            return MessageKey(mid.ledger_id(), mid.entry_id(), mid.partition(), mid.batch_index(),
+                              message.topic_name())
+        return self._key(message)[0]
+
     def _key(self, message: Any) -> tuple[MessageKey, Optional[int]]:
         if isinstance(message, MessageKey):
             raise TypeError("pass a pulsar Message or MessageId, not a MessageKey")
@@ -311,11 +320,11 @@ class TrackedConsumer:
         "Consumer stats"). Runtime: O(1) plus the tracker's."""
         c = self.core.counts
         return {**self.tracker.stats(), "received": self._pump.received,
-                "surfaced": c["surfaced"] + c["released"],
-                "early_copies_dropped": c["early_dropped"] + c["twin_dropped"],
-                "held_copies_dropped": c["held_dropped"], "acked_copies_dropped": c["acked_dropped"],
-                "dedup_dropped": c["acked_dropped"], "siblings_dropped": c["acked_dropped"] + c["held_dropped"],
-                "copies_parked": c["parked"], "copies_released": c["released"], "copies_overdue": c["expired"],
+                "surfaced": c["surface"] + c["released"],
+                "early_copies_dropped": c["early"] + c["twin"],
+                "held_copies_dropped": c["held"], "acked_copies_dropped": c["acked"],
+                "dedup_dropped": c["acked"], "siblings_dropped": c["acked"] + c["held"],
+                "copies_parked": c["park"], "copies_released": c["released"], "copies_overdue": c["expired"],
                 "nacks_after_ack": c["nacks_after_ack"], "copy_ack_failures": self._counts["copy_ack_failures"],
                 "batch_records": len(self.core.records), "held": len(self.core.held),
                 "parked": len(self.core.parked), "restored": self._counts["restored"],
