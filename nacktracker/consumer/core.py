@@ -35,6 +35,9 @@ from typing import Any, Callable, Iterable, Optional
 from ..keys import MessageKey
 from .state import AckResult, EntryRecord, Held, Nacked, Parked, Token, Verdict, _Deadline
 
+#: See :meth:`DeliveryCore.fired`.
+FIRE_SLACK_MS = 1000
+
 __all__ = ["DeliveryCore", "Verdict", "AckResult", "Held", "Nacked", "Parked", "EntryRecord"]
 
 class DeliveryCore:
@@ -199,7 +202,10 @@ class DeliveryCore:
                 self._expire_at(bucket_ms + self.overdue_ms, entry, nack)
                 continue
             for nack in record.nacked.values():
-                if not nack.fired and nack.release_ms <= bucket_ms:
+                # Siblings due within FIRE_SLACK_MS after this bucket take its copy too (parked until
+                # their own time): robust to a ms of skew between restored records and the restored
+                # tracker's buckets, and one trip instead of two. Their own bucket's copy is a twin.
+                if not nack.fired and nack.release_ms <= bucket_ms + FIRE_SLACK_MS:
                     nack.fired = True
             if self._dedup is None:
                 record.linger_until = max(record.linger_until, bucket_ms + self.overdue_ms)
