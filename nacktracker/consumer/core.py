@@ -38,7 +38,8 @@ from .state import AckResult, EntryRecord, Held, Nacked, Parked, Token, Verdict,
 #: See :meth:`DeliveryCore.fired`.
 FIRE_SLACK_MS = 1000
 
-__all__ = ["DeliveryCore", "Verdict", "AckResult", "Held", "Nacked", "Parked", "EntryRecord"]
+__all__ = ["DeliveryCore", "Verdict", "AckResult", "Held", "Nacked", "Parked", "EntryRecord", "FIRE_SLACK_MS"]
+
 
 class DeliveryCore:
     """Per-copy decisions for one consumer.
