@@ -33,7 +33,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from nacktracker import Deduplicator, MessageKey
 from nacktracker._checks import check_precision
-from nacktracker.consumer.core import DeliveryCore, Verdict
+from nacktracker.consumer.core import FIRE_SLACK_MS, DeliveryCore, Verdict
 
 TOPIC = "t"
 LEAD = 30
@@ -177,7 +177,9 @@ class DeliveryMachine(RuleBasedStateMachine):
         del self.w.copies[i]
         for k in copy.remaining:
             nack = self.w.nacks.get(k)
-            if nack is not None and copy.bucket is not None and self.core.bucket_ms(nack.due) <= copy.bucket:
+            # the copy carries the whole entry: every nack it was to answer surfaces over there
+            if nack is not None and copy.bucket is not None \
+                    and self.core.bucket_ms(nack.due) <= copy.bucket + FIRE_SLACK_MS:
                 nack.diverted = True
 
     @precondition(lambda self: self.w.sizes)

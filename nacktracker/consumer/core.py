@@ -227,14 +227,14 @@ class DeliveryCore:
         if key.batch_index < 0:
             return AckResult(tokens, True)
         record = self.records.get(key.entry)
-        if record is None:
-            return AckResult(tokens, False)
+        if record is None:  # nothing of the entry waits for a bucket: any left in the tracker is spurious
+            return AckResult(tokens, not self.blind)
         if record.acked is not None:
             record.acked.add(key.batch_index)
         nack = record.nacked.pop(key.batch_index, None)
         if nack is not None:
             tokens += nack.tokens
-        discard = nack is not None and not any(not n.fired for n in record.nacked.values())
+        discard = not any(not n.fired for n in record.nacked.values())
         self._maybe_end(key.entry, record, now_ms)
         return AckResult(tokens, discard)
 
