@@ -199,7 +199,7 @@ async def test_batch_siblings_each_come_back_at_their_own_time(client, topic, br
     await expect_nothing(consumer, 500)
     stats = consumer.stats()
     assert stats["batch_records"] == 0  # nothing of the entry pending: record dropped
-    assert stats["siblings_dropped"] >= 4 and stats["early_copies_dropped"] >= 1
+    assert stats["siblings_dropped"] >= 2 and stats["copies_parked"] >= 1  # m2 (due 600 ms later) rode along
     await consumer.close()
 
     # every message of the entry was acked across three deliveries: the broker has the
@@ -582,7 +582,7 @@ async def test_issue_batch_of_four_nothing_acked_or_held_surfaces_again(client, 
         assert all(-EARLY_MS <= e <= LATE_MS for e in errors.values()), errors
         await expect_nothing(consumer, 800)  # neither m0 (acked) nor m3 (held) nor a twin
         stats = consumer.stats()
-        assert stats["siblings_dropped"] >= 4
+        assert stats["siblings_dropped"] >= 2
         await consumer.acknowledge(m3)
         assert consumer.stats()["batch_records"] == 0 and consumer.tracker.pending == 0
 
