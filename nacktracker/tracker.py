@@ -302,11 +302,12 @@ class NegativeAcksTracker:
         the listener. A listener that raises is logged and kept."""
         if not callable(listener):
             raise TypeError(f"listener must be callable, not {type(listener).__name__}")
-        self._fire_listeners.append(listener)
+        listeners = self._fire_listeners  # not self: a remover must not keep the tracker alive
+        listeners.append(listener)
 
         def remove() -> None:
-            if listener in self._fire_listeners:
-                self._fire_listeners.remove(listener)
+            if listener in listeners:
+                listeners.remove(listener)
 
         return remove
 
