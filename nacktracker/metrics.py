@@ -179,7 +179,7 @@ class NackMetrics:
                 loop = None
         ref: Callable[[], Optional[StatsFn]]
         if weak and hasattr(stats, "__self__") and hasattr(stats, "__func__"):
-            ref = weakref.WeakMethod(stats)  # type: ignore[arg-type]
+            ref = weakref.WeakMethod(stats)
         else:
             ref = lambda: stats  # noqa: E731
         source = _Source(ref, _check_attributes(attributes), loop)
