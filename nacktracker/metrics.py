@@ -252,7 +252,7 @@ def _read(fn: StatsFn, loop: Optional[asyncio.AbstractEventLoop]) -> Optional[Ma
     def run() -> None:
         try:
             future.set_result(fn())
-        except BaseException as exc:  # handed to the reader's thread, raised there
+        except BaseException as exc:  # noqa: BLE001 - handed to the reader's thread, raised there
             future.set_exception(exc)
 
     try:

@@ -237,6 +237,8 @@ class EmbeddedBroker:
     def _wait_ready(self, port: int) -> None:
         deadline = time.monotonic() + self.startup_timeout
         last_error: object = None
+        import pulsar
+
         proc = self._proc
         if proc is None:
             raise BrokerStartError("the broker process is not running")
@@ -250,7 +252,7 @@ class EmbeddedBroker:
                 # Short attempts, so a broker that died meanwhile is noticed quickly.
                 self._probe(port, min(2.0, max(1.0, deadline - time.monotonic())))
                 return
-            except Exception as error:  # connection refused, or the client's timeout
+            except (OSError, pulsar.PulsarException) as error:  # connection refused, or the client's timeout
                 last_error = error
                 time.sleep(0.05)
         raise BrokerStartError(

@@ -505,7 +505,7 @@ class NegativeAcksTracker:
                 raise
             exc: BaseException = asyncio.CancelledError("adapter raised CancelledError")
             self._failed(batch, exc)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the adapter contract: any error is a failure to retry
             self._failed(batch, exc)
         else:
             self._retry_streak = 0
