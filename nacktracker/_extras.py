@@ -38,10 +38,10 @@ class MissingExtraError(ModuleNotFoundError):
     with ``extra`` set to the extra's name.
     """
 
-    def __init__(self, feature: str, extra: str, module: Optional[str]) -> None:
+    def __init__(self, feature: str, extra: str, module: Optional[str], hint: str = "") -> None:
         missing = f" (no module named {module!r})" if module else ""
-        super().__init__(f"{feature} needs the {extra!r} extra{missing}: pip install 'nacktracker[{extra}]'",
-                         name=module)
+        super().__init__(f"{feature} needs the {extra!r} extra{missing}: pip install 'nacktracker[{extra}]'"
+                         + (f" ({hint})" if hint else ""), name=module)
         self.extra = extra
         self.feature = feature
 

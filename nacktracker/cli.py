@@ -88,8 +88,8 @@ def _demo(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] not in ("pulsar", "_pulsar", "pulsar_lite"):
             raise
-        raise MissingExtraError("nacktracker demo (or set $PULSAR_URL to a broker and install"
-                                " 'nacktracker[pulsar]')", "demo", exc.name) from None
+        hint = "or set $PULSAR_URL to a running broker" if exc.name == "pulsar_lite" else ""
+        raise MissingExtraError("nacktracker demo", "demo", exc.name, hint) from None
     return demo_main(quick=args.quick, as_json=args.json)
 
 
