@@ -183,3 +183,38 @@ def test_the_grafana_dashboard_queries_only_exported_series():
     exported |= {"nacktracker_redelivery_lateness_milliseconds_bucket"}
     assert used <= exported, used - exported
     assert {s.name.replace(".", "_") for s in INSTRUMENTS} <= {re.sub(r"(_bytes|_total)$", "", u) for u in used}
+
+
+async def test_instrument_consumer_takes_its_names_and_stats():
+    from nacktracker.metrics import instrument_consumer
+
+    reader, provider, tracker, adapter, clock = setup(delay_ms=10)
+
+    class Consumer:  # what instrument_consumer reads of a TrackedConsumer
+        def __init__(self) -> None:
+            self.tracker = tracker
+
+        def topic(self) -> str:
+            return "persistent://public/default/orders"
+
+        def subscription_name(self) -> str:
+            return "workers"
+
+        def consumer_name(self) -> str:
+            return "c-7"
+
+        def stats(self) -> dict:
+            return {**tracker.stats(), "batch_records": 2}
+
+    consumer = Consumer()
+    with instrument_consumer(consumer, meter_provider=provider) as registration:
+        key = frozenset({"pulsar.topic": "persistent://public/default/orders", "pulsar.subscription": "workers",
+                         "pulsar.consumer": "c-7"}.items())
+        assert frozenset(registration.attributes.items()) == key
+        tracker.add(MessageKey(3, 4))
+        clock.advance(10)
+        await settle()
+        got = collect(reader)
+        assert got["nacktracker.batch_records"][key].value == 2
+        assert got["nacktracker.redelivered"][key].value == 1
+        assert got["nacktracker.redelivery.lateness"][key].count == 1
