@@ -6,26 +6,21 @@ does (``examples/prometheus_metrics.py`` exports to Prometheus). Without an
 SDK every instrument is a no-op. Instruments come from the global
 ``MeterProvider`` unless one is passed in.
 
-What is exported (Prometheus names in brackets: dots become underscores,
-the unit is appended, counters get ``_total``):
+What is exported (the Prometheus exporter turns dots into underscores,
+appends the unit, ``By`` as ``_bytes`` and ``ms`` as ``_milliseconds``, and
+``_total`` to counters):
 
-============================== ====================== ============ ====================================
-instrument                     kind                   unit         from
-============================== ====================== ============ ====================================
-nacktracker.pending            observable up-down      {message}    ``stats()['pending']``
-nacktracker.unsent             observable up-down      {message}    ``stats()['unsent']`` (due, not yet
-                                                                    handed over: retrying or closed)
-nacktracker.memory.usage       observable up-down      By           ``stats()['nbytes']``
-nacktracker.buckets            observable up-down      {bucket}     ``stats()['buckets']``
-nacktracker.batch_records      observable up-down      {entry}      ``stats()['batch_records']``
-                                                                    (consumers only)
-nacktracker.nacks              observable counter      {message}    ``stats()['nacks']``
-nacktracker.redelivered        observable counter      {message}    ``stats()['redelivered']``
-nacktracker.dead_lettered      observable counter      {message}    ``stats()['dead_lettered']``
-nacktracker.dead_letter.failures observable counter    {failure}    ``stats()['dead_letter_failures']``
-nacktracker.adapter.failures   observable counter      {failure}    ``stats()['failures']``
-nacktracker.redelivery.lateness histogram              ms           the tracker's fire listener
-============================== ====================== ============ ====================================
+* levels (observable up-down counters, from ``stats()``):
+  ``nacktracker.pending`` {message}, ``nacktracker.unsent`` {message} (due,
+  not yet handed over: retrying or closed), ``nacktracker.memory.usage`` By
+  (``nbytes``), ``nacktracker.buckets`` {bucket}, ``nacktracker.batch_records``
+  {entry} (consumers only);
+* counters (observable, from ``stats()``): ``nacktracker.nacks``,
+  ``nacktracker.redelivered``, ``nacktracker.dead_lettered`` {message},
+  ``nacktracker.dead_letter.failures``, ``nacktracker.adapter.failures``
+  {failure};
+* ``nacktracker.redelivery.lateness`` (histogram, ms), from the tracker's
+  fire listener.
 
 Counters and gauges are read from ``stats()`` when a reader collects
 (nothing is added to the nack path). The lateness histogram records, per
