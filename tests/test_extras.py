@@ -69,3 +69,28 @@ def test_require_translates_only_a_missing_module():
     err = explain(ModuleNotFoundError("x", name="somewhere_else"), "feature")
     assert not isinstance(err, MissingExtraError)
     assert isinstance(MissingExtraError("f", "pulsar", "pulsar"), ModuleNotFoundError)
+
+
+def imported_modules(path) -> set[str]:
+    import ast
+
+    tree = ast.parse(path.read_text())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.add(node.module)
+    return out
+
+
+def test_the_rooms_of_this_surface_import_only_what_they_may():
+    from pathlib import Path
+
+    pkg = Path(__file__).resolve().parents[1] / "nacktracker"
+    # metrics: the OpenTelemetry API only (the application owns the SDK and exporters)
+    assert {m for m in imported_modules(pkg / "metrics.py") if m.startswith("opentelemetry")} <= {
+        "opentelemetry.metrics"}
+    # rendering and the shared harness know nothing of Pulsar; the CLI loads it only on `demo`
+    for name in ("demo/table.py", "scenarios/harness.py", "_extras.py", "cli.py"):
+        assert not {m for m in imported_modules(pkg / name) if m.split(".")[0] in ("pulsar", "_pulsar")}, name
