@@ -32,7 +32,9 @@ import precision  # noqa: E402
 import throughput  # noqa: E402
 
 PACKAGES = ("nacktracker", "pyroaring", "sortedcontainers", "pulsar-client", "pulsar-lite", "pyspark", "numpy")
-PARTS = ("memory", "throughput", "precision", "pulsar", "consume", "soak", "snapshot", "dedup")
+from nacktracker.cli import BENCH_PARTS  # noqa: E402  (one list: `nacktracker bench --help` shows it)
+
+PARTS = tuple(BENCH_PARTS)
 
 
 def machine() -> dict:
