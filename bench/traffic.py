@@ -46,6 +46,11 @@ Measures, per scenario and side (``traffic_ledger.Ledger``):
 * **missing redeliveries**: nacks with no delivery after them by the end.
 * **unexpected**: deliveries whose id the producer did not return for that
   payload (a batch stored twice around a broker kill); acked, nothing else.
+* **first-delivery lag**: for each message's first delivery, wall-clock ms
+  from the broker storing it (``publish_timestamp``) to ``receive()``
+  returning: the side's backlog. Redeliveries queue behind the same backlog,
+  so a late redelivery with a large first-delivery lag is a throughput
+  matter (the process or the machine), not the nack path.
 * **records at end** (tracked only): the sum of ``stats()["batch_records"]``
   over the side's consumers at the end, and the tracker's ``pending``.
 
@@ -231,6 +236,10 @@ def _e(error: dict, key: str) -> str:
     return "—" if error[key] is None else f"{error[key]:+.0f}"
 
 
+def _ms(values: dict, key: str) -> str:
+    return "—" if values[key] is None else f"{values[key]:.0f}"
+
+
 def table(result: dict) -> str:
     cfg = result["config"]
     out = ["## Traffic: TrackedConsumer beside the plain client", "",
@@ -241,13 +250,13 @@ def table(result: dict) -> str:
            f"{cfg['precision_bits']}. Measures defined in bench/traffic.py. {result['duration_s']} s on "
            f"{result['cores']} cores.", "",
            "| scenario | side | published | lost | acked→resurfaced | held→resurfaced | redeliveries (missing) "
-           "| early / >5 ms early | error min | p50 | p99 | max | records end | pending end | loop lag p99 / max | CPU s | load avg |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| early / >5 ms early | error min | p50 | p99 | max | records end | pending end | first-delivery lag p50 / p99 | loop lag p99 / max | CPU s | load avg |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in result["scenarios"]:
         for name in (TRACKED, PLAIN):
             s = row[name]
             if s.get("refused"):
-                out.append(f"| {row['scenario']} | {name} | refused: {s['refused']} |" + " |" * 14)
+                out.append(f"| {row['scenario']} | {name} | refused: {s['refused']} |" + " |" * 15)
                 continue
             e = s["error_ms"]
             out.append(
@@ -255,6 +264,7 @@ def table(result: dict) -> str:
                 f"| {s['held_resurfaced']:,} | {s['redeliveries']:,} ({s['missing_redeliveries']:,}) "
                 f"| {e['early']:,} / {e['early_beyond_tolerance']:,} | {_e(e, 'min')} | {_e(e, 'p50')} "
                 f"| {_e(e, 'p99')} | {_e(e, 'max')} | {s.get('records_end', '—')} | {s.get('pending_end', '—')} "
+                f"| {_ms(s['first_delivery_lag_ms'], 'p50')} / {_ms(s['first_delivery_lag_ms'], 'p99')} "
                 f"| {s['loop_lag_ms']['p99']:.0f} / {s['loop_lag_ms']['max']:.0f} | {s['cpu_s']} "
                 f"| {row['load_avg_before'][0]} → {row['load_avg_after'][0]} |")
     notes = [f"{row['scenario']}: broker SIGKILLed {row['broker_killed_at_s']} s in" for row in result["scenarios"]

@@ -136,6 +136,7 @@ class Ledger:
     due: dict = field(default_factory=dict)  # number -> due time (ms) of its pending nack
     nacks: dict = field(default_factory=dict)  # number -> nacks so far
     errors: array.array = field(default_factory=lambda: array.array("d"))  # redelivery errors (ms)
+    first_delivery_lag: array.array = field(default_factory=lambda: array.array("d"))  # publish -> first delivery
     covered: int = -1  # cumulative scenario: every number <= covered is acknowledged
     acked: int = 0  # distinct numbers acknowledged (individually or covered)
     deliveries: int = 0
@@ -146,8 +147,10 @@ class Ledger:
     ack_failures: int = 0
     nacked_then_covered: int = 0
 
-    def delivered(self, number: int, mid: tuple, now_ms: float) -> Verdict:
-        """The consumer handed the application a copy of ``number`` (id ``mid``)."""
+    def delivered(self, number: int, mid: tuple, now_ms: float, since_publish_ms: float = 0.0) -> Verdict:
+        """The consumer handed the application a copy of ``number`` (id ``mid``),
+        ``since_publish_ms`` after the broker stored it (first deliveries
+        record it: the consumer's backlog)."""
         self.deliveries += 1
         if not 0 <= number < self.sent or self.published.get(number, mid) != mid:
             self.unexpected += 1  # not one of ours, or stored twice (a broker kill): ack it, nothing else
@@ -155,6 +158,7 @@ class Ledger:
         fate = Fate.ACKED if number <= self.covered else self.fate.get(number)
         if fate is None:
             self.fate[number] = Fate.HELD
+            self.first_delivery_lag.append(since_publish_ms)
             return Verdict.PROCESS
         if fate is Fate.NACKED:
             self.errors.append(now_ms - self.due.pop(number))
@@ -215,7 +219,9 @@ class Ledger:
                 "held_resurfaced": self.held_resurfaced, "unexpected": self.unexpected,
                 "nacks": self.nack_calls, "redeliveries": len(self.errors),
                 "missing_redeliveries": len(self.due), "nacked_then_covered": self.nacked_then_covered,
-                "ack_failures": self.ack_failures, "error_ms": summarize(self.errors)}
+                "ack_failures": self.ack_failures, "error_ms": summarize(self.errors),
+                "first_delivery_lag_ms": {k: v for k, v in quantiles(self.first_delivery_lag).items()
+                                          if k in ("n", "p50", "p99", "max")}}
 
 
 def summarize(errors) -> dict:

@@ -21,23 +21,13 @@ import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
 import nacktracker
-from traffic_ledger import PLAIN, TRACKED, Config, Ledger, Scenario, Verdict, quantiles
+from nacktracker.demo import _client as client  # a quiet client (the C++ client logs at INFO on stdout)
+from nacktracker.demo import _quietly as quietly
+from traffic_ledger import TRACKED, Config, Ledger, Scenario, Verdict, quantiles
 
 
 def now_ms() -> float:
     return asyncio.get_running_loop().time() * 1000.0
-
-
-def client(url: str) -> pulsar_asyncio.Client:
-    return pulsar_asyncio.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error),
-                                 operation_timeout_seconds=30)
-
-
-async def quietly(awaitable: Any) -> None:
-    try:
-        await awaitable
-    except Exception:  # closing something already closed or broken
-        pass
 
 
 class PlainConsumer:
@@ -119,6 +109,12 @@ class Side:
         await quietly(self.client.close())
 
 
+def _since_publish_ms(msg: pulsar.Message) -> float:
+    """Wall-clock ms from the broker storing ``msg`` to now (same machine: the
+    broker's clock is ours)."""
+    return time.time() * 1000.0 - msg.publish_timestamp()
+
+
 def _identify(msg: pulsar.Message) -> tuple[int, tuple]:
     mid = msg.message_id()
     try:
@@ -141,7 +137,7 @@ async def serve(side: Side, consumer: Any, cfg: Config) -> None:
     while True:
         msg = await consumer.receive()
         number, mid = _identify(msg)
-        verdict = ledger.delivered(number, mid, now_ms())
+        verdict = ledger.delivered(number, mid, now_ms(), _since_publish_ms(msg))
         if verdict is Verdict.IGNORE:
             continue
         if verdict is Verdict.REACK:
@@ -165,7 +161,7 @@ async def serve_cumulative(side: Side, consumer: Any, cfg: Config) -> None:
     while True:
         msg = await consumer.receive()
         number, mid = _identify(msg)
-        if ledger.delivered(number, mid, now_ms()) is not Verdict.PROCESS:
+        if ledger.delivered(number, mid, now_ms(), _since_publish_ms(msg)) is not Verdict.PROCESS:
             continue  # a copy of something covered or still owed: the next cumulative ack covers it
         if side.last_msg is None or number > _identify(side.last_msg)[0]:
             side.last_msg = msg

@@ -224,7 +224,9 @@ class DeadLetterPublisher:
 
     async def close(self) -> None:
         """Publish what is queued (each caller's future gets its outcome),
-        then close every producer. Idempotent; ``publish`` raises after it."""
+        then close every producer. Idempotent; ``publish`` raises after it.
+        Runtime: one round trip per queued dead letter (each bounded by
+        ``send_timeout_ms``), plus one per producer."""
         self._closed = True
         if self._drainer is not None:
             await asyncio.gather(self._drainer, return_exceptions=True)
@@ -238,15 +240,16 @@ class DeadLetterPublisher:
 
     @property
     def pending(self) -> int:
-        """Dead letters queued and not yet published or failed."""
+        """Dead letters queued and not yet published or failed. Runtime: O(queued)."""
         return sum(1 for letter in self._queue if not letter.done.done())
 
     def producer_for(self, target: str) -> Optional[pulsar_asyncio.Producer]:
-        """The open producer of dead-letter topic ``target``, if any."""
+        """The open producer of dead-letter topic ``target``, if any. Runtime: O(1)."""
         return self._producers.get(target)
 
     def stats(self) -> dict[str, int]:
-        """``published``, ``failed``, ``producers_created``, ``producers_open``, ``pending``."""
+        """``published``, ``failed``, ``producers_created``, ``producers_open``, ``pending``.
+        Runtime: O(queued)."""
         return {**self._counts, "producers_open": len(self._producers), "pending": self.pending}
 
     # -- internals -------------------------------------------------------------------

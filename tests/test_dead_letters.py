@@ -300,12 +300,12 @@ async def test_a_given_dead_letter_topic_serves_every_partition_with_one_produce
     await publisher.close()
 
 
-async def test_concurrent_dead_letters_wait_for_the_one_producer_being_created():
+async def test_dead_letters_queued_while_the_producer_is_created_share_it_in_call_order():
     client = FakeClient()
     publisher = DeadLetterPublisher(client, subscription="sub", consumer_name="c")
     futures = [publisher.publish(FakeMessage(P, FakeId(1, i), b"%d" % i)) for i in range(50)]
     assert publisher.pending == 50
-    await asyncio.gather(*futures)
+    await asyncio.gather(*reversed(futures))  # awaited in any order: published in the order of the calls
     [producer] = client.producers
     assert [payload for payload, _ in producer.sent] == [b"%d" % i for i in range(50)]
     await publisher.close()
