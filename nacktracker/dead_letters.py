@@ -25,7 +25,11 @@ What matches Java's ``ConsumerImpl`` / ``DeadLetterPolicy`` (pulsar-client
   it at one). A producer whose send failed is closed and replaced on the next
   dead letter (no leak, no reuse of a broken one).
 * **Producer name** ``<topic>-<subscription>-<consumerName>-<5 random
-  alphanumerics>-DLQ``; batching off (Java's ``enableBatching(false)``).
+  alphanumerics>-DLQ``, ``<topic>`` being that of the dead letter that made
+  the producer (Java's per-partition consumers each have their own; here one
+  producer serves a given ``dead_letter_topic`` for every partition); batching
+  off (Java's ``enableBatching(false)``). Not copied from Java: chunking
+  (``enableChunking(true)``) is left off, untested on the embedded broker.
 * **Initial subscription** (``initial_subscription``, Java's
   ``initialSubscriptionName``): created on the dead-letter topic before its
   first dead letter is published, so it retains every one of them. The Python
