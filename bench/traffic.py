@@ -43,6 +43,10 @@ Measures, per scenario and side (``traffic_ledger.Ledger``):
   ms; negative = early. Reported: n, min, p50, p99, max, |error| p50/p99,
   early (< 0) and early by more than 5 ms. A copy that arrives while the
   message is still nacked *is* its redelivery, however early.
+* **at another consumer** (two-consumer scenario): the same error for the
+  redeliveries that reached another consumer of the subscription than the
+  one the nack went through (that consumer knows nothing of the nack and
+  cannot hold an early copy).
 * **missing redeliveries**: nacks with no delivery after them by the end.
 * **unexpected**: deliveries whose id the producer did not return for that
   payload (a batch stored twice around a broker kill); acked, nothing else.
@@ -267,6 +271,13 @@ def table(result: dict) -> str:
                 f"| {_ms(s['first_delivery_lag_ms'], 'p50')} / {_ms(s['first_delivery_lag_ms'], 'p99')} "
                 f"| {s['loop_lag_ms']['p99']:.0f} / {s['loop_lag_ms']['max']:.0f} | {s['cpu_s']} "
                 f"| {row['load_avg_before'][0]} → {row['load_avg_after'][0]} |")
+    elsewhere = [(row["scenario"], name, row[name]["error_ms_at_another_consumer"]) for row in result["scenarios"]
+                 for name in (TRACKED, PLAIN) if row[name].get("error_ms_at_another_consumer", {}).get("n")]
+    if elsewhere:
+        out += ["", "Redeliveries that reached another consumer of the subscription than the one that nacked:", "",
+                "| scenario | side | n | early / >5 ms early | min | p50 | p99 | max |", "|---|---|---|---|---|---|---|---|"]
+        out += [f"| {sc} | {name} | {e['n']:,} | {e['early']:,} / {e['early_beyond_tolerance']:,} | {_e(e, 'min')} "
+                f"| {_e(e, 'p50')} | {_e(e, 'p99')} | {_e(e, 'max')} |" for sc, name, e in elsewhere]
     notes = [f"{row['scenario']}: broker SIGKILLed {row['broker_killed_at_s']} s in" for row in result["scenarios"]
              if row.get("broker_killed_at_s") is not None]
     notes += [f"{row['scenario']}/{name}: not drained within {cfg['drain_s']} s" for row in result["scenarios"]

@@ -135,6 +135,8 @@ class Ledger:
     fate: dict = field(default_factory=dict)  # number -> Fate (absent: never delivered)
     due: dict = field(default_factory=dict)  # number -> due time (ms) of its pending nack
     nacks: dict = field(default_factory=dict)  # number -> nacks so far
+    nacked_at: dict = field(default_factory=dict)  # number -> the consumer its pending nack went through
+    errors_elsewhere: array.array = field(default_factory=lambda: array.array("d"))  # at another consumer
     errors: array.array = field(default_factory=lambda: array.array("d"))  # redelivery errors (ms)
     first_delivery_lag: array.array = field(default_factory=lambda: array.array("d"))  # publish -> first delivery
     covered: int = -1  # cumulative scenario: every number <= covered is acknowledged
@@ -147,10 +149,11 @@ class Ledger:
     ack_failures: int = 0
     nacked_then_covered: int = 0
 
-    def delivered(self, number: int, mid: tuple, now_ms: float, since_publish_ms: float = 0.0) -> Verdict:
-        """The consumer handed the application a copy of ``number`` (id ``mid``),
-        ``since_publish_ms`` after the broker stored it (first deliveries
-        record it: the consumer's backlog)."""
+    def delivered(self, number: int, mid: tuple, now_ms: float, since_publish_ms: float = 0.0,
+                  consumer: int = 0) -> Verdict:
+        """Consumer number ``consumer`` handed the application a copy of
+        ``number`` (id ``mid``), ``since_publish_ms`` after the broker stored
+        it (first deliveries record it: the consumer's backlog)."""
         self.deliveries += 1
         if not 0 <= number < self.sent or self.published.get(number, mid) != mid:
             self.unexpected += 1  # not one of ours, or stored twice (a broker kill): ack it, nothing else
@@ -161,7 +164,10 @@ class Ledger:
             self.first_delivery_lag.append(since_publish_ms)
             return Verdict.PROCESS
         if fate is Fate.NACKED:
-            self.errors.append(now_ms - self.due.pop(number))
+            error = now_ms - self.due.pop(number)
+            self.errors.append(error)
+            if self.nacked_at.pop(number, consumer) != consumer:  # the broker sent it to another consumer
+                self.errors_elsewhere.append(error)
             self.fate[number] = Fate.HELD
             return Verdict.PROCESS
         if fate is Fate.ACKED:
@@ -170,9 +176,11 @@ class Ledger:
         self.held_resurfaced += 1  # HELD, or DONE (processed, its cumulative ack still owed)
         return Verdict.IGNORE
 
-    def nacked(self, number: int, now_ms: float, delay_ms: float) -> None:
-        """The application nacks ``number`` at ``now_ms``, asking for ``delay_ms``."""
+    def nacked(self, number: int, now_ms: float, delay_ms: float, consumer: int = 0) -> None:
+        """The application nacks ``number`` at ``now_ms`` through consumer
+        number ``consumer``, asking for ``delay_ms``."""
         self.fate[number] = Fate.NACKED
+        self.nacked_at[number] = consumer
         self.due[number] = now_ms + delay_ms
         self.nacks[number] = self.nacks.get(number, 0) + 1
         self.nack_calls += 1
@@ -220,6 +228,7 @@ class Ledger:
                 "nacks": self.nack_calls, "redeliveries": len(self.errors),
                 "missing_redeliveries": len(self.due), "nacked_then_covered": self.nacked_then_covered,
                 "ack_failures": self.ack_failures, "error_ms": summarize(self.errors),
+                "error_ms_at_another_consumer": summarize(self.errors_elsewhere),
                 "first_delivery_lag_ms": {k: v for k, v in quantiles(self.first_delivery_lag).items()
                                           if k in ("n", "p50", "p99", "max")}}
 

@@ -131,13 +131,13 @@ async def _ack(side: Side, consumer: Any, msg: pulsar.Message) -> None:
         side.ledger.ack_failures += 1
 
 
-async def serve(side: Side, consumer: Any, cfg: Config) -> None:
+async def serve(side: Side, consumer: Any, cfg: Config, index: int = 0) -> None:
     """A worker: receive, hold, then nack or acknowledge, per ``cfg.plan``."""
     ledger, plan = side.ledger, cfg.plan
     while True:
         msg = await consumer.receive()
         number, mid = _identify(msg)
-        verdict = ledger.delivered(number, mid, now_ms(), _since_publish_ms(msg))
+        verdict = ledger.delivered(number, mid, now_ms(), _since_publish_ms(msg), index)
         if verdict is Verdict.IGNORE:
             continue
         if verdict is Verdict.REACK:
@@ -150,7 +150,7 @@ async def serve(side: Side, consumer: Any, cfg: Config) -> None:
             ledger.acking(number)
             await _ack(side, consumer, msg)
         else:
-            ledger.nacked(number, now_ms(), delay if side.name == TRACKED else cfg.plain_delay_ms)
+            ledger.nacked(number, now_ms(), delay if side.name == TRACKED else cfg.plain_delay_ms, index)
             await consumer.negative_acknowledge(msg, delay_ms=delay)
 
 
@@ -233,11 +233,11 @@ async def _run_side(url: str, topic: str, name: str, scenario: Scenario, cfg: Co
     produced: Optional[dict] = None
     try:
         await side.open(topic, scenario, cfg)
-        for consumer in side.consumers:
+        for index, consumer in enumerate(side.consumers):
             if scenario.cumulative:
                 workers.append(asyncio.create_task(serve_cumulative(side, consumer, cfg)))
             else:
-                workers += [asyncio.create_task(serve(side, consumer, cfg)) for _ in range(cfg.workers)]
+                workers += [asyncio.create_task(serve(side, consumer, cfg, index)) for _ in range(cfg.workers)]
         conn.send(("ready", side.refused))
 
         def read_pipe() -> bool:

@@ -73,6 +73,7 @@ def test_traffic_ledger_counts_each_measure_as_its_docstring_defines_it():
     assert (s["nacks"], s["redeliveries"], s["missing_redeliveries"]) == (2, 1, 1)
     assert s["error_ms"]["min"] == -6.0 and s["error_ms"]["early"] == 1 and s["error_ms"]["early_beyond_tolerance"] == 1
     assert s["first_delivery_lag_ms"]["n"] == 3 and s["first_delivery_lag_ms"]["max"] == 7.0
+    assert s["error_ms_at_another_consumer"]["n"] == 0
     ledger.cumulative_ack(2)  # covers 1 (nacked) and 2 (done)
     assert ledger.fate.get(1) is None and ledger.nacked_then_covered == 1
     assert ledger.delivered(1, (1, 0, 1), 300.0) is Verdict.REACK and ledger.acked_resurfaced == 2
@@ -80,6 +81,18 @@ def test_traffic_ledger_counts_each_measure_as_its_docstring_defines_it():
     ledger.acking(3)
     assert ledger.settled and ledger.summary()["lost"] == 0
     assert Fate.ACKED not in ledger.summary()["lost_by_state"]
+
+
+def test_traffic_ledger_tells_redeliveries_at_another_consumer_apart():
+    ledger = Ledger(sent=2, published={0: (1, 0, 0), 1: (1, 0, 1)})
+    for n in (0, 1):
+        ledger.delivered(n, (1, 0, n), 0.0, consumer=0)
+        ledger.nacked(n, now_ms=0.0, delay_ms=100, consumer=0)
+    ledger.delivered(0, (1, 0, 0), 99.0, consumer=0)  # back where it was nacked, 1 ms early
+    ledger.delivered(1, (1, 0, 1), 40.0, consumer=1)  # at the other consumer, 60 ms early
+    s = ledger.summary()
+    assert s["error_ms"]["n"] == 2 and s["error_ms"]["min"] == -60.0
+    assert s["error_ms_at_another_consumer"]["n"] == 1 and s["error_ms_at_another_consumer"]["min"] == -60.0
 
 
 @pytest.mark.slow
