@@ -27,7 +27,7 @@ Measures, per scenario and side (``traffic_ledger.Ledger``):
 * **published**: messages whose ``send()`` returned a message id.
 * **lost**: published messages the application never acknowledged (nor
   covered by a cumulative ack) by the end. The end: once the producer is done,
-  the run waits until both sides have acknowledged everything with no nack
+  each side waits until it has acknowledged everything with no nack
   outstanding, or ``--drain-s`` seconds, then ``--quiet-s`` seconds more
   (copies still on their way are counted). Split by the state they were left
   in (``never_delivered``, ``nacked``, ``held``, ``done``).
@@ -54,7 +54,11 @@ Measures, per scenario and side (``traffic_ledger.Ledger``):
   from the broker storing it (``publish_timestamp``) to ``receive()``
   returning: the side's backlog. Redeliveries queue behind the same backlog,
   so a late redelivery with a large first-delivery lag is a throughput
-  matter (the process or the machine), not the nack path.
+  matter, not the nack path. (Measured once on a loaded machine, load
+  average ~4 on 2 cores: the tracked side's receive pump spent 31 s of the
+  run waiting on the client's ``receive()`` and 2.8 s waiting for its own
+  prefetch room, so the backlog was upstream: the broker's dispatch or the
+  client.)
 * **records at end** (tracked only): the sum of ``stats()["batch_records"]``
   over the side's consumers at the end, and the tracker's ``pending``.
 
@@ -66,11 +70,13 @@ redelivery under a large lag is the process's, not the consumer's) and CPU
 seconds.
 
     python bench/traffic.py                      # full: 20,000 messages, 4 scenarios
-    python bench/traffic.py --quick              # smoke test, < 30 s
-    python bench/traffic.py --label before-issue10
+    python bench/traffic.py --quick --no-write   # smoke test, < 30 s: 2,000 messages at 1,000/s,
+                                                 # delays 0.1-1 s, no broker kill
+    python bench/traffic.py --label before-issue10 --rate 1000
 
-The full mode writes ``bench/results/traffic/<label>.json`` and ``.md`` (with
-the machine, load average and command). Uses ``$PULSAR_URL`` when set (no
+It writes ``bench/results/traffic/<label>.json`` and ``.md`` (with the
+machine, load average and command; ``--out`` another folder, ``--no-write``
+nothing). Uses ``$PULSAR_URL`` when set (no
 broker kill then), else starts an embedded pulsar-lite broker.
 """
 
@@ -290,15 +296,20 @@ def main(argv: Optional[list] = None) -> int:
     p.add_argument("--quick", action="store_true", help="2,000 messages, no broker kill: a smoke test (< 30 s)")
     p.add_argument("--messages", type=int)
     p.add_argument("--rate", type=float)
-    p.add_argument("--workers", type=int)
+    p.add_argument("--workers", type=int, help="per consumer (default 8)")
+    p.add_argument("--batch", type=int, help="messages per batch (default 10)")
+    p.add_argument("--plain-delay-ms", type=int, help="the plain client's one nack delay (default 1000)")
+    p.add_argument("--drain-s", type=float, help="how long a side waits to settle (default 30)")
+    p.add_argument("--quiet-s", type=float, help="how long it goes on counting after that (default 3)")
     p.add_argument("--scenarios", default="", help="comma-separated: " + ",".join(s.name for s in SCENARIOS))
     p.add_argument("--label", default="latest", help="results go to <out>/<label>.json and .md")
     p.add_argument("--out", default=str(RESULTS))
     p.add_argument("--no-write", action="store_true", help="print only")
     a = p.parse_args(argv)
     cfg = QUICK if a.quick else Config()
-    cfg = dataclasses.replace(cfg, **{k: v for k, v in (("messages", a.messages), ("rate", a.rate),
-                                                         ("workers", a.workers)) if v is not None})
+    chosen = {k: getattr(a, k) for k in ("messages", "rate", "workers", "batch", "plain_delay_ms", "drain_s",
+                                         "quiet_s")}
+    cfg = dataclasses.replace(cfg, **{k: v for k, v in chosen.items() if v is not None})
     result = run(a.quick, cfg, [n for n in a.scenarios.split(",") if n] or None)
     result["command"] = "python bench/traffic.py " + " ".join(argv if argv is not None else sys.argv[1:])
     from suite import machine  # noqa: E402 (late: suite imports the other benchmarks)
