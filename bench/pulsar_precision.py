@@ -3,7 +3,7 @@ built-in nack of pulsar-client, in the same run, idle and with the CPU busy.
 
 Error = when the application received the redelivery − when it was due (nack
 time + requested delay), ms, event-loop clock; negative = early. Scenarios come
-from ``nacktracker.demo`` (the demo shows the same ones, smaller):
+from ``nacktracker.scenarios`` (the demo shows the same ones, smaller):
 
 * precision at 1 s and 5 s (run concurrently): waves of 20 back-to-back nacks,
   the waves delay/3 + 50..250 ms apart so the built-in tracker's timer (ticking
@@ -146,7 +146,8 @@ def table_one(result: dict) -> str:
     out += ["", f"Steady stream: one nack every {s['period_ms'][0]:g}-{s['period_ms'][1]:g} ms for "
             f"{s['stream_ms'] / 1000:g} s, delay {s['delay_ms']} ms", "",
             "| consumer | nacks (missing) | redelivered during stream / due by its end | first redelivery after start "
-            "| min | p50 | p99 | max | \\|error\\| p50 | \\|error\\| p99 |", "|---|---|---|---|---|---|---|---|---|---|"]
+            "| min | p50 | p99 | max | \\|error\\| p50 | \\|error\\| p99 |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for side, name in ((TRACKED, "TrackedConsumer (bits 0)"), (BUILTIN, "built-in")):
         x, e = s[side], s[side]["error_ms"]
         first = "—" if x["first_redelivery_after_start_ms"] is None else f"{x['first_redelivery_after_start_ms']} ms"

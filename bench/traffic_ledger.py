@@ -234,7 +234,7 @@ class Ledger:
 
 
 def summarize(errors) -> dict:
-    """:func:`nacktracker.demo.summarize` (nearest-rank min, p50, p99, max,
+    """:func:`nacktracker.scenarios.summarize` (nearest-rank min, p50, p99, max,
     |error| p50/p99/max, ms) plus how many were early (< 0) and early by more
     than ``EARLY_TOLERANCE_MS``."""
     return {**quantiles(errors), "early": sum(1 for e in errors if e < 0),

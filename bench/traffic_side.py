@@ -21,9 +21,15 @@ import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
 import nacktracker
-from nacktracker.demo import _client as client  # a quiet client (the C++ client logs at INFO on stdout)
-from nacktracker.demo import _quietly as quietly
+from nacktracker.scenarios.sides import open_client as client  # quiet: the C++ client logs INFO on stdout
+from nacktracker.scenarios.sides import quietly
 from traffic_ledger import TRACKED, Config, Ledger, Scenario, Verdict, quantiles
+
+
+#: What the client (or TrackedConsumer, which raises the client's classes and ValueError/TypeError
+#: at its boundary) raises for a refused or failed call.
+PULSAR_ERRORS = (pulsar.PulsarException, pulsar_asyncio.PulsarException)
+REFUSALS = (ValueError, TypeError) + PULSAR_ERRORS
 
 
 def now_ms() -> float:
@@ -44,7 +50,7 @@ class PlainConsumer:
         try:
             while True:
                 self.queue.put_nowait(await self.consumer.receive())
-        except Exception:
+        except PULSAR_ERRORS:
             pass  # closed
 
     async def receive(self) -> pulsar.Message:
@@ -87,7 +93,7 @@ class Side:
                     c = PlainConsumer(await self.client.subscribe(
                         topic, self.name, consumer_name=name,
                         negative_ack_redelivery_delay_ms=cfg.plain_delay_ms, **common))
-            except Exception as exc:  # e.g. a subscription type the consumer refuses: reported, not fatal
+            except REFUSALS as exc:  # e.g. a subscription type the consumer refuses: reported, not fatal
                 self.refused = f"{type(exc).__name__}: {exc}"
                 return
             self.consumers.append(c)
@@ -127,7 +133,7 @@ def _identify(msg: pulsar.Message) -> tuple[int, tuple]:
 async def _ack(side: Side, consumer: Any, msg: pulsar.Message) -> None:
     try:
         await consumer.acknowledge(msg)
-    except Exception:
+    except REFUSALS:
         side.ledger.ack_failures += 1
 
 
@@ -183,7 +189,7 @@ async def ack_cumulative(side: Side, consumer: Any, msg: pulsar.Message) -> None
     side.ledger.cumulative_ack(_identify(msg)[0])
     try:
         await consumer.acknowledge_cumulative(msg)
-    except Exception:
+    except REFUSALS:
         side.ledger.ack_failures += 1
 
 
@@ -223,7 +229,7 @@ def side_main(url: str, topic: str, name: str, scenario: Scenario, cfg: Config, 
     try:
         asyncio.run(_run_side(url, topic, name, scenario, cfg, conn))
     finally:
-        time.sleep(0.2)  # pulsar-client's threads may still release callbacks (nacktracker.demo.CLOSE_GRACE_S)
+        time.sleep(0.2)  # pulsar-client's threads may still release callbacks (nacktracker.scenarios.CLOSE_GRACE_S)
 
 
 async def _run_side(url: str, topic: str, name: str, scenario: Scenario, cfg: Config, conn: Any) -> None:

@@ -74,6 +74,9 @@ PROPERTY_REAL_TOPIC = "REAL_TOPIC"
 PROPERTY_REAL_SUBSCRIPTION = "REAL_SUBSCRIPTION"
 PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
 _ALPHANUMERIC = string.ascii_letters + string.digits
+#: What a refused producer, send or subscribe raises: the sync and the asyncio client's own
+#: classes, a lost connection, a timeout.
+_PULSAR_ERRORS = (pulsar.PulsarException, pulsar_asyncio.PulsarException, OSError, asyncio.TimeoutError)
 
 Message = Union[pulsar.Message, _pulsar.Message]
 
@@ -272,26 +275,30 @@ class DeadLetterPublisher:
 
     async def _drain(self) -> None:
         """Publish queued dead letters one at a time, in order, until none is
-        left. Cancelled (the loop shutting down): every letter still queued
-        fails, so no caller waits forever."""
+        left. Cancelled (the loop shutting down) or broken by an unexpected
+        error (logged): every letter still queued fails, so no caller waits
+        forever."""
         try:
             while self._queue:
                 letter = self._queue[0]
                 if not letter.done.done():  # a cancelled future: withdrawn by its caller
                     await self._publish(letter)
                 self._queue.popleft()
-        except asyncio.CancelledError:
+        except BaseException as exc:
+            if not isinstance(exc, asyncio.CancelledError):
+                log.exception("dead-letter publisher failed; %d queued dead letters stay pending", len(self._queue))
             while self._queue:
                 letter = self._queue.popleft()
                 if not letter.done.done():
-                    letter.done.set_exception(DeadLetterError(letter.target, letter.origin, "publisher cancelled"))
+                    error = DeadLetterError(letter.target, letter.origin, f"publisher stopped: {exc!r}")
+                    letter.done.set_exception(error)
             raise
 
     async def _publish(self, letter: _Letter) -> None:
         try:
             producer = await self._producer(letter)
             message_id = await producer.send(letter.payload, **letter.options)
-        except Exception as exc:
+        except _PULSAR_ERRORS as exc:  # refused or lost: the caller keeps the message pending
             self._counts["failed"] += 1
             log.warning("dead letter %s not published to %s: %r", letter.origin, letter.target, exc)
             broken = self._producers.pop(letter.target, None)  # a fresh producer next time, never a leak
@@ -339,5 +346,5 @@ class DeadLetterPublisher:
 async def _quietly(awaitable: Any) -> None:
     try:
         await awaitable
-    except Exception as exc:  # closing something already closed or broken
+    except _PULSAR_ERRORS as exc:  # closing something already closed or broken
         log.debug("ignored while closing: %r", exc)
