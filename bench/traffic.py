@@ -157,6 +157,8 @@ async def _receive(conn: Any, kind: str, seconds: float) -> Any:
     while now_ms() < deadline:
         if conn.poll():
             got, payload = conn.recv()
+            if got == "error":
+                raise RuntimeError(f"a side process failed:\n{payload}")
             if got == kind:
                 return payload
         await asyncio.sleep(0.02)
@@ -290,6 +292,8 @@ def table(result: dict) -> str:
              if row.get("broker_killed_at_s") is not None]
     notes += [f"{row['scenario']}/{name}: not drained within {cfg['drain_s']} s" for row in result["scenarios"]
               for name in (TRACKED, PLAIN) if not row[name]["drained"] and not row[name].get("refused")]
+    notes += [f"{row['scenario']}/{name}: workers died: {'; '.join(row[name]['worker_errors'])}"
+              for row in result["scenarios"] for name in (TRACKED, PLAIN) if row[name].get("worker_errors")]
     return "\n".join(out + ([""] + [f"- {n}" for n in notes] if notes else []))
 
 

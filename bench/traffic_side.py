@@ -15,6 +15,7 @@ from __future__ import annotations
 import array
 import asyncio
 import time
+import traceback
 from typing import Any, Optional
 
 import pulsar
@@ -228,6 +229,9 @@ def side_main(url: str, topic: str, name: str, scenario: Scenario, cfg: Config, 
     """The child process's entry point."""
     try:
         asyncio.run(_run_side(url, topic, name, scenario, cfg, conn))
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))  # the parent stops at once instead of timing out
+        raise
     finally:
         time.sleep(0.2)  # pulsar-client's threads may still release callbacks (nacktracker.scenarios.CLOSE_GRACE_S)
 
@@ -268,8 +272,10 @@ async def _run_side(url: str, topic: str, name: str, scenario: Scenario, cfg: Co
             await asyncio.sleep(cfg.quiet_s)
         else:
             drained = False
+        # a worker that died (an exception from the consumer) would quietly shrink the application
+        crashed = [repr(t.exception()) for t in workers if t.done() and not t.cancelled() and t.exception()]
         result = {**side.end_state(), "drained": drained, "loop_lag_ms": await lag.stop(),
-                  "cpu_s": round(time.process_time() - cpu_start, 2)}
+                  "cpu_s": round(time.process_time() - cpu_start, 2), "worker_errors": crashed}
     finally:
         lag.task.cancel()
         for task in workers:

@@ -112,6 +112,7 @@ def test_traffic_quick_runs_both_sides_and_writes_results(tmp_path):
             assert s["published"] == traffic_ledger.QUICK.messages
             assert s["redeliveries"] + s["missing_redeliveries"] <= s["nacks"]
             assert {"lost", "acked_resurfaced", "held_resurfaced", "error_ms", "loop_lag_ms"} <= s.keys()
+            assert s["worker_errors"] == []  # no worker of the application died
         assert "records_end" in row["tracked"] and "records_end" not in row["plain"]
     md = (tmp_path / "smoke.md").read_text()
     assert "| shared-2 | tracked |" in md and "load avg" in md
