@@ -45,6 +45,7 @@ BENCH_PARTS: dict[str, str] = {
     "soak": "does the tracker give its memory back once everything is redelivered",
     "snapshot": "snapshot size, save and restore time",
     "dedup": "Deduplicator memory per remembered id and time per call",
+    "traffic": "batched traffic with nacks, one and two consumers, cumulative acks, beside the plain client",
 }
 
 BENCH_DESCRIPTION = """\

@@ -37,6 +37,7 @@ class ErrorSummary(TypedDict):
     p50: Optional[float]
     p99: Optional[float]
     max: Optional[float]
+    abs_p50: Optional[float]
     abs_p99: Optional[float]
     abs_max: Optional[float]
 
@@ -47,16 +48,18 @@ def now_ms() -> float:
 
 
 def summarize(errors: Sequence[float]) -> ErrorSummary:
-    """Nearest-rank p50/p99, min/max of signed errors and p99/max of |error|, in ms."""
+    """Nearest-rank p50/p99, min/max of signed errors and p50/p99/max of |error|, in ms."""
     if not errors:
-        return {"n": 0, "min": None, "p50": None, "p99": None, "max": None, "abs_p99": None, "abs_max": None}
+        return {"n": 0, "min": None, "p50": None, "p99": None, "max": None, "abs_p50": None, "abs_p99": None,
+                "abs_max": None}
     signed, absolute = sorted(errors), sorted(map(abs, errors))
 
     def rank(values: list[float], q: float) -> float:
         return round(values[max(0, math.ceil(q / 100 * len(values)) - 1)], 1)
 
     return {"n": len(signed), "min": round(signed[0], 1), "p50": rank(signed, 50), "p99": rank(signed, 99),
-            "max": round(signed[-1], 1), "abs_p99": rank(absolute, 99), "abs_max": round(absolute[-1], 1)}
+            "max": round(signed[-1], 1), "abs_p50": rank(absolute, 50), "abs_p99": rank(absolute, 99),
+            "abs_max": round(absolute[-1], 1)}
 
 
 def report(progress: Optional[Progress], task: str, completed: float, total: float) -> None:
