@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test bench bench-quick clean
+.PHONY: venv demo lint test bench bench-quick clean
 
 venv: $(STAMP)
 
@@ -17,7 +17,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m nacktracker.cli demo
 
-test: $(STAMP)
+# ruff and mypy (configured in pyproject.toml, installed by the `test` extra) run first:
+# a lint or type error fails `make test` before the suite starts
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+
+test: lint
 	$(PY) -m pytest -q
 
 bench: $(STAMP)

@@ -34,7 +34,7 @@ import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
 import nacktracker
-from nacktracker.demo import CLOSE_GRACE_S, produce
+from nacktracker.scenarios import CLOSE_GRACE_S, produce
 from nacktracker.testing import pulsar_service
 
 TARGET = 0.90

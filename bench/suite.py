@@ -6,8 +6,9 @@
 Runs, in order: memory (seed 000's grid, a fresh process per configuration),
 throughput, tracker precision and starvation (MemoryAdapter), and — when the
 Pulsar layer is present — broker precision/starvation beside the built-in
-client, and consume throughput. Writes ``results.json``, ``RESULTS.md`` and
-PNG plots into ``--out``. ``--quick``: 1M messages, fewer repeats (< 2 min
+client (idle, and with a CPU hog unless --quick), consume throughput, soak,
+snapshot, dedup, and the traffic benchmark (bench/traffic.py). Writes
+``results.json``, ``RESULTS.md`` and PNG plots into ``--out``. ``--quick``: 1M messages, fewer repeats (< 2 min
 without the broker parts).
 """
 
@@ -32,7 +33,9 @@ import precision  # noqa: E402
 import throughput  # noqa: E402
 
 PACKAGES = ("nacktracker", "pyroaring", "sortedcontainers", "pulsar-client", "pulsar-lite", "pyspark", "numpy")
-PARTS = ("memory", "throughput", "precision", "pulsar", "consume", "soak", "snapshot", "dedup")
+from nacktracker.cli import BENCH_PARTS  # noqa: E402  (one list: `nacktracker bench --help` shows it)
+
+PARTS = tuple(BENCH_PARTS)
 
 
 def machine() -> dict:
@@ -188,7 +191,7 @@ def render(results: dict) -> str:
     if "precision" in results:
         out += ["## Tracker precision and starvation (MemoryAdapter)", "", precision.table(results["precision"]), "",
                 "![precision](precision.png)", ""]
-    for part in ("pulsar_precision", "consume_throughput", "soak", "snapshot", "dedup"):
+    for part in ("pulsar_precision", "consume_throughput", "soak", "snapshot", "dedup", "traffic"):
         if part in results and results[part].get("markdown"):
             out += [results[part]["markdown"], ""]
     return "\n".join(out)
@@ -228,7 +231,8 @@ def main(argv=None) -> int:
     results: dict = {"command": command, "quick": a.quick, "machine": machine()}
 
     extras = {name: _optional(mod) for name, mod in (("pulsar", "pulsar_precision"), ("consume", "consume_throughput"),
-                                                      ("soak", "soak"), ("snapshot", "snapshot"), ("dedup", "dedup"))}
+                                                      ("soak", "soak"), ("snapshot", "snapshot"), ("dedup", "dedup"),
+                                                      ("traffic", "traffic"))}
     n_memory = len(memory_configs(a.quick))
     total = (0 if "memory" in skip else n_memory) + 2 + sum(1 for k, m in extras.items() if m and k not in skip)
     progress = Progress(total)
@@ -245,7 +249,7 @@ def main(argv=None) -> int:
             plot_precision(results["precision"], out / "precision.png")
         progress.step("precision")
         for key, name in (("pulsar", "pulsar_precision"), ("consume", "consume_throughput"), ("soak", "soak"),
-                          ("snapshot", "snapshot"), ("dedup", "dedup")):
+                          ("snapshot", "snapshot"), ("dedup", "dedup"), ("traffic", "traffic")):
             mod = extras[key]
             if mod is None or key in skip or (key == "pulsar" and "pulsar" in skip):
                 continue

@@ -10,6 +10,7 @@ import array
 import math
 import operator
 import sys
+from typing import Any, Iterable, SupportsIndex, cast
 
 #: Ledger and entry ids are non-negative int64 (Pulsar's ``long``).
 MAX_ID = (1 << 63) - 1
@@ -30,7 +31,7 @@ def check_int(name: str, value: object, maximum: int = MAX_ID) -> int:
         if isinstance(value, bool) or isinstance(value, float) or value is None:
             raise TypeError(f"{name} must be an int, not {type(value).__name__}")
         try:
-            value = operator.index(value)
+            value = operator.index(cast(SupportsIndex, value))
         except TypeError:
             raise TypeError(f"{name} must be an int, not {type(value).__name__}") from None
     if value < 0:
@@ -123,7 +124,7 @@ def entry_array(ids: object) -> array.array:
     """
     if isinstance(ids, array.array):
         tc = ids.typecode
-        if tc in "fdu" or tc == "w":
+        if str(tc) in "fduw":  # floats and characters ("w": Python 3.13's wchar)
             raise TypeError(f"entry_ids array must hold integers, not typecode {tc!r}")
         if tc in "IL" and ids.itemsize == 4:
             return ids if tc == "I" else array.array("I", ids.tobytes())
@@ -137,7 +138,7 @@ def entry_array(ids: object) -> array.array:
     if isinstance(ids, (str, bytes, bytearray, memoryview, dict)) or ids is None:
         raise TypeError(f"entry_ids must be an iterable of ints, not {type(ids).__name__}")
     try:
-        seq = ids if isinstance(ids, (list, tuple)) else list(ids)
+        seq = ids if isinstance(ids, (list, tuple)) else list(cast(Iterable[Any], ids))
     except TypeError:
         raise TypeError(f"entry_ids must be an iterable of ints, not {type(ids).__name__}") from None
     for t in set(map(type, seq)):

@@ -1,57 +1,159 @@
-"""``nacktracker demo | bench | plan | sweep | trace`` — the command line."""
+"""The ``nacktracker`` command line: demo, bench, and the Spark pipeline's
+trace/plan/sweep (registered by :mod:`nacktracker.pipeline.cli`)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import runpy
 import sys
 from pathlib import Path
+from typing import Optional
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+from . import __version__
+from ._extras import MissingExtraError, explain, require
+
+__all__ = ["main", "BENCH_PARTS", "bench_dir"]
+
+DESCRIPTION = """\
+nacktracker: a small, exact, asyncio-native negative-ack tracker for Apache Pulsar.
+
+commands:
+  demo    TrackedConsumer beside pulsar-client's built-in nack on one broker
+  bench   the benchmark suite (needs a source checkout: bench/ is not installed)
+  trace   generate synthetic nack event logs (Spark)
+  plan    size trackers from nack event logs (Spark)
+  sweep   the memory grid as Spark tasks
+
+Run `nacktracker COMMAND --help` for a command's options."""
+
+DEMO_DESCRIPTION = """\
+Consume the same traffic with TrackedConsumer and with the client's built-in
+negative ack, side by side on one broker, and print a table of what each did:
+nacks, redeliveries, the error of every redelivery against its due time,
+dead letters, tracker memory, and a steady stream of nacks (where the built-in
+tracker starves). Uses $PULSAR_URL when set, else starts an embedded
+pulsar-lite broker on a free 127.0.0.1 port (the 'demo' extra)."""
+
+#: The suite's parts, in the order they run (``--skip`` takes these names).
+BENCH_PARTS: dict[str, str] = {
+    "memory": "bytes per tracked nack, seed 000's grid (a fresh process per configuration)",
+    "throughput": "ns per message: add, add_many, pop_due, discard",
+    "precision": "tracker error and the starvation case on a real event loop (MemoryAdapter)",
+    "pulsar": "redelivery error through the broker, beside the built-in client",
+    "consume": "receive + ack throughput against plain pulsar.asyncio.Consumer",
+    "soak": "does the tracker give its memory back once everything is redelivered",
+    "snapshot": "snapshot size, save and restore time",
+    "dedup": "Deduplicator memory per remembered id and time per call",
+    "traffic": "batched traffic with nacks, one and two consumers, cumulative acks, beside the plain client",
+}
+
+BENCH_DESCRIPTION = """\
+Run the benchmark suite and write results.json, RESULTS.md and PNG plots.
+The suite's scripts live in bench/ of a source checkout (or the sdist): run
+this command inside one. The full run took 1393 s on 2 cores (bench/results/latest); --quick: 1M
+messages, fewer repeats, written to bench/results/quick so the committed
+full results (bench/results/latest) stay as they are.
+
+parts (--skip takes a comma-separated list of these):
+""" + "\n".join(f"  {name:<11} {what}" for name, what in BENCH_PARTS.items())
 
 
-def _run_script(name: str, argv: list[str]) -> int:
-    script = BENCH / name
-    if not script.exists():
-        print(f"nacktracker: {script} not found (the benchmarks ship with the source tree)", file=sys.stderr)
-        return 2
+def bench_dir() -> Optional[Path]:
+    """The ``bench/`` of a source checkout: beside the package when it is
+    imported from the checkout, else under the current directory."""
+    for root in (Path(__file__).resolve().parent.parent, Path.cwd()):
+        if (root / "bench" / "suite.py").is_file():
+            return root / "bench"
+    return None
+
+
+def _run_script(script: Path, argv: list[str]) -> int:
     sys.argv = [str(script), *argv]
     try:
         runpy.run_path(str(script), run_name="__main__")
     except SystemExit as e:
-        return int(e.code or 0)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
-    # Imported here: the other commands must not need pulsar-client.
-    from .demo import main as demo_main
+    # Imported here: the other commands must not need pulsar-client. Whatever of
+    # the demo's own needs is missing (pulsar-client, or pulsar-lite without
+    # $PULSAR_URL), the 'demo' extra installs it.
+    try:
+        from .demo import main as demo_main
 
+        if not os.environ.get("PULSAR_URL"):
+            require("pulsar_lite", "demo", "nacktracker demo")
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in ("pulsar", "_pulsar", "pulsar_lite"):
+            raise
+        hint = "or set $PULSAR_URL to a running broker" if exc.name == "pulsar_lite" else ""
+        raise MissingExtraError("nacktracker demo", "demo", exc.name, hint) from None
     return demo_main(quick=args.quick, as_json=args.json)
 
 
+def _skip_list(text: str) -> list[str]:
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = [p for p in parts if p not in BENCH_PARTS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown part(s) {', '.join(unknown)}; parts: {', '.join(BENCH_PARTS)}")
+    return parts
+
+
 def _bench(args: argparse.Namespace) -> int:
-    argv = ["--out", args.out] + (["--quick"] if args.quick else []) + (["--skip", args.skip] if args.skip else [])
-    return _run_script("suite.py", argv)
+    bench = bench_dir()
+    if bench is None:
+        print("nacktracker bench: needs the bench/ scripts of a source checkout or the sdist "
+              "(not installed with the package); run it from the checkout's root", file=sys.stderr)
+        return 2
+    root = bench.parent
+    out = Path(args.out) if args.out else root / "bench" / "results" / ("quick" if args.quick else "latest")
+    if args.quick and out.resolve() == (root / "bench" / "results" / "latest").resolve():
+        print("nacktracker bench: --quick does not overwrite the full results in bench/results/latest; "
+              "choose another --out", file=sys.stderr)
+        return 2
+    argv = ["--out", str(out)] + (["--quick"] if args.quick else []) + (["--skip", ",".join(args.skip)]
+                                                                      if args.skip else [])
+    return _run_script(bench / "suite.py", argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="nacktracker", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="TrackedConsumer beside the built-in nack on a broker ($PULSAR_URL or embedded)")
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nacktracker", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"nacktracker {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    demo = sub.add_parser("demo", help="TrackedConsumer beside the built-in nack on a broker",
+                          description=DEMO_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_argument("--quick", action="store_true", help="smaller scenarios (~10 s instead of ~30 s)")
     demo.add_argument("--json", action="store_true", help="print the measured result as JSON instead of the table")
     demo.set_defaults(func=_demo)
-    bench = sub.add_parser("bench", help="run the benchmark suite (bench/suite.py)")
+    bench = sub.add_parser("bench", help="run the benchmark suite (from a source checkout)",
+                           description=BENCH_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench.add_argument("--quick", action="store_true", help="1M messages, fewer repeats")
-    bench.add_argument("--out", default="bench/results/latest", help="output folder")
-    bench.add_argument("--skip", default="", help="comma-separated parts to skip")
+    bench.add_argument("--out", default=None,
+                       help="output folder (default bench/results/latest, or bench/results/quick with --quick)")
+    bench.add_argument("--skip", type=_skip_list, default=[], metavar="PART[,PART...]",
+                       help=f"parts to skip: {', '.join(BENCH_PARTS)}")
     bench.set_defaults(func=_bench)
     from .pipeline.cli import add_subcommands  # trace generate, plan, sweep (pyspark loaded on use)
 
     add_subcommands(sub)
-    args = parser.parse_args(argv)
-    return args.func(args)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except ModuleNotFoundError as exc:
+        err = explain(exc, f"nacktracker {args.command}")
+        if not isinstance(err, MissingExtraError):
+            raise
+        print(f"nacktracker: {err}", file=sys.stderr)
+        return 2
+    return code
 
 
 if __name__ == "__main__":

@@ -148,12 +148,13 @@ class Deduplicator:
         self._rotations = 0
         self._fallback = 0
 
-    def _args(self, key: object, ledger_id: object, entry_id: object, batch_index: object):
-        key = _check_key(key)
-        ledger_id = check_int("ledger_id", ledger_id)
-        entry_id = check_int("entry_id", entry_id)
-        batch_index = _check_batch(batch_index)
-        return key, ledger_id, _code(entry_id, batch_index), (ledger_id, entry_id, batch_index)
+    def _args(self, key: object, ledger_id: object, entry_id: object,
+              batch_index: object) -> tuple[Key, int, Optional[int], tuple[int, int, int]]:
+        checked = _check_key(key)
+        ledger = check_int("ledger_id", ledger_id)
+        entry = check_int("entry_id", entry_id)
+        batch = _check_batch(batch_index)
+        return checked, ledger, _code(entry, batch), (ledger, entry, batch)
 
     def seen_or_add(self, key: Key, ledger_id: int, entry_id: int, batch_index: int = -1) -> bool:
         """True if this id was already remembered for ``key``; else remember it
@@ -184,10 +185,10 @@ class Deduplicator:
         return self._seen_or_add(key, ledger_id, entry_id, batch_index)
 
     def _seen_or_add(self, key: object, ledger_id: object, entry_id: object, batch_index: object) -> bool:
-        key, ledger, code, triple = self._args(key, ledger_id, entry_id, batch_index)
-        pair = self._pairs.get(key)
+        checked, ledger, code, triple = self._args(key, ledger_id, entry_id, batch_index)
+        pair = self._pairs.get(checked)
         if pair is None:
-            pair = self._pairs[key] = [_Generation(), None]
+            pair = self._pairs[checked] = [_Generation(), None]
         active, old = pair
         if active.has(ledger, code, triple) or (old is not None and old.has(ledger, code, triple)):
             return True
@@ -240,17 +241,17 @@ class Deduplicator:
                 pair = self._pairs.get(key)
                 if pair is None:
                     return False
-                code = (batch_index + 1) << _ENTRY_BITS | entry_id
+                packed = (batch_index + 1) << _ENTRY_BITS | entry_id
                 for generation in pair:
                     if generation is not None:
                         bm = generation.bitmaps.get(ledger_id)
-                        if bm is not None and code in bm:
+                        if bm is not None and packed in bm:
                             return True
                 return False
         if not isinstance(item, tuple) or len(item) not in (3, 4):
             return False
         try:
-            key, ledger, code, triple = self._args(*item) if len(item) == 4 else self._args(*item, -1)
+            key, ledger, code, triple = self._args(item[0], item[1], item[2], item[3] if len(item) == 4 else -1)
         except (TypeError, ValueError):
             return False
         pair = self._pairs.get(key)

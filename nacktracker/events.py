@@ -273,7 +273,7 @@ class EventLogWriter:
         # one run id per writer: two writers (or processes) can share a directory
         self._run = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{id(self) & 0xFFFF:04x}"
         self._seq = 0
-        self._file = None  # open pyarrow ParquetWriter or text file
+        self._file: Any = None  # open pyarrow ParquetWriter or text file
         self._file_path: Optional[Path] = None
         self._file_rows = 0
         self._file_opened = 0.0
@@ -389,12 +389,13 @@ class EventLogWriter:
             self._file.write("\n".join(lines) + "\n")
 
     def _finish_file(self) -> None:
-        if self._file is None:
+        path = self._file_path
+        if self._file is None or path is None:
             return
         self._file.close()
-        hidden = self._file_path.parent / f".{self._file_path.name}.inprogress"
-        os.replace(hidden, self._file_path)
-        self.files.append(self._file_path)
+        hidden = path.parent / f".{path.name}.inprogress"
+        os.replace(hidden, path)
+        self.files.append(path)
         self._file = None
         self._file_path = None
         self._file_rows = 0

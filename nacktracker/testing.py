@@ -139,7 +139,7 @@ class EmbeddedBroker:
     @property
     def pid(self) -> Optional[int]:
         """The broker's process id while it runs, else None."""
-        return self._proc.pid if self.running else None
+        return self._proc.pid if self._proc is not None and self.running else None
 
     @property
     def running(self) -> bool:
@@ -237,9 +237,14 @@ class EmbeddedBroker:
     def _wait_ready(self, port: int) -> None:
         deadline = time.monotonic() + self.startup_timeout
         last_error: object = None
+        import pulsar
+
+        proc = self._proc
+        if proc is None:
+            raise BrokerStartError("the broker process is not running")
         while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                last_error = f"broker exited with code {self._proc.returncode}"
+            if proc.poll() is not None:
+                last_error = f"broker exited with code {proc.returncode}"
                 break
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=0.5):
@@ -247,7 +252,7 @@ class EmbeddedBroker:
                 # Short attempts, so a broker that died meanwhile is noticed quickly.
                 self._probe(port, min(2.0, max(1.0, deadline - time.monotonic())))
                 return
-            except Exception as error:  # connection refused, or the client's timeout
+            except (OSError, pulsar.PulsarException) as error:  # connection refused, or the client's timeout
                 last_error = error
                 time.sleep(0.05)
         raise BrokerStartError(

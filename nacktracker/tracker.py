@@ -16,7 +16,7 @@ import math
 import sys
 import time
 from collections import Counter, deque
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Literal, Optional, TypedDict, overload
 
 from ._checks import MAX_DUE, check_delay_ms, check_int, check_precision
 from .adapters.base import RedeliveryAdapter
@@ -26,7 +26,8 @@ from .index import TimeBucketIndex
 from .keys import MessageKey, key_of
 from . import snapshot as _snapshot
 
-__all__ = ["NegativeAcksTracker", "TrackerClosedError", "LatencyHistogram"]
+__all__ = ["NegativeAcksTracker", "TrackerClosedError", "LatencyHistogram", "TrackerStats", "LatencySummary",
+           "FireListener"]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,39 @@ _FOREVER = (1 << 63) - 1
 
 class TrackerClosedError(RuntimeError):
     """The tracker was closed; it accepts no more nacks."""
+
+
+class LatencySummary(TypedDict):
+    """:meth:`LatencyHistogram.summary`: count and nearest-rank percentiles (ms)."""
+
+    count: int
+    p50: Optional[int]
+    p99: Optional[int]
+    max: Optional[float]
+
+
+class TrackerStats(TypedDict):
+    """What :meth:`NegativeAcksTracker.stats` returns (counters since creation, gauges now)."""
+
+    pending: int  #: scheduled redeliveries (an entry pending in two buckets counts twice)
+    unsent: int  #: due keys waiting for the adapter (retrying, or left at close)
+    buckets: int
+    bitmaps: int
+    nbytes: int  #: bytes held by the pending set
+    nacks: int
+    redelivered: int
+    dead_lettered: int
+    dead_letter_failures: int
+    failures: int  #: failed adapter calls (each retried)
+    fires: int
+    rejected_after_close: int
+    threadsafe_failures: int  #: add_threadsafe calls that failed on the loop (logged)
+    lateness_ms: LatencySummary
+
+
+#: ``listener(lateness_ms, messages)``: called once per (bucket, ledger) cell a
+#: fire hands over, with how late the fire was against the cell's fire time.
+FireListener = Callable[[float, int], None]
 
 
 class LatencyHistogram:
@@ -66,7 +100,7 @@ class LatencyHistogram:
                 return value
         return None  # unreachable
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> LatencySummary:
         return {"count": self.count, "p50": self.percentile(50), "p99": self.percentile(99),
                 "max": None if self.max is None else round(self.max, 3)}
 
@@ -143,7 +177,8 @@ class NegativeAcksTracker:
         self._on_dead_letter = on_dead_letter
         self._on_event = on_event
         self._on_due = on_due
-        self._lead_ok, self._lead_bad = lead, None  # the last valid adapter.lead_ms, the last bad one logged
+        self._lead_ok = lead  # the last valid adapter.lead_ms
+        self._lead_bad: object = None  # the last invalid one, logged once
         self._clock: Optional[Clock] = clock
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._index = TimeBucketIndex(precision_bits, rounding)
@@ -156,11 +191,12 @@ class NegativeAcksTracker:
         self._retry_timer: Optional[TimerHandle] = None
         self._retry_streak = 0
         self._outbox: deque[list[MessageKey]] = deque()
-        self._sending: Optional[asyncio.Task] = None
-        self._side_tasks: set[asyncio.Task] = set()
+        self._sending: Optional[asyncio.Task[None]] = None
+        self._side_tasks: set[asyncio.Task[None]] = set()
+        self._fire_listeners: list[FireListener] = []
         self._closed = False
         self._lateness = LatencyHistogram()
-        self._n = Counter()  # nacks, redelivered, dead_lettered, failures, ...
+        self._n: Counter[str] = Counter()  # nacks, redelivered, dead_lettered, failures, ...
         try:
             self._bind(asyncio.get_running_loop())
         except RuntimeError:
@@ -223,7 +259,7 @@ class NegativeAcksTracker:
         else:
             delay = self._delay_ms
         # the clock is monotonic: a due time in range now stays in range on the loop a moment later
-        if math.ceil(self._clock.now_ms()) + delay > MAX_DUE:
+        if math.ceil(self._clk.now_ms()) + delay > MAX_DUE:
             raise ValueError(f"delay_ms {delay} is too large")
 
         def run() -> None:
@@ -272,7 +308,7 @@ class NegativeAcksTracker:
         ``TrackedConsumer``). Binds to the running loop on first use."""
         if self._clock is None:
             self._bind(asyncio.get_running_loop())
-        return self._clock
+        return self._clk
 
     @property
     def _lead(self) -> int:
@@ -290,7 +326,7 @@ class NegativeAcksTracker:
         """When the timer is armed for, on the tracker's clock (None: idle)."""
         return self._timer_at
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> TrackerStats:
         """Counters and gauges; ``lateness_ms`` is actual fire time minus the
         bucket's fire time. The error against the requested due time is
         lateness plus the bucket rounding (and the adapter's own latency)."""
@@ -304,6 +340,22 @@ class NegativeAcksTracker:
             "threadsafe_failures": self._n["threadsafe_failures"],
             "lateness_ms": self._lateness.summary(),
         }
+
+    def add_fire_listener(self, listener: FireListener) -> Callable[[], None]:
+        """Call ``listener(lateness_ms, messages)`` for every (bucket, ledger)
+        cell a fire hands to the adapter (what :mod:`nacktracker.metrics`
+        records as its lateness histogram). Returns a function that removes
+        the listener. A listener that raises is logged and kept."""
+        if not callable(listener):
+            raise TypeError(f"listener must be callable, not {type(listener).__name__}")
+        listeners = self._fire_listeners  # not self: a remover must not keep the tracker alive
+        listeners.append(listener)
+
+        def remove() -> None:
+            if listener in listeners:
+                listeners.remove(listener)
+
+        return remove
 
     def nbytes(self) -> int:
         """Bytes held by the pending set (index plus the ledger routing table)."""
@@ -333,7 +385,8 @@ class NegativeAcksTracker:
         ``ValueError``) for foreign, truncated or corrupted data, before any
         tracker is built. Call inside the event loop or pass ``clock=``.
         """
-        return _snapshot.restore(cls, data, adapter, elapsed=elapsed, **tracker_kwargs)
+        tracker: NegativeAcksTracker = _snapshot.restore(cls, data, adapter, elapsed=elapsed, **tracker_kwargs)
+        return tracker
 
     def save(self, path: Any) -> None:
         """Write :meth:`snapshot` to ``path`` atomically (temp file in the same
@@ -346,7 +399,9 @@ class NegativeAcksTracker:
              **tracker_kwargs: Any) -> "NegativeAcksTracker":
         """:meth:`restore` from a file written by :meth:`save` (``OSError`` if
         it cannot be read)."""
-        return _snapshot.restore(cls, _snapshot.read_file(path), adapter, elapsed=elapsed, **tracker_kwargs)
+        tracker: NegativeAcksTracker = _snapshot.restore(cls, _snapshot.read_file(path), adapter, elapsed=elapsed,
+                                                         **tracker_kwargs)
+        return tracker
 
     async def close(self, flush: bool = False, timeout: Optional[float] = None) -> None:
         """Stop the timer. ``flush=True`` first hands every pending message to
@@ -401,13 +456,26 @@ class NegativeAcksTracker:
 
     # -- scheduling ----------------------------------------------------------------
 
+    @property
+    def _clk(self) -> Clock:
+        """The clock; set by :meth:`_bind` before anything can be scheduled."""
+        if self._clock is None:
+            raise RuntimeError("the tracker is not bound to an event loop yet")
+        return self._clock
+
+    @property
+    def _bound_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            raise RuntimeError("the tracker is not bound to an event loop yet")
+        return self._loop
+
     def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         if self._clock is None:
             self._clock = LoopClock(loop)
 
     def _schedule(self, key: MessageKey, delay: int, count: int) -> int:
-        due = math.ceil(self._clock.now_ms()) + delay
+        due = math.ceil(self._clk.now_ms()) + delay
         if due > MAX_DUE:
             raise ValueError(f"delay_ms {delay} is too large")
         slot = self._slot(key, create=True)
@@ -423,14 +491,16 @@ class NegativeAcksTracker:
     def _arm(self, fire_ms: int) -> None:
         self._cancel(self._timer)
         self._timer_at = fire_ms
-        self._timer = self._clock.call_at(fire_ms, self._on_timer)
+        self._timer = self._clk.call_at(fire_ms, self._on_timer)
 
     def _on_timer(self) -> None:
         armed = self._timer_at
         self._timer = self._timer_at = None
         if self._closed:
             return
-        now = self._clock.now_ms()
+        now = self._clk.now_ms()
+        if armed is None:  # a cancelled handle that fired anyway: nothing was armed
+            armed = math.floor(now)
         # the loop may wake a hair before the armed time: the armed time counts as reached;
         # buckets due within the adapter's coalesce window ride along (see RedeliveryAdapter)
         lead = self._lead
@@ -448,7 +518,10 @@ class NegativeAcksTracker:
         lead = self._lead
         for bucket, slot, bm in self._index.pop_due_bitmaps(min(_FOREVER, math.floor(horizon_ms))):
             topic, partition, ledger = self._origins[slot]
-            self._lateness.add(now - (bucket - lead), len(bm))
+            lateness = now - (bucket - lead)
+            self._lateness.add(lateness, len(bm))
+            for listener in self._fire_listeners:
+                self._notify(listener, lateness, len(bm))
             due = [MessageKey(ledger, entry, partition, -1, topic) for entry in bm]
             if self._on_due is not None:
                 try:
@@ -474,7 +547,7 @@ class NegativeAcksTracker:
         """Start one adapter call if none is running and none is backing off."""
         if self._sending is not None or self._retry_timer is not None or not self._outbox or self._closed:
             return
-        self._sending = self._loop.create_task(self._send(self._take_outbox()))
+        self._sending = self._bound_loop.create_task(self._send(self._take_outbox()))
 
     async def _send(self, batch: list[MessageKey]) -> None:
         try:
@@ -486,7 +559,7 @@ class NegativeAcksTracker:
                 raise
             exc: BaseException = asyncio.CancelledError("adapter raised CancelledError")
             self._failed(batch, exc)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the adapter contract: any error is a failure to retry
             self._failed(batch, exc)
         else:
             self._retry_streak = 0
@@ -503,7 +576,7 @@ class NegativeAcksTracker:
         self._retry_streak += 1
         log.warning("redeliver of %d messages failed (%r); retrying in %d ms", len(batch), exc, wait)
         if not self._closed:
-            self._retry_timer = self._clock.call_at(self._clock.now_ms() + wait, self._retry)
+            self._retry_timer = self._clk.call_at(self._clk.now_ms() + wait, self._retry)
 
     def _retry(self) -> None:
         self._retry_timer = None
@@ -519,14 +592,17 @@ class NegativeAcksTracker:
 
     def _dead_letter(self, key: MessageKey, count: int, delay: int) -> None:
         self._emit("dead_letter", key, delay, count)
+        hook = self._on_dead_letter
+        if hook is None:  # refused in __init__: max_redeliveries needs a hook
+            raise RuntimeError("max_redeliveries without on_dead_letter")
         try:
-            result = self._on_dead_letter(key)
+            result = hook(key)
         except Exception:
             log.exception("on_dead_letter(%s) failed; the message stays pending", key)
             self._dead_letter_failed(key, delay, count)
             return
         if inspect.isawaitable(result):
-            task = self._loop.create_task(self._await_dead_letter(result, key, delay, count))
+            task = self._bound_loop.create_task(self._await_dead_letter(result, key, delay, count))
             self._side_tasks.add(task)
             task.add_done_callback(self._side_tasks.discard)
         else:
@@ -549,6 +625,11 @@ class NegativeAcksTracker:
             self._schedule(key, delay, count)
 
     # -- helpers -------------------------------------------------------------------
+
+    @overload
+    def _slot(self, key: MessageKey, create: Literal[True]) -> int: ...
+    @overload
+    def _slot(self, key: MessageKey, create: Literal[False]) -> Optional[int]: ...
 
     def _slot(self, key: MessageKey, create: bool) -> Optional[int]:
         """The index's ledger id for a key's ``(topic, partition, ledger)``.
@@ -600,6 +681,13 @@ class NegativeAcksTracker:
                                      count, key.partition, key.batch_index, key.topic, self.consumer_name))
         except Exception:
             log.exception("on_event hook failed")
+
+    @staticmethod
+    def _notify(listener: FireListener, lateness: float, messages: int) -> None:
+        try:
+            listener(lateness, messages)
+        except Exception:  # a metrics bug must not stop redeliveries
+            log.exception("fire listener %r failed", listener)
 
     @staticmethod
     def _cancel(handle: Optional[TimerHandle]) -> None:

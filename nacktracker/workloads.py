@@ -109,7 +109,7 @@ def table(rows: list[dict], grid_columns: bool = False) -> str:
         lines.insert(0, "RSS is page-granular: below ~1 MB of growth trust nbytes more than RSS.\n")
     for r in rows:
         seq = r["index"] == "TimeBucketIndex" and r["workload"] == "sequential"
-        java = None
+        java: float | str | None = None
         if seq and r.get("entries_per_ledger", 50_000) == 50_000:
             java = JAVA_MB.get((r["x"], r["y"]))
         elif r["index"] == "HeapIndex":

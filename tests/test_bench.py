@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_bench_quick_writes_results(tmp_path):
     out = tmp_path / "bench"
     subprocess.run([sys.executable, "-m", "nacktracker.cli", "bench", "--quick", "--out", str(out),
-                    "--skip", "pulsar,consume,soak,snapshot,dedup"],
+                    "--skip", "pulsar,consume,soak,snapshot,dedup,traffic"],
                    check=True, cwd=ROOT, capture_output=True, text=True, timeout=300)
     results = json.loads((out / "results.json").read_text())
     for name in ("results.json", "RESULTS.md", "memory.png", "precision.png"):
@@ -31,3 +31,88 @@ def test_bench_quick_writes_results(tmp_path):
     assert {r["bits"] for r in results["precision"]["starvation"]} == {0, 8}
     md = (out / "RESULTS.md").read_text()
     assert "`python bench/memory.py" in md and "`python bench/throughput.py --quick`" in md
+
+
+# -- the traffic benchmark (bench/traffic.py) ----------------------------------------
+
+sys.path.insert(0, str(ROOT / "bench"))
+import traffic_ledger  # noqa: E402
+from traffic_ledger import Fate, Ledger, Plan, Verdict  # noqa: E402
+
+
+def test_traffic_plan_is_a_pure_function_of_message_and_attempt():
+    plan = Plan(seed=3)
+    decisions = [plan.nack(n, k) for n in range(5000) for k in range(4)]
+    assert decisions == [Plan(seed=3).nack(n, k) for n in range(5000) for k in range(4)]
+    delays = [d for d in decisions if d is not None]
+    assert all(plan.min_delay_ms <= d <= plan.max_delay_ms for d in delays)
+    assert all(plan.nack(n, plan.max_nacks) is None for n in range(1000))  # at most max_nacks per message
+    first = sum(plan.nack(n, 0) is not None for n in range(5000)) / 5000
+    assert abs(first - plan.nack_first) < 0.02
+    holds = [plan.hold_s(n, 0) for n in range(5000)]
+    assert 0 <= min(holds) and max(holds) <= plan.slow_hold_ms / 1000
+
+
+def test_traffic_ledger_counts_each_measure_as_its_docstring_defines_it():
+    ledger = Ledger(sent=4, published={0: (1, 0, 0), 1: (1, 0, 1), 2: (1, 0, 2), 3: (1, 1, -1)})
+    assert ledger.delivered(0, (1, 0, 0), 0.0, since_publish_ms=7.0) is Verdict.PROCESS
+    assert ledger.delivered(0, (1, 0, 0), 1.0) is Verdict.IGNORE  # a copy while a worker holds it
+    ledger.nacked(0, now_ms=10.0, delay_ms=100)
+    assert ledger.delivered(0, (1, 0, 0), 104.0) is Verdict.PROCESS  # its redelivery: 6 ms early
+    ledger.acking(0)
+    assert ledger.delivered(0, (1, 0, 0), 200.0) is Verdict.REACK  # acked, then surfaced again
+    assert ledger.delivered(1, (9, 9, 9), 200.0) is Verdict.REACK  # not the id its send() returned
+    assert ledger.delivered(1, (1, 0, 1), 200.0) is Verdict.PROCESS
+    ledger.nacked(1, now_ms=200.0, delay_ms=50)  # never comes back
+    assert ledger.delivered(2, (1, 0, 2), 210.0) is Verdict.PROCESS
+    ledger.done(2)
+    assert not ledger.settled
+    s = ledger.summary()
+    assert (s["published"], s["lost"], s["acked_resurfaced"], s["held_resurfaced"], s["unexpected"]) == (4, 3, 1, 1, 1)
+    assert s["lost_by_state"] == {"held": 0, "nacked": 1, "done": 1, "never_delivered": 1}
+    assert (s["nacks"], s["redeliveries"], s["missing_redeliveries"]) == (2, 1, 1)
+    assert s["error_ms"]["min"] == -6.0 and s["error_ms"]["early"] == 1 and s["error_ms"]["early_beyond_tolerance"] == 1
+    assert s["first_delivery_lag_ms"]["n"] == 3 and s["first_delivery_lag_ms"]["max"] == 7.0
+    assert s["error_ms_at_another_consumer"]["n"] == 0
+    ledger.cumulative_ack(2)  # covers 1 (nacked) and 2 (done)
+    assert ledger.fate.get(1) is None and ledger.nacked_then_covered == 1
+    assert ledger.delivered(1, (1, 0, 1), 300.0) is Verdict.REACK and ledger.acked_resurfaced == 2
+    assert ledger.delivered(3, (1, 1, -1), 300.0) is Verdict.PROCESS
+    ledger.acking(3)
+    assert ledger.settled and ledger.summary()["lost"] == 0
+    assert Fate.ACKED not in ledger.summary()["lost_by_state"]
+
+
+def test_traffic_ledger_tells_redeliveries_at_another_consumer_apart():
+    ledger = Ledger(sent=2, published={0: (1, 0, 0), 1: (1, 0, 1)})
+    for n in (0, 1):
+        ledger.delivered(n, (1, 0, n), 0.0, consumer=0)
+        ledger.nacked(n, now_ms=0.0, delay_ms=100, consumer=0)
+    ledger.delivered(0, (1, 0, 0), 99.0, consumer=0)  # back where it was nacked, 1 ms early
+    ledger.delivered(1, (1, 0, 1), 40.0, consumer=1)  # at the other consumer, 60 ms early
+    s = ledger.summary()
+    assert s["error_ms"]["n"] == 2 and s["error_ms"]["min"] == -60.0
+    assert s["error_ms_at_another_consumer"]["n"] == 1 and s["error_ms_at_another_consumer"]["min"] == -60.0
+
+
+@pytest.mark.slow
+@pytest.mark.broker
+def test_traffic_quick_runs_both_sides_and_writes_results(tmp_path):
+    """`python bench/traffic.py --quick` end to end (< 30 s): the shape of what
+    it writes; the figures are the benchmark's to judge, not a unit test's."""
+    subprocess.run([sys.executable, "bench/traffic.py", "--quick", "--out", str(tmp_path), "--label", "smoke"],
+                   check=True, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    result = json.loads((tmp_path / "smoke.json").read_text())
+    assert [r["scenario"] for r in result["scenarios"]] == ["shared-1", "shared-2", "cumulative"]
+    assert result["machine"]["cores"] >= 1 and result["command"].startswith("python bench/traffic.py --quick")
+    for row in result["scenarios"]:
+        assert row["publish_failed"] == 0 and len(row["load_avg_before"]) == 3
+        for side in (traffic_ledger.TRACKED, traffic_ledger.PLAIN):
+            s = row[side]
+            assert s["published"] == traffic_ledger.QUICK.messages
+            assert s["redeliveries"] + s["missing_redeliveries"] <= s["nacks"]
+            assert {"lost", "acked_resurfaced", "held_resurfaced", "error_ms", "loop_lag_ms"} <= s.keys()
+            assert s["worker_errors"] == []  # no worker of the application died
+        assert "records_end" in row["tracked"] and "records_end" not in row["plain"]
+    md = (tmp_path / "smoke.md").read_text()
+    assert "| shared-2 | tracked |" in md and "load avg" in md

@@ -26,7 +26,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule

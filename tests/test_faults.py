@@ -127,7 +127,7 @@ async def test_a_slow_adapter_on_the_real_loop_never_overlaps_and_loses_nothing(
         tracker.add(K(i), delay_ms=5 + 5 * i)
         worst_add = max(worst_add, time.perf_counter() - t0)
         await asyncio.sleep(0.002)
-    assert worst_add < 0.01  # add() never waits for the adapter
+    assert worst_add < 0.1  # add() never waits for the adapter (a call takes 0.15 s); not a speed bound
     await adapter.wait_for(60, timeout=10)
     assert adapter.max_in_flight == 1  # one call at a time; fires during a call are merged
     assert len(adapter.calls) < 60

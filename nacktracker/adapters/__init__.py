@@ -11,7 +11,7 @@ from .memory import AdapterError, MemoryAdapter, RedeliveryCall
 __all__ = ["RedeliveryAdapter", "MemoryAdapter", "RedeliveryCall", "AdapterError", "PulsarAdapter"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> type:
     if name == "PulsarAdapter":
         from .pulsar import PulsarAdapter
 
