@@ -177,8 +177,8 @@ async def test_batch_of_four_acked_and_held_siblings_never_surface_again(harness
     await h.consumer.negative_acknowledge(m2, delay_ms=1120)
     await h.advance(1300, ack=True)
     assert [(at, data) for at, data, _ in h.got] == [(1000, b"e0.1"), (1120, b"e0.2")]
-    stats = h.consumer.stats()  # one trip: m2, due within a second of m1, came with m1's copy (parked)
-    assert stats["held_copies_dropped"] >= 1 and stats["acked_copies_dropped"] >= 1
+    stats = h.consumer.stats()
+    assert stats["held_copies_dropped"] >= 2 and stats["acked_copies_dropped"] >= 2
     await h.consumer.acknowledge(m3)
     assert h.consumer.stats()["batch_records"] == 0 and h.consumer.tracker.pending == 0
 

@@ -199,7 +199,7 @@ async def test_batch_siblings_each_come_back_at_their_own_time(client, topic, br
     await expect_nothing(consumer, 500)
     stats = consumer.stats()
     assert stats["batch_records"] == 0  # nothing of the entry pending: record dropped
-    assert stats["siblings_dropped"] >= 2 and stats["copies_parked"] >= 1  # m2 (due 600 ms later) rode along
+    assert stats["siblings_dropped"] >= 4 and stats["early_copies_dropped"] >= 1
     await consumer.close()
 
     # every message of the entry was acked across three deliveries: the broker has the
@@ -646,7 +646,7 @@ async def test_two_consumers_on_one_subscription_records_end_and_copies_elsewher
     a = await tracked(client, t, precision_bits=0)
     b = await tracked(client, t, precision_bits=0)
     for c in (a, b):
-        c.core.overdue_ms = 1500  # the default (10 s) is for production; the test needs no such wait
+        c.core.overdue_ms = 1500  # a little under the default (2 s): the test waits 2 s at the end
     due: dict = {}
     back: dict = {}
     acked_ids: set = set()

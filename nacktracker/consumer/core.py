@@ -35,8 +35,9 @@ from typing import Any, Callable, Iterable, Optional
 from ..keys import MessageKey
 from .state import AckResult, EntryRecord, Held, Nacked, Parked, Token, Verdict, _Deadline
 
-#: See :meth:`DeliveryCore.fired`.
-FIRE_SLACK_MS = 1000
+#: See :meth:`DeliveryCore.fired`. Small: a sibling that rides along with another's
+#: copy surfaces at once if that copy lands at another consumer of the subscription.
+FIRE_SLACK_MS = 10
 
 __all__ = ["DeliveryCore", "Verdict", "AckResult", "Held", "Nacked", "Parked", "EntryRecord", "FIRE_SLACK_MS"]
 
@@ -205,7 +206,7 @@ class DeliveryCore:
             for nack in record.nacked.values():
                 # Siblings due within FIRE_SLACK_MS after this bucket take its copy too (parked until
                 # their own time): robust to a ms of skew between restored records and the restored
-                # tracker's buckets, and one trip instead of two. Their own bucket's copy is a twin.
+                # tracker's buckets. Their own bucket's copy is then a twin.
                 if not nack.fired and nack.release_ms <= bucket_ms + FIRE_SLACK_MS:
                     nack.fired = True
             if self._dedup is None:

@@ -36,10 +36,11 @@ __all__ = ["TrackedConsumer"]
 log = logging.getLogger("nacktracker.consumer")
 
 #: How long after its bucket's time a requested copy may still arrive before it
-#: is taken to have gone to another consumer (its record then ends). Generous:
-#: the path takes ~100-200 ms, a reconnect a few seconds; a copy later than this
-#: still surfaces (it is past due), it just no longer finds its record.
-COPY_OVERDUE_MS = 10_000
+#: is taken to have gone to another consumer (its record then ends). The path
+#: takes ~100-300 ms after a fire that comes up to the lead (<= 1 s) early; a copy
+#: later than this still surfaces (it is past due) and its siblings are still
+#: dropped (acked: the Deduplicator; held: the held set), it just finds no record.
+COPY_OVERDUE_MS = 2_000
 #: The adapter's lead before it has measured its path: above the path's p99
 #: measured here (~150-250 ms on a loaded machine).
 INITIAL_LEAD_MS = 250
