@@ -40,7 +40,7 @@ log = logging.getLogger("nacktracker.consumer")
 #: takes ~100-300 ms after a fire that comes up to the lead (<= 1 s) early; a copy
 #: later than this still surfaces (it is past due) and its siblings are still
 #: dropped (acked: the Deduplicator; held: the held set), it just finds no record.
-COPY_OVERDUE_MS = 2_000
+COPY_OVERDUE_MS = 1_000
 #: The adapter's lead before it has measured its path: above the path's p99
 #: measured here (~150-250 ms on a loaded machine).
 INITIAL_LEAD_MS = 250
