@@ -145,7 +145,7 @@ class PulsarAdapter:
                              f"nacks closer together than that starve it), got {self.min_gap_ms}")
         self.multi_topic = _MULTI_TOPIC_MARK in raw.topic()
         self._queued: dict[MessageKey, None] = {}  # ordered set: merged ids for the next burst
-        self._task: Optional[asyncio.Task] = None  # sends bursts while keys are queued
+        self._task: Optional[asyncio.Task[None]] = None  # sends bursts while keys are queued
         self._last_end = -float("inf")  # monotonic ms when the previous burst ended
         #: Monotonic ms (``time.monotonic()``) of each burst's start and end, and its size:
         #: the last 1000, for tests and diagnostics.
@@ -199,7 +199,9 @@ class PulsarAdapter:
         ordered = sorted(self._latencies)
         if not ordered:
             return {"count": 0}
-        pick = lambda p: round(ordered[max(0, math.ceil(p * len(ordered)) - 1)], 1)  # noqa: E731
+        def pick(p: float) -> float:
+            return round(ordered[max(0, math.ceil(p * len(ordered)) - 1)], 1)
+
         return {"count": len(ordered), "p50": pick(0.5), "p99": pick(0.99), "max": round(ordered[-1], 1)}
 
     async def redeliver(self, keys: Sequence[MessageKey]) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from typing import Any, Callable, Iterable, Optional
 
 from ..keys import MessageKey
@@ -178,7 +179,7 @@ class DeliveryCore:
         record = self.records.get(key.entry)
         if record is None:
             record = self.records[key.entry] = EntryRecord(acked=None if self._dedup is not None else set())
-        release = now_ms if due_ms is None else self.bucket_ms(due_ms)
+        release = math.ceil(now_ms) if due_ms is None else self.bucket_ms(due_ms)
         old = record.nacked.get(key.batch_index)
         if old is not None:
             tokens = old.tokens + tokens
@@ -216,7 +217,7 @@ class DeliveryCore:
     def acked(self, key: MessageKey, now_ms: float) -> AckResult:
         """The broker accepted the application's ack of ``key``."""
         held = self.held.pop(key, None)
-        tokens: list = held.tokens if held is not None else []
+        tokens: list[Token] = held.tokens if held is not None else []
         if self.parked:
             parked = self.parked.pop(key, None)
             if parked is not None:
@@ -239,7 +240,7 @@ class DeliveryCore:
         self._maybe_end(key.entry, record, now_ms)
         return AckResult(tokens, discard)
 
-    def acked_cumulative(self, key: MessageKey, now_ms: float) -> list:
+    def acked_cumulative(self, key: MessageKey, now_ms: float) -> list[Token]:
         """The broker accepted a cumulative ack up to ``key``: everything at or
         before it in its topic partition is settled. Returns the dropped
         copies to acknowledge as well. O(held + parked + requested + records)."""
@@ -266,7 +267,7 @@ class DeliveryCore:
             self._maybe_end(entry, record, now_ms)
         return tokens
 
-    def release(self, now_ms: float) -> list:
+    def release(self, now_ms: float) -> list[Token]:
         """Parked copies whose time has come (now the application's), in
         release order; expires overdue requests and records on the way.
         O(r log n) for r copies released or states expired."""
@@ -275,7 +276,7 @@ class DeliveryCore:
         while heap and heap[0].at_ms <= now_ms:
             item = heapq.heappop(heap)
             parked = self.parked.get(item.key)
-            if parked is item.state:
+            if parked is not None and parked is item.state:
                 del self.parked[item.key]
                 self.held[item.key] = Held(parked.tokens)
                 self.counts["released"] += 1
@@ -318,11 +319,12 @@ class DeliveryCore:
 
     # -- internals ---------------------------------------------------------------------
 
-    def _surface(self, key: MessageKey, tokens: list) -> Verdict:
+    def _surface(self, key: MessageKey, tokens: list[Token]) -> Verdict:
         self.held[key] = Held(tokens)
         return Verdict.SURFACE
 
-    def _due_or_park(self, key: MessageKey, release_ms: int, token: Token, tokens: list, now_ms: float) -> Verdict:
+    def _due_or_park(self, key: MessageKey, release_ms: int, token: Token, tokens: list[Token],
+                     now_ms: float) -> Verdict:
         if now_ms >= release_ms:
             return self._surface(key, tokens)
         parked = self.parked[key] = Parked(release_ms, token, tokens)

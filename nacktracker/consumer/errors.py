@@ -11,7 +11,7 @@ __all__ = ["ReceiveTimeout", "ConsumerClosed"]
 _PulsarException = pulsar_asyncio.PulsarException
 
 
-class ReceiveTimeout(pulsar.Timeout, _PulsarException):
+class ReceiveTimeout(pulsar.Timeout, pulsar_asyncio.PulsarException):
     """``receive(timeout_ms=…)`` found no message in time.
 
     Both a ``pulsar.Timeout`` (what the sync client's ``receive(timeout_millis)``
@@ -24,7 +24,7 @@ class ReceiveTimeout(pulsar.Timeout, _PulsarException):
         Exception.__init__(self, msg)
 
 
-class ConsumerClosed(pulsar.AlreadyClosed, _PulsarException):
+class ConsumerClosed(pulsar.AlreadyClosed, pulsar_asyncio.PulsarException):
     """The consumer was closed. A ``pulsar.AlreadyClosed`` and a
     ``pulsar.asyncio.PulsarException`` with ``pulsar.Result.AlreadyClosed``."""
 

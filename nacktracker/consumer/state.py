@@ -28,7 +28,7 @@ class Verdict(enum.Enum):
 class Held:
     """A message in the application's hands (surfaced, not acked or nacked)."""
 
-    tokens: list = field(default_factory=list)  # dropped copies to ack with it
+    tokens: list[Token] = field(default_factory=list)  # dropped copies to ack with it
 
 
 @dataclass(slots=True)
@@ -39,7 +39,7 @@ class Nacked:
 
     release_ms: int            # the bucket's time: the earliest it may surface
     fired: bool                # the tracker handed the bucket to the adapter
-    tokens: list = field(default_factory=list)
+    tokens: list[Token] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -48,7 +48,7 @@ class Parked:
 
     release_ms: int
     token: Token
-    tokens: list = field(default_factory=list)  # earlier dropped copies
+    tokens: list[Token] = field(default_factory=list)  # earlier dropped copies
 
 
 @dataclass(slots=True)
@@ -61,7 +61,7 @@ class EntryRecord:
 
 
 class AckResult(NamedTuple):
-    tokens: list          # dropped copies to acknowledge as well
+    tokens: list[Token]   # dropped copies to acknowledge as well
     discard: bool         # cancel the entry's pending nack in the tracker
 
 
