@@ -39,10 +39,11 @@ def __getattr__(name: str) -> Any:
 
         try:
             from . import consumer
+
+            return getattr(consumer, name)  # the package loads its Pulsar shell lazily too
         except ModuleNotFoundError as exc:
             err = explain(exc, f"nacktracker.{name}")
             if err is exc:
                 raise
             raise err from None
-        return getattr(consumer, name)
     raise AttributeError(f"module 'nacktracker' has no attribute {name!r}")

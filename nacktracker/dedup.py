@@ -232,6 +232,22 @@ class Deduplicator:
     def __contains__(self, item: object) -> bool:
         """``(key, ledger_id, entry_id[, batch_index]) in dedup``, without adding.
         Malformed items are simply not contained. Runtime complexity: O(1)."""
+        if type(item) is tuple and len(item) == 4:
+            # fast path (a consumer asks for every copy it receives): plain ints that pack
+            key, ledger_id, entry_id, batch_index = item
+            if (type(ledger_id) is int and type(entry_id) is int and type(batch_index) is int
+                    and 0 <= ledger_id <= _MAX_ID and 0 <= entry_id < _ENTRY_LIMIT
+                    and -1 <= batch_index < _SLOT_LIMIT - 1 and type(key) is str):
+                pair = self._pairs.get(key)
+                if pair is None:
+                    return False
+                packed = (batch_index + 1) << _ENTRY_BITS | entry_id
+                for generation in pair:
+                    if generation is not None:
+                        bm = generation.bitmaps.get(ledger_id)
+                        if bm is not None and packed in bm:
+                            return True
+                return False
         if not isinstance(item, tuple) or len(item) not in (3, 4):
             return False
         try:

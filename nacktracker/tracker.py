@@ -62,6 +62,7 @@ class TrackerStats(TypedDict):
     failures: int  #: failed adapter calls (each retried)
     fires: int
     rejected_after_close: int
+    threadsafe_failures: int  #: add_threadsafe calls that failed on the loop (logged)
     lateness_ms: LatencySummary
 
 
@@ -117,7 +118,14 @@ class NegativeAcksTracker:
     then: dropping silently is not an option). ``clock``: a
     :class:`~nacktracker.clock.Clock` (default: the event loop's monotonic
     clock). ``on_event``: receives a :class:`~nacktracker.events.NackEvent` per
-    nack, redelivery and dead letter.
+    nack, redelivery and dead letter. ``on_due``: ``f(bucket_ms, keys)``,
+    called on the loop for each bucket as it is handed to the adapter
+    (``TrackedConsumer`` learns from it when each redelivered copy may
+    surface); an exception in it is logged and changes nothing.
+
+    The adapter's ``lead_ms`` is read at every use, so an adapter may learn
+    its path latency as it goes (:class:`~nacktracker.adapters.PulsarAdapter`
+    does).
 
     Must be used from one event loop; other threads call :meth:`add_threadsafe`.
 
@@ -137,15 +145,16 @@ class NegativeAcksTracker:
                  on_dead_letter: Optional[Callable[[MessageKey], Any]] = None,
                  clock: Optional[Clock] = None, on_event: Optional[Callable[[NackEvent], Any]] = None,
                  retry_min_ms: int = 100, retry_max_ms: int = 10_000,
-                 consumer_name: Optional[str] = None) -> None:
+                 consumer_name: Optional[str] = None,
+                 on_due: Optional[Callable[[int, list[MessageKey]], Any]] = None) -> None:
         if not callable(getattr(adapter, "redeliver", None)):
             raise TypeError(f"adapter must have an async redeliver(keys) method, not {type(adapter).__name__}")
-        lead = getattr(adapter, "lead_ms", 0) or 0
-        self._lead = check_int("adapter.lead_ms", lead)
+        lead = check_int("adapter.lead_ms", getattr(adapter, "lead_ms", 0) or 0)  # read at every use: see _lead
         self._coalesce = check_int("adapter.coalesce_ms", getattr(adapter, "coalesce_ms", 0) or 0)
         self._delay_ms = check_delay_ms("delay_ms", delay_ms)
         self._round_add, self._mask = check_precision(precision_bits, rounding)
-        for name, fn in (("backoff", backoff), ("on_dead_letter", on_dead_letter), ("on_event", on_event)):
+        for name, fn in (("backoff", backoff), ("on_dead_letter", on_dead_letter), ("on_event", on_event),
+                         ("on_due", on_due)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be callable, not {type(fn).__name__}")
         if max_redeliveries is not None:
@@ -167,6 +176,9 @@ class NegativeAcksTracker:
         self._backoff = backoff
         self._on_dead_letter = on_dead_letter
         self._on_event = on_event
+        self._on_due = on_due
+        self._lead_ok = lead  # the last valid adapter.lead_ms
+        self._lead_bad: object = None  # the last invalid one, logged once
         self._clock: Optional[Clock] = clock
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._index = TimeBucketIndex(precision_bits, rounding)
@@ -225,27 +237,40 @@ class NegativeAcksTracker:
                        redelivery_count: Optional[int] = None) -> None:
         """:meth:`add` from another thread (e.g. a pulsar listener thread).
 
-        Arguments are checked in the calling thread (bad input raises there);
-        the add itself runs on the tracker's loop.
+        Everything :meth:`add` would refuse is refused here, in the calling
+        thread: bad ids, counts and delays, a delay past the clock's range,
+        and a ``backoff`` that raises or returns a bad delay (the backoff is
+        called in this thread, so it must be thread-safe; the built-in ones
+        are pure). The add itself runs on the tracker's loop; should it still
+        fail there (the tracker closed meanwhile, a broken hook), the failure
+        is logged and counted in ``stats()`` (``rejected_after_close``,
+        ``threadsafe_failures``), never dropped silently.
         """
         if self._closed:
             raise TrackerClosedError("tracker is closed")
         if self._loop is None:
             raise RuntimeError("the tracker is not bound to an event loop yet: create it inside the loop")
         key, own_count = key_of(message_id)
-        if redelivery_count is not None:
-            check_int("redelivery_count", redelivery_count)
-        else:
-            redelivery_count = own_count
+        count = check_int("redelivery_count", redelivery_count if redelivery_count is not None else (own_count or 0))
         if delay_ms is not None:
-            check_delay_ms("delay_ms", delay_ms)
+            delay = check_delay_ms("delay_ms", delay_ms)
+        elif self._backoff is not None:
+            delay = check_delay_ms("backoff result", self._backoff(count))
+        else:
+            delay = self._delay_ms
+        # the clock is monotonic: a due time in range now stays in range on the loop a moment later
+        if math.ceil(self._clk.now_ms()) + delay > MAX_DUE:
+            raise ValueError(f"delay_ms {delay} is too large")
 
         def run() -> None:
             try:
-                self.add(key, delay_ms=delay_ms, redelivery_count=redelivery_count)
+                self.add(key, delay_ms=delay, redelivery_count=count)
             except TrackerClosedError:
                 self._n["rejected_after_close"] += 1
                 log.warning("nack of %s arrived after close; not scheduled", key)
+            except Exception:
+                self._n["threadsafe_failures"] += 1
+                log.exception("nack of %s from another thread failed on the loop; not scheduled", key)
 
         self._loop.call_soon_threadsafe(run)
 
@@ -277,6 +302,26 @@ class NegativeAcksTracker:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def clock(self) -> Clock:
+        """The tracker's clock (the one clock its owner may read: see
+        ``TrackedConsumer``). Binds to the running loop on first use."""
+        if self._clock is None:
+            self._bind(asyncio.get_running_loop())
+        return self._clk
+
+    @property
+    def _lead(self) -> int:
+        """The adapter's ``lead_ms`` now (it may be learned as it goes); a
+        value that turns invalid is logged once and the last valid one kept."""
+        lead = getattr(self.adapter, "lead_ms", 0) or 0
+        if type(lead) is int and 0 <= lead <= 3_600_000:
+            self._lead_ok = lead
+        elif lead != self._lead_bad:
+            self._lead_bad = lead
+            log.error("adapter.lead_ms %r is not a valid delay; keeping %d", lead, self._lead_ok)
+        return self._lead_ok
+
     def next_fire_ms(self) -> Optional[int]:
         """When the timer is armed for, on the tracker's clock (None: idle)."""
         return self._timer_at
@@ -292,6 +337,7 @@ class NegativeAcksTracker:
             "dead_lettered": self._n["dead_lettered"], "dead_letter_failures": self._n["dead_letter_failures"],
             "failures": self._n["failures"], "fires": self._n["fires"],
             "rejected_after_close": self._n["rejected_after_close"],
+            "threadsafe_failures": self._n["threadsafe_failures"],
             "lateness_ms": self._lateness.summary(),
         }
 
@@ -457,24 +503,32 @@ class NegativeAcksTracker:
             armed = math.floor(now)
         # the loop may wake a hair before the armed time: the armed time counts as reached;
         # buckets due within the adapter's coalesce window ride along (see RedeliveryAdapter)
-        self._collect(max(now, armed) + self._lead + self._coalesce, now)
+        lead = self._lead
+        self._collect(max(now, armed) + lead + self._coalesce, now)
         self._n["fires"] += 1
         self._kick()
         nxt = self._index.next_due_ms()
         if nxt is not None:
-            self._arm(nxt - self._lead)
+            self._arm(nxt - lead)
 
     def _collect(self, horizon_ms: float, now: float) -> None:
         """Pop every bucket due by ``horizon_ms`` into the outbox."""
         keys: list[MessageKey] = []
         released = set()
+        lead = self._lead
         for bucket, slot, bm in self._index.pop_due_bitmaps(min(_FOREVER, math.floor(horizon_ms))):
             topic, partition, ledger = self._origins[slot]
-            lateness = now - (bucket - self._lead)
+            lateness = now - (bucket - lead)
             self._lateness.add(lateness, len(bm))
             for listener in self._fire_listeners:
                 self._notify(listener, lateness, len(bm))
-            keys.extend(MessageKey(ledger, entry, partition, -1, topic) for entry in bm)
+            due = [MessageKey(ledger, entry, partition, -1, topic) for entry in bm]
+            if self._on_due is not None:
+                try:
+                    self._on_due(bucket, due)
+                except Exception:
+                    log.exception("on_due hook failed")
+            keys.extend(due)
             released.add(slot)
         for slot in released:
             self._release(slot)

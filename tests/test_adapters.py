@@ -200,3 +200,45 @@ def test_message_id_building_sets_topic_only_when_known():
     # the _pulsar.MessageId constructor order is (partition, ledger, entry, batch)
     mid = _pulsar.MessageId(3, 7, 9, -1)
     assert (mid.partition(), mid.ledger_id(), mid.entry_id(), mid.batch_index()) == (3, 7, 9, -1)
+
+
+@pytest.mark.broker
+async def test_the_lead_is_learned_from_reported_arrivals(client, topic, monkeypatch):
+    """The lead follows the largest hand-over-to-arrival latency of the window
+    (plus an eighth and 10 ms), within its bounds; arrivals of entries it did
+    not hand over, and those handed over before the application fell behind,
+    teach it nothing; a fixed lead_ms never moves."""
+    import nacktracker.adapters.pulsar as module
+
+    consumer = await shared(client, topic())
+    now = [0.0]
+    monkeypatch.setattr(module, "_now_ms", lambda: now[0])
+    adapter = PulsarAdapter(consumer, initial_lead_ms=250)
+    fixed = PulsarAdapter(consumer, lead_ms=133)
+
+    def sample(entry, latency):
+        for a in (adapter, fixed):
+            a._handed[MessageKey(1, entry)] = now[0]  # what redeliver() records
+        now[0] += latency
+        for a in (adapter, fixed):
+            a.arrived(MessageKey(1, entry))
+
+    for i in range(19):
+        sample(i, 140)
+    assert adapter.lead_ms == 250  # fewer than 20 samples: the initial lead
+    sample(19, 160)
+    assert adapter.lead_ms == 160 + 20 + 10
+    adapter.arrived(MessageKey(1, 999))  # not handed over by this adapter: no sample
+    assert adapter.latency_summary()["count"] == 20
+    adapter._handed[MessageKey(1, 500)] = now[0]
+    adapter.forget_handed()  # the consumer's pump waited for the application
+    now[0] += 5000
+    adapter.arrived(MessageKey(1, 500))
+    assert adapter.lead_ms == 190 and adapter.latency_summary()["count"] == 20
+    for i in range(20, 300):  # the spike leaves the window
+        sample(i, 100)
+    assert adapter.lead_ms == 100 + 12 + 10
+    sample(300, 5000)
+    assert adapter.lead_ms == 1000  # bounded
+    assert fixed.lead_ms == 133
+    await consumer.close()

@@ -26,7 +26,7 @@ from broker_helpers import publish_batch  # noqa: E402
 
 Shared = pulsar.ConsumerType.Shared
 Earliest = pulsar.InitialPosition.Earliest
-EARLY_MS = 70  # the adapter's path varies 103-166 ms around its 133 ms lead
+EARLY_MS = 5  # copies that arrive early are held until due: only timer jitter
 LATE_MS = 250
 
 
@@ -257,14 +257,14 @@ async def test_batch_record_memory(client, topic, record_property):
             after = tracemalloc.take_snapshot()
         finally:
             tracemalloc.stop()
-        mine = os.path.join("nacktracker", "consumer.py")
+        mine = os.path.join("nacktracker", "consumer") + os.sep
         diff = after.compare_to(before, "filename")
-        record_bytes = sum(d.size_diff for d in diff if d.traceback[0].filename.endswith(mine))
+        record_bytes = sum(d.size_diff for d in diff if mine in d.traceback[0].filename)
         total_bytes = sum(d.size_diff for d in diff)
         per_entry = record_bytes / entries
         record_property("batch_record_bytes_per_entry", round(per_entry))
         record_property("all_nack_bytes_per_entry", round(total_bytes / entries))
-        print(f"batch record: {per_entry:.0f} B per partly nacked entry (consumer.py allocations); "
+        print(f"batch record: {per_entry:.0f} B per partly nacked entry (consumer package allocations); "
               f"{total_bytes / entries:.0f} B including the tracker's index")
         assert consumer.stats()["batch_records"] == entries
         assert 0 < per_entry < 2000
@@ -324,7 +324,7 @@ async def test_dead_letter_publish_failure_keeps_the_message_and_retries(client,
         # fault injection at our seam: the cached dead-letter producer is broken (closed)
         broken = await client.create_producer(dlq)
         await broken.close()
-        consumer._dlq_producers[dlq] = broken
+        consumer._dead_letters.producers[dlq] = broken
         first = await consumer.receive(timeout_ms=5000)
         counts = await nack_until_dead(consumer, first)
         assert counts == [0, 1, 2]  # count 1 failed to publish and came back once more
@@ -554,3 +554,189 @@ async def test_api_boundary_errors(client, broker_url, topic, pulsar_logger):
             await consumer.receive(timeout_ms=-1)
         assert consumer.tracker.pending == 0  # bad input scheduled nothing
         await consumer.acknowledge(msg)
+
+
+# -- issue 10: production-like traffic -------------------------------------------------
+
+@pytest.mark.broker
+async def test_issue_batch_of_four_nothing_acked_or_held_surfaces_again(client, topic):
+    """Issue 10's scenario on the real broker: one entry of 4, m0 acked, m1
+    nacked 1000 ms, m2 nacked 1120 ms, each redelivery acked on arrival, m3
+    still held. Only m1 and m2 surface again, each not before its due time."""
+    t = topic()
+    await publish_batch(client, t, 4)
+    async with await tracked(client, t, precision_bits=0) as consumer:
+        m0, m1, m2, m3 = [await consumer.receive(timeout_ms=5000) for _ in range(4)]
+        await consumer.acknowledge(m0)
+        due = {}
+        for m, delay in ((m1, 1000), (m2, 1120)):
+            await consumer.negative_acknowledge(m, delay_ms=delay)
+            due[m.data()] = now_ms() + delay
+        errors = {}
+        for _ in range(2):
+            back = await consumer.receive(timeout_ms=3000)
+            errors[back.data()] = round(now_ms() - due[back.data()])
+            await consumer.acknowledge(back)
+        print("redelivery error ms:", errors)
+        assert set(errors) == {m1.data(), m2.data()}
+        assert all(-EARLY_MS <= e <= LATE_MS for e in errors.values()), errors
+        await expect_nothing(consumer, 800)  # neither m0 (acked) nor m3 (held) nor a twin
+        stats = consumer.stats()
+        assert stats["siblings_dropped"] >= 2
+        await consumer.acknowledge(m3)
+        assert consumer.stats()["batch_records"] == 0 and consumer.tracker.pending == 0
+
+
+@pytest.mark.broker
+async def test_batch_index_ack_on_a_broker_without_it_acks_the_whole_entry(client, topic):
+    """Why ``subscribe`` leaves ``batch_index_ack_enabled`` off by default:
+    pulsar-lite (like any broker without acknowledgmentAtBatchIndexLevelEnabled)
+    takes an index ack for the whole entry. m0 acked, m1 nacked: with the
+    option on, m1 never comes back (lost); off (the default), it does."""
+    for enabled, expected in ((True, []), (False, [b"b1"])):
+        t = topic()
+        await publish_batch(client, t, 4)
+        async with await tracked(client, t, precision_bits=0, batch_index_ack_enabled=enabled) as consumer:
+            b0, b1, b2, b3 = [await consumer.receive(timeout_ms=5000) for _ in range(4)]
+            await consumer.acknowledge(b0)
+            await consumer.negative_acknowledge(b1, delay_ms=200)
+            back = []
+            try:
+                while True:
+                    back.append((await consumer.receive(timeout_ms=1000)).data())
+            except ReceiveTimeout:
+                pass
+            assert back == expected, (enabled, back)
+
+
+@pytest.mark.broker
+async def test_a_failed_cumulative_ack_leaves_the_pending_nack_in_place(client, topic):
+    """``acknowledge_cumulative`` is refused on a Shared subscription: the
+    nack it would have cancelled stays pending and the message comes back."""
+    t = topic()
+    await publish(client, t, 1)
+    async with await tracked(client, t, precision_bits=0) as consumer:
+        msg = await consumer.receive(timeout_ms=5000)
+        await consumer.negative_acknowledge(msg, delay_ms=300)
+        with pytest.raises(Exception):  # noqa: B017 - whatever the client raises, nothing changes here
+            await consumer.acknowledge_cumulative(msg)
+        assert consumer.tracker.pending == 1
+        back = await consumer.receive(timeout_ms=3000)
+        assert back.data() == msg.data() and back.redelivery_count() == 1
+        await consumer.acknowledge(back)
+
+
+@pytest.mark.broker
+async def test_two_consumers_on_one_subscription_records_end_and_copies_elsewhere_are_measured(
+        client, topic, record_property):
+    """Two TrackedConsumers share a subscription; batches of 4, each consumer
+    nacks message 1 of every entry it gets (400 ms) and acks the rest and
+    every redelivery. A redelivered entry goes to either consumer: at the
+    other one nothing is held back (it knows nothing of the nack), so the
+    nacked message can surface early by up to the adapter's lead, and on
+    pulsar-lite (no batch-index acks) its acked siblings surface there too.
+    Measured and recorded; asserted: every nacked message came back, and
+    both consumers end with no records (the ones waiting for copies that
+    went elsewhere expire)."""
+    t = topic()
+    producer = await client.create_producer(t, batching_enabled=True, batching_max_messages=4,
+                                            batching_max_publish_delay_ms=5000)
+    await asyncio.gather(*[producer.send(b"%d" % i) for i in range(40)])
+    await producer.close()
+    a = await tracked(client, t, precision_bits=0)
+    b = await tracked(client, t, precision_bits=0)
+    due: dict = {}
+    back: dict = {}
+    acked_ids: set = set()
+    resurfaced = {"a": 0, "b": 0}
+
+    async def worker(name, consumer):
+        while True:
+            msg = await consumer.receive()
+            mid = msg.message_id()
+            ident = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
+            if ident in acked_ids:
+                resurfaced[name] += 1
+            if mid.batch_index() == 1 and msg.data() not in due:
+                due[msg.data()] = now_ms() + 400
+                await consumer.negative_acknowledge(msg, delay_ms=400)
+                continue
+            if msg.data() in due and msg.data() not in back:
+                back[msg.data()] = (name, round(now_ms() - due[msg.data()]))
+            await consumer.acknowledge(msg)
+            acked_ids.add(ident)
+
+    tasks = [asyncio.create_task(worker("a", a)), asyncio.create_task(worker("b", b))]
+    try:
+        deadline = now_ms() + 15_000
+        while (len(due) < 10 or len(back) < len(due)) and now_ms() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(2.0)  # past the records' overdue window
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    stats = {name: c.stats() for name, c in (("a", a), ("b", b))}
+    errors = sorted(e for _, e in back.values())
+    summary = {"nacked": len(due), "back": len(back), "error_min_ms": errors[0] if errors else None,
+               "error_max_ms": errors[-1] if errors else None, "acked_resurfaced": resurfaced,
+               "records": {n: s["batch_records"] for n, s in stats.items()},
+               "copies_overdue": {n: s["copies_overdue"] for n, s in stats.items()},
+               "lead_ms": {n: s["lead_ms"] for n, s in stats.items()}}
+    record_property("two_consumers", summary)
+    print("two consumers on one subscription:", summary)
+    await a.close()
+    await b.close()
+    assert len(due) == 10 and set(back) == set(due)
+    assert all(s["batch_records"] == 0 for s in stats.values()), summary
+
+
+@pytest.mark.broker
+async def test_exact_release_at_bits_0_one_second_delay(client, topic, record_property):
+    """300 messages, each nacked for 1000 ms, one every 5 ms (a steady stream),
+    precision_bits=0, every redelivery acked on arrival. Copies that arrive
+    before due are held until due, so nothing is early beyond timer jitter;
+    lateness is what the learned lead does not cover. Figures recorded
+    (the timing goals are benchmarks' business; bounds here are generous)."""
+    t = topic()
+    n = 300
+    await publish(client, t, n)
+    async with await tracked(client, t, precision_bits=0) as consumer:
+        due: dict = {}
+        errors: list = []
+        fresh: asyncio.Queue = asyncio.Queue()
+
+        async def application():  # takes every message as it comes: a redelivery is acked at once
+            while True:
+                msg = await consumer.receive()
+                if msg.data() in due:
+                    errors.append(now_ms() - due.pop(msg.data()))
+                    await consumer.acknowledge(msg)
+                else:
+                    fresh.put_nowait(msg)
+
+        app = asyncio.create_task(application())
+        try:
+            for _ in range(n):
+                msg = await asyncio.wait_for(fresh.get(), 5)
+                due[msg.data()] = now_ms() + 1000  # read before the call: never later than the tracker's due
+                await consumer.negative_acknowledge(msg, delay_ms=1000)
+                await asyncio.sleep(0.005)
+            deadline = now_ms() + 5000
+            while len(errors) < n and now_ms() < deadline:
+                await asyncio.sleep(0.02)
+        finally:
+            app.cancel()
+            await asyncio.gather(app, return_exceptions=True)
+        assert len(errors) == n, f"{n - len(errors)} nacked messages never came back"
+        errors.sort()
+        stats = consumer.stats()
+    pick = lambda p: round(errors[min(n - 1, int(p * n))], 1)  # noqa: E731
+    figures = {"n": n, "min_ms": round(errors[0], 1), "p50_ms": pick(0.5), "p99_ms": pick(0.99),
+               "max_ms": round(errors[-1], 1), "abs_p99_ms": round(sorted(map(abs, errors))[int(0.99 * n)], 1),
+               "parked": stats["copies_parked"], "lead_ms": stats["lead_ms"],
+               "path_latency_ms": consumer.adapter.latency_summary()}
+    record_property("exact_release_bits0_1s", figures)
+    print("exact release, bits 0, 1 s delay:", figures)
+    assert errors[0] >= -EARLY_MS, figures
+    assert figures["p50_ms"] <= LATE_MS, figures

@@ -347,6 +347,54 @@ async def test_add_threadsafe_from_a_listener_thread():
     await tracker.close()
 
 
+async def test_add_threadsafe_refuses_in_the_calling_thread_what_add_refuses():
+    """A delay past the clock's range and a backoff that raises or returns a bad
+    delay raise in the listener thread, as add() would; nothing is queued."""
+    def backoff(count):
+        if count == 3:
+            raise ArithmeticError("backoff broke")
+        return -5 if count == 4 else 10
+
+    tracker = NegativeAcksTracker(MemoryAdapter(), precision_bits=0, backoff=backoff)
+    raised = {}
+
+    def listener():
+        for name, kwargs in (("huge", {"delay_ms": 2**62}), ("raises", {"redelivery_count": 3}),
+                             ("negative", {"redelivery_count": 4}), ("ok", {"redelivery_count": 1})):
+            try:
+                tracker.add_threadsafe(K(1), **kwargs)
+            except Exception as exc:  # noqa: BLE001 - recorded and checked below
+                raised[name] = type(exc)
+
+    thread = threading.Thread(target=listener)
+    thread.start()
+    thread.join()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert raised == {"huge": ValueError, "raises": ArithmeticError, "negative": ValueError}
+    assert tracker.pending == 1 and tracker.stats()["threadsafe_failures"] == 0
+    for kwargs in ({"delay_ms": 2**62}, {"redelivery_count": 3}, {"redelivery_count": 4}):  # add() agrees
+        with pytest.raises((ValueError, ArithmeticError)):
+            tracker.add(K(2), **kwargs)
+    await tracker.close()
+
+
+async def test_add_threadsafe_counts_and_logs_what_still_fails_on_the_loop(caplog):
+    """A failure on the loop after the calling thread's checks passed is
+    counted in threadsafe_failures and logged, never silent (a close in
+    between is counted as rejected_after_close: tests/test_faults.py)."""
+    tracker = NegativeAcksTracker(MemoryAdapter(), precision_bits=0)
+    tracker.add_threadsafe(K(1), delay_ms=10)
+
+    def broken(*args):
+        raise RuntimeError("index broke")
+
+    tracker._schedule = broken  # fault injection: scheduling breaks before the loop runs the add
+    await asyncio.sleep(0.01)
+    assert tracker.stats()["threadsafe_failures"] == 1 and "failed on the loop" in caplog.text
+    await tracker.close()
+
+
 async def test_real_loop_delivers_every_nack_never_early():
     """1,000 nacks with delays 20–200 ms at precision 0 on the real loop: every
     one is handed over, none before its due time. How late is a benchmark's

@@ -11,7 +11,13 @@ can starve redelivery indefinitely. So this adapter
 * never starts a burst sooner than ``min_gap_ms`` after the previous burst
   ended: ids handed over meanwhile are queued and merged into the next burst;
 * declares the path's latency as ``lead_ms`` so the tracker fires that much
-  early and messages reach the application at their due time;
+  early: a *measured* quantity, the largest latency from :meth:`redeliver`
+  to the copy's arrival at the consumer (reported by the consumer through
+  :meth:`PulsarAdapter.arrived`) over the last 256 arrivals, plus 1/8 of it
+  and 10 ms (headroom for the next spike), bounded to [100, 1000] ms and updated at every arrival (the max rather
+  than a p99: a p99 over a window trails a load spike by many samples). Copies that arrive before
+  their due time are held by the consumer until then, so a lead on the high
+  side costs a short wait, never an early message;
 * declares ``coalesce_ms`` (half the gap) so buckets due just after a fire
   ride along with it instead of waiting out the gap.
 
@@ -26,7 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
+from collections import deque
 from typing import Any, Optional, Sequence
 
 import _pulsar
@@ -34,7 +42,7 @@ import _pulsar
 from .._checks import check_delay_ms
 from ..keys import MessageKey
 
-__all__ = ["PulsarAdapter", "MIN_NACK_DELAY_MS", "DEFAULT_LEAD_MS", "DEFAULT_MIN_GAP_MS"]
+__all__ = ["PulsarAdapter", "MIN_NACK_DELAY_MS", "DEFAULT_LEAD_MS", "DEFAULT_MIN_GAP_MS", "LEAD_BOUNDS_MS"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +55,21 @@ MIN_NACK_DELAY_MS = 100
 #: ``min_gap_ms`` (40) the path measured 108-133 ms (median 115) plus up to one
 #: gap of queueing (median ~20), so the same lead centres both regimes on 0.
 DEFAULT_LEAD_MS = 133
+#: The learned lead stays within these: no copy comes back faster than the
+#: client's 100 ms hold, and a path slower than a second is an outage, not a
+#: latency to plan for.
+LEAD_BOUNDS_MS = (100, 1000)
+#: The window the lead is the largest latency of, the samples needed before it
+#: replaces the initial lead, and the headroom added for the next spike (an early
+#: copy is parked by the consumer, so headroom costs a short wait, not precision;
+#: measured: with +5 ms, a run under load had 3% of copies late by up to 37 ms).
+_LEAD_WINDOW = 256
+_LEAD_MIN_SAMPLES = 20
+_LEAD_MARGIN_MS = 10
+_LEAD_HEADROOM_SHIFT = 3  # + max >> 3: one eighth
+#: An entry handed over longer ago than this without an arrival went to
+#: another consumer (or was lost with a reconnect): forget it.
+_HANDED_TTL_MS = 10_000
 #: The client's tick is 33 ms; 40 leaves 7 ms for timer jitter. A tick that
 #: fires after the next burst is re-armed and costs 33 ms more (measured under
 #: load: p99 grows, redelivery never stops); 50 measured ~25 ms later medians
@@ -74,8 +97,10 @@ class PulsarAdapter:
     ``lead_ms`` would be wrong. The adapter cannot read the setting back from
     the consumer; :func:`nacktracker.subscribe` sets it for you.
 
-    ``lead_ms``: the path latency the tracker should fire early by (default
-    :data:`DEFAULT_LEAD_MS`, measured). ``min_gap_ms``: the least spacing
+    ``lead_ms``: fix the path latency the tracker fires early by; ``None``
+    (default) learns it (see the module doc: ``arrived()`` reports arrivals;
+    until 20 have been seen, ``initial_lead_ms``, default
+    :data:`DEFAULT_LEAD_MS`). ``min_gap_ms``: the least spacing
     between bursts (default :data:`DEFAULT_MIN_GAP_MS`; at least 34 or the
     client's timer starves).
 
@@ -94,13 +119,22 @@ class PulsarAdapter:
     """
 
     def __init__(self, consumer: Any, *, lead_ms: Optional[int] = None,
-                 min_gap_ms: Optional[int] = None) -> None:
+                 min_gap_ms: Optional[int] = None, initial_lead_ms: Optional[int] = None) -> None:
         raw = getattr(consumer, "_consumer", consumer)
         if not isinstance(raw, _pulsar.Consumer):
             raise TypeError("consumer must be a pulsar.Consumer, pulsar.asyncio.Consumer or _pulsar.Consumer, "
                             f"not {type(consumer).__name__}")
         self._raw = raw
-        self.lead_ms = check_delay_ms("lead_ms", DEFAULT_LEAD_MS if lead_ms is None else lead_ms)
+        if lead_ms is None:
+            self._lead = check_delay_ms("initial_lead_ms", DEFAULT_LEAD_MS if initial_lead_ms is None
+                                        else initial_lead_ms)
+        else:
+            self._lead = check_delay_ms("lead_ms", lead_ms)
+        self.learns_lead = lead_ms is None
+        self._handed: dict[MessageKey, float] = {}  # entry -> when redeliver() got it (insertion order)
+        self._latencies: deque[float] = deque(maxlen=_LEAD_WINDOW)
+        self._maxima: deque[tuple[int, float]] = deque()  # (sample number, latency), latencies decreasing
+        self._samples = 0
         self.min_gap_ms = check_delay_ms("min_gap_ms", DEFAULT_MIN_GAP_MS if min_gap_ms is None else min_gap_ms)
         # A bucket due within min_gap_ms after a burst waits for the gap to end (late by up
         # to min_gap_ms); sending those due in the first half with this burst instead halves
@@ -111,7 +145,7 @@ class PulsarAdapter:
                              f"nacks closer together than that starve it), got {self.min_gap_ms}")
         self.multi_topic = _MULTI_TOPIC_MARK in raw.topic()
         self._queued: dict[MessageKey, None] = {}  # ordered set: merged ids for the next burst
-        self._task: Optional[asyncio.Task] = None  # sends bursts while keys are queued
+        self._task: Optional[asyncio.Task[None]] = None  # sends bursts while keys are queued
         self._last_end = -float("inf")  # monotonic ms when the previous burst ended
         #: Monotonic ms (``time.monotonic()``) of each burst's start and end, and its size:
         #: the last 1000, for tests and diagnostics.
@@ -121,6 +155,54 @@ class PulsarAdapter:
         self.failures = 0
 
     # -- the adapter protocol -----------------------------------------------------
+
+    @property
+    def lead_ms(self) -> int:
+        """How early the tracker should fire (read by it at every use)."""
+        return self._lead
+
+    @property
+    def awaiting_arrivals(self) -> bool:
+        """Whether any entry handed over still waits for its copy (the
+        consumer skips :meth:`arrived` otherwise). O(1)."""
+        return bool(self._handed)
+
+    def arrived(self, entry: MessageKey) -> None:
+        """The consumer received a copy of ``entry`` (``batch_index`` -1): if
+        this adapter asked for it, one latency sample, and the lead follows
+        the window's maximum. Runtime: O(1) amortised (a monotonic deque)."""
+        handed = self._handed.pop(entry, None)
+        if handed is None:
+            return
+        latency = _now_ms() - handed
+        self._latencies.append(latency)
+        self._samples += 1
+        maxima = self._maxima
+        while maxima and maxima[-1][1] <= latency:
+            maxima.pop()
+        maxima.append((self._samples, latency))
+        while maxima[0][0] <= self._samples - _LEAD_WINDOW:
+            maxima.popleft()
+        if self.learns_lead and self._samples >= _LEAD_MIN_SAMPLES:
+            low, high = LEAD_BOUNDS_MS
+            top = math.ceil(maxima[0][1])
+            self._lead = min(high, max(low, top + (top >> _LEAD_HEADROOM_SHIFT) + _LEAD_MARGIN_MS))
+
+    def forget_handed(self) -> None:
+        """The consumer's application fell behind (its receive pump waited):
+        copies of entries handed over so far may have sat in the client's
+        queue, so their arrivals say nothing about the path. Runtime: O(1)."""
+        self._handed = {}
+
+    def latency_summary(self) -> dict[str, Any]:
+        """The measured path latency over the window (ms): count, p50, p99, max."""
+        ordered = sorted(self._latencies)
+        if not ordered:
+            return {"count": 0}
+        def pick(p: float) -> float:
+            return round(ordered[max(0, math.ceil(p * len(ordered)) - 1)], 1)
+
+        return {"count": len(ordered), "p50": pick(0.5), "p99": pick(0.99), "max": round(ordered[-1], 1)}
 
     async def redeliver(self, keys: Sequence[MessageKey]) -> None:
         """Queue ``keys`` for the next burst and return at once.
@@ -138,8 +220,17 @@ class PulsarAdapter:
         for key in keys:
             if type(key) is not MessageKey:
                 raise TypeError(f"keys must be MessageKey, not {type(key).__name__}")
+        now = _now_ms()
+        handed = self._handed
+        while handed:  # forget entries whose copy never came here (oldest first)
+            first = next(iter(handed))
+            if now - handed[first] < _HANDED_TTL_MS:
+                break
+            del handed[first]
         for key in keys:
-            self._queued[key.entry] = None  # whole entries; duplicates merge
+            entry = key.entry
+            self._queued[entry] = None  # whole entries; duplicates merge
+            handed.setdefault(entry, now)
         if self._queued and self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="nacktracker-bursts")
 

@@ -1,0 +1,376 @@
+"""The delivery core: which copy of which message reaches the application, and when.
+
+A pure state machine (no pulsar, no clock of its own, no I/O): the shell
+(:mod:`nacktracker.consumer.shell`) feeds it what happens -- a copy arrives
+from the broker, the application acks or nacks, the tracker hands a bucket to
+the adapter -- each with the tracker's clock reading ``now_ms``, and does
+what it answers. ``tests/test_consumer_core.py`` drives it with arbitrary
+interleavings (hypothesis) against the promises it keeps:
+
+* nothing the application acknowledged surfaces again (acked ids live in a
+  :class:`~nacktracker.Deduplicator`; with ``dedup=False`` only acks made
+  while their entry has a record are remembered, as long as it lives);
+* nothing the application still holds surfaces again;
+* each nack surfaces its message once, never before its bucket's time (the
+  due time minus the bucket rounding: ``2^bits - 1`` ms for ``"floor"``,
+  never early for bits 0 or ``"ceil"``): a copy that arrives earlier is
+  *parked* and released at that time;
+* per-entry records end when their entry is settled, and requests whose copy
+  never came (it went to another consumer of the subscription) expire
+  ``overdue_ms`` after their time, so nothing grows without bound.
+
+Copies are opaque *tokens* here (the shell passes the received message). A
+dropped copy of a batch message is kept with the message's state and handed
+back when the message is finally acknowledged: acking it completes that
+delivery's batch acker in the client, which is what acknowledges the entry
+at the broker (without batch-index acks).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from typing import Any, Callable, Iterable, Optional
+
+from ..keys import MessageKey
+from .state import AckResult, EntryRecord, Held, Nacked, Parked, Token, Verdict, _Deadline
+
+#: See :meth:`DeliveryCore.fired`. Small: a sibling that rides along with another's
+#: copy surfaces at once if that copy lands at another consumer of the subscription.
+FIRE_SLACK_MS = 10
+
+__all__ = ["DeliveryCore", "Verdict", "AckResult", "Held", "Nacked", "Parked", "EntryRecord", "FIRE_SLACK_MS"]
+
+
+class DeliveryCore:
+    """Per-copy decisions for one consumer.
+
+    ``precision``: ``(round_add, mask)`` of the tracker's buckets (see
+    :func:`nacktracker._checks.check_precision`). ``dedup``: a
+    :class:`~nacktracker.Deduplicator` or ``None``. ``pending(key) -> bool``:
+    whether the tracker holds the entry (a pure lookup, asked only for copies
+    that may be redeliveries). ``overdue_ms``: how long after its time a
+    requested copy may still arrive before it is taken to have gone to another
+    consumer. All times are the tracker's clock, in ms.
+
+    Every method is O(1) unless its docstring says otherwise.
+    """
+
+    def __init__(self, precision: tuple[int, int], *, dedup: Any = None,
+                 pending: Callable[[MessageKey], bool] = lambda key: False, overdue_ms: int = 10_000) -> None:
+        self._round_add, self._mask = precision
+        self._dedup = dedup
+        self._pending = pending
+        self.overdue_ms = overdue_ms
+        self.held: dict[MessageKey, Held] = {}
+        self.requested: dict[MessageKey, Nacked] = {}  # non-batched (and blind-restored) entries fired
+        self.records: dict[MessageKey, EntryRecord] = {}  # batch entry -> record
+        self.parked: dict[MessageKey, Parked] = {}
+        self._release_heap: list[_Deadline] = []
+        self._expiry_heap: list[_Deadline] = []
+        self._seq = itertools.count()
+        self._high: dict[tuple[Optional[str], int], tuple[int, int]] = {}  # highest position seen
+        self._cumulative: dict[tuple[Optional[str], int], tuple[int, int, int]] = {}
+        self.blind = False  # restored batch entries without records: hold their copies while pending
+        # per verdict (keyed by Verdict.value: the hot path counts without hashing an enum member)
+        self.counts = dict.fromkeys([v.value for v in Verdict] + ["released", "expired", "nacks_after_ack"], 0)
+
+    # -- questions -------------------------------------------------------------------
+
+    def bucket_ms(self, due_ms: int) -> int:
+        """The time of the bucket a nack due at ``due_ms`` falls in."""
+        return (due_ms + self._round_add) & self._mask
+
+    def is_acked(self, key: MessageKey) -> bool:
+        """Whether the application acknowledged ``key`` (as far as remembered)."""
+        if self._cumulative:
+            mark = self._cumulative.get((key.topic, key.partition))
+            if mark is not None and (key.ledger_id, key.entry_id, key.batch_index) <= mark:
+                return True
+        if self._dedup is not None and key.topic is not None \
+                and (key.topic, key.ledger_id, key.entry_id, key.batch_index) in self._dedup:
+            return True
+        record = self.records.get(key.entry) if key.batch_index >= 0 else None
+        if record is None:
+            return False
+        return record.acked is not None and key.batch_index in record.acked
+
+    def next_wakeup_ms(self) -> Optional[float]:
+        """When :meth:`release` has something to do (a parked copy's time or an
+        expiry), or ``None``. Amortised O(1)."""
+        times = []
+        for heap in (self._release_heap, self._expiry_heap):
+            while heap and not self._live(heap[0]):
+                heapq.heappop(heap)
+            if heap:
+                times.append(heap[0].at_ms)
+        return min(times) if times else None
+
+    # -- what happens ------------------------------------------------------------------
+
+    def arrive(self, key: MessageKey, batch_size: int, token: Token, now_ms: float) -> Verdict:
+        """A copy of ``key`` (``batch_size``: messages in its entry, 0 when
+        unknown or not batched) arrived from the broker. Amortised O(1), plus
+        the tracker lookup for a non-batched copy at or behind the highest
+        position seen (only those can be redeliveries)."""
+        verdict = self._arrive(key, batch_size, token, now_ms)
+        self.counts[verdict._value_] += 1
+        return verdict
+
+    def _arrive(self, key: MessageKey, batch_size: int, token: Token, now_ms: float) -> Verdict:
+        batched = key.batch_index >= 0
+        if self.is_acked(key):
+            return Verdict.DROP_ACKED
+        held = self.held.get(key)
+        if held is not None:
+            if batched:
+                held.tokens.append(token)
+            return Verdict.DROP_HELD
+        parked = self.parked.get(key) if self.parked else None
+        if parked is not None:
+            if batched:
+                parked.tokens.append(token)
+            return Verdict.DROP_TWIN
+        if not batched:
+            nack = self.requested.pop(key, None) if self.requested else None
+            if nack is not None:
+                return self._due_or_park(key, nack.release_ms, token, nack.tokens, now_ms)
+            if self._maybe_redelivery(key) and self._pending(key):
+                return Verdict.DROP_EARLY
+            self.held[key] = Held()
+            return Verdict.SURFACE
+        entry = key.entry
+        record = self.records.get(entry)
+        if record is not None:
+            nack = record.nacked.get(key.batch_index)
+            if nack is None:  # neither acked, held nor nacked: the application has not seen it
+                return self._surface(key, [])
+            if nack.fired or now_ms >= nack.release_ms:
+                del record.nacked[key.batch_index]
+                self._maybe_end(entry, record, now_ms)
+                return self._due_or_park(key, nack.release_ms, token, nack.tokens, now_ms)
+            nack.tokens.append(token)
+            return Verdict.DROP_EARLY
+        nack = self.requested.get(entry)  # a blind-restored entry whose bucket fired
+        if nack is not None:
+            if batch_size and key.batch_index + 1 >= batch_size:
+                del self.requested[entry]  # the copy's last message: the request is answered
+            return self._due_or_park(key, nack.release_ms, token, [], now_ms)
+        if self.blind and self._pending(entry):
+            return Verdict.DROP_EARLY
+        return self._surface(key, [])
+
+    def nacked(self, key: MessageKey, due_ms: Optional[int], token: Token, now_ms: float) -> None:
+        """The application nacked ``key``; the tracker scheduled it at
+        ``due_ms`` (``None``: it is being dead-lettered and may come back at
+        any time). Call :meth:`is_acked` first: a nack of an acknowledged
+        message must not reach the tracker (the broker would never send it)."""
+        tokens = []
+        held = self.held.pop(key, None)
+        if held is not None:
+            tokens = held.tokens
+        parked = self.parked.pop(key, None)  # nacked by id while a copy waited: that copy goes
+        if parked is not None:
+            tokens += parked.tokens + [parked.token]
+        self.requested.pop(key, None)
+        if key.batch_index < 0:
+            return  # the tracker's index knows it until its bucket fires (see requested)
+        record = self.records.get(key.entry)
+        if record is None:
+            record = self.records[key.entry] = EntryRecord(acked=None if self._dedup is not None else set())
+        release = math.ceil(now_ms) if due_ms is None else self.bucket_ms(due_ms)
+        old = record.nacked.get(key.batch_index)
+        if old is not None:
+            tokens = old.tokens + tokens
+        tokens.append(token)
+        record.nacked[key.batch_index] = Nacked(release, due_ms is None, tokens)
+        if due_ms is None:
+            self._expire_at(release + self.overdue_ms, key.entry, record)
+
+    def nack_refused(self, key: MessageKey) -> None:
+        """A nack of an already acknowledged message was refused (counted)."""
+        self.counts["nacks_after_ack"] += 1
+
+    def fired(self, bucket_ms: int, entries: Iterable[MessageKey], now_ms: float) -> None:
+        """The tracker handed the bucket at ``bucket_ms`` (these entries) to the
+        adapter: their copies are on their way. O(k) for k entries, plus the
+        entry's nacked messages for a batch entry."""
+        for entry in entries:
+            record = self.records.get(entry)
+            if record is None and self.is_acked(entry):
+                continue  # acked cumulatively meanwhile: the broker sends nothing
+            if record is None:  # a non-batched message, or a blind-restored batch entry
+                nack = self.requested[entry] = Nacked(bucket_ms, True)
+                self._expire_at(bucket_ms + self.overdue_ms, entry, nack)
+                continue
+            for nack in record.nacked.values():
+                # Siblings due within FIRE_SLACK_MS after this bucket take its copy too (parked until
+                # their own time): robust to a ms of skew between restored records and the restored
+                # tracker's buckets. Their own bucket's copy is then a twin.
+                if not nack.fired and nack.release_ms <= bucket_ms + FIRE_SLACK_MS:
+                    nack.fired = True
+            if self._dedup is None:
+                record.linger_until = max(record.linger_until, bucket_ms + self.overdue_ms)
+            self._expire_at(bucket_ms + self.overdue_ms, entry, record)
+
+    def acked(self, key: MessageKey, now_ms: float) -> AckResult:
+        """The broker accepted the application's ack of ``key``."""
+        held = self.held.pop(key, None)
+        tokens: list[Token] = held.tokens if held is not None else []
+        if self.parked:
+            parked = self.parked.pop(key, None)
+            if parked is not None:
+                tokens += parked.tokens + [parked.token]
+        if self.requested:
+            self.requested.pop(key, None)
+        if self._dedup is not None and key.topic is not None:
+            self._dedup.seen_or_add(key.topic, key.ledger_id, key.entry_id, key.batch_index)
+        if key.batch_index < 0:
+            return AckResult(tokens, True)
+        record = self.records.get(key.entry)
+        if record is None:  # nothing of the entry waits for a bucket: any left in the tracker is spurious
+            return AckResult(tokens, not self.blind)
+        if record.acked is not None:
+            record.acked.add(key.batch_index)
+        nack = record.nacked.pop(key.batch_index, None)
+        if nack is not None:
+            tokens += nack.tokens
+        discard = not any(not n.fired for n in record.nacked.values())
+        self._maybe_end(key.entry, record, now_ms)
+        return AckResult(tokens, discard)
+
+    def acked_cumulative(self, key: MessageKey, now_ms: float) -> list[Token]:
+        """The broker accepted a cumulative ack up to ``key``: everything at or
+        before it in its topic partition is settled. Returns the dropped
+        copies to acknowledge as well. O(held + parked + requested + records)."""
+        where = (key.topic, key.partition)
+        mark = (key.ledger_id, key.entry_id, key.batch_index)
+        self._cumulative[where] = max(mark, self._cumulative.get(where, mark))
+        tokens = []
+
+        def covered(k: MessageKey) -> bool:
+            return (k.topic, k.partition) == where and (k.ledger_id, k.entry_id, k.batch_index) <= mark
+
+        for k in [k for k in self.held if covered(k)]:
+            tokens += self.held.pop(k).tokens
+        for k in [k for k in self.parked if covered(k)]:
+            parked = self.parked.pop(k)
+            tokens += parked.tokens + [parked.token]
+        for k in [k for k in self.requested if covered(k)]:
+            del self.requested[k]
+        for entry, record in list(self.records.items()):
+            if (entry.topic, entry.partition) != where or (entry.ledger_id, entry.entry_id) > mark[:2]:
+                continue
+            for index in [i for i in record.nacked if covered(entry._replace(batch_index=i))]:
+                tokens += record.nacked.pop(index).tokens
+            self._maybe_end(entry, record, now_ms)
+        return tokens
+
+    def release(self, now_ms: float) -> list[Token]:
+        """Parked copies whose time has come (now the application's), in
+        release order; expires overdue requests and records on the way.
+        O(r log n) for r copies released or states expired."""
+        out = []
+        heap = self._release_heap
+        while heap and heap[0].at_ms <= now_ms:
+            item = heapq.heappop(heap)
+            parked = self.parked.get(item.key)
+            if parked is not None and parked is item.state:
+                del self.parked[item.key]
+                self.held[item.key] = Held(parked.tokens)
+                self.counts["released"] += 1
+                out.append(parked.token)
+        self._expire(now_ms)
+        return out
+
+    def forget_held(self) -> None:
+        """The application asked the broker for everything unacknowledged
+        again (``redeliver_unacknowledged_messages``): what it holds may
+        surface once more."""
+        self.held.clear()
+
+    def restore_record(self, entry: MessageKey, nacked: Iterable[tuple[int, int, bool]]) -> None:
+        """A batch record from a snapshot: ``(batch_index, due_ms, fired)``.
+        ``fired``: its bucket fired before the save (or the restored tracker
+        does not hold the entry), so the copy the broker resends is the one to
+        park until due: nothing else will ask for it."""
+        record = self.records[entry] = EntryRecord(acked=None if self._dedup is not None else set())
+        for index, due, fired in nacked:
+            record.nacked[index] = Nacked(self.bucket_ms(due), fired)
+        if any(n.fired for n in record.nacked.values()):
+            self._expire_at(max(n.release_ms for n in record.nacked.values()) + self.overdue_ms, entry, record)
+
+    def note_position(self, topic: Optional[str], partition: int, ledger_id: int, entry_id: int) -> None:
+        """Copies at or behind this position may be redeliveries (a restore)."""
+        where = (topic, partition)
+        self._high[where] = max(self._high.get(where, (-1, -1)), (ledger_id, entry_id))
+
+    def pending_batch_nacks(self) -> Iterable[tuple[MessageKey, int, int, bool]]:
+        """``(entry, batch_index, release_ms, fired)`` of every nacked batch
+        message that has not surfaced again, parked copies included (for
+        snapshots). O(records + parked)."""
+        for entry, record in self.records.items():
+            for index, nack in record.nacked.items():
+                yield entry, index, nack.release_ms, nack.fired
+        for key, parked in self.parked.items():
+            if key.batch_index >= 0:
+                yield key.entry, key.batch_index, parked.release_ms, True
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _surface(self, key: MessageKey, tokens: list[Token]) -> Verdict:
+        self.held[key] = Held(tokens)
+        return Verdict.SURFACE
+
+    def _due_or_park(self, key: MessageKey, release_ms: int, token: Token, tokens: list[Token],
+                     now_ms: float) -> Verdict:
+        if now_ms >= release_ms:
+            return self._surface(key, tokens)
+        parked = self.parked[key] = Parked(release_ms, token, tokens)
+        heapq.heappush(self._release_heap, _Deadline(release_ms, next(self._seq), key, parked))
+        return Verdict.PARK
+
+    def _maybe_redelivery(self, key: MessageKey) -> bool:
+        """First deliveries arrive in position order per partition: only a copy
+        at or behind the highest position seen can be a redelivery."""
+        where, position = (key.topic, key.partition), (key.ledger_id, key.entry_id)
+        high = self._high.get(where)
+        if high is None or position > high:
+            self._high[where] = position
+            return False
+        return True
+
+    def _maybe_end(self, entry: MessageKey, record: EntryRecord, now_ms: float) -> None:
+        """Drop a record with nothing nacked left, unless (``dedup=False``) it
+        must remember acked siblings until a requested copy is overdue."""
+        if not record.nacked and record.linger_until <= now_ms and self.records.get(entry) is record:
+            del self.records[entry]
+
+    def _expire_at(self, at_ms: float, key: MessageKey, state: object) -> None:
+        heapq.heappush(self._expiry_heap, _Deadline(at_ms, next(self._seq), key, state))
+
+    def _expire(self, now_ms: float) -> None:
+        heap = self._expiry_heap
+        while heap and heap[0].at_ms <= now_ms:
+            item = heapq.heappop(heap)
+            state = item.state
+            if isinstance(state, EntryRecord):
+                if self.records.get(item.key) is not state:
+                    continue
+                for index in [i for i, n in state.nacked.items() if n.fired and n.release_ms + self.overdue_ms <= now_ms]:
+                    del state.nacked[index]  # its copy went elsewhere (or is very late: it then surfaces)
+                    self.counts["expired"] += 1
+                self._maybe_end(item.key, state, now_ms)
+            elif self.requested.get(item.key) is state:
+                del self.requested[item.key]
+                self.counts["expired"] += 1
+
+    def _live(self, item: _Deadline) -> bool:
+        state = item.state
+        if isinstance(state, Parked):
+            return self.parked.get(item.key) is state
+        if isinstance(state, EntryRecord):
+            return self.records.get(item.key) is state
+        return self.requested.get(item.key) is state
+

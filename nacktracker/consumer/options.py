@@ -1,0 +1,201 @@
+"""The consumer's options (checked at the boundary, before anything is
+subscribed) and :func:`subscribe`, the usual way to make a TrackedConsumer."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Union
+
+import pulsar
+import pulsar.asyncio as pulsar_asyncio
+
+from .._checks import check_delay_ms, check_int, check_precision
+from ..adapters.pulsar import MIN_NACK_DELAY_MS
+
+__all__ = ["ConsumerOptions", "subscribe", "batch_size"]
+
+
+@dataclass(frozen=True)
+class ConsumerOptions:
+    """What a TrackedConsumer was asked for (see :func:`subscribe`)."""
+
+    delay_ms: int = 60_000
+    precision_bits: int = 8
+    backoff: Optional[Callable[[int], int]] = None
+    max_redeliveries: Optional[int] = None
+    dead_letter_topic: Optional[str] = None
+    lead_ms: Optional[int] = None
+    min_gap_ms: Optional[int] = None
+    prefetch: int = 16
+    snapshot_path: Optional[str] = None
+    snapshot_interval_s: Optional[float] = 5.0
+    snapshot_on_error: str = "raise"
+    dedup: bool = True
+    dedup_capacity: int = 1_000_000
+
+    @classmethod
+    def check(cls, options: dict[str, Any], has_client: bool) -> "ConsumerOptions":
+        """Validated options; ``TypeError``/``ValueError`` for anything wrong."""
+        unknown = set(options) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise TypeError(f"unknown TrackedConsumer option(s): {', '.join(sorted(unknown))}")
+        o = dict(options)
+        o["delay_ms"] = check_delay_ms("delay_ms", o.get("delay_ms", 60_000))
+        check_precision(o.get("precision_bits", 8), "floor")
+        for name in ("lead_ms", "min_gap_ms"):
+            if o.get(name) is not None:
+                check_delay_ms(name, o[name])
+        backoff = o.get("backoff")
+        if backoff is not None and not callable(backoff):
+            raise TypeError(f"backoff must be callable, not {type(backoff).__name__}")
+        if o.get("max_redeliveries") is not None:
+            if check_int("max_redeliveries", o["max_redeliveries"]) < 1:
+                raise ValueError("max_redeliveries must be >= 1")
+            if not has_client:
+                raise ValueError("max_redeliveries needs the client (to publish dead letters)")
+        topic = o.get("dead_letter_topic")
+        if topic is not None and not isinstance(topic, str):
+            raise TypeError(f"dead_letter_topic must be a str, not {type(topic).__name__}")
+        if topic is not None and o.get("max_redeliveries") is None:
+            raise ValueError("dead_letter_topic needs max_redeliveries")
+        if check_int("prefetch", o.get("prefetch", 16)) < 1:
+            raise ValueError("prefetch must be >= 1")
+        _check_reliability(o)
+        if o.get("snapshot_path") is not None:
+            o["snapshot_path"] = os.path.abspath(os.fspath(o["snapshot_path"]))
+        if o.get("dedup_capacity") is None:
+            o.pop("dedup_capacity", None)
+        return cls(**o)
+
+
+def _check_reliability(o: dict[str, Any]) -> None:
+    path = o.get("snapshot_path")
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"snapshot_path must be a str or os.PathLike, not {type(path).__name__}")
+    if path is not None and not isinstance(os.fspath(path), str):
+        raise TypeError("snapshot_path must be a str path (not bytes)")
+    interval = o.get("snapshot_interval_s", 5.0)
+    if interval is not None:
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)):
+            raise TypeError(f"snapshot_interval_s must be a number of seconds or None, not {type(interval).__name__}")
+        if not 0 < interval < math.inf:
+            raise ValueError(f"snapshot_interval_s must be > 0 (None: save only on close), got {interval}")
+    if o.get("snapshot_on_error", "raise") not in ("raise", "ignore"):
+        raise ValueError(f"snapshot_on_error must be 'raise' or 'ignore', got {o['snapshot_on_error']!r}")
+    dedup = o.get("dedup", True)
+    if not isinstance(dedup, bool):
+        raise TypeError(f"dedup must be a bool, not {type(dedup).__name__}")
+    if o.get("dedup_capacity") is not None:
+        if not dedup:
+            raise ValueError("dedup_capacity needs dedup=True")
+        if check_int("dedup_capacity", o["dedup_capacity"]) < 1:
+            raise ValueError("dedup_capacity must be >= 1")
+
+
+def batch_size(mid: Any) -> int:
+    """Messages in the entry of a received batch message id: ``mid.batch_size()``
+    where it exists, else protobuf field 6 of its serialized form (the Python
+    client has no getter). 0 if absent. Runtime: ~2 us."""
+    getter = getattr(mid, "batch_size", None)
+    if callable(getter):
+        return getter()
+    data = mid.serialize()
+    i, n = 0, len(data)
+    while i < n:
+        tag = data[i]
+        if tag & 7 == 0:  # varint
+            value, i = _varint(data, i + 1)
+            if tag >> 3 == 6:
+                return value
+        elif tag & 7 == 2:  # length-delimited: skip
+            length, i = _varint(data, i + 1)
+            i += length
+        else:
+            return 0
+    return 0
+
+
+def _varint(data: bytes, i: int) -> tuple[int, int]:
+    """A protobuf varint at ``data[i:]``: ``(value, index after it)``."""
+    value = shift = 0
+    while True:
+        byte = data[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, i
+
+
+async def subscribe(client: pulsar_asyncio.Client, topic: Union[str, list], subscription: str, *,
+                    consumer_type: pulsar.ConsumerType = pulsar.ConsumerType.Shared,
+                    batch_index_ack_enabled: bool = False, **options: Any) -> Any:
+    """Subscribe with ``client`` and return a :class:`TrackedConsumer`.
+
+    ``client`` must be a ``pulsar.asyncio.Client`` (the tracker's timer and
+    the receive pump live on the event loop; a sync ``pulsar.Client`` gets a
+    ``TypeError``). ``consumer_type`` defaults to **Shared** (Pulsar's own
+    default is Exclusive): nacks are a per-message workflow, and the embedded
+    test broker redelivers only on Shared/Key_Shared.
+
+    Options (see ``README.md``): ``delay_ms`` (60 000), ``precision_bits``
+    (8: buckets of 256 ms; 0: exact), ``backoff``, ``max_redeliveries``,
+    ``dead_letter_topic`` (default ``<topic>-<subscription>-DLQ``),
+    ``lead_ms`` (fixed instead of learned), ``min_gap_ms``, ``prefetch``,
+    ``snapshot_path``, ``snapshot_interval_s``, ``snapshot_on_error``,
+    ``dedup`` (True: acknowledged ids are remembered so no copy of one
+    surfaces again; well under a byte per dense id), ``dedup_capacity``.
+
+    ``batch_index_ack_enabled`` (default False) is passed to the client. Turn
+    it on only where the broker has ``acknowledgmentAtBatchIndexLevelEnabled``
+    (Pulsar 4.1's default): acked siblings of a batch then never reach the
+    subscription's other consumers. A broker without it (pulsar-lite: measured,
+    ``tests/test_pulsar.py::test_batch_index_ack_on_a_broker_without_it_acks_the_whole_entry``)
+    takes each index ack for the whole entry, and the entry's other messages
+    are lost.
+
+    The consumer is subscribed with ``negative_ack_redelivery_delay_ms=100``
+    (the client's minimum; the adapter redelivers through that path).
+    ``dead_letter_policy`` is refused (use ``max_redeliveries``). Other
+    keyword arguments go to ``client.subscribe``. Not tested on partitioned
+    topics (the embedded broker cannot redeliver on them).
+
+    >>> async def main(url):                                        # doctest: +SKIP
+    ...     client = pulsar.asyncio.Client(url)
+    ...     async with await nacktracker.subscribe(client, "t", "sub", delay_ms=500) as consumer:
+    ...         async for msg in consumer:
+    ...             await consumer.negative_acknowledge(msg, delay_ms=1000)
+    """
+    from .shell import TrackedConsumer
+    from .dlq import quietly
+
+    if not isinstance(client, pulsar_asyncio.Client):
+        if isinstance(client, pulsar.Client):
+            raise TypeError("nacktracker.subscribe needs a pulsar.asyncio.Client, not the synchronous "
+                            "pulsar.Client: TrackedConsumer runs its tracker and receive pump on the "
+                            "asyncio event loop. Create the client with pulsar.asyncio.Client(url).")
+        raise TypeError(f"client must be a pulsar.asyncio.Client, not {type(client).__name__}")
+    if not isinstance(subscription, str):
+        raise TypeError(f"subscription must be a str, not {type(subscription).__name__}")
+    if not isinstance(consumer_type, pulsar.ConsumerType):
+        raise TypeError(f"consumer_type must be a pulsar.ConsumerType, not {type(consumer_type).__name__}")
+    if not isinstance(batch_index_ack_enabled, bool):
+        raise TypeError(f"batch_index_ack_enabled must be a bool, not {type(batch_index_ack_enabled).__name__}")
+    own = {k: options.pop(k) for k in list(options) if k in ConsumerOptions.__dataclass_fields__}
+    nack_delay = options.pop("negative_ack_redelivery_delay_ms", MIN_NACK_DELAY_MS)
+    if nack_delay != MIN_NACK_DELAY_MS:
+        raise ValueError(f"negative_ack_redelivery_delay_ms is fixed at {MIN_NACK_DELAY_MS} (the client's "
+                         "minimum; the tracker does the delaying): use delay_ms")
+    if options.get("dead_letter_policy") is not None:
+        raise ValueError("dead_letter_policy is not supported: use max_redeliveries and dead_letter_topic")
+    ConsumerOptions.check(own, has_client=True)  # bad options fail before a subscription is made
+    consumer = await client.subscribe(topic, subscription, consumer_type=consumer_type,
+                                      negative_ack_redelivery_delay_ms=MIN_NACK_DELAY_MS,
+                                      batch_index_ack_enabled=batch_index_ack_enabled, **options)
+    try:
+        return TrackedConsumer(consumer, client=client, **own)
+    except BaseException:
+        await quietly(consumer.close())
+        raise

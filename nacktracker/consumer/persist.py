@@ -1,0 +1,196 @@
+"""Snapshot glue: a consumer's pending nacks (the tracker's snapshot) and its
+batch records (``<snapshot_path>.batches``) saved together and restored at start.
+
+Batch-record file format: a line with the CRC-32 of the rest (8 hex digits),
+then JSON ``{"snapshot_crc32": int, "entries": [[topic, partition, ledger,
+entry, [[batch_index, remaining_ms, fired], ...]], ...]}`` (``fired``: 1 when
+the message's bucket had fired at the save; files without it read as 0);
+``snapshot_crc32`` links
+it to the snapshot it was written with (a crash between the two writes leaves
+a stale file, recognised and ignored).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import math
+import os
+import time
+import zlib
+from typing import Any, Optional
+
+from .. import snapshot as _snapshot
+from .._checks import check_int
+from ..keys import MessageKey
+from ..snapshot import SnapshotError
+from ..tracker import NegativeAcksTracker
+from .core import DeliveryCore
+
+__all__ = ["SnapshotStore", "BATCHES_SUFFIX"]
+
+log = logging.getLogger("nacktracker.consumer")
+
+#: Suffix of the file beside ``snapshot_path`` that holds the batch records.
+BATCHES_SUFFIX = ".batches"
+
+
+class SnapshotStore:
+    """Where one consumer's snapshot lives, and how it is read and written."""
+
+    def __init__(self, path: str, on_error: str) -> None:
+        self.path = path
+        self.on_error = on_error
+        self.saved = self.failures = 0
+        self._writing: Optional[asyncio.Future] = None  # the write in flight (in a thread)
+
+    def load(self, adapter: Any, options: dict, core: DeliveryCore) -> tuple[NegativeAcksTracker, int]:
+        """The tracker for a start: empty on a first start, else restored from
+        the file, with the batch records put into ``core``. Returns the
+        tracker and the number of nacks restored. Runtime: O(size of the files)."""
+        path = self.path
+        try:
+            data = _snapshot.read_file(path)
+        except FileNotFoundError:
+            if not os.path.isdir(os.path.dirname(path)):
+                raise FileNotFoundError(f"snapshot_path {path!r}: its directory does not exist") from None
+            return NegativeAcksTracker(adapter, **options), 0  # a first start
+        try:
+            snap = _snapshot.decode(data)
+        except SnapshotError as exc:
+            self._refuse_or_skip(path, exc, "its nacked messages surface as soon as the broker resends them")
+            return NegativeAcksTracker(adapter, **options), 0
+        try:
+            batches = self._read_batches(zlib.crc32(data))
+        except SnapshotError as exc:
+            self._refuse_or_skip(path + BATCHES_SUFFIX, exc, "restored batch entries wait for their last nack")
+            batches = None
+        # The downtime counts against every delay (the snapshot's "wall" mode): a snapshot's age is
+        # data across processes, the one wall-clock reading here. Subtracted once for the tracker's
+        # buckets and the records alike; nacks already due are left out (the broker resends every
+        # unacknowledged message to a new consumer at once, and those copies surface).
+        shift = max(0, (time.time_ns() - snap.taken_wall_ns) // 1_000_000)
+        restored = snap.pending
+        snap = dataclasses.replace(snap, records=tuple((o, r - shift, bm) for o, r, bm in snap.records
+                                                       if r - shift > 0))
+        # Due times on a clock reading no later than the tracker's restore takes: a record's bucket
+        # time is then never later than its bucket's (fired() matches them up).
+        now = math.ceil(options["clock"].now_ms())
+        tracker = NegativeAcksTracker.restore(snap, adapter, elapsed="none", **options)
+        for topic, partition, ledger, entry, nacked in batches or ():
+            key = MessageKey(ledger, entry, partition, -1, topic)
+            pending = key in tracker
+            due = [(index, now + remaining - shift, bool(fired) or not pending)
+                   for index, remaining, fired in nacked if remaining - shift > 0]
+            if due:
+                core.restore_record(key, due)
+        if batches is None and snap.records:
+            log.warning("%s: no batch records for this snapshot; copies of restored batch entries are held "
+                        "until the entry's last nack is due", path)
+            core.blind = True
+        # The broker resends everything unacknowledged at once: copies at or behind a restored
+        # position are redeliveries and must pay the tracker lookup.
+        for o, _, bm in snap.records:
+            topic, partition, ledger = snap.origins[o]
+            core.note_position(topic, partition, ledger, bm.max())
+        log.info("restored %d pending nacks (%d due at once, %d batch records) from %s, taken %d ms ago",
+                 restored, restored - tracker.pending, len(batches or ()), path, shift)
+        return tracker, restored
+
+    def _read_batches(self, snapshot_crc: int) -> Optional[list]:
+        """The batch records saved with the snapshot whose CRC-32 is
+        ``snapshot_crc``; ``None`` if there is no such file or it belongs to
+        another snapshot. Raises :class:`SnapshotError` if it is corrupted."""
+        path = self.path + BATCHES_SUFFIX
+        try:
+            raw = _snapshot.read_file(path)
+        except FileNotFoundError:
+            return None
+        head, _, body = raw.partition(b"\n")
+        try:
+            if len(head) != 8 or int(head, 16) != zlib.crc32(body):
+                raise ValueError("checksum mismatch")
+            doc = json.loads(body)
+            if doc["snapshot_crc32"] != snapshot_crc:
+                log.warning("%s belongs to another snapshot; ignored", path)
+                return None
+            entries = []
+            for topic, partition, ledger, entry, nacked in doc["entries"]:
+                if not (topic is None or isinstance(topic, str)) or type(partition) is not int or partition < -1:
+                    raise ValueError(f"bad topic {topic!r} or partition {partition!r}")
+                entries.append((topic, partition, check_int("ledger_id", ledger), check_int("entry_id", entry),
+                                [_nacked(item) for item in nacked]))
+        except (ValueError, KeyError, TypeError) as exc:  # JSONDecodeError is a ValueError
+            raise SnapshotError(f"corrupted batch records: {exc}") from None
+        return entries
+
+    def _refuse_or_skip(self, path: str, exc: SnapshotError, consequence: str) -> None:
+        """A corrupted file at start: refuse (default), or move it aside and go on."""
+        if self.on_error == "raise":
+            raise SnapshotError(f"cannot restore {path}: {exc}. Nothing was started: move the file away, or pass "
+                                f"snapshot_on_error='ignore' to start without it ({consequence})") from None
+        os.replace(path, path + ".corrupt")
+        log.warning("cannot restore %s (%s); moved to %s.corrupt and starting without it: %s",
+                    path, exc, path, consequence)
+
+    @staticmethod
+    def batch_records(snapshot: bytes, core: DeliveryCore, now_ms: float) -> bytes:
+        """The batch-record file for ``snapshot``. Call right after taking the
+        snapshot (the same clock reading or a later one: a record's remaining
+        delay is never longer than its bucket's). O(nacked batch messages)."""
+        entries: dict[MessageKey, list] = {}
+        for entry, index, release_ms, fired in core.pending_batch_nacks():
+            entries.setdefault(entry, []).append([index, max(0, math.ceil(release_ms - now_ms)), int(fired)])
+        doc = [[e.topic, e.partition, e.ledger_id, e.entry_id, nacked] for e, nacked in entries.items()]
+        body = json.dumps({"snapshot_crc32": zlib.crc32(snapshot), "entries": doc}, separators=(",", ":")).encode()
+        return b"%08x\n" % zlib.crc32(body) + body
+
+    async def save(self, tracker: NegativeAcksTracker, core: DeliveryCore) -> None:
+        """Take a snapshot (on the loop: one consistent view) and write both
+        files in a thread (atomic writes, off the loop). One write at a time,
+        in order; a cancelled caller leaves its write to finish."""
+        data = tracker.snapshot()
+        batches = self.batch_records(data, core, tracker.clock.now_ms())
+        if self._writing is not None:
+            await asyncio.wait({self._writing})
+        self._writing = asyncio.get_running_loop().run_in_executor(None, self._write_files, data, batches)
+        await asyncio.shield(self._writing)
+        self.saved += 1
+
+    def _write_files(self, data: bytes, batches: bytes) -> None:
+        _snapshot.write_atomic(self.path, data)
+        _snapshot.write_atomic(self.path + BATCHES_SUFFIX, batches)
+
+    async def run_saver(self, interval_s: float, tracker: NegativeAcksTracker, core: DeliveryCore) -> None:
+        """Save every ``interval_s``. A failed save (disk full, the directory
+        gone) is logged and counted; consuming goes on and the next save tries."""
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.save(tracker, core)
+            except Exception as exc:
+                self.failures += 1
+                log.warning("snapshot to %s failed (next try in %g s): %r", self.path, interval_s, exc)
+
+    async def remove(self) -> None:
+        """Delete both files (after unsubscribing: the nacks went with the
+        subscription), once a write in flight has finished."""
+        if self._writing is not None:
+            await asyncio.wait({self._writing})
+        for path in (self.path, self.path + BATCHES_SUFFIX):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+
+def _nacked(item: Any) -> tuple[int, int, int]:
+    """``[batch_index, remaining_ms(, fired)]`` from a batch-record file."""
+    if not isinstance(item, list) or len(item) not in (2, 3):
+        raise ValueError(f"bad nacked message {item!r}")
+    fired = item[2] if len(item) == 3 else 0
+    if fired not in (0, 1):
+        raise ValueError(f"bad fired flag {fired!r}")
+    return check_int("batch_index", item[0]), check_int("remaining_ms", item[1]), fired

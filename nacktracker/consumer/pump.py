@@ -1,0 +1,102 @@
+"""The receive pump: the one task that calls the client's ``receive()``.
+
+``pulsar.asyncio.Consumer.receive()`` loses the message it was about to
+return when the awaiting task is cancelled (e.g. by ``asyncio.wait_for``), so
+it is awaited by this task alone, never cancelled except on close; callers
+wait on a queue instead, whose waits are safe to cancel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Awaitable, Callable, Optional
+
+from .errors import ConsumerClosed, ReceiveTimeout
+
+__all__ = ["ReceivePump"]
+
+log = logging.getLogger("nacktracker.consumer")
+
+_STOP = object()  # queue sentinel: the pump stopped (closed or failed)
+
+
+class ReceivePump:
+    """Pulls from ``consumer`` into a queue of at most ``prefetch`` messages
+    (the client's receiver queue does the real buffering); ``admit(msg)``
+    decides what goes in. ``put`` adds a message from elsewhere (a parked
+    copy released at its time). ``on_resume()`` is called when the pump goes
+    on after waiting for the application: what arrives next sat in the
+    client's queue meanwhile (the adapter must not learn its path latency
+    from those)."""
+
+    def __init__(self, consumer: Any, admit: Callable[[Any], Awaitable[bool]], prefetch: int,
+                 on_resume: Optional[Callable[[], None]] = None) -> None:
+        self._consumer = consumer
+        self._admit = admit
+        self._prefetch = prefetch
+        self._on_resume = on_resume
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._space = asyncio.Event()
+        self.task: Optional[asyncio.Task] = None
+        self.error: Optional[BaseException] = None
+        self.received = 0
+        self.expect_failure = False  # closing or unsubscribing: a failing receive() is no news
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._run(), name="nacktracker-pump")
+
+    def put(self, msg: Any) -> None:
+        self._queue.put_nowait(msg)
+
+    async def get(self, timeout_ms: Optional[int]) -> Any:
+        """The next message; :class:`ReceiveTimeout` after ``timeout_ms``; the
+        pump's error or :class:`ConsumerClosed` once it stopped. O(1)."""
+        if timeout_ms is None:
+            item = await self._queue.get()
+        elif timeout_ms == 0:  # a poll (wait_for with 0 would not even look at the queue)
+            try:
+                item = self._queue.get_nowait()
+            except asyncio.QueueEmpty:
+                raise ReceiveTimeout("no message within 0 ms") from None
+        else:
+            try:
+                # Cancelling Queue.get() is safe (the item stays queued), unlike the client's receive().
+                item = await asyncio.wait_for(self._queue.get(), timeout_ms / 1000)
+            except asyncio.TimeoutError:
+                raise ReceiveTimeout(f"no message within {timeout_ms} ms") from None
+        if item is _STOP:
+            self._queue.put_nowait(_STOP)  # keep waking the other receivers
+            raise self.error if self.error is not None else ConsumerClosed()
+        if self._queue.qsize() < self._prefetch:
+            self._space.set()
+        return item
+
+    async def stop(self) -> None:
+        """Cancel the pump (whatever its receive() was about to return stays
+        unacknowledged and goes back with the consumer) and wake the receivers."""
+        self.expect_failure = True
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+        self._queue.put_nowait(_STOP)
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                if self._queue.qsize() >= self._prefetch:
+                    self._space.clear()
+                    await self._space.wait()
+                    if self._on_resume is not None:
+                        self._on_resume()
+                msg = await self._consumer.receive()
+                self.received += 1
+                if await self._admit(msg):
+                    self._queue.put_nowait(msg)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the consumer was closed or failed: tell the receivers
+            if not self.expect_failure:
+                log.warning("receive failed; the consumer stops delivering: %r", exc)
+                self.error = exc
+            self._queue.put_nowait(_STOP)

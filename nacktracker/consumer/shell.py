@@ -1,0 +1,399 @@
+"""TrackedConsumer: the thin Pulsar-facing shell over the delivery core.
+
+What it does, and only this: a *pump* task owns the client's ``receive()``
+(cancelling that call loses the message it was about to return, so callers
+wait on a queue instead) and asks the :class:`~nacktracker.consumer.core.DeliveryCore`
+what to do with each copy; acks and nacks go to the client and the tracker,
+then to the core; one timer on the tracker's clock releases parked copies at
+their time. Every decision about a copy is the core's; time is read only
+through the tracker's clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable, Optional, Union
+
+import pulsar
+import pulsar.asyncio as pulsar_asyncio
+
+from .._checks import check_delay_ms, check_precision
+from ..adapters.pulsar import PulsarAdapter
+from ..clock import Clock, LoopClock, TimerHandle
+from ..dedup import Deduplicator
+from ..keys import MessageKey, key_of
+from ..tracker import NegativeAcksTracker
+from .core import DeliveryCore, Verdict
+from .dlq import DeadLetters, quietly
+from .errors import ConsumerClosed, ReceiveTimeout  # noqa: F401  (ReceiveTimeout: raised by the pump)
+from .options import ConsumerOptions, batch_size
+from .persist import SnapshotStore
+from .pump import ReceivePump
+
+__all__ = ["TrackedConsumer"]
+
+log = logging.getLogger("nacktracker.consumer")
+
+#: How long after its bucket's time a requested copy may still arrive before it
+#: is taken to have gone to another consumer (its record then ends). The path
+#: takes ~100-300 ms after a fire that comes up to the lead (<= 1 s) early; a copy
+#: later than this still surfaces (it is past due) and its siblings are still
+#: dropped (acked: the Deduplicator; held: the held set), it just finds no record.
+COPY_OVERDUE_MS = 1_000
+#: The adapter's lead before it has measured its path: above the path's p99
+#: measured here (~150-250 ms on a loaded machine).
+INITIAL_LEAD_MS = 250
+
+
+class TrackedConsumer:
+    """A ``pulsar.asyncio.Consumer`` with exact, tracked negative acks.
+
+    Usually made by :func:`~nacktracker.subscribe`, whose options it takes
+    (documented there and in ``README.md``). Same methods and argument types
+    as ``pulsar.asyncio.Consumer`` (``receive``, ``acknowledge``,
+    ``acknowledge_cumulative``, ``negative_acknowledge``, ``seek``,
+    ``unsubscribe``, ``close``, ``get_last_message_id``, ``topic``,
+    ``subscription_name``, ``consumer_name``,
+    ``redeliver_unacknowledged_messages``), plus ``negative_acknowledge(msg,
+    delay_ms=…)``, ``receive(timeout_ms=…)``, ``async with`` and ``async for``.
+
+    ``adapter``/``clock``: the seams that make it testable without a broker
+    (as httpx's ``transport=``): with an ``adapter`` the ``consumer`` may be
+    any object with the ``pulsar.asyncio.Consumer`` methods; ``clock`` is the
+    tracker's (default: the event loop's).
+    """
+
+    def __init__(self, consumer: Any, *, client: Optional[pulsar_asyncio.Client] = None,
+                 adapter: Any = None, clock: Optional[Clock] = None, **options: Any) -> None:
+        opts = ConsumerOptions.check(options, has_client=client is not None)
+        if adapter is None and not isinstance(consumer, pulsar_asyncio.Consumer):
+            raise TypeError(f"consumer must be a pulsar.asyncio.Consumer, not {type(consumer).__name__}")
+        if client is not None and not isinstance(client, pulsar_asyncio.Client):
+            raise TypeError(f"client must be a pulsar.asyncio.Client, not {type(client).__name__}")
+        self._consumer = consumer
+        self.options = opts
+        # Copies that arrive early are parked until due, so the lead starts on the high side and is
+        # learned down: an early copy costs a short wait, a late one costs precision.
+        self.adapter = adapter if adapter is not None else PulsarAdapter(
+            consumer, lead_ms=opts.lead_ms, min_gap_ms=opts.min_gap_ms, initial_lead_ms=INITIAL_LEAD_MS)
+        self._arrived: Optional[Callable[[MessageKey], None]] = getattr(self.adapter, "arrived", None)
+        self._dead_letters = DeadLetters(client, consumer.subscription_name(), opts.dead_letter_topic)
+        # a single-topic consumer's ids need no topic; remember it for bare-id calls
+        self._own_topic = None if getattr(self.adapter, "multi_topic", False) else consumer.topic()
+        self._dedup = Deduplicator(opts.dedup_capacity) if opts.dedup else None
+        self.tracker: NegativeAcksTracker
+        self.core = DeliveryCore(check_precision(opts.precision_bits, "floor"), dedup=self._dedup,
+                                 pending=self._pending, overdue_ms=COPY_OVERDUE_MS)
+        self._pump = ReceivePump(consumer, self._admit, opts.prefetch,
+                                 on_resume=getattr(self.adapter, "forget_handed", None))
+        self._saver: Optional[asyncio.Task] = None
+        self._wake: Optional[TimerHandle] = None
+        self._wake_at: Optional[float] = None
+        self._closed = False
+        self._counts = {"restored": 0, "copy_ack_failures": 0}
+        tracker_options = dict(
+            delay_ms=opts.delay_ms, precision_bits=opts.precision_bits, rounding="floor", backoff=opts.backoff,
+            max_redeliveries=opts.max_redeliveries, clock=clock, on_due=self._on_due,
+            on_dead_letter=self._dead_letters.hook(self.acknowledge) if opts.max_redeliveries is not None else None,
+            consumer_name=consumer.consumer_name())
+        self._store = None if opts.snapshot_path is None else SnapshotStore(opts.snapshot_path, opts.snapshot_on_error)
+        if self._store is None:
+            self.tracker = NegativeAcksTracker(self.adapter, **tracker_options)
+        else:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                raise RuntimeError("TrackedConsumer(snapshot_path=...) must be created inside the event "
+                                   "loop (restored delays count on its clock); nacktracker.subscribe does "
+                                   "that") from None
+            tracker_options["clock"] = clock or LoopClock(loop)
+            self.tracker, self._counts["restored"] = self._store.load(self.adapter, tracker_options, self.core)
+        try:
+            asyncio.get_running_loop()
+            self._start()
+        except RuntimeError:
+            pass  # started by the first receive() inside a loop
+
+    @property
+    def snapshot_path(self) -> Optional[str]:
+        return self.options.snapshot_path
+
+    @property
+    def dead_letter_topic(self) -> Optional[str]:
+        return self._dead_letters.topic
+
+    # -- receiving -----------------------------------------------------------------
+
+    async def receive(self, timeout_ms: Optional[int] = None) -> pulsar.Message:
+        """The next message. ``timeout_ms``: give up after that long and raise
+        :class:`ReceiveTimeout` (a ``pulsar.Timeout``); no message is lost by
+        the timeout or by cancelling the caller. Raises :class:`ConsumerClosed`
+        once closed. Runtime: O(1)."""
+        if timeout_ms is not None:
+            timeout_ms = check_delay_ms("timeout_ms", timeout_ms)
+        if self._closed:
+            raise ConsumerClosed()
+        if self._pump.task is None:
+            self._start()
+        return await self._pump.get(timeout_ms)
+
+    def __aiter__(self) -> "TrackedConsumer":
+        return self
+
+    async def __anext__(self) -> pulsar.Message:
+        try:
+            return await self.receive()
+        except ConsumerClosed:
+            raise StopAsyncIteration from None
+
+    def _start(self) -> None:
+        self._pump.start()
+        if self._store is not None and self.options.snapshot_interval_s is not None:
+            self._saver = asyncio.get_running_loop().create_task(
+                self._store.run_saver(self.options.snapshot_interval_s, self.tracker, self.core),
+                name="nacktracker-snapshots")
+
+    async def _admit(self, msg: Any) -> bool:
+        """Ask the core about a copy; whether it goes to the application now."""
+        key = self._message_key(msg)
+        if self._arrived is not None and self.adapter.awaiting_arrivals:
+            self._arrived(key.entry)  # the adapter learns its path latency
+        size = batch_size(msg.message_id()) if self.core.blind and key.batch_index >= 0 else 0
+        verdict = self.core.arrive(key, size, msg, self.tracker.clock.now_ms())
+        if verdict is Verdict.SURFACE:
+            return True
+        if verdict is Verdict.PARK:
+            self._rearm()
+        elif verdict is Verdict.DROP_ACKED:
+            await self._ack_copies([msg])  # tells the broker again (an ack lost in a restart)
+        return False
+
+    # -- acknowledging -------------------------------------------------------------
+
+    async def acknowledge(self, message: Any) -> None:
+        """Acknowledge a message (or id); once the client accepted it, cancel
+        its pending nack and remember it (``dedup``). A failed ack raises and
+        changes nothing here: a pending nack stays pending. Runtime: O(1),
+        plus the tracker's discard when nacks are pending."""
+        key = self._message_key(message)
+        await self._consumer.acknowledge(message)
+        result = self.core.acked(key, self.tracker.clock.now_ms())
+        if result.discard and self.tracker.pending:
+            self.tracker.discard(key)
+        if result.tokens:
+            await self._ack_copies(result.tokens)
+
+    async def acknowledge_cumulative(self, message: Any) -> None:
+        """As ``pulsar.asyncio.Consumer.acknowledge_cumulative`` (not allowed on
+        Shared subscriptions: it raises, and then nothing changes here). Settles
+        everything at or before the message in its topic partition: held
+        copies, parked copies, batch records; later copies of those are
+        dropped. O(held + records)."""
+        key = self._key(message)[0]
+        await self._consumer.acknowledge_cumulative(message)
+        tokens = self.core.acked_cumulative(key, self.tracker.clock.now_ms())
+        if tokens:
+            await self._ack_copies(tokens)
+
+    async def _ack_copies(self, tokens: list) -> None:
+        """Acknowledge dropped copies of acknowledged messages: completes their
+        deliveries' batch ackers (what acks a batch entry at the broker without
+        batch-index acks). A failure is logged: the message itself is acked."""
+        for token in tokens:
+            try:
+                await self._consumer.acknowledge(token)
+            except Exception as exc:
+                self._counts["copy_ack_failures"] += 1
+                log.debug("ack of a dropped copy failed: %r", exc)
+
+    async def negative_acknowledge(self, message: Any, delay_ms: Optional[int] = None) -> None:
+        """Redeliver ``message`` after ``delay_ms`` (default: the backoff for
+        its redelivery count, else the consumer's ``delay_ms``); it reaches
+        the application at its bucket's time (exactly at the due time with
+        ``precision_bits=0``), not before.
+
+        Once its redelivery count reaches ``max_redeliveries`` the message is
+        dead-lettered instead. A bare message id has no redelivery count (it
+        is never dead-lettered) and, on a multi-topic consumer, no topic: pass
+        the Message there. A nack of a message already acknowledged is
+        ignored (logged, counted in ``nacks_after_ack``): the broker would
+        never send it again. Never blocks. Runtime: O(1) amortised.
+        """
+        if self._closed:
+            raise ConsumerClosed()
+        key, count = self._key(message)
+        if delay_ms is not None:
+            delay_ms = check_delay_ms("delay_ms", delay_ms)
+        if self.core.is_acked(key):
+            self.core.nack_refused(key)
+            log.warning("nack of %s ignored: it was acknowledged already", key)
+            return
+        self._dead_letters.candidate = message  # what the tracker's dead-letter hook publishes
+        try:
+            due = self.tracker.add(key, delay_ms=delay_ms, redelivery_count=count or 0)
+        finally:
+            self._dead_letters.candidate = None
+        self.core.nacked(key, due, message, self.tracker.clock.now_ms())
+        self._rearm()
+
+    # -- the tracker's side ----------------------------------------------------------
+
+    def _on_due(self, bucket_ms: int, entries: list[MessageKey]) -> None:
+        """The tracker handed a bucket to the adapter (on_due hook)."""
+        self.core.fired(bucket_ms, entries, self.tracker.clock.now_ms())
+        self._rearm()
+
+    def _pending(self, key: MessageKey) -> bool:
+        return bool(self.tracker.pending) and key in self.tracker
+
+    def _rearm(self) -> None:
+        """One timer, on the tracker's clock, at the core's next wakeup."""
+        when = self.core.next_wakeup_ms()
+        if when == self._wake_at or self._closed:
+            return
+        if self._wake is not None:
+            self._wake.cancel()
+        self._wake_at = when
+        self._wake = None if when is None else self.tracker.clock.call_at(when, self._on_wake)
+
+    def _on_wake(self) -> None:
+        armed, self._wake, self._wake_at = self._wake_at, None, None
+        if self._closed:
+            return
+        # the loop may wake a hair before the armed time: the armed time counts as reached
+        for msg in self.core.release(max(self.tracker.clock.now_ms(), armed or 0)):
+            self._pump.put(msg)
+        self._rearm()
+
+    def _message_key(self, message: Any) -> MessageKey:
+        """:meth:`_key` without the count; a received ``pulsar.Message`` (the
+        hot path: every receive and ack) skips the generic checks."""
+        if type(message) is pulsar.Message:
+            mid = message.message_id()
+            return MessageKey(mid.ledger_id(), mid.entry_id(), mid.partition(), mid.batch_index(),
+                              message.topic_name())
+        return self._key(message)[0]
+
+    def _key(self, message: Any) -> tuple[MessageKey, Optional[int]]:
+        if isinstance(message, MessageKey):
+            raise TypeError("pass a pulsar Message or MessageId, not a MessageKey")
+        if isinstance(message, pulsar.MessageId):
+            message = message._msg_id
+        key, count = key_of(message)
+        if key.topic is None:
+            if self._own_topic is not None:
+                key = key._replace(topic=self._own_topic)
+            else:  # a bare id on a multi-topic consumer: find the message it names (O(held))
+                key = next((k for k in self.core.held if k._replace(topic=None) == key), key)
+        return key, count
+
+    # -- the rest of the consumer API ----------------------------------------------
+
+    async def seek(self, messageid: Union[pulsar.MessageId, int]) -> None:
+        """As ``pulsar.asyncio.Consumer.seek``. Pending nacks stay scheduled."""
+        await self._consumer.seek(messageid)
+
+    async def get_last_message_id(self) -> Any:
+        return await self._consumer.get_last_message_id()
+
+    def redeliver_unacknowledged_messages(self) -> None:
+        """As the client's: what the application holds may surface again.
+        Copies of messages with pending nacks are still held back until due."""
+        self.core.forget_held()
+        self._consumer.redeliver_unacknowledged_messages()
+
+    def topic(self) -> str:
+        return self._consumer.topic()
+
+    def subscription_name(self) -> str:
+        return self._consumer.subscription_name()
+
+    def consumer_name(self) -> str:
+        return self._consumer.consumer_name()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def stats(self) -> dict[str, Any]:
+        """The tracker's stats plus the consumer's (each key: ``README.md``,
+        "Consumer stats"). Runtime: O(1) plus the tracker's."""
+        c = self.core.counts
+        return {**self.tracker.stats(), "received": self._pump.received,
+                "surfaced": c["surface"] + c["released"],
+                "early_copies_dropped": c["early"] + c["twin"],
+                "held_copies_dropped": c["held"], "acked_copies_dropped": c["acked"],
+                "dedup_dropped": c["acked"], "siblings_dropped": c["acked"] + c["held"],
+                "copies_parked": c["park"], "copies_released": c["released"], "copies_overdue": c["expired"],
+                "nacks_after_ack": c["nacks_after_ack"], "copy_ack_failures": self._counts["copy_ack_failures"],
+                "batch_records": len(self.core.records), "held": len(self.core.held),
+                "parked": len(self.core.parked), "restored": self._counts["restored"],
+                "dead_letter_published": self._dead_letters.published,
+                "dead_letter_failed": self._dead_letters.failed,
+                "snapshots_saved": self._store.saved if self._store else 0,
+                "snapshot_failures": self._store.failures if self._store else 0,
+                "bursts": len(getattr(self.adapter, "bursts", ())), "lead_ms": getattr(self.adapter, "lead_ms", 0),
+                "dedup_remembered": len(self._dedup) if self._dedup is not None else 0}
+
+    async def unsubscribe(self) -> None:
+        """Unsubscribe, then release everything :meth:`close` releases. Pending
+        nacks are dropped with the subscription, and so are the snapshot files
+        (a new subscription of that name must not hold back its messages)."""
+        if self._closed:
+            raise ConsumerClosed()
+        self._pump.expect_failure = True  # the pump's receive() is about to fail: expected
+        try:
+            await self._consumer.unsubscribe()
+        finally:
+            self._pump.expect_failure = False
+        await self._shutdown(close_consumer=False)
+
+    async def close(self) -> None:
+        """Stop the pump and the tracker (awaiting dead letters in flight),
+        save the snapshot (with ``snapshot_path``), close dead-letter producers
+        and the consumer. Idempotent. A failed final save is raised after
+        everything else is closed. Parked copies go back with the consumer
+        (unacknowledged: the broker hands them to the subscription again)."""
+        await self._shutdown(close_consumer=True)
+
+    async def __aenter__(self) -> "TrackedConsumer":
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return (f"TrackedConsumer(topic={self.topic()!r}, subscription={self.subscription_name()!r}, "
+                f"pending={self.tracker.pending}, closed={self._closed})")
+
+    async def _shutdown(self, close_consumer: bool) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._wake is not None:
+            self._wake.cancel()
+        if self._saver is not None:  # a write in flight finishes (see SnapshotStore.save), then the final save
+            self._saver.cancel()
+            await asyncio.gather(self._saver, return_exceptions=True)
+        await self._pump.stop()
+        await self.tracker.close()  # waits for an adapter call in flight: the snapshot has everything
+        save_error: Optional[BaseException] = None
+        if self._store is not None:
+            if close_consumer:
+                try:
+                    await self._store.save(self.tracker, self.core)
+                except Exception as exc:
+                    self._store.failures += 1
+                    log.error("final snapshot to %s failed: %r", self._store.path, exc)
+                    save_error = exc
+            else:  # unsubscribed: the nacks went with the subscription
+                await self._store.remove()
+        aclose = getattr(self.adapter, "aclose", None)
+        if aclose is not None:
+            await aclose()
+        await self._dead_letters.aclose()
+        if close_consumer:
+            await quietly(self._consumer.close())
+        if save_error is not None:
+            raise save_error

@@ -1,0 +1,329 @@
+"""TrackedConsumer's shell without a broker: a fake consumer and a fake broker
+adapter (the seams ``adapter=`` and ``clock=``), every timing on ManualClock.
+
+The fake broker redelivers a requested entry ``latency_ms`` after the
+tracker's fire (or sends it to another consumer); the tests check what the
+application receives and when, to the millisecond.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+pytest.importorskip("pulsar")
+
+from nacktracker import FixedBackoff, ManualClock, MessageKey  # noqa: E402
+from nacktracker.consumer import ReceiveTimeout, TrackedConsumer  # noqa: E402
+
+TOPIC = "persistent://public/default/fake"
+
+
+class FakeId:
+    def __init__(self, entry: int, index: int = -1, size: int = 0) -> None:
+        self._entry, self._index, self._size = entry, index, size
+
+    def ledger_id(self): return 7
+    def entry_id(self): return self._entry
+    def batch_index(self): return self._index
+    def partition(self): return -1
+    def batch_size(self): return self._size
+
+
+class FakeMessage:
+    def __init__(self, entry: int, index: int, size: int, count: int) -> None:
+        self._id = FakeId(entry, index, size)
+        self._count = count
+
+    def message_id(self): return self._id
+    def topic_name(self): return TOPIC
+    def redelivery_count(self): return self._count
+    def data(self): return b"e%d.%d" % (self._id.entry_id(), self._id.batch_index())
+    def properties(self): return {}
+    def partition_key(self): return ""
+    def ordering_key(self): return ""
+    def event_timestamp(self): return 0
+
+
+class FakeConsumer:
+    """The client's consumer: a queue in, a list of acks out."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.acks: list = []
+        self.fail_acks = 0
+
+    async def receive(self):
+        return await self.queue.get()
+
+    async def acknowledge(self, message):
+        if self.fail_acks:
+            self.fail_acks -= 1
+            raise RuntimeError("ack failed")
+        self.acks.append(message.data())
+
+    async def acknowledge_cumulative(self, message):
+        raise RuntimeError("cumulative ack is not allowed on Shared subscriptions")
+
+    def topic(self): return TOPIC
+    def subscription_name(self): return "sub"
+    def consumer_name(self): return "fake"
+    def redeliver_unacknowledged_messages(self): pass
+    async def close(self): pass
+
+
+class FakeBroker:
+    """The adapter: each requested entry comes back ``latency_ms`` later (on the
+    ManualClock), or goes to another consumer when ``elsewhere`` is set."""
+
+    multi_topic = False
+
+    def __init__(self, clock: ManualClock, consumer: FakeConsumer, lead_ms: int, latency_ms: int) -> None:
+        self.clock, self.consumer, self.lead_ms, self.latency_ms = clock, consumer, lead_ms, latency_ms
+        self.sizes: dict[int, int] = {}
+        self.counts: dict[int, int] = {}
+        self.elsewhere = False
+
+    def publish(self, size: int = 1) -> int:
+        entry = len(self.sizes)
+        self.sizes[entry] = size
+        self.send(entry)
+        return entry
+
+    def send(self, entry: int) -> None:
+        size = self.sizes[entry]
+        count = self.counts.get(entry, 0)
+        for index in range(size) if size > 1 else [-1]:
+            self.consumer.queue.put_nowait(FakeMessage(entry, index, size if size > 1 else 0, count))
+
+    async def redeliver(self, keys):
+        for key in keys:
+            if self.elsewhere:
+                continue
+            entry = key.entry_id
+            self.counts[entry] = self.counts.get(entry, 0) + 1
+            self.clock.call_at(self.clock.now_ms() + self.latency_ms, lambda e=entry: self.send(e))
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+class Harness:
+    def __init__(self, lead_ms=30, latency_ms=20, **options) -> None:
+        self.clock = ManualClock(1_000_000)
+        self.raw = FakeConsumer()
+        self.broker = FakeBroker(self.clock, self.raw, lead_ms, latency_ms)
+        self.consumer = TrackedConsumer(self.raw, adapter=self.broker, clock=self.clock, **options)
+        self.got: list = []  # (ms, data, redelivery count)
+
+    async def advance(self, ms: float, ack: bool = False) -> None:
+        """Move the clock in 1 ms steps, letting the pump and the application
+        run at each (``ack``: the application acks what it gets at once)."""
+        for _ in range(int(ms)):
+            self.clock.advance(1)
+            await settle()
+            for msg in await self.drain():
+                if ack:
+                    await self.consumer.acknowledge(msg)
+
+    async def drain(self) -> list:
+        out = []
+        while True:
+            try:
+                msg = await self.consumer.receive(timeout_ms=0)
+            except ReceiveTimeout:
+                return out
+            self.got.append((self.clock.now_ms() - 1_000_000, msg.data(), msg.redelivery_count()))
+            out.append(msg)
+
+    async def close(self) -> None:
+        await self.consumer.close()
+
+
+@pytest.fixture
+async def harness():
+    made = []
+
+    def make(**kw):
+        made.append(Harness(**kw))
+        return made[-1]
+
+    yield make
+    for h in made:
+        await h.close()
+
+
+async def first_delivery(h: Harness, size: int):
+    entry = h.broker.publish(size)
+    await settle()
+    msgs = await h.drain()
+    assert len(msgs) == size
+    return entry, msgs
+
+
+async def test_batch_of_four_acked_and_held_siblings_never_surface_again(harness):
+    """Issue 10, first case: m0 acked, m1 nacked 1000 ms, m2 nacked 1120 ms,
+    each redelivery acked on arrival, m3 still held. Only m1 and m2 surface
+    again, each exactly at its due time; the record ends with m3's ack."""
+    h = harness(precision_bits=0)
+    _, (m0, m1, m2, m3) = await first_delivery(h, 4)
+    h.got.clear()
+    await h.consumer.acknowledge(m0)
+    await h.consumer.negative_acknowledge(m1, delay_ms=1000)
+    await h.consumer.negative_acknowledge(m2, delay_ms=1120)
+    await h.advance(1300, ack=True)
+    assert [(at, data) for at, data, _ in h.got] == [(1000, b"e0.1"), (1120, b"e0.2")]
+    stats = h.consumer.stats()
+    assert stats["held_copies_dropped"] >= 2 and stats["acked_copies_dropped"] >= 2
+    await h.consumer.acknowledge(m3)
+    assert h.consumer.stats()["batch_records"] == 0 and h.consumer.tracker.pending == 0
+
+
+@pytest.mark.parametrize("latency_ms", [5, 29, 45])
+async def test_a_copy_that_arrives_early_is_held_until_due(harness, latency_ms):
+    """The tracker fires lead (30) ms early; a copy back in 5 or 29 ms waits
+    for its due time and surfaces exactly then; one slower than the lead is
+    late by the difference, never early."""
+    h = harness(precision_bits=0, latency_ms=latency_ms)
+    _, (m,) = await first_delivery(h, 1)
+    h.got.clear()
+    await h.consumer.negative_acknowledge(m, delay_ms=500)
+    await h.advance(600)
+    assert [(at, count) for at, _, count in h.got] == [(500 + max(0, latency_ms - 30), 1)]
+    assert h.consumer.stats()["copies_parked"] == (1 if latency_ms < 30 else 0)
+
+
+async def test_coarse_buckets_release_at_the_bucket_start_never_earlier(harness):
+    h = harness(precision_bits=6, latency_ms=5)  # 64 ms buckets, rounding floor
+    _, (m,) = await first_delivery(h, 1)
+    h.got.clear()
+    await h.consumer.negative_acknowledge(m, delay_ms=1000)  # due 1000, bucket 960 (clock starts at 1e6)
+    await h.advance(1100)
+    [(at, _, _)] = h.got
+    assert 1000 - 63 <= at <= 1000
+
+
+async def test_copies_at_another_consumer_do_not_keep_records(harness):
+    """Several consumers on one subscription: the requested copies go to another
+    consumer. Records and requests expire once overdue; nothing grows."""
+    h = harness(precision_bits=0)
+    entries = [await first_delivery(h, 3) for _ in range(5)]
+    h.broker.elsewhere = True
+    for _, msgs in entries:
+        await h.consumer.negative_acknowledge(msgs[1], delay_ms=100)
+        for m in (msgs[0], msgs[2]):
+            await h.consumer.acknowledge(m)
+    assert h.consumer.stats()["batch_records"] == 5
+    h.clock.advance(200)
+    await settle()
+    assert h.consumer.stats()["batch_records"] == 5  # still waiting for the copies
+    h.clock.advance(10_000)
+    await settle()
+    stats = h.consumer.stats()
+    assert (stats["batch_records"], stats["copies_overdue"], stats["parked"]) == (0, 5, 0)
+
+
+async def test_cumulative_ack_that_fails_changes_nothing_and_one_that_succeeds_settles_records(harness):
+    h = harness(precision_bits=0)
+    _, (a, b) = await first_delivery(h, 2)
+    await h.consumer.negative_acknowledge(a, delay_ms=300)
+    with pytest.raises(RuntimeError, match="cumulative"):
+        await h.consumer.acknowledge_cumulative(b)
+    assert h.consumer.stats()["batch_records"] == 1 and h.consumer.tracker.pending == 1
+
+    async def cumulative(message):
+        h.raw.acks.append(("cumulative", message.data()))
+
+    h.raw.acknowledge_cumulative = cumulative
+    await h.consumer.acknowledge_cumulative(b)
+    assert h.consumer.stats()["batch_records"] == 0 and h.consumer.stats()["held"] == 0
+    h.got.clear()
+    await h.advance(400)
+    assert h.got == []  # the nacked message was covered: its copy is dropped
+
+
+async def test_a_failed_ack_leaves_the_pending_nack_in_place(harness):
+    """The ack raises: the nack stays pending and the message comes back on time."""
+    h = harness(precision_bits=0)
+    _, (m,) = await first_delivery(h, 1)
+    await h.consumer.negative_acknowledge(m, delay_ms=200)
+    h.raw.fail_acks = 1
+    with pytest.raises(RuntimeError, match="ack failed"):
+        await h.consumer.acknowledge(m)
+    assert h.consumer.tracker.pending == 1
+    h.got.clear()
+    await h.advance(300)
+    assert [(at, count) for at, _, count in h.got] == [(200, 1)]
+
+
+async def test_a_nack_after_an_ack_is_ignored(harness, caplog):
+    h = harness(precision_bits=0)
+    _, (m,) = await first_delivery(h, 1)
+    await h.consumer.acknowledge(m)
+    with caplog.at_level(logging.WARNING, logger="nacktracker.consumer"):
+        await h.consumer.negative_acknowledge(m, delay_ms=100)
+    assert "acknowledged already" in caplog.text
+    assert h.consumer.tracker.pending == 0 and h.consumer.stats()["nacks_after_ack"] == 1
+    assert h.consumer.stats()["batch_records"] == 0
+
+
+async def test_acked_and_held_messages_never_surface_again_whatever_copies_arrive(harness):
+    """A reconnect makes the broker resend everything unacknowledged, twice:
+    the acked entry and the held one are dropped, the nacked one waits for its
+    due time and surfaces once."""
+    h = harness(precision_bits=0, backoff=FixedBackoff(400))
+    acked, (ma,) = await first_delivery(h, 1)
+    held, (mh,) = await first_delivery(h, 1)
+    nacked, (mn,) = await first_delivery(h, 1)
+    await h.consumer.acknowledge(ma)
+    await h.consumer.negative_acknowledge(mn)  # the backoff's 400 ms
+    h.got.clear()
+    for _ in range(2):
+        for entry in (acked, held, nacked):
+            h.broker.send(entry)
+    await h.advance(500)
+    assert [(at, data) for at, data, _ in h.got] == [(400, mn.data())]
+    stats = h.consumer.stats()
+    assert stats["acked_copies_dropped"] == 2 and stats["held_copies_dropped"] == 2
+    assert stats["early_copies_dropped"] == 2
+    await h.consumer.acknowledge(mh)
+
+
+async def test_siblings_still_arriving_when_one_is_nacked_surface(harness):
+    h = harness(precision_bits=0, prefetch=1)
+    h.broker.publish(3)
+    await settle()
+    first = await h.consumer.receive(timeout_ms=0)
+    await h.consumer.negative_acknowledge(first, delay_ms=100)
+    rest = []
+    for _ in range(5):
+        await settle()
+        rest += await h.drain()
+    assert [m.data() for m in rest] == [b"e0.1", b"e0.2"]
+
+
+async def test_the_learned_lead_is_read_by_the_tracker_at_every_fire(harness):
+    h = harness(precision_bits=0, latency_ms=10)
+    _, (m,) = await first_delivery(h, 1)
+    h.broker.lead_ms = 80  # an adapter that learned a longer path
+    await h.consumer.negative_acknowledge(m, delay_ms=300)
+    assert h.consumer.tracker.next_fire_ms() == 1_000_000 + 300 - 80
+    assert h.consumer.stats()["lead_ms"] == 80
+
+
+async def test_boundary_errors_change_nothing(harness):
+    h = harness(precision_bits=0)
+    _, (m,) = await first_delivery(h, 1)
+    with pytest.raises(ValueError):
+        await h.consumer.negative_acknowledge(m, delay_ms=-1)
+    with pytest.raises(TypeError):
+        await h.consumer.negative_acknowledge(MessageKey(1, 2))
+    with pytest.raises(TypeError, match="unknown TrackedConsumer option"):
+        TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock, delay=5)
+    with pytest.raises(ValueError, match="dedup_capacity needs dedup"):
+        TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock, dedup=False, dedup_capacity=5)
+    assert h.consumer.tracker.pending == 0 and h.consumer.stats()["held"] == 1

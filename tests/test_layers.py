@@ -1,0 +1,131 @@
+"""The layer rules of ARCHITECTURE.md, checked on the source (AST), per module:
+
+* pure modules (the index, backoff, keys, checks, the consumer's delivery
+  core) import no pulsar, no asyncio, no clock, no I/O;
+* only the adapters' Pulsar module, the consumer's Pulsar shell and the
+  dead-letter publisher (plus the demo, its scenarios and the embedded-broker
+  helper, which drive a real broker) import pulsar; importing the package and the delivery core loads no pulsar-client;
+* only the tracker and the clock read time; the exceptions each say why
+  (a snapshot's age is wall time across processes; the Pulsar adapter spaces
+  its bursts and measures its path on the client's side of the boundary);
+  the consumer package reads its clock only through the tracker.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "nacktracker"
+MODULES = sorted(p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*.py"))
+
+PURE = {"index.py", "backoff.py", "keys.py", "_checks.py", "consumer/core.py", "consumer/state.py"}
+IMPURE_IMPORTS = {"pulsar", "_pulsar", "asyncio", "time", "os", "socket", "threading", "subprocess", "io"}
+
+PULSAR_IMPORTERS = {
+    "adapters/pulsar.py": "the adapter: the one redelivery path into the client",
+    "consumer/shell.py": "the consumer's Pulsar shell",
+    "consumer/options.py": "subscribe() makes the client's consumer",
+    "consumer/errors.py": "its exceptions are the client's exceptions too",
+    "dead_letters.py": "publishes dead letters through the client's producers (issue 11)",
+    "testing.py": "probes the embedded broker it starts",
+}
+#: The demo and the broker scenarios it and bench/ run drive a real broker beside the plain client,
+#: and measure it.
+DRIVERS = ("demo/", "scenarios/", "demo.py")
+
+TIME_READERS = {
+    "tracker.py": "the tracker knows time (event timestamps)",
+    "clock.py": "the clocks themselves",
+    "snapshot.py": "a snapshot's age is wall time across processes",
+    "consumer/persist.py": "a snapshot's age is wall time across processes",
+    "adapters/pulsar.py": "burst spacing and path latency, on the client's side of the boundary",
+    "adapters/memory.py": "the test adapter stamps its calls",
+    "events.py": "event records carry wall timestamps",
+    "testing.py": "waits for the embedded broker to start",
+    "workloads.py": "benchmark workloads",
+}
+TIME_FUNCS = {"time", "monotonic", "perf_counter", "time_ns", "monotonic_ns", "perf_counter_ns"}
+
+
+def tree(module: str) -> ast.Module:
+    return ast.parse((ROOT / module).read_text(), module)
+
+
+def imported(module: str) -> set[str]:
+    """Top-level names of every module imported (absolute), anywhere in the file."""
+    names = set()
+    for node in ast.walk(tree(module)):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def relative_imports(module: str) -> set[str]:
+    names = set()
+    for node in ast.walk(tree(module)):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            names.add((node.module or "").split(".")[-1])
+            names |= {alias.name for alias in node.names}
+    return names
+
+
+def time_reads(module: str) -> list[str]:
+    """``time.monotonic()``-style calls and ``.time()`` calls (loop.time())."""
+    found = []
+    for node in ast.walk(tree(module)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            attr, owner = node.func.attr, node.func.value
+            if attr in TIME_FUNCS and isinstance(owner, ast.Name) and owner.id == "time":
+                found.append(f"time.{attr}() line {node.lineno}")
+            elif attr == "time" and not node.args:
+                found.append(f".time() line {node.lineno}")
+        elif isinstance(node, ast.ImportFrom) and node.module == "time":
+            found.append(f"from time import … line {node.lineno}")
+    return found
+
+
+@pytest.mark.parametrize("module", sorted(PURE))
+def test_pure_modules_import_no_pulsar_asyncio_clock_or_io(module):
+    assert not imported(module) & IMPURE_IMPORTS, imported(module) & IMPURE_IMPORTS
+    assert "clock" not in relative_imports(module)
+    calls = {n.func.id for n in ast.walk(tree(module)) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    assert "open" not in calls and "print" not in calls
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_only_the_pulsar_layers_import_pulsar(module):
+    uses = imported(module) & {"pulsar", "_pulsar"}
+    assert not uses or module in PULSAR_IMPORTERS or module.startswith(DRIVERS), f"{module} imports {uses}"
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_only_the_tracker_and_clock_read_time(module):
+    if module in TIME_READERS or module.startswith(("pipeline/",) + DRIVERS):  # offline jobs, measurements
+        return
+    assert not time_reads(module), f"{module} reads time: {time_reads(module)}"
+
+
+def test_the_consumer_reads_time_only_through_the_trackers_clock():
+    for module in ("consumer/shell.py", "consumer/core.py", "consumer/options.py", "consumer/dlq.py"):
+        source = (ROOT / module).read_text()
+        assert "get_running_loop().time" not in source and "loop.time" not in source, module
+        assert "call_later" not in source and ".call_at(" not in source.replace("clock.call_at(", ""), module
+
+
+def test_importing_the_package_and_the_core_loads_no_pulsar_client():
+    code = ("import sys, nacktracker, nacktracker.consumer.core, nacktracker.adapters; "
+            "bad = [m for m in ('pulsar', '_pulsar') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT.parent)
+
+
+def test_consumer_modules_stay_small():
+    for path in sorted((ROOT / "consumer").glob("*.py")):
+        lines = len(path.read_text().splitlines())
+        assert lines <= 400, f"{path.name}: {lines} lines"
