@@ -22,38 +22,11 @@ from nacktracker.pipeline.memory_model import IndexCosts
 from nacktracker.pipeline.pending import analyse_rows, quantile
 from nacktracker.pipeline.plan import measured_costs, recommend
 
+from pipeline_helpers import fresh_copy, nacks_by_consumer, replay
+
 ROOT = Path(__file__).resolve().parents[1]
 T0 = 1_700_000_000_000
 BITS = (0, 4, 8, 12)
-
-
-# -- an exact in-process replay with the real index ---------------------------------
-
-def replay(rows, bits, rounding="floor", stop_at=None):
-    """Feed ``(ts, ledger, entry, due)`` nacks to a TimeBucketIndex in time order,
-    firing every bucket whose time has come. Returns ``(peak, first instant,
-    index)``; with ``stop_at`` the index is the state at that instant."""
-    idx = TimeBucketIndex(precision_bits=bits, rounding=rounding)
-    peak, at = 0, None
-    for ts, group in itertools.groupby(sorted(rows), key=lambda r: r[0]):
-        if stop_at is not None and ts > stop_at:
-            break
-        idx.pop_due(ts)
-        for _, ledger, entry, due in group:
-            idx.add(ledger, entry, due)
-        idx.pop_due(ts)  # a bucket already in the past fires at once
-        if len(idx) > peak:
-            peak, at = len(idx), ts
-    return peak, at, idx
-
-
-def fresh_copy(idx: TimeBucketIndex) -> TimeBucketIndex:
-    """The same pending messages in a freshly built index."""
-    out = TimeBucketIndex(precision_bits=idx.precision_bits, rounding=idx.rounding)
-    for bucket, ledger, bm in idx.iter_bitmaps():
-        out.add_many(ledger, array.array("Q", bm) if bm.max() >= 1 << 32 else array.array("I", bm), bucket)
-    out.compact()
-    return out
 
 
 # -- the kernel, no Spark -----------------------------------------------------------
@@ -181,16 +154,6 @@ def planned(spark, trace):
     from nacktracker.pipeline.plan import run_plan
 
     return run_plan(spark, trace, BITS, max_early_ms=300)
-
-
-def nacks_by_consumer(path):
-    table = pq.read_table(path).to_pandas()
-    table = table[table["kind"] == "nack"]
-    out = {}
-    for name, g in table.groupby("consumer"):
-        out[name] = list(zip(g["ts_ms"].tolist(), g["ledger_id"].tolist(), g["entry_id"].tolist(),
-                             (g["ts_ms"] + g["delay_ms"]).tolist()))
-    return out
 
 
 @pytest.mark.spark

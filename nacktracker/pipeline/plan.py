@@ -37,6 +37,7 @@ from ..events import EmptyTraceError
 from . import DEFAULT_BITS, DEFAULT_MAX_EARLY_MS
 from .load import TraceSummary, load_trace
 from .memory_model import IndexCosts
+from .progress import Progress
 from .spark import default_parallelism, quiet_pandas_check
 
 __all__ = ["PlanResult", "run_plan", "recommend", "DEFAULT_BITS", "DEFAULT_MAX_EARLY_MS"]
@@ -172,7 +173,7 @@ def _make_kernel(bits: Sequence[int], costs: IndexCosts, rounding: str):
 
 def run_plan(spark, trace: str, bits: Sequence[int] = DEFAULT_BITS, *,
              max_early_ms: float = DEFAULT_MAX_EARLY_MS, rounding: str = "floor",
-             fmt: str = "auto", partitions: Optional[int] = None) -> PlanResult:
+             fmt: str = "auto", partitions: Optional[int] = None, progress=None) -> PlanResult:
     """Run the whole plan job on ``trace``; return the tables for the report.
 
     Raises :class:`~nacktracker.events.TraceError` for unusable traces.
@@ -186,9 +187,11 @@ def run_plan(spark, trace: str, bits: Sequence[int] = DEFAULT_BITS, *,
         raise ValueError(f"bits must be between 0 and 30, got {bits}")
     if rounding not in ("floor", "ceil"):
         raise ValueError(f"rounding must be 'floor' or 'ceil', got {rounding!r}")
+    progress = progress or Progress("plan", enabled=False)
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
-    events, summary = load_trace(spark, trace, fmt)
+    with progress.phase("validate", f"checking {trace} (one scan)"):
+        events, summary = load_trace(spark, trace, fmt)
     seconds["validate"] = time.perf_counter() - t0
     if summary.nacks == 0:
         raise EmptyTraceError(f"{trace}: no 'nack' events (found {summary.kinds})", "kind")
@@ -201,14 +204,17 @@ def run_plan(spark, trace: str, bits: Sequence[int] = DEFAULT_BITS, *,
         results = nacks.mapInArrow(_make_kernel(bits, costs, rounding), _RESULT_SCHEMA).persist()
 
     t1 = time.perf_counter()
-    rows = _to_pandas(results.drop("err_values", "err_counts"))
+    with progress.phase("analyse", f"{summary.nacks:,} nacks of {len(names):,} consumers: shuffle, sort, "
+                                   f"{len(bits)} bits per consumer in {parts} tasks"):
+        rows = _to_pandas(results.drop("err_values", "err_counts"))
     seconds["analyse"] = time.perf_counter() - t1
     t2 = time.perf_counter()
     fleet_errors = (results.select("bits", F.explode(F.arrays_zip("err_values", "err_counts")).alias("h"))
                     .groupBy("bits", F.col("h.err_values").alias("error_ms"))
                     .agg(F.sum("h.err_counts").alias("nacks"))
                     .orderBy("bits", "error_ms"))
-    fleet_errors = _to_pandas(fleet_errors)
+    with progress.phase("fleet", "error histogram over all nacks"):
+        fleet_errors = _to_pandas(fleet_errors)
     results.unpersist()
     seconds["fleet"] = time.perf_counter() - t2
 
