@@ -389,3 +389,63 @@ def test_sweep_runs_the_grid_as_spark_tasks(spark):
     text = table(rows)
     assert sum(line.startswith("| ") for line in text.splitlines()) == len(rows) + 1
     assert "| 2.000 |" in text  # seed 000's estimate for x=1, y=8
+
+
+# -- traces whose files disagree ------------------------------------------------------------
+
+@pytest.mark.spark
+@needs_spark
+def test_a_directory_mixing_file_schemas_names_the_file_and_column(spark, tmp_path, capsys):
+    from nacktracker.pipeline.cli import main
+    from nacktracker.pipeline.plan import run_plan
+
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    pq.write_table(pa.table(good_table()), folder / "a.parquet")
+    bad = good_table()
+    bad["ledger_id"] = [str(v) for v in bad["ledger_id"]]
+    pq.write_table(pa.table(bad), folder / "b.parquet")
+    with pytest.raises(ColumnTypeError, match=r"mixed/b\.parquet: column 'ledger_id' must hold integers, found string"):
+        run_plan(spark, str(folder), [0])
+    assert main(["plan", str(folder), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "b.parquet: column 'ledger_id'" in err[0]
+
+
+@pytest.mark.spark
+@needs_spark
+def test_integer_widths_may_differ_between_files(spark, tmp_path):
+    from nacktracker.pipeline.plan import run_plan
+
+    folder = tmp_path / "widths"
+    folder.mkdir()
+    pq.write_table(pa.table(good_table()), folder / "a.parquet")  # int64 from Python ints
+    narrow = pa.table(good_table()).cast(pa.schema([
+        ("ts_ms", pa.int64()), ("kind", pa.string()), ("ledger_id", pa.int32()), ("entry_id", pa.int32()),
+        ("delay_ms", pa.int32()), ("consumer", pa.string())]))
+    pq.write_table(narrow, folder / "b.parquet")
+    result = run_plan(spark, str(folder), [0])
+    assert result.consumers["nacks"].tolist() == [10]
+    assert result.consumers["peak_pending"].tolist() == [5]  # a's and b's messages are the same 5
+
+
+@pytest.mark.spark
+@needs_spark
+def test_stale_spark_schema_metadata_is_not_trusted(spark, tmp_path):
+    """A Spark-written file rewritten with pyarrow keeps Spark's schema in its
+    metadata; a column dropped since must be reported missing, not null."""
+    from nacktracker.pipeline.plan import run_plan
+
+    folder = tmp_path / "stale"
+    spark.createDataFrame(pa.table(good_table()).to_pandas()).coalesce(1).write.parquet(str(folder))
+    (written,) = [p for p in folder.iterdir() if p.suffix == ".parquet"]
+    table = pq.read_table(written)
+    assert b"org.apache.spark.sql.parquet.row.metadata" in table.schema.metadata
+    pq.write_table(table.drop_columns(["delay_ms"]), written)  # the metadata goes along
+    with pytest.raises(MissingColumnError, match=rf"{written.name}: missing column 'delay_ms'"):
+        run_plan(spark, str(folder), [0])
+    table = table.set_column(table.schema.get_field_index("entry_id"), "entry_id",
+                             pa.array([str(v) for v in good_table()["entry_id"]]))
+    pq.write_table(table, written)
+    with pytest.raises(ColumnTypeError, match=rf"{written.name}: column 'entry_id' must hold integers"):
+        run_plan(spark, str(folder), [0])
