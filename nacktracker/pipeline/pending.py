@@ -22,14 +22,27 @@ The model, per precision ``bits`` (``rounding="floor"``; ``"ceil"`` rounds up):
   ``run_optimize`` + ``shrink_to_fit``), sized by
   :mod:`~nacktracker.pipeline.memory_model`.
 
-Cost per consumer with n nacks: O(n) per bits plus two sorts of n
-(numpy, ~0.1 s per million), plus ~10 µs per bitmap pending at the peak.
-Memory: the 32 bytes per nack of the input plus about 50 of temporaries.
+Many consumers at once (:func:`analyse_group`): a Spark task hands the kernel
+a group of whole consumers (up to about a million rows), and every step above
+runs once over the group with the consumer as the leading sort key — the
+sweep sorts ``consumer × span + time`` keys, histograms and quantiles are
+segment reductions — so a thousand small consumers cost what their nacks
+cost, not a thousand numpy round trips. Only the memory at the peak loops in
+Python, per consumer and per bitmap pending there.
+
+It also samples pending over time on a :class:`Grid` (the same instants for
+every consumer): the value at each bin start and the maximum within the bin.
+
+Cost per group of n nacks: O(n log n) per bits (numpy sorts, ~0.1 s per
+million), plus ~10 µs per bitmap pending at a peak, plus O(consumers × bins)
+for the series. Memory: the 40 bytes per nack of the input plus about 60 of
+temporaries.
 """
 
 from __future__ import annotations
 
 import array
+import math
 import sys
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
@@ -40,7 +53,8 @@ from pyroaring import BitMap, BitMap64
 from ..index import _roaring_bytes
 from .memory_model import IndexCosts, dict_bytes, dict_bytes_many, set_bytes
 
-__all__ = ["BitsResult", "analyse_consumer", "quantile", "bucket_times"]
+__all__ = ["BitsResult", "Grid", "analyse_group", "analyse_consumer", "quantile", "bucket_times",
+           "SCALAR_COLUMNS", "LIST_COLUMNS"]
 
 _U32 = 1 << 32
 
@@ -92,19 +106,6 @@ def quantile(values: np.ndarray, counts: np.ndarray, q: float, absolute: bool = 
     cum = np.cumsum(counts)
     rank = max(1, int(np.ceil(q * cum[-1])))
     return int(values[np.searchsorted(cum, rank)])
-
-
-def _is_sorted(ledger: np.ndarray, entry: np.ndarray, due: np.ndarray) -> bool:
-    if len(ledger) < 2:
-        return True
-    dl = np.diff(ledger)
-    if (dl < 0).any():
-        return False
-    same_l = dl == 0
-    de = np.diff(entry)
-    if (same_l & (de < 0)).any():
-        return False
-    return not (same_l & (de == 0) & (np.diff(due) < 0)).any()
 
 
 _ONE_BITMAP_BYTES: dict[type, int] = {}
@@ -166,71 +167,260 @@ def _index_at(ledger: np.ndarray, entry: np.ndarray, bucket: np.ndarray,
     return costs.index_bytes(exact, len(lo)), roaring, buckets, len(lo), len(ledgers)
 
 
-def analyse_consumer(ledger: np.ndarray, entry: np.ndarray, ts: np.ndarray, due: np.ndarray,
-                     bits_list: Sequence[int], costs: IndexCosts,
-                     rounding: str = "floor") -> list[BitsResult]:
-    """Peak pending, memory at the peak and redelivery errors for every ``bits``.
+@dataclass(frozen=True)
+class Grid:
+    """Instants at which pending is sampled: ``start_ms + k × step_ms``, k < bins."""
 
-    Arrays: one consumer's nacks (int64). Sorted by ``(ledger, entry, due)``
-    is expected (the Spark job sorts once); unsorted input is sorted here.
-    Runtime: O(n log n) per bits (two numpy sorts), plus the bitmaps at the peak.
+    start_ms: int
+    step_ms: int
+    bins: int
+
+    @classmethod
+    def spanning(cls, first_ms: int, last_ms: int, bins: int = 200) -> "Grid":
+        """``bins`` equal bins covering ``[first_ms, last_ms]``."""
+        step = max(1, math.ceil((last_ms - first_ms + 1) / bins))
+        return cls(int(first_ms), int(step), int(bins))
+
+    def times(self) -> np.ndarray:
+        return self.start_ms + self.step_ms * np.arange(self.bins, dtype=np.int64)
+
+
+#: Per (consumer, bits) integer columns of :func:`analyse_group`, besides ``cid`` and ``bits``.
+SCALAR_COLUMNS = ("nacks", "occurrences", "immediate", "merged", "peak_pending", "peak_at_ms", "buckets",
+                  "bitmaps", "ledgers", "roaring_bytes", "index_bytes", "dict_index_bytes",
+                  "err_p50", "err_p90", "err_p99", "err_max")
+_QUANTILES = (("err_p50", 0.5), ("err_p90", 0.9), ("err_p99", 0.99), ("err_max", 1.0))
+#: Per (consumer, bits) list columns: the signed error histogram and the pending series.
+LIST_COLUMNS = ("err_values", "err_counts", "pending_at", "pending_max")
+
+
+def _is_sorted(cid, ledger, entry, due) -> bool:
+    """Rows sorted by ``(cid, ledger, entry, due)``? Runtime: O(n)."""
+    if len(cid) < 2:
+        return True
+    keys = (cid, ledger, entry, due)
+    tie = np.ones(len(cid) - 1, dtype=bool)
+    for k in keys:
+        d = np.diff(k)
+        if (tie & (d < 0)).any():
+            return False
+        tie &= d == 0
+    return True
+
+
+def _sweep(lc: np.ndarray, start: np.ndarray, fire: np.ndarray, k: int, grid: Optional[Grid]):
+    """Exact peak of pending per consumer, its first instant, and the series.
+
+    ``lc``: consumer index (0..k-1, non-decreasing) of each live occurrence,
+    pending from ``start`` until ``fire``. Keys ``consumer × span + time``
+    make one sort serve all consumers; when they would overflow int64 the
+    consumers are swept in slices. Returns ``(peak, at, pending_at,
+    pending_max)``; ``at`` is -1 for a consumer never pending; the series are
+    ``k × bins`` (empty without a grid).
     """
-    ledger, entry, ts, due = (np.asarray(a, dtype=np.int64) for a in (ledger, entry, ts, due))
-    if not _is_sorted(ledger, entry, due):
-        order = np.lexsort((due, entry, ledger))
-        ledger, entry, ts, due = ledger[order], entry[order], ts[order], due[order]
+    bins = grid.bins if grid else 0
+    peak = np.zeros(k, dtype=np.int64)
+    at = np.full(k, -1, dtype=np.int64)
+    p_at = np.zeros((k, bins), dtype=np.int64)
+    p_max = np.zeros((k, bins), dtype=np.int64)
+    if len(lc) == 0:
+        return peak, at, p_at, p_max
+    tmin = int(start.min())
+    span = int(fire.max()) - tmin + 1
+    per_slice = max(1, (1 << 62) // span)
+    c_lo = 0
+    while c_lo < k:
+        c_hi = min(k, c_lo + per_slice)
+        lo, hi = np.searchsorted(lc, [c_lo, c_hi])
+        if hi > lo:
+            _sweep_slice(lc[lo:hi] - c_lo, start[lo:hi], fire[lo:hi], c_hi - c_lo, tmin, span, grid,
+                         peak[c_lo:c_hi], at[c_lo:c_hi], p_at[c_lo:c_hi], p_max[c_lo:c_hi])
+        c_lo = c_hi
+    return peak, at, p_at, p_max
+
+
+def _sweep_slice(lc, start, fire, k, tmin, span, grid, peak, at, p_at, p_max) -> None:
+    """:func:`_sweep` for consumers whose keys fit in int64; fills the output views."""
+    m = len(lc)
+    base = np.arange(k, dtype=np.int64) * span
+    sk = np.sort(lc * span + (start - tmin))
+    fk = np.sort(lc * span + (fire - tmin))
+    s_off = np.searchsorted(sk, base)
+    f_off = np.searchsorted(fk, base)
+    owner = sk // span
+    # pending just after the i-th start of its consumer = its starts so far -
+    # its fires so far (a fire at t ends before t)
+    pending = (np.arange(m) - s_off[owner] + 1) - (np.searchsorted(fk, sk, side="right") - f_off[owner])
+    has = np.bincount(owner, minlength=k) > 0
+    segs = s_off[has]
+    seg_max = np.maximum.reduceat(pending, segs)
+    lengths = np.diff(np.append(segs, m))
+    first_hit = np.minimum.reduceat(np.where(pending == np.repeat(seg_max, lengths), np.arange(m), m), segs)
+    peak[has] = seg_max
+    at[has] = sk[first_hit] - base[has] + tmin
+    if grid is None:
+        return
+    times = grid.times()
+    inside = times >= tmin
+    q = base[:, None] + np.clip(times - tmin, 0, span - 1)[None, :]
+    values = ((np.searchsorted(sk, q, side="right") - s_off[:, None])
+              - (np.searchsorted(fk, q, side="right") - f_off[:, None]))
+    values[:, ~inside] = 0
+    p_at[:] = values
+    # the maximum within a bin: its start value, or a value just after a start inside it
+    b = (sk - base[owner] + tmin - grid.start_ms) // grid.step_ms
+    ok = (b >= 0) & (b < grid.bins)
+    flat = np.zeros(k * grid.bins, dtype=np.int64)
+    np.maximum.at(flat, owner[ok] * grid.bins + b[ok], pending[ok])
+    p_max[:] = np.maximum(flat.reshape(k, grid.bins), values)
+
+
+def _error_histograms(lcid: np.ndarray, err: np.ndarray, k: int):
+    """Per consumer: distinct errors with counts (signed), and the nearest-rank
+    quantiles of ``|error|``. Returns ``(offsets, values, counts, {name: array})``."""
+    order = np.lexsort((err, lcid))
+    c, e = lcid[order], err[order]
+    n = len(e)
+    new = np.ones(n, dtype=bool)
+    new[1:] = (c[1:] != c[:-1]) | (e[1:] != e[:-1])
+    heads = np.flatnonzero(new)
+    values, owners = e[heads], c[heads]
+    counts = np.diff(np.append(heads, n))
+    offsets = np.searchsorted(owners, np.arange(k + 1))
+    # |error|: the same with the signs dropped (floor mode is all <= 0, ceil mixes)
+    a = np.abs(values)
+    order = np.lexsort((a, owners))
+    ao, aa, ac = owners[order], a[order], counts[order]
+    new = np.ones(len(aa), dtype=bool)
+    new[1:] = (ao[1:] != ao[:-1]) | (aa[1:] != aa[:-1])
+    heads = np.flatnonzero(new)
+    ao, aa, ac = ao[heads], aa[heads], np.add.reduceat(ac, heads)
+    cum = np.cumsum(ac)
+    a_off = np.searchsorted(ao, np.arange(k))
+    before = np.where(a_off > 0, cum[np.maximum(a_off - 1, 0)], 0)
+    total = np.bincount(lcid, minlength=k)
+    quantiles = {}
+    for name, q in _QUANTILES:
+        rank = np.maximum(1, np.ceil(q * total).astype(np.int64))
+        quantiles[name] = aa[np.searchsorted(cum, before + rank)]
+    return offsets, values, counts, quantiles
+
+
+def analyse_group(cid: np.ndarray, ledger: np.ndarray, entry: np.ndarray, ts: np.ndarray, due: np.ndarray,
+                  bits_list: Sequence[int], costs: IndexCosts, rounding: str = "floor",
+                  grid: Optional[Grid] = None) -> dict:
+    """:func:`analyse_consumer` for many consumers at once, vectorised over the group.
+
+    Arrays: nacks of whole consumers (int64), consumer id ``cid`` first;
+    sorted by ``(cid, ledger, entry, due)`` is expected (the Spark job sorts
+    once), unsorted input is sorted here. Returns columns with one row per
+    (consumer, bits), bits-major: ``cid``, ``bits``, :data:`SCALAR_COLUMNS`
+    (``peak_at_ms`` -1 when never pending), ``err_mean`` and, for each of
+    :data:`LIST_COLUMNS`, ``(offsets, values)`` of the per-row lists.
+    Runtime: see the module docstring.
+    """
+    cid, ledger, entry, ts, due = (np.asarray(a, dtype=np.int64) for a in (cid, ledger, entry, ts, due))
     n = len(ts)
-    new_message = np.ones(n, dtype=bool)
+    if not _is_sorted(cid, ledger, entry, due):
+        order = np.lexsort((due, entry, ledger, cid))
+        cid, ledger, entry, ts, due = cid[order], ledger[order], entry[order], ts[order], due[order]
+    change = np.ones(n, dtype=bool)
+    change[1:] = cid[1:] != cid[:-1]
+    lcid = np.cumsum(change) - 1
+    heads = np.flatnonzero(change)
+    k = len(heads)
+    nacks = np.diff(np.append(heads, n))
+    new_message = change.copy()
     if n > 1:
-        new_message[1:] = (ledger[1:] != ledger[:-1]) | (entry[1:] != entry[:-1])
-    out = []
-    for bits in bits_list:
-        out.append(_one_bits(ledger, entry, ts, due, new_message, int(bits), costs, rounding))
+        new_message[1:] |= (ledger[1:] != ledger[:-1]) | (entry[1:] != entry[:-1])
+    parts = [_group_bits(lcid, k, nacks, ledger, entry, ts, due, new_message, int(b), costs, rounding, grid)
+             for b in bits_list]
+    out: dict = {"cid": np.tile(cid[heads], len(parts)),
+                 "bits": np.repeat(np.asarray([int(b) for b in bits_list], dtype=np.int64), k)}
+    for name in (*SCALAR_COLUMNS, "err_mean"):
+        out[name] = np.concatenate([p[name] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
+    for name in LIST_COLUMNS:
+        offsets, values, shift = [np.zeros(1, dtype=np.int64)], [], 0
+        for p in parts:
+            off, val = p[name]
+            offsets.append(off[1:] + shift)
+            values.append(val)
+            shift += len(val)
+        out[name] = (np.concatenate(offsets), np.concatenate(values) if values else np.zeros(0, np.int64))
     return out
 
 
-def _one_bits(ledger, entry, ts, due, new_message, bits, costs, rounding) -> BitsResult:
+def _series_lists(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    k, bins = matrix.shape
+    return np.arange(k + 1, dtype=np.int64) * bins, matrix.reshape(-1)
+
+
+def _group_bits(lcid, k, nacks, ledger, entry, ts, due, new_message, bits, costs, rounding, grid) -> dict:
+    """Every consumer of the group at one precision."""
     n = len(ts)
     bucket = bucket_times(due, bits, rounding)
-    # occurrence = run of one (ledger, entry) into one bucket: rows are sorted by
-    # (ledger, entry, due) and the bucket grows with due, so runs are contiguous
+    # occurrence = run of one (consumer, ledger, entry) into one bucket: rows are
+    # sorted by (consumer, ledger, entry, due) and the bucket grows with due
     new_occ = new_message.copy()
     if n > 1:
         new_occ[1:] |= bucket[1:] != bucket[:-1]
     first = np.flatnonzero(new_occ)
     if len(first) == n:  # the common case: no message nacked twice into one bucket
-        start, occ_bucket, occ_ledger, occ_entry = ts, bucket, ledger, entry
+        start, occ_bucket, occ_ledger, occ_entry, occ_c = ts, bucket, ledger, entry, lcid
     else:
         start = np.minimum.reduceat(ts, first)
-        occ_bucket, occ_ledger, occ_entry = bucket[first], ledger[first], entry[first]
+        occ_bucket, occ_ledger, occ_entry, occ_c = bucket[first], ledger[first], entry[first], lcid[first]
     live = occ_bucket > start  # else the bucket had passed: fired at once, never pending
-    fire_row = np.maximum(bucket, ts)
-    immediate = int(np.count_nonzero(bucket <= ts))
-    starts = np.sort(start[live])
-    fires = np.sort(occ_bucket[live])
-    m = len(starts)
-    peak, at = 0, None
-    if m:
-        # pending just after the i-th start = starts so far - fires so far (fires at t end before t)
-        pending = np.arange(1, m + 1) - np.searchsorted(fires, starts, side="right")
-        i = int(pending.argmax())
-        peak, at = int(pending[i]), int(starts[i])
-    if at is not None:
-        now = live & (start <= at) & (occ_bucket > at)
-        sel = np.flatnonzero(now)
-        assert len(sel) == peak, (len(sel), peak)
-        nbytes, roaring, nbuckets, nbitmaps, nledgers = _index_at(
-            occ_ledger[sel], occ_entry[sel], occ_bucket[sel], costs)
-    else:
-        nbytes, roaring, nbuckets, nbitmaps, nledgers = _index_at(
-            ledger[:0], entry[:0], bucket[:0], costs)
-    err_values, err_counts = np.unique(fire_row - due, return_counts=True)
-    return BitsResult(
-        bits=bits, nacks=n, occurrences=m, immediate=immediate, merged=n - immediate - m,
-        peak_pending=peak, peak_at_ms=at, buckets=nbuckets, bitmaps=nbitmaps, ledgers=nledgers,
-        roaring_bytes=roaring, index_bytes=nbytes,
-        dict_index_bytes=round(costs.dict_index_per_entry * peak),
-        err_values=err_values.astype(np.int64), err_counts=err_counts.astype(np.int64))
+    immediate = np.bincount(lcid[bucket <= ts], minlength=k)
+    occurrences = np.bincount(occ_c[live], minlength=k)
+    peak, at, p_at, p_max = _sweep(occ_c[live], start[live], occ_bucket[live], k, grid)
+
+    # memory at each consumer's peak: the occurrences pending at that instant
+    at_occ = at[occ_c]
+    sel = np.flatnonzero(live & (start <= at_occ) & (occ_bucket > at_occ))
+    cuts = np.searchsorted(occ_c[sel], np.arange(k + 1))
+    assert np.array_equal(np.diff(cuts), peak), "pending at the peak instant != peak"
+    mem = np.zeros((5, k), dtype=np.int64)  # index, roaring, buckets, bitmaps, ledgers
+    mem[:, :] = np.asarray(_index_at(ledger[:0], entry[:0], bucket[:0], costs))[:, None]  # never pending
+    for c in np.flatnonzero(peak).tolist():  # Python per consumer and bitmap: the one loop left
+        s = sel[cuts[c]:cuts[c + 1]]
+        mem[:, c] = _index_at(occ_ledger[s], occ_entry[s], occ_bucket[s], costs)
+
+    err = np.maximum(bucket, ts) - due  # redelivered at its bucket, or at once if that had passed
+    offsets, values, counts, quantiles = _error_histograms(lcid, err, k)
+    out = {
+        "nacks": nacks, "occurrences": occurrences, "immediate": immediate,
+        "merged": nacks - immediate - occurrences, "peak_pending": peak, "peak_at_ms": at,
+        "index_bytes": mem[0], "roaring_bytes": mem[1], "buckets": mem[2], "bitmaps": mem[3], "ledgers": mem[4],
+        "dict_index_bytes": np.round(costs.dict_index_per_entry * peak).astype(np.int64),
+        "err_mean": np.bincount(lcid, weights=err.astype(np.float64), minlength=k) / nacks,
+        "err_values": (offsets, values), "err_counts": (offsets, counts),
+        "pending_at": _series_lists(p_at), "pending_max": _series_lists(p_max),
+    }
+    out.update(quantiles)
+    return out
+
+
+def analyse_consumer(ledger: np.ndarray, entry: np.ndarray, ts: np.ndarray, due: np.ndarray,
+                     bits_list: Sequence[int], costs: IndexCosts,
+                     rounding: str = "floor") -> list[BitsResult]:
+    """Peak pending, memory at the peak and redelivery errors for every ``bits``,
+    for one consumer's nacks (int64 arrays; any order). The same code as
+    :func:`analyse_group`, with one consumer.
+    """
+    n = len(np.asarray(ts))
+    cols = analyse_group(np.zeros(n, dtype=np.int64), ledger, entry, ts, due, bits_list, costs, rounding)
+    out = []
+    for i in range(len(cols["bits"])):
+        row = {name: int(cols[name][i]) for name in SCALAR_COLUMNS}
+        lo, hi = cols["err_values"][0][i:i + 2]
+        at = row.pop("peak_at_ms")
+        for q in ("err_p50", "err_p90", "err_p99", "err_max"):
+            row.pop(q)
+        out.append(BitsResult(bits=int(cols["bits"][i]), peak_at_ms=None if at < 0 else at,
+                              err_values=cols["err_values"][1][lo:hi], err_counts=cols["err_counts"][1][lo:hi],
+                              **row))
+    return out
 
 
 def analyse_rows(rows: Iterable[tuple[int, int, int, int]], bits_list: Sequence[int],
