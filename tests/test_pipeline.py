@@ -4,7 +4,6 @@ session-scoped ``local[2]`` SparkSession and a few small traces."""
 
 from __future__ import annotations
 
-import array
 import importlib.util
 import itertools
 import re
@@ -121,6 +120,7 @@ def test_a_group_gives_each_consumer_what_it_gets_alone(costs):
     out = analyse_group(*(arrays[k][order] for k in ("cid", "ledger", "entry", "ts", "due")),
                         bits_list=bits, costs=costs, grid=grid)
     row = {(int(c), int(b)): i for i, (c, b) in enumerate(zip(out["cid"], out["bits"]))}
+    fleet = {b: {} for b in bits}  # the group's error histogram = the consumers' summed
     for c in range(40):
         mine = arrays["cid"] == c * 7
         alone = analyse_consumer(*(arrays[k][mine] for k in ("ledger", "entry", "ts", "due")),
@@ -132,8 +132,8 @@ def test_a_group_gives_each_consumer_what_it_gets_alone(costs):
             assert out["peak_pending"][i] == r.peak_pending and out["index_bytes"][i] == r.index_bytes
             assert out["peak_at_ms"][i] == (-1 if r.peak_at_ms is None else r.peak_at_ms)
             assert out["err_p99"][i] == r.error_quantile(0.99) and out["err_max"][i] == r.error_quantile(1.0)
-            lo, hi = out["err_values"][0][i:i + 2]
-            assert out["err_values"][1][lo:hi].tolist() == r.err_values.tolist()
+            for v, n in zip(r.err_values.tolist(), r.err_counts.tolist()):
+                fleet[r.bits][v] = fleet[r.bits].get(v, 0) + n
             lo, hi = out["pending_at"][0][i:i + 2]
             series = out["pending_at"][1][lo:hi]
             highs = out["pending_max"][1][lo:hi]
@@ -141,6 +141,8 @@ def test_a_group_gives_each_consumer_what_it_gets_alone(costs):
                 assert got == len_pending_at(nacks, r.bits, t), (c, r.bits, t)
                 assert got <= high <= r.peak_pending
             assert highs.max() == r.peak_pending
+    for b, (values, counts) in zip(bits, out["histograms"]):
+        assert dict(zip(values.tolist(), counts.tolist())) == fleet[b]
 
 
 def len_pending_at(nacks, bits, t):

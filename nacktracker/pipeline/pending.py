@@ -51,7 +51,7 @@ import numpy as np
 from pyroaring import BitMap, BitMap64
 
 from ..index import _roaring_bytes
-from .memory_model import IndexCosts, dict_bytes, dict_bytes_many, set_bytes
+from .memory_model import IndexCosts, dict_bytes, set_bytes
 
 __all__ = ["BitsResult", "Grid", "analyse_group", "analyse_consumer", "quantile", "bucket_times",
            "SCALAR_COLUMNS", "LIST_COLUMNS"]
@@ -108,26 +108,9 @@ def quantile(values: np.ndarray, counts: np.ndarray, q: float, absolute: bool = 
     return int(values[np.searchsorted(cum, rank)])
 
 
-_ONE_BITMAP_BYTES: dict[type, int] = {}
-
-
-def _one_entry_bytes(cls: type) -> int:
-    """Bytes of a compacted bitmap holding one id (the same for any id of one width)."""
-    if cls not in _ONE_BITMAP_BYTES:
-        bm = cls()
-        bm.add(12_345 if cls is BitMap else _U32 + 12_345)
-        bm.run_optimize()
-        bm.shrink_to_fit()
-        _ONE_BITMAP_BYTES[cls] = _roaring_bytes(bm)
-    return _ONE_BITMAP_BYTES[cls]
-
-
 def _bitmap_bytes(ids: np.ndarray) -> int:
     """Build the bitmap the index would hold for sorted unique ``ids``; its bytes."""
-    wide = int(ids[-1]) >= _U32
-    if len(ids) == 1:
-        return _one_entry_bytes(BitMap64 if wide else BitMap)
-    if wide:
+    if int(ids[-1]) >= _U32:
         bm = BitMap64()
         bm.update(array.array("Q", ids.astype(np.uint64).tobytes()))
     else:
@@ -138,33 +121,137 @@ def _bitmap_bytes(ids: np.ndarray) -> int:
     return _roaring_bytes(bm)
 
 
-def _index_at(ledger: np.ndarray, entry: np.ndarray, bucket: np.ndarray,
-              costs: IndexCosts) -> tuple[int, int, int, int, int]:
-    """Bytes of a fresh index holding these occurrences (sorted by ledger, entry).
+# Bytes of a run-optimised, shrunk bitmap whose ids share one 2^16 block: they
+# depend only on (64-bit?, cardinality, runs) — the container CRoaring picks
+# and its payload follow from those — so each shape is built once per process.
+_SHAPE_BYTES: dict[tuple[bool, int, int], int] = {}
 
-    Returns ``(index_bytes, roaring_bytes, buckets, bitmaps, ledgers)``.
+
+def _bitmaps_bytes(entry: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Bytes of each bitmap ``entry[lo[i]:hi[i]]`` (sorted unique ids)."""
+    n = len(entry)
+    head = np.zeros(n, dtype=np.int64)
+    head[lo] = 1
+    step = np.ones(n, dtype=np.int64)
+    step[1:] = (np.diff(entry) != 1).astype(np.int64)
+    runs = np.add.reduceat(np.maximum(step, head), lo)
+    card = hi - lo
+    first, last = entry[lo], entry[hi - 1]
+    single = (first >> 16) == (last >> 16)
+    wide = last >= _U32
+    out = np.empty(len(lo), dtype=np.int64)
+    one = card == 1  # the commonest shape at fine precision: one id per bitmap
+    for w in (False, True):
+        at = np.flatnonzero(one & (wide == w))
+        if len(at):
+            shape = (w, 1, 1)
+            if shape not in _SHAPE_BYTES:
+                _SHAPE_BYTES[shape] = _bitmap_bytes(entry[lo[at[0]]:hi[at[0]]])
+            out[at] = _SHAPE_BYTES[shape]
+    multi = ~single
+    single &= ~one
+    keys = card * 65_537 + runs  # runs <= 32,768 < 65,537
+    for key in np.unique(keys[single] * 2 + wide[single]).tolist():
+        shape = (bool(key & 1), (key >> 1) // 65_537, (key >> 1) % 65_537)
+        at = np.flatnonzero(single & (keys == key >> 1) & (wide == bool(key & 1)))
+        if shape not in _SHAPE_BYTES:
+            i = int(at[0])
+            _SHAPE_BYTES[shape] = _bitmap_bytes(entry[lo[i]:hi[i]])
+        out[at] = _SHAPE_BYTES[shape]
+    for i in np.flatnonzero(multi).tolist():  # several containers: build it
+        out[i] = _bitmap_bytes(entry[lo[i]:hi[i]])
+    return out
+
+
+_INT_SIZES = np.array([sys.getsizeof((1 << (b - 1)) if b else 0) for b in range(256)], dtype=np.int64)
+
+
+def _int_sizes(bit_lengths: np.ndarray) -> np.ndarray:
+    """``sys.getsizeof`` of Python ints of these bit lengths (0 = the int 0; < 256 bits)."""
+    return _INT_SIZES[bit_lengths]
+
+
+def _sorted_by(first: np.ndarray, second: np.ndarray) -> bool:
+    """Rows already sorted by ``(first, second)``? Runtime: O(n), no allocation of a sort."""
+    if len(first) < 2:
+        return True
+    d1 = np.diff(first)
+    return bool((d1 >= 0).all() and ((d1 > 0) | (np.diff(second) >= 0)).all())
+
+
+def _bit_lengths(values: np.ndarray) -> np.ndarray:
+    """``int.bit_length`` of non-negative int64 values, vectorised."""
+    out = np.zeros(len(values), dtype=np.int64)
+    exact = (values > 0) & (values < (1 << 53))  # float64 holds them exactly: frexp's exponent
+    out[exact] = np.frexp(values[exact].astype(np.float64))[1]
+    for i in np.flatnonzero(values >= (1 << 53)).tolist():
+        out[i] = int(values[i]).bit_length()
+    return out
+
+
+def _lookup(fn, values: np.ndarray) -> np.ndarray:
+    """``fn(v)`` for each value, calling ``fn`` once per distinct value."""
+    uniq, inv = np.unique(values, return_inverse=True)
+    return np.array([fn(int(v)) for v in uniq.tolist()], dtype=np.int64)[inv.reshape(-1)]
+
+
+def _indexes_at(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucket: np.ndarray, k: int,
+                costs: IndexCosts) -> np.ndarray:
+    """Bytes of a fresh index per consumer holding its occurrences.
+
+    ``owner``: consumer index (0..k-1) of each occurrence; rows sorted by
+    ``(owner, ledger, entry)``. Returns a ``5 × k`` array: index bytes,
+    roaring bytes, buckets, bitmaps, ledgers. Runtime: O(n log n) in numpy
+    plus one bitmap build per distinct bitmap shape (or per bitmap spanning
+    several 2^16 blocks).
     """
-    if len(ledger) == 0:
-        return costs.index_bytes(0, 0), 0, 0, 0, 0
-    order = np.argsort(bucket, kind="stable")  # stable: keeps (ledger, entry) order per bucket
-    b, l, e = bucket[order], ledger[order], entry[order]
-    cut = np.flatnonzero((b[1:] != b[:-1]) | (l[1:] != l[:-1])) + 1
-    lo = np.concatenate(([0], cut))
-    hi = np.concatenate((cut, [len(b)]))
-    roaring = 0
-    keys = 0
-    getsizeof = sys.getsizeof
-    for i, j in zip(lo.tolist(), hi.tolist()):
-        roaring += _bitmap_bytes(e[i:j])
-        keys += getsizeof(int(b[i]) << 64 | int(l[i]))
-    run_ledgers = l[lo]
-    ledgers, per_ledger = np.unique(run_ledgers, return_counts=True)
-    ledger_ints = sum(getsizeof(int(x)) for x in ledgers.tolist())
-    newest = int(np.count_nonzero(b[lo] == b[-1]))
-    exact = (roaring + keys + ledger_ints + dict_bytes_many(per_ledger)
-             + dict_bytes(len(ledgers), literal=False) + set_bytes(newest))
-    buckets = len(np.unique(b[lo]))
-    return costs.index_bytes(exact, len(lo)), roaring, buckets, len(lo), len(ledgers)
+    out = np.zeros((5, k), dtype=np.int64)
+    out[0] = costs.index_bytes(0, 0)
+    if len(owner) == 0:
+        return out
+    if _sorted_by(owner, bucket):  # sequential workloads: buckets already grow with (ledger, entry)
+        c, b, l, e = owner, bucket, ledger, entry
+    else:
+        order = np.lexsort((bucket, owner))  # stable: keeps (ledger, entry) order per (owner, bucket)
+        c, b, l, e = owner[order], bucket[order], ledger[order], entry[order]
+    n = len(c)
+    new = np.ones(n, dtype=bool)
+    new[1:] = (c[1:] != c[:-1]) | (b[1:] != b[:-1]) | (l[1:] != l[:-1])
+    lo = np.flatnonzero(new)
+    hi = np.append(lo[1:], n)
+    bc, bb, bl = c[lo], b[lo], l[lo]  # one row per bitmap, sorted by (owner, bucket, ledger)
+    roaring = np.bincount(bc, weights=_bitmaps_bytes(e, lo, hi), minlength=k)
+    # the composite key int per bitmap: bucket << 64 | ledger
+    key_bits = np.where(bb > 0, 64 + _bit_lengths(bb), _bit_lengths(bl))
+    keys = np.bincount(bc, weights=_int_sizes(key_bits), minlength=k)
+    # per ledger: its int and its dict of keys
+    if _sorted_by(bc, bl):  # one ledger per bucket and consumer, or ledgers in bucket order
+        lc, ll = bc, bl
+    else:
+        lorder = np.lexsort((bl, bc))
+        lc, ll = bc[lorder], bl[lorder]
+    lnew = np.ones(len(lc), dtype=bool)
+    lnew[1:] = (lc[1:] != lc[:-1]) | (ll[1:] != ll[:-1])
+    lheads = np.flatnonzero(lnew)
+    per_ledger = np.diff(np.append(lheads, len(lc)))
+    ledger_owner = lc[lheads]
+    ledger_ints = np.bincount(ledger_owner, weights=_int_sizes(_bit_lengths(ll[lheads])), minlength=k)
+    ledger_dicts = np.bincount(ledger_owner, weights=_lookup(dict_bytes, per_ledger), minlength=k)
+    n_ledgers = np.bincount(ledger_owner, minlength=k)
+    n_bitmaps = np.bincount(bc, minlength=k)
+    # the newest bucket's bitmaps (the set of keys touched since the last compaction)
+    newest_bucket = np.zeros(k, dtype=np.int64)
+    newest_bucket[bc] = bb  # sorted by bucket within owner: the last write is the newest
+    newest = np.bincount(bc[bb == newest_bucket[bc]], minlength=k)
+    bnew = np.ones(len(bc), dtype=bool)
+    bnew[1:] = (bc[1:] != bc[:-1]) | (bb[1:] != bb[:-1])
+    buckets = np.bincount(bc[bnew], minlength=k)
+    exact = (np.round(roaring + keys + ledger_ints + ledger_dicts).astype(np.int64)
+             + _lookup(lambda v: dict_bytes(v, literal=False), n_ledgers) + _lookup(set_bytes, newest))
+    out[0] = [costs.index_bytes(int(x), int(nb)) for x, nb in zip(exact.tolist(), n_bitmaps.tolist())]
+    out[1] = np.round(roaring).astype(np.int64)
+    out[2], out[3], out[4] = buckets, n_bitmaps, n_ledgers
+    return out
 
 
 @dataclass(frozen=True)
@@ -190,8 +277,8 @@ SCALAR_COLUMNS = ("nacks", "occurrences", "immediate", "merged", "peak_pending",
                   "bitmaps", "ledgers", "roaring_bytes", "index_bytes", "dict_index_bytes",
                   "err_p50", "err_p90", "err_p99", "err_max")
 _QUANTILES = (("err_p50", 0.5), ("err_p90", 0.9), ("err_p99", 0.99), ("err_max", 1.0))
-#: Per (consumer, bits) list columns: the signed error histogram and the pending series.
-LIST_COLUMNS = ("err_values", "err_counts", "pending_at", "pending_max")
+#: Per (consumer, bits) list columns: the pending series on the grid.
+LIST_COLUMNS = ("pending_at", "pending_max")
 
 
 def _is_sorted(cid, ledger, entry, due) -> bool:
@@ -208,13 +295,16 @@ def _is_sorted(cid, ledger, entry, due) -> bool:
     return True
 
 
-def _sweep(lc: np.ndarray, start: np.ndarray, fire: np.ndarray, k: int, grid: Optional[Grid]):
+def _sweep(lc: np.ndarray, start: np.ndarray, fire: np.ndarray, k: int, grid: Optional[Grid],
+           s_order: Optional[np.ndarray] = None, f_order: Optional[np.ndarray] = None):
     """Exact peak of pending per consumer, its first instant, and the series.
 
     ``lc``: consumer index (0..k-1, non-decreasing) of each live occurrence,
     pending from ``start`` until ``fire``. Keys ``consumer × span + time``
     make one sort serve all consumers; when they would overflow int64 the
-    consumers are swept in slices. Returns ``(peak, at, pending_at,
+    consumers are swept in slices. ``s_order``/``f_order``: permutations
+    that already sort the occurrences by (consumer, start) / (consumer, fire),
+    which saves the two sorts. Returns ``(peak, at, pending_at,
     pending_max)``; ``at`` is -1 for a consumer never pending; the series are
     ``k × bins`` (empty without a grid).
     """
@@ -228,6 +318,12 @@ def _sweep(lc: np.ndarray, start: np.ndarray, fire: np.ndarray, k: int, grid: Op
     tmin = int(start.min())
     span = int(fire.max()) - tmin + 1
     per_slice = max(1, (1 << 62) // span)
+    if per_slice >= k:  # one slice: the keys fit
+        sk, fk = lc * span + (start - tmin), lc * span + (fire - tmin)
+        sk = sk[s_order] if s_order is not None else np.sort(sk)
+        fk = fk[f_order] if f_order is not None else np.sort(fk)
+        _sweep_keys(sk, fk, k, tmin, span, grid, peak, at, p_at, p_max)
+        return peak, at, p_at, p_max
     c_lo = 0
     while c_lo < k:
         c_hi = min(k, c_lo + per_slice)
@@ -241,10 +337,14 @@ def _sweep(lc: np.ndarray, start: np.ndarray, fire: np.ndarray, k: int, grid: Op
 
 def _sweep_slice(lc, start, fire, k, tmin, span, grid, peak, at, p_at, p_max) -> None:
     """:func:`_sweep` for consumers whose keys fit in int64; fills the output views."""
-    m = len(lc)
+    _sweep_keys(np.sort(lc * span + (start - tmin)), np.sort(lc * span + (fire - tmin)), k, tmin, span, grid,
+                peak, at, p_at, p_max)
+
+
+def _sweep_keys(sk, fk, k, tmin, span, grid, peak, at, p_at, p_max) -> None:
+    """The sweep over sorted ``consumer × span + (time - tmin)`` keys of starts and fires."""
+    m = len(sk)
     base = np.arange(k, dtype=np.int64) * span
-    sk = np.sort(lc * span + (start - tmin))
-    fk = np.sort(lc * span + (fire - tmin))
     s_off = np.searchsorted(sk, base)
     f_off = np.searchsorted(fk, base)
     owner = sk // span
@@ -275,26 +375,49 @@ def _sweep_slice(lc, start, fire, k, tmin, span, grid, peak, at, p_at, p_max) ->
     p_max[:] = np.maximum(flat.reshape(k, grid.bins), values)
 
 
+def _sorted_pairs(owner: np.ndarray, value: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(owner, value)`` pairs sorted by owner then value: one int64 sort of
+    ``owner × span + value`` keys when they fit, else a lexsort."""
+    if len(value) == 0:
+        return owner, value
+    low = int(value.min())
+    span = int(value.max()) - low + 1
+    if k * span <= max(4 * len(value), 1 << 16):  # few distinct keys: count, do not sort
+        counts = np.bincount(owner * span + (value - low), minlength=k * span)
+        keys = np.repeat(np.flatnonzero(counts), counts[counts > 0])
+        return keys // span, keys % span + low
+    if k * span < (1 << 62):
+        keys = np.sort(owner * span + (value - low))
+        return keys // span, keys % span + low
+    order = np.lexsort((value, owner))
+    return owner[order], value[order]
+
+
+def _runs(owner: np.ndarray, value: np.ndarray, counts: Optional[np.ndarray] = None):
+    """Collapse sorted pairs into distinct ``(owner, value)`` with summed counts."""
+    new = np.ones(len(value), dtype=bool)
+    new[1:] = (owner[1:] != owner[:-1]) | (value[1:] != value[:-1])
+    heads = np.flatnonzero(new)
+    summed = np.diff(np.append(heads, len(value))) if counts is None else np.add.reduceat(counts, heads)
+    return owner[heads], value[heads], summed
+
+
 def _error_histograms(lcid: np.ndarray, err: np.ndarray, k: int):
-    """Per consumer: distinct errors with counts (signed), and the nearest-rank
-    quantiles of ``|error|``. Returns ``(offsets, values, counts, {name: array})``."""
-    order = np.lexsort((err, lcid))
-    c, e = lcid[order], err[order]
-    n = len(e)
-    new = np.ones(n, dtype=bool)
-    new[1:] = (c[1:] != c[:-1]) | (e[1:] != e[:-1])
-    heads = np.flatnonzero(new)
-    values, owners = e[heads], c[heads]
-    counts = np.diff(np.append(heads, n))
-    offsets = np.searchsorted(owners, np.arange(k + 1))
-    # |error|: the same with the signs dropped (floor mode is all <= 0, ceil mixes)
+    """The group's error histogram (signed, distinct values with counts) and
+    each consumer's nearest-rank quantiles of ``|error|``.
+    Returns ``(values, counts, {quantile name: array of k})``."""
+    owners, values, counts = _runs(*_sorted_pairs(lcid, err, k))
+    # the group's histogram: per-consumer histograms summed by value
+    distinct, inverse = np.unique(values, return_inverse=True)
+    group_counts = np.bincount(inverse.reshape(-1), weights=counts, minlength=len(distinct)).astype(np.int64)
+    # |error| per consumer (floor mode is all <= 0, ceil mixes signs)
     a = np.abs(values)
-    order = np.lexsort((a, owners))
-    ao, aa, ac = owners[order], a[order], counts[order]
-    new = np.ones(len(aa), dtype=bool)
-    new[1:] = (ao[1:] != ao[:-1]) | (aa[1:] != aa[:-1])
-    heads = np.flatnonzero(new)
-    ao, aa, ac = ao[heads], aa[heads], np.add.reduceat(ac, heads)
+    if (values > 0).any() and (values < 0).any():
+        order = np.lexsort((a, owners))
+        ao, aa, ac = _runs(owners[order], a[order], counts[order])
+    else:  # one sign: |value| order is value order, reversed within each consumer when <= 0
+        order = np.lexsort((a, owners)) if (values < 0).any() else np.arange(len(a))
+        ao, aa, ac = owners[order], a[order], counts[order]
     cum = np.cumsum(ac)
     a_off = np.searchsorted(ao, np.arange(k))
     before = np.where(a_off > 0, cum[np.maximum(a_off - 1, 0)], 0)
@@ -303,7 +426,7 @@ def _error_histograms(lcid: np.ndarray, err: np.ndarray, k: int):
     for name, q in _QUANTILES:
         rank = np.maximum(1, np.ceil(q * total).astype(np.int64))
         quantiles[name] = aa[np.searchsorted(cum, before + rank)]
-    return offsets, values, counts, quantiles
+    return distinct, group_counts, quantiles
 
 
 def analyse_group(cid: np.ndarray, ledger: np.ndarray, entry: np.ndarray, ts: np.ndarray, due: np.ndarray,
@@ -315,8 +438,9 @@ def analyse_group(cid: np.ndarray, ledger: np.ndarray, entry: np.ndarray, ts: np
     sorted by ``(cid, ledger, entry, due)`` is expected (the Spark job sorts
     once), unsorted input is sorted here. Returns columns with one row per
     (consumer, bits), bits-major: ``cid``, ``bits``, :data:`SCALAR_COLUMNS`
-    (``peak_at_ms`` -1 when never pending), ``err_mean`` and, for each of
-    :data:`LIST_COLUMNS`, ``(offsets, values)`` of the per-row lists.
+    (``peak_at_ms`` -1 when never pending), ``err_mean``, for each of
+    :data:`LIST_COLUMNS` ``(offsets, values)`` of the per-row lists, and
+    ``histograms``: per bits, the group's error histogram ``(values, counts)``.
     Runtime: see the module docstring.
     """
     cid, ledger, entry, ts, due = (np.asarray(a, dtype=np.int64) for a in (cid, ledger, entry, ts, due))
@@ -333,10 +457,12 @@ def analyse_group(cid: np.ndarray, ledger: np.ndarray, entry: np.ndarray, ts: np
     new_message = change.copy()
     if n > 1:
         new_message[1:] |= (ledger[1:] != ledger[:-1]) | (entry[1:] != entry[:-1])
-    parts = [_group_bits(lcid, k, nacks, ledger, entry, ts, due, new_message, int(b), costs, rounding, grid)
-             for b in bits_list]
+    orders = (_order_within(lcid, ts, k), _order_within(lcid, due, k))
+    parts = [_group_bits(lcid, k, nacks, ledger, entry, ts, due, new_message, int(b), costs, rounding, grid,
+                         orders) for b in bits_list]
     out: dict = {"cid": np.tile(cid[heads], len(parts)),
-                 "bits": np.repeat(np.asarray([int(b) for b in bits_list], dtype=np.int64), k)}
+                 "bits": np.repeat(np.asarray([int(b) for b in bits_list], dtype=np.int64), k),
+                 "histograms": [p["histogram"] for p in parts]}
     for name in (*SCALAR_COLUMNS, "err_mean"):
         out[name] = np.concatenate([p[name] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
     for name in LIST_COLUMNS:
@@ -350,13 +476,25 @@ def analyse_group(cid: np.ndarray, ledger: np.ndarray, entry: np.ndarray, ts: np
     return out
 
 
+def _order_within(owner: np.ndarray, value: np.ndarray, k: int) -> np.ndarray:
+    """The permutation sorting rows by ``(owner, value)``."""
+    low = int(value.min())
+    span = int(value.max()) - low + 1
+    if k * span < (1 << 62):
+        return np.argsort(owner * span + (value - low), kind="stable")
+    return np.lexsort((value, owner))
+
+
 def _series_lists(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     k, bins = matrix.shape
     return np.arange(k + 1, dtype=np.int64) * bins, matrix.reshape(-1)
 
 
-def _group_bits(lcid, k, nacks, ledger, entry, ts, due, new_message, bits, costs, rounding, grid) -> dict:
-    """Every consumer of the group at one precision."""
+def _group_bits(lcid, k, nacks, ledger, entry, ts, due, new_message, bits, costs, rounding, grid,
+                orders=None) -> dict:
+    """Every consumer of the group at one precision. ``orders``: row
+    permutations sorting by (consumer, ts) and by (consumer, due), shared by
+    all bits (a bucket is monotone in its due time)."""
     n = len(ts)
     bucket = bucket_times(due, bits, rounding)
     # occurrence = run of one (consumer, ledger, entry) into one bucket: rows are
@@ -373,28 +511,29 @@ def _group_bits(lcid, k, nacks, ledger, entry, ts, due, new_message, bits, costs
     live = occ_bucket > start  # else the bucket had passed: fired at once, never pending
     immediate = np.bincount(lcid[bucket <= ts], minlength=k)
     occurrences = np.bincount(occ_c[live], minlength=k)
-    peak, at, p_at, p_max = _sweep(occ_c[live], start[live], occ_bucket[live], k, grid)
+    if orders is not None and len(first) == n:  # occurrences are rows: reuse the group's time orders
+        rank = np.cumsum(live) - 1  # row -> position among the live rows
+        by_ts, by_due = orders
+        s_order, f_order = rank[by_ts[live[by_ts]]], rank[by_due[live[by_due]]]
+    else:
+        s_order = f_order = None
+    peak, at, p_at, p_max = _sweep(occ_c[live], start[live], occ_bucket[live], k, grid, s_order, f_order)
 
     # memory at each consumer's peak: the occurrences pending at that instant
     at_occ = at[occ_c]
     sel = np.flatnonzero(live & (start <= at_occ) & (occ_bucket > at_occ))
-    cuts = np.searchsorted(occ_c[sel], np.arange(k + 1))
-    assert np.array_equal(np.diff(cuts), peak), "pending at the peak instant != peak"
-    mem = np.zeros((5, k), dtype=np.int64)  # index, roaring, buckets, bitmaps, ledgers
-    mem[:, :] = np.asarray(_index_at(ledger[:0], entry[:0], bucket[:0], costs))[:, None]  # never pending
-    for c in np.flatnonzero(peak).tolist():  # Python per consumer and bitmap: the one loop left
-        s = sel[cuts[c]:cuts[c + 1]]
-        mem[:, c] = _index_at(occ_ledger[s], occ_entry[s], occ_bucket[s], costs)
+    assert np.array_equal(np.bincount(occ_c[sel], minlength=k), peak), "pending at the peak instant != peak"
+    mem = _indexes_at(occ_c[sel], occ_ledger[sel], occ_entry[sel], occ_bucket[sel], k, costs)
 
     err = np.maximum(bucket, ts) - due  # redelivered at its bucket, or at once if that had passed
-    offsets, values, counts, quantiles = _error_histograms(lcid, err, k)
+    values, counts, quantiles = _error_histograms(lcid, err, k)
     out = {
         "nacks": nacks, "occurrences": occurrences, "immediate": immediate,
         "merged": nacks - immediate - occurrences, "peak_pending": peak, "peak_at_ms": at,
         "index_bytes": mem[0], "roaring_bytes": mem[1], "buckets": mem[2], "bitmaps": mem[3], "ledgers": mem[4],
         "dict_index_bytes": np.round(costs.dict_index_per_entry * peak).astype(np.int64),
         "err_mean": np.bincount(lcid, weights=err.astype(np.float64), minlength=k) / nacks,
-        "err_values": (offsets, values), "err_counts": (offsets, counts),
+        "histogram": (values, counts),
         "pending_at": _series_lists(p_at), "pending_max": _series_lists(p_max),
     }
     out.update(quantiles)
@@ -413,12 +552,11 @@ def analyse_consumer(ledger: np.ndarray, entry: np.ndarray, ts: np.ndarray, due:
     out = []
     for i in range(len(cols["bits"])):
         row = {name: int(cols[name][i]) for name in SCALAR_COLUMNS}
-        lo, hi = cols["err_values"][0][i:i + 2]
         at = row.pop("peak_at_ms")
         for q in ("err_p50", "err_p90", "err_p99", "err_max"):
             row.pop(q)
         out.append(BitsResult(bits=int(cols["bits"][i]), peak_at_ms=None if at < 0 else at,
-                              err_values=cols["err_values"][1][lo:hi], err_counts=cols["err_counts"][1][lo:hi],
+                              err_values=cols["histograms"][i][0], err_counts=cols["histograms"][i][1],
                               **row))
     return out
 

@@ -44,10 +44,13 @@ from .spark import default_parallelism, quiet_pandas_check
 __all__ = ["PlanResult", "run_plan", "recommend", "DEFAULT_BITS", "DEFAULT_MAX_EARLY_MS"]
 
 
-#: The kernel's output rows, one per (consumer, bits): pending.SCALAR_COLUMNS and lists.
+#: The kernel's output: a row per (consumer, bits) with pending.SCALAR_COLUMNS and
+#: the series, and a row per (group, bits) with cid -1 holding the group's error
+#: histogram (the fleet's is their sum: small, however many consumers).
+_HISTOGRAM = ("hist_values", "hist_counts")
 _RESULT_SCHEMA = ", ".join(
     ["cid int", "bits int"] + [f"{c} long" for c in SCALAR_COLUMNS]
-    + ["err_mean double", "kernel_s double"] + [f"{c} array<long>" for c in LIST_COLUMNS])
+    + ["err_mean double", "kernel_s double"] + [f"{c} array<long>" for c in (*LIST_COLUMNS, *_HISTOGRAM)])
 #: Rows per kernel call: whole consumers are gathered until a group holds this
 #: many nacks (one consumer larger than that is a group of its own).
 GROUP_ROWS = 1 << 20
@@ -140,19 +143,32 @@ def _groups(batches, target_rows: int = GROUP_ROWS):
 
 
 def _result_batch(cols: dict, seconds: float):
-    """One Arrow batch of the kernel's rows (bits-major, one per consumer and bits)."""
+    """One Arrow batch of the kernel's rows: consumers × bits, then the group's
+    histogram per bits (cid -1)."""
     import numpy as np
     import pyarrow as pa
 
-    arrays = [pa.array(cols["cid"].astype(np.int32)), pa.array(cols["bits"].astype(np.int32))]
-    arrays += [pa.array(cols[c], pa.int64()) for c in SCALAR_COLUMNS]
+    rows = len(cols["cid"])
+    hists = cols["histograms"]
+    bits = np.concatenate([cols["bits"], [b for b in dict.fromkeys(cols["bits"].tolist())]]).astype(np.int32)
+    extra = len(hists)
+    arrays = [pa.array(np.concatenate([cols["cid"], np.full(extra, -1)]).astype(np.int32)), pa.array(bits)]
+    arrays += [pa.array(np.concatenate([cols[c], np.zeros(extra, dtype=np.int64)]), pa.int64())
+               for c in SCALAR_COLUMNS]
     nacks = cols["nacks"].astype(np.float64)
-    share = nacks / nacks.sum() if len(nacks) else nacks  # the group's time, split by nacks
-    arrays += [pa.array(cols["err_mean"], pa.float64()), pa.array(seconds * share, pa.float64())]
-    for c in LIST_COLUMNS:
+    share = nacks / nacks.sum() if rows else nacks  # the group's time, split by nacks
+    arrays += [pa.array(np.concatenate([cols["err_mean"], np.zeros(extra)]), pa.float64()),
+               pa.array(np.concatenate([seconds * share, np.zeros(extra)]), pa.float64())]
+    for c in LIST_COLUMNS:  # the histogram rows have empty series
         offsets, values = cols[c]
+        offsets = np.concatenate([offsets, np.full(extra, offsets[-1])])
         arrays.append(pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, pa.int64())))
-    names = ["cid", "bits", *SCALAR_COLUMNS, "err_mean", "kernel_s", *LIST_COLUMNS]
+    for j in range(2):  # and the consumer rows empty histograms
+        lengths = np.concatenate([np.zeros(rows, dtype=np.int64), [len(h[j]) for h in hists]])
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        values = np.concatenate([h[j] for h in hists]) if hists else np.zeros(0, dtype=np.int64)
+        arrays.append(pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, pa.int64())))
+    names = ["cid", "bits", *SCALAR_COLUMNS, "err_mean", "kernel_s", *LIST_COLUMNS, *_HISTOGRAM]
     return pa.RecordBatch.from_arrays(arrays, names=names)
 
 
@@ -182,8 +198,6 @@ def run_plan(spark, trace: str, bits: Sequence[int] = DEFAULT_BITS, *,
     Cost: two scans of the log, one shuffle + sort of its nack rows, and the
     per-consumer kernel (see :mod:`.pending`).
     """
-    from pyspark.sql import functions as F
-
     bits = tuple(sorted(set(int(b) for b in bits)))
     if not bits or min(bits) < 0 or max(bits) > 30:
         raise ValueError(f"bits must be between 0 and 30, got {bits}")
@@ -206,21 +220,15 @@ def run_plan(spark, trace: str, bits: Sequence[int] = DEFAULT_BITS, *,
     grid = Grid.spanning(first, last, SERIES_BINS)
     parts = partitions or min(len(names), 4 * default_parallelism(spark))
     nacks = _sorted_nacks(spark, events, names, summary, parts)
-    with quiet_pandas_check():
-        results = nacks.mapInArrow(_make_kernel(bits, costs, rounding, grid), _RESULT_SCHEMA).persist()
+    results = nacks.mapInArrow(_make_kernel(bits, costs, rounding, grid), _RESULT_SCHEMA)
 
     t1 = time.perf_counter()
     with progress.phase("analyse", f"{summary.nacks:,} nacks of {len(names):,} consumers: shuffle, sort, "
                                    f"{len(bits)} bits per consumer in {parts} tasks"):
-        rows = _to_pandas(results.drop(*LIST_COLUMNS))
+        table = _collect_arrow(results)  # one job: everything the report needs comes back at once
     seconds["analyse"] = time.perf_counter() - t1
     t2 = time.perf_counter()
-    fleet_errors = (results.select("bits", F.explode(F.arrays_zip("err_values", "err_counts")).alias("h"))
-                    .groupBy("bits", F.col("h.err_values").alias("error_ms"))
-                    .agg(F.sum("h.err_counts").alias("nacks"))
-                    .orderBy("bits", "error_ms"))
-    with progress.phase("fleet", "error histogram over all nacks"):
-        fleet_errors = _to_pandas(fleet_errors)
+    rows, series_lists, fleet_errors = _split(table)
     seconds["fleet"] = time.perf_counter() - t2
 
     rows.insert(0, "consumer", rows["cid"].map(dict(enumerate(names))))  # cid = index in sorted names
@@ -233,9 +241,7 @@ def run_plan(spark, trace: str, bits: Sequence[int] = DEFAULT_BITS, *,
     fleet = _fleet(rows, fleet_errors, bits)
     recommended = recommend(dict(zip(fleet["bits"], fleet["err_p99"])), max_early_ms)
     series_bits = recommended if recommended is not None else min(bits)
-    with progress.phase("series", f"pending over time at precision_bits={series_bits}"):
-        series = _series(results, series_bits, grid, names)
-    results.unpersist()
+    series = _series(series_lists, series_bits, grid, names)
     seconds["total"] = time.perf_counter() - t0
     master = spark.sparkContext.master
     return PlanResult(trace=summary, bits=bits, rounding=rounding, max_early_ms=max_early_ms,
@@ -271,30 +277,68 @@ def _sorted_nacks(spark, events, names: list[str], summary: TraceSummary, parts:
     return nacks.sortWithinPartitions("cid", "ledger_id", "entry_id", "due")
 
 
-def _series(results, bits: int, grid: Grid, names: list[str]):
+def _collect_arrow(df):
+    """A DataFrame's rows as one pyarrow Table (Arrow batches straight from the
+    executors; no pandas conversion, no Row objects)."""
+    import pyarrow as pa
+
+    with quiet_pandas_check():
+        if hasattr(df, "toArrow"):  # PySpark >= 4.0
+            return df.toArrow()
+        batches = df._collect_as_arrow()  # PySpark 3.5
+    return pa.Table.from_batches(batches) if batches else pa.table({})
+
+
+def _split(table):
+    """The kernel's rows -> (consumer rows as pandas, {bits: (cids, k × bins
+    series matrices)}, fleet error histogram as pandas ``bits, error_ms, nacks``)."""
+    import numpy as np
+    import pandas as pd
+    import pyarrow.compute as pc
+
+    is_hist = pc.equal(table.column("cid"), -1)
+    hist = table.filter(is_hist)
+    mine = table.filter(pc.invert(is_hist))
+    rows = mine.drop_columns([*LIST_COLUMNS, *_HISTOGRAM]).to_pandas()
+    series: dict[int, tuple] = {}
+    bits_col = mine.column("bits").to_numpy()
+    cids = mine.column("cid").to_numpy()
+    lists = {c: mine.column(c).combine_chunks() for c in LIST_COLUMNS}
+    for b in np.unique(bits_col).tolist():
+        at = np.flatnonzero(bits_col == b)
+        mats = []
+        for c in LIST_COLUMNS:
+            chosen = lists[c].take(at)
+            flat = chosen.flatten().to_numpy()
+            mats.append(flat.reshape(len(at), -1) if len(at) else flat.reshape(0, 0))
+        series[b] = (cids[at], *mats)
+    fleet = []
+    hb = hist.column("bits").to_numpy()
+    for b in np.unique(hb).tolist():
+        at = np.flatnonzero(hb == b)
+        values = hist.column("hist_values").take(at).combine_chunks().flatten().to_numpy()
+        counts = hist.column("hist_counts").take(at).combine_chunks().flatten().to_numpy()
+        distinct, inverse = np.unique(values, return_inverse=True)
+        summed = np.bincount(inverse.reshape(-1), weights=counts, minlength=len(distinct)).astype(np.int64)
+        fleet.append(pd.DataFrame({"bits": b, "error_ms": distinct, "nacks": summed}))
+    fleet_errors = pd.concat(fleet, ignore_index=True) if fleet else pd.DataFrame(
+        columns=["bits", "error_ms", "nacks"])
+    return rows, series, fleet_errors
+
+
+def _series(series_lists: dict, bits: int, grid: Grid, names: list[str]):
     """Pending over time of every consumer at ``bits``, long format: at each
     grid instant ``t_ms`` (``pending_at``) and the maximum until the next one
     (``pending_max``)."""
     import numpy as np
     import pandas as pd
-    from pyspark.sql import functions as F
 
-    got = results.where(F.col("bits") == bits).select("cid", "pending_at", "pending_max").collect()
-    times = grid.times()
-    frames = [pd.DataFrame({"consumer": names[r["cid"]], "bits": bits, "t_ms": times,
-                            "pending_at": np.asarray(r["pending_at"], dtype=np.int64),
-                            "pending_max": np.asarray(r["pending_max"], dtype=np.int64)}) for r in got]
-    if not frames:
-        return pd.DataFrame(columns=["consumer", "bits", "t_ms", "pending_at", "pending_max"])
-    return pd.concat(frames, ignore_index=True).sort_values(["consumer", "t_ms"]).reset_index(drop=True)
-
-
-def _to_pandas(df):
-    """A small result table as pandas, via ``collect`` (PySpark's own conversion
-    warns about pandas 3 on every call)."""
-    import pandas as pd
-
-    return pd.DataFrame.from_records([tuple(r) for r in df.collect()], columns=df.columns)
+    cids, p_at, p_max = series_lists[bits]
+    k, bins = p_at.shape
+    out = pd.DataFrame({"consumer": np.repeat(np.asarray(names, dtype=object)[cids], bins),
+                        "bits": bits, "t_ms": np.tile(grid.times(), k),
+                        "pending_at": p_at.reshape(-1), "pending_max": p_max.reshape(-1)})
+    return out.sort_values(["consumer", "t_ms"], kind="stable").reset_index(drop=True)
 
 
 def _fleet(rows, fleet_errors, bits):
