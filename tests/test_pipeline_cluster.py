@@ -132,3 +132,23 @@ def test_the_spark_submit_recipe_as_documented(cluster, trace, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     check_exact_peaks(tmp_path / "plan-out", trace)
     assert "**precision_bits = " in done.stdout
+
+
+def test_trace_generate_and_sweep_run_on_the_cluster_too(cluster, tmp_path):
+    """trace generate needs no Python on the executors (Spark SQL only); sweep
+    runs each configuration in a fresh executor-side interpreter, which finds
+    the shipped packages on the inherited PYTHONPATH."""
+    env = driver_env(cluster, tmp_path)
+    out = tmp_path / "gen"
+    done = subprocess.run([sys.executable, "-m", "nacktracker.cli", "trace", "generate", "--out", str(out),
+                           "--events", "3000", "--consumers", "2", "--master", cluster.master_url],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "executors" not in done.stdout  # nothing shipped, nothing probed
+    assert pq.read_table(out).num_rows == 3000
+    done = subprocess.run([sys.executable, "-m", "nacktracker.cli", "sweep", "--x", "1,8", "--y", "8",
+                           "--shares", "1", "--messages", "20000", "--master", cluster.master_url],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "executors ready" in done.stdout
+    assert sum(line.startswith("| TimeBucketIndex") for line in done.stdout.splitlines()) == 2

@@ -154,7 +154,7 @@ def _add_trace(sub) -> None:
 def _plan(args: argparse.Namespace) -> int:
     from ..events import TraceError
     from .plan import run_plan
-    from .report import markdown, write_outputs
+    from .report import write_outputs
     from .ship import ExecutorCheckError
 
     started = time.perf_counter()
@@ -169,7 +169,7 @@ def _plan(args: argparse.Namespace) -> int:
     with progress.phase("report", f"writing {args.out}"):
         paths = write_outputs(result, args.out)
     if not args.quiet:
-        print(markdown(result))
+        print(paths["report"].read_text(encoding="utf-8"))
     print(f"plan: {time.perf_counter() - started:.1f} s; wrote {', '.join(str(p) for p in paths.values())}",
           file=sys.stderr)
     return 0

@@ -347,15 +347,20 @@ def _sweep_keys(sk, fk, k, tmin, span, grid, peak, at, p_at, p_max) -> None:
     base = np.arange(k, dtype=np.int64) * span
     s_off = np.searchsorted(sk, base)
     f_off = np.searchsorted(fk, base)
-    owner = sk // span
+    per = np.diff(np.append(s_off, m))  # live occurrences per consumer
     # pending just after the i-th start of its consumer = its starts so far -
     # its fires so far (a fire at t ends before t)
-    pending = (np.arange(m) - s_off[owner] + 1) - (np.searchsorted(fk, sk, side="right") - f_off[owner])
-    has = np.bincount(owner, minlength=k) > 0
+    pending = np.arange(1, m + 1) - np.searchsorted(fk, sk, side="right")
+    if k > 1:
+        pending += np.repeat(f_off - s_off, per)
+    has = per > 0
     segs = s_off[has]
     seg_max = np.maximum.reduceat(pending, segs)
-    lengths = np.diff(np.append(segs, m))
-    first_hit = np.minimum.reduceat(np.where(pending == np.repeat(seg_max, lengths), np.arange(m), m), segs)
+    if k == 1:
+        first_hit = np.array([int(pending.argmax())])
+    else:
+        hit = np.where(pending == np.repeat(seg_max, per[has]), np.arange(m), m)
+        first_hit = np.minimum.reduceat(hit, segs)
     peak[has] = seg_max
     at[has] = sk[first_hit] - base[has] + tmin
     if grid is None:
@@ -367,11 +372,17 @@ def _sweep_keys(sk, fk, k, tmin, span, grid, peak, at, p_at, p_max) -> None:
               - (np.searchsorted(fk, q, side="right") - f_off[:, None]))
     values[:, ~inside] = 0
     p_at[:] = values
-    # the maximum within a bin: its start value, or a value just after a start inside it
-    b = (sk - base[owner] + tmin - grid.start_ms) // grid.step_ms
+    # the maximum within a bin: its start value, or a value just after a start
+    # inside it. Starts are sorted by (consumer, time), so (consumer, bin) runs
+    # are contiguous: one reduceat, no scatter.
+    within = sk - np.repeat(base, per) if k > 1 else sk
+    b = (within + (tmin - grid.start_ms)) // grid.step_ms
     ok = (b >= 0) & (b < grid.bins)
+    cell = (np.repeat(np.arange(k, dtype=np.int64), per) * grid.bins + b)[ok] if k > 1 else b[ok]
     flat = np.zeros(k * grid.bins, dtype=np.int64)
-    np.maximum.at(flat, owner[ok] * grid.bins + b[ok], pending[ok])
+    if len(cell):
+        heads = np.flatnonzero(np.diff(cell, prepend=-1))
+        flat[cell[heads]] = np.maximum.reduceat(pending[ok], heads)
     p_max[:] = np.maximum(flat.reshape(k, grid.bins), values)
 
 

@@ -43,17 +43,6 @@ def _err(n: float) -> str:
     return f"{n:,.0f} ms"
 
 
-def _utc(ms) -> str:
-    """Epoch ms as UTC to the millisecond; ``-`` for none (never pending)."""
-    import pandas as pd
-
-    if ms is None or pd.isna(ms):
-        return "-"
-    ms = int(ms)
-    t = _dt.datetime.fromtimestamp(ms // 1000, _dt.timezone.utc)
-    return f"{t:%Y-%m-%d %H:%M:%S}.{ms % 1000:03d}"
-
-
 def _span(result: PlanResult) -> str:
     firsts = [c["first_ms"] for c in result.trace.consumers.values()]
     lasts = [c["last_ms"] for c in result.trace.consumers.values()]
@@ -82,8 +71,9 @@ def _candidates(result: PlanResult) -> list[str]:
     return lines
 
 
-def markdown(result: PlanResult) -> str:
-    """The report as Markdown (also printed by ``nacktracker plan``)."""
+def markdown(result: PlanResult, table=None) -> str:
+    """The report as Markdown (also printed by ``nacktracker plan``).
+    ``table``: :func:`consumer_table` if already computed."""
     t = result.trace
     fleet = result.fleet.set_index("bits")
     rec = result.recommended
@@ -141,7 +131,7 @@ def markdown(result: PlanResult) -> str:
     if n > _TOP:
         title += (f" (the {_TOP} of {n:,} with the most memory at precision_bits={at}; "
                   "all of them in consumers.md, consumers.csv and consumers.parquet)")
-    lines += ["", title, "", *consumer_markdown(result, top=_TOP)]
+    lines += ["", title, "", *consumer_markdown(result, top=_TOP, table=table)]
     if result.series is not None and len(result.series):
         lines += ["", f"Pending over time at precision_bits={result.series_bits}, per consumer: "
                       "pending.parquet and pending.png."]
@@ -182,34 +172,40 @@ def markdown(result: PlanResult) -> str:
 def consumer_table(result: PlanResult):
     """Every consumer at every candidate (pandas), the columns of consumers.csv:
     the figures, the peak time in UTC, and whether the bits meets the bound."""
+    import pandas as pd
+
     df = result.consumers.copy()
     df.insert(2, "bucket_ms", [1 << int(b) for b in df["bits"]])
-    df.insert(5, "peak_at_utc", [_utc(v) for v in df["peak_at_ms"]])
+    at = pd.to_datetime(df["peak_at_ms"].astype("float64"), unit="ms", utc=True)
+    df.insert(5, "peak_at_utc", at.dt.strftime("%Y-%m-%d %H:%M:%S.%f").str[:-3].fillna("-"))
     df["within_bound"] = df["err_p99"] <= result.max_early_ms
     own = df[df["recommended"]].set_index("consumer")["bits"]
     df["own_best_bits"] = df["consumer"].map(own).astype("Int64")
     return df
 
 
-def consumer_markdown(result: PlanResult, top: int | None = None) -> list[str]:
+def consumer_markdown(result: PlanResult, top: int | None = None, table=None) -> list[str]:
     """Markdown rows: consumer × bits (consumers by memory at the recommended bits)."""
-    df = consumer_table(result)
+    import pandas as pd
+
+    df = consumer_table(result) if table is None else table
     at = result.recommended if result.recommended is not None else min(result.bits)
     order = df[df["bits"] == at].sort_values(["index_bytes", "consumer"], ascending=[False, True])["consumer"]
-    names = order.tolist()[:top] if top else order.tolist()
-    by_name = {name: g for name, g in df.groupby("consumer", sort=False)}
+    rank = {name: i for i, name in enumerate(order.tolist()[:top] if top else order.tolist())}
+    chosen = df[df["consumer"].isin(rank)].copy()
+    chosen["_rank"] = chosen["consumer"].map(rank)
+    chosen = chosen.sort_values(["_rank", "bits"])
     lines = ["| consumer | bits | nacks | peak pending | peak at (UTC) | tracker memory | B / pending "
              "| DictIndex (est.) | error p99 | within bound | own best |",
              "|---|---:|---:|---:|---|---:|---:|---:|---:|:---:|---:|"]
-    for name in names:
-        for _, r in by_name[name].sort_values("bits").iterrows():
-            bpp = f"{r['bytes_per_pending']:.2f}" if r["peak_pending"] else "-"
-            best = r["own_best_bits"]
-            lines.append(
-                f"| {name} | {r['bits']}{' **<-**' if r['bits'] == result.recommended else ''} "
-                f"| {int(r['nacks']):,} | {int(r['peak_pending']):,} | {r['peak_at_utc']} "
-                f"| {_mb(r['index_bytes'])} | {bpp} | {_mb(r['dict_index_bytes'])} | {_err(r['err_p99'])} "
-                f"| {'yes' if r['within_bound'] else 'no'} | {'none' if best is None or best != best else int(best)} |")
+    rec = result.recommended
+    for r in chosen.itertuples(index=False):
+        bpp = f"{r.bytes_per_pending:.2f}" if r.peak_pending else "-"
+        best = "none" if pd.isna(r.own_best_bits) else int(r.own_best_bits)
+        lines.append(
+            f"| {r.consumer} | {r.bits}{' **<-**' if r.bits == rec else ''} | {int(r.nacks):,} "
+            f"| {int(r.peak_pending):,} | {r.peak_at_utc} | {_mb(r.index_bytes)} | {bpp} "
+            f"| {_mb(r.dict_index_bytes)} | {_err(r.err_p99)} | {'yes' if r.within_bound else 'no'} | {best} |")
     return lines
 
 
@@ -310,7 +306,8 @@ def write_outputs(result: PlanResult, out_dir: str | Path) -> dict[str, Path]:
     paths["consumers_md"].write_text(
         f"# Consumers × precision_bits: `{result.trace.path}`\n\nAll {table['consumer'].nunique():,} "
         f"consumers, by tracker memory at precision_bits={at}; bound: p99 error <= "
-        f"{_err(result.max_early_ms)}.\n\n" + "\n".join(consumer_markdown(result)) + "\n", encoding="utf-8")
+        f"{_err(result.max_early_ms)}.\n\n" + "\n".join(consumer_markdown(result, table=table)) + "\n",
+        encoding="utf-8")
     result.fleet.to_parquet(paths["fleet"], index=False)
     result.fleet_errors.to_parquet(paths["fleet_errors"], index=False)
     if result.series is not None and len(result.series):
@@ -318,6 +315,6 @@ def write_outputs(result: PlanResult, out_dir: str | Path) -> dict[str, Path]:
         plot_pending(result, paths["pending_plot"])
     else:
         del paths["pending"], paths["pending_plot"]
-    paths["report"].write_text(markdown(result), encoding="utf-8")
+    paths["report"].write_text(markdown(result, table), encoding="utf-8")
     plot(result, paths["plot"])
     return paths
