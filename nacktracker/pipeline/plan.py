@@ -220,7 +220,8 @@ def run_plan(spark, trace: str, bits: Sequence[int] = DEFAULT_BITS, *,
     grid = Grid.spanning(first, last, SERIES_BINS)
     parts = partitions or min(len(names), 4 * default_parallelism(spark))
     nacks = _sorted_nacks(spark, events, names, summary, parts)
-    results = nacks.mapInArrow(_make_kernel(bits, costs, rounding, grid), _RESULT_SCHEMA)
+    with quiet_pandas_check():
+        results = nacks.mapInArrow(_make_kernel(bits, costs, rounding, grid), _RESULT_SCHEMA)
 
     t1 = time.perf_counter()
     with progress.phase("analyse", f"{summary.nacks:,} nacks of {len(names):,} consumers: shuffle, sort, "
