@@ -295,16 +295,14 @@ def _is_sorted(cid, ledger, entry, due) -> bool:
     return True
 
 
-def _sweep(lc: np.ndarray, start: np.ndarray, fire: np.ndarray, k: int, grid: Optional[Grid],
-           s_order: Optional[np.ndarray] = None, f_order: Optional[np.ndarray] = None):
+def _sweep(lc: np.ndarray, start: np.ndarray, fire: np.ndarray, k: int, grid: Optional[Grid]):
     """Exact peak of pending per consumer, its first instant, and the series.
 
     ``lc``: consumer index (0..k-1, non-decreasing) of each live occurrence,
     pending from ``start`` until ``fire``. Keys ``consumer × span + time``
     make one sort serve all consumers; when they would overflow int64 the
-    consumers are swept in slices. ``s_order``/``f_order``: permutations
-    that already sort the occurrences by (consumer, start) / (consumer, fire),
-    which saves the two sorts. Returns ``(peak, at, pending_at,
+    consumers are swept in slices (numpy's sort is fast on the nearly sorted
+    keys logs give). Returns ``(peak, at, pending_at,
     pending_max)``; ``at`` is -1 for a consumer never pending; the series are
     ``k × bins`` (empty without a grid).
     """
@@ -319,9 +317,8 @@ def _sweep(lc: np.ndarray, start: np.ndarray, fire: np.ndarray, k: int, grid: Op
     span = int(fire.max()) - tmin + 1
     per_slice = max(1, (1 << 62) // span)
     if per_slice >= k:  # one slice: the keys fit
-        sk, fk = lc * span + (start - tmin), lc * span + (fire - tmin)
-        sk = sk[s_order] if s_order is not None else np.sort(sk)
-        fk = fk[f_order] if f_order is not None else np.sort(fk)
+        base = lc * span if k > 1 else 0
+        sk, fk = np.sort(base + (start - tmin)), np.sort(base + (fire - tmin))
         _sweep_keys(sk, fk, k, tmin, span, grid, peak, at, p_at, p_max)
         return peak, at, p_at, p_max
     c_lo = 0
@@ -373,35 +370,41 @@ def _sweep_keys(sk, fk, k, tmin, span, grid, peak, at, p_at, p_max) -> None:
     values[:, ~inside] = 0
     p_at[:] = values
     # the maximum within a bin: its start value, or a value just after a start
-    # inside it. Starts are sorted by (consumer, time), so (consumer, bin) runs
-    # are contiguous: one reduceat, no scatter.
-    within = sk - np.repeat(base, per) if k > 1 else sk
-    b = (within + (tmin - grid.start_ms)) // grid.step_ms
-    ok = (b >= 0) & (b < grid.bins)
-    cell = (np.repeat(np.arange(k, dtype=np.int64), per) * grid.bins + b)[ok] if k > 1 else b[ok]
-    flat = np.zeros(k * grid.bins, dtype=np.int64)
-    if len(cell):
-        heads = np.flatnonzero(np.diff(cell, prepend=-1))
-        flat[cell[heads]] = np.maximum.reduceat(pending[ok], heads)
-    p_max[:] = np.maximum(flat.reshape(k, grid.bins), values)
+    # inside it. Starts are sorted by (consumer, time): a bin's starts are one
+    # slice of them, found by a search per (consumer, bin), maxed by one reduceat.
+    lo = np.searchsorted(sk, q, side="left")
+    hi = np.empty_like(lo)
+    hi[:, :-1] = lo[:, 1:]
+    hi[:, -1] = s_off + per
+    lo, hi = lo.reshape(-1), hi.reshape(-1)
+    filled = hi > lo
+    highs = np.zeros(k * grid.bins, dtype=np.int64)
+    if filled.any():
+        padded = np.append(pending, 0)  # reduceat needs a valid index for a slice ending at m
+        pairs = np.stack([lo[filled], hi[filled]], axis=1).reshape(-1)
+        highs[filled] = np.maximum.reduceat(padded, pairs)[::2]
+    p_max[:] = np.maximum(highs.reshape(k, grid.bins), values)
 
 
-def _sorted_pairs(owner: np.ndarray, value: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(owner, value)`` pairs sorted by owner then value: one int64 sort of
-    ``owner × span + value`` keys when they fit, else a lexsort."""
+def _histogram_pairs(owner: np.ndarray, value: np.ndarray, k: int):
+    """Distinct ``(owner, value)`` pairs with their counts, sorted by owner then
+    value: counted in one bincount when the keys ``owner × span + value`` are
+    few, else one int64 sort of them (a lexsort if they would overflow)."""
     if len(value) == 0:
-        return owner, value
+        return owner, value, np.zeros(0, dtype=np.int64)
     low = int(value.min())
     span = int(value.max()) - low + 1
-    if k * span <= max(4 * len(value), 1 << 16):  # few distinct keys: count, do not sort
-        counts = np.bincount(owner * span + (value - low), minlength=k * span)
-        keys = np.repeat(np.flatnonzero(counts), counts[counts > 0])
-        return keys // span, keys % span + low
+    if k == 1 or k * span <= max(4 * len(value), 1 << 16):
+        keys = value - low if k == 1 else owner * span + (value - low)
+        if span <= max(4 * len(value), 1 << 16):  # few distinct keys: count, do not sort
+            counts = np.bincount(keys, minlength=k * span if k > 1 else span)
+            nz = np.flatnonzero(counts)
+            return nz // span, nz % span + low, counts[nz]
     if k * span < (1 << 62):
         keys = np.sort(owner * span + (value - low))
-        return keys // span, keys % span + low
+        return _runs(keys // span, keys % span + low)
     order = np.lexsort((value, owner))
-    return owner[order], value[order]
+    return _runs(owner[order], value[order])
 
 
 def _runs(owner: np.ndarray, value: np.ndarray, counts: Optional[np.ndarray] = None):
@@ -417,7 +420,7 @@ def _error_histograms(lcid: np.ndarray, err: np.ndarray, k: int):
     """The group's error histogram (signed, distinct values with counts) and
     each consumer's nearest-rank quantiles of ``|error|``.
     Returns ``(values, counts, {quantile name: array of k})``."""
-    owners, values, counts = _runs(*_sorted_pairs(lcid, err, k))
+    owners, values, counts = _histogram_pairs(lcid, err, k)
     # the group's histogram: per-consumer histograms summed by value
     distinct, inverse = np.unique(values, return_inverse=True)
     group_counts = np.bincount(inverse.reshape(-1), weights=counts, minlength=len(distinct)).astype(np.int64)
@@ -432,11 +435,12 @@ def _error_histograms(lcid: np.ndarray, err: np.ndarray, k: int):
     cum = np.cumsum(ac)
     a_off = np.searchsorted(ao, np.arange(k))
     before = np.where(a_off > 0, cum[np.maximum(a_off - 1, 0)], 0)
-    total = np.bincount(lcid, minlength=k)
+    total = np.bincount(owners, weights=counts, minlength=k).astype(np.int64)
     quantiles = {}
     for name, q in _QUANTILES:
         rank = np.maximum(1, np.ceil(q * total).astype(np.int64))
         quantiles[name] = aa[np.searchsorted(cum, before + rank)]
+    quantiles["err_mean"] = np.bincount(owners, weights=values * counts, minlength=k) / np.maximum(total, 1)
     return distinct, group_counts, quantiles
 
 
@@ -468,9 +472,8 @@ def analyse_group(cid: np.ndarray, ledger: np.ndarray, entry: np.ndarray, ts: np
     new_message = change.copy()
     if n > 1:
         new_message[1:] |= (ledger[1:] != ledger[:-1]) | (entry[1:] != entry[:-1])
-    orders = (_order_within(lcid, ts, k), _order_within(lcid, due, k))
-    parts = [_group_bits(lcid, k, nacks, ledger, entry, ts, due, new_message, int(b), costs, rounding, grid,
-                         orders) for b in bits_list]
+    parts = [_group_bits(lcid, k, nacks, ledger, entry, ts, due, new_message, int(b), costs, rounding, grid)
+             for b in bits_list]
     out: dict = {"cid": np.tile(cid[heads], len(parts)),
                  "bits": np.repeat(np.asarray([int(b) for b in bits_list], dtype=np.int64), k),
                  "histograms": [p["histogram"] for p in parts]}
@@ -487,25 +490,13 @@ def analyse_group(cid: np.ndarray, ledger: np.ndarray, entry: np.ndarray, ts: np
     return out
 
 
-def _order_within(owner: np.ndarray, value: np.ndarray, k: int) -> np.ndarray:
-    """The permutation sorting rows by ``(owner, value)``."""
-    low = int(value.min())
-    span = int(value.max()) - low + 1
-    if k * span < (1 << 62):
-        return np.argsort(owner * span + (value - low), kind="stable")
-    return np.lexsort((value, owner))
-
-
 def _series_lists(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     k, bins = matrix.shape
     return np.arange(k + 1, dtype=np.int64) * bins, matrix.reshape(-1)
 
 
-def _group_bits(lcid, k, nacks, ledger, entry, ts, due, new_message, bits, costs, rounding, grid,
-                orders=None) -> dict:
-    """Every consumer of the group at one precision. ``orders``: row
-    permutations sorting by (consumer, ts) and by (consumer, due), shared by
-    all bits (a bucket is monotone in its due time)."""
+def _group_bits(lcid, k, nacks, ledger, entry, ts, due, new_message, bits, costs, rounding, grid) -> dict:
+    """Every consumer of the group at one precision."""
     n = len(ts)
     bucket = bucket_times(due, bits, rounding)
     # occurrence = run of one (consumer, ledger, entry) into one bucket: rows are
@@ -520,18 +511,15 @@ def _group_bits(lcid, k, nacks, ledger, entry, ts, due, new_message, bits, costs
         start = np.minimum.reduceat(ts, first)
         occ_bucket, occ_ledger, occ_entry, occ_c = bucket[first], ledger[first], entry[first], lcid[first]
     live = occ_bucket > start  # else the bucket had passed: fired at once, never pending
-    immediate = np.bincount(lcid[bucket <= ts], minlength=k)
-    occurrences = np.bincount(occ_c[live], minlength=k)
-    if orders is not None and len(first) == n:  # occurrences are rows: reuse the group's time orders
-        rank = np.cumsum(live) - 1  # row -> position among the live rows
-        by_ts, by_due = orders
-        s_order, f_order = rank[by_ts[live[by_ts]]], rank[by_due[live[by_due]]]
+    occurrences = np.bincount(occ_c[live], minlength=k) if k > 1 else np.array([np.count_nonzero(live)])
+    if len(first) == n:  # rows are occurrences: the ones not live are exactly the immediate ones
+        immediate = nacks - occurrences
     else:
-        s_order = f_order = None
-    peak, at, p_at, p_max = _sweep(occ_c[live], start[live], occ_bucket[live], k, grid, s_order, f_order)
+        immediate = np.bincount(lcid[bucket <= ts], minlength=k)
+    peak, at, p_at, p_max = _sweep(occ_c[live], start[live], occ_bucket[live], k, grid)
 
     # memory at each consumer's peak: the occurrences pending at that instant
-    at_occ = at[occ_c]
+    at_occ = at[occ_c] if k > 1 else at[0]
     sel = np.flatnonzero(live & (start <= at_occ) & (occ_bucket > at_occ))
     assert np.array_equal(np.bincount(occ_c[sel], minlength=k), peak), "pending at the peak instant != peak"
     mem = _indexes_at(occ_c[sel], occ_ledger[sel], occ_entry[sel], occ_bucket[sel], k, costs)
@@ -543,7 +531,6 @@ def _group_bits(lcid, k, nacks, ledger, entry, ts, due, new_message, bits, costs
         "merged": nacks - immediate - occurrences, "peak_pending": peak, "peak_at_ms": at,
         "index_bytes": mem[0], "roaring_bytes": mem[1], "buckets": mem[2], "bitmaps": mem[3], "ledgers": mem[4],
         "dict_index_bytes": np.round(costs.dict_index_per_entry * peak).astype(np.int64),
-        "err_mean": np.bincount(lcid, weights=err.astype(np.float64), minlength=k) / nacks,
         "histogram": (values, counts),
         "pending_at": _series_lists(p_at), "pending_max": _series_lists(p_max),
     }
