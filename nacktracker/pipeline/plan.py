@@ -216,7 +216,8 @@ def run_plan(spark, trace: str, bits: Sequence[int] = DEFAULT_BITS, *,
     names = sorted(c for c, s in summary.consumers.items() if s["nacks"])
     # one time grid for every consumer's pending series: first nack to last fire
     first = min(summary.consumers[n]["first_ms"] for n in names)
-    last = max(summary.consumers[n]["last_due_ms"] for n in names) + (1 << max(bits))
+    last = max(summary.consumers[n]["last_due_ms"] for n in names)
+    last += (1 << max(bits)) if rounding == "ceil" else 1  # ceil fires up to a bucket after the due time
     grid = Grid.spanning(first, last, SERIES_BINS)
     parts = partitions or min(len(names), 4 * default_parallelism(spark))
     nacks = _sorted_nacks(spark, events, names, summary, parts)
