@@ -461,7 +461,7 @@ def analyse_group(cid: np.ndarray, ledger: np.ndarray, entry: np.ndarray, ts: np
     cid, ledger, entry, ts, due = (np.asarray(a, dtype=np.int64) for a in (cid, ledger, entry, ts, due))
     n = len(ts)
     if not _is_sorted(cid, ledger, entry, due):
-        order = np.lexsort((due, entry, ledger, cid))
+        order = _row_order(cid, ledger, entry, due)
         cid, ledger, entry, ts, due = cid[order], ledger[order], entry[order], ts[order], due[order]
     change = np.ones(n, dtype=bool)
     change[1:] = cid[1:] != cid[:-1]
@@ -488,6 +488,23 @@ def analyse_group(cid: np.ndarray, ledger: np.ndarray, entry: np.ndarray, ts: np
             shift += len(val)
         out[name] = (np.concatenate(offsets), np.concatenate(values) if values else np.zeros(0, np.int64))
     return out
+
+
+def _row_order(cid, ledger, entry, due) -> np.ndarray:
+    """The permutation sorting rows by ``(cid, ledger, entry, due)``: one argsort
+    of a mixed-radix int64 key when the four ranges fit in 63 bits (logs are
+    like that: a few ledgers, entry ids and a time window per group), else a
+    lexsort. Runtime: O(n log n)."""
+    keys = np.zeros(len(cid), dtype=np.int64)
+    room = 1
+    for col in (due, entry, ledger, cid):  # least significant first
+        low = int(col.min())
+        span = int(col.max()) - low + 1
+        if room * span >= (1 << 63) // max(1, span) or room * span >= 1 << 62:
+            return np.lexsort((due, entry, ledger, cid))
+        keys += (col - low) * room
+        room *= span
+    return np.argsort(keys, kind="stable")
 
 
 def _series_lists(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
