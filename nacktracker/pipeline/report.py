@@ -17,6 +17,11 @@ __all__ = ["write_outputs", "markdown", "consumer_table", "consumer_markdown", "
 
 _TOP = 20  # consumers in report.md (all of them in consumers.md/.csv/.parquet)
 _LINES = 8  # consumers drawn one by one in pending.png
+#: Column order of consumers.csv/.parquet: the figures people read first.
+_TABLE_ORDER = ("consumer", "bits", "bucket_ms", "nacks", "peak_pending", "peak_at_utc", "peak_at_ms",
+                "index_bytes", "bytes_per_pending", "dict_index_bytes", "bitmaps", "buckets", "ledgers",
+                "roaring_bytes", "err_p50", "err_p90", "err_p99", "err_max", "err_mean", "within_bound",
+                "recommended", "own_best_bits")
 
 
 def _mb(n: float) -> str:
@@ -65,8 +70,9 @@ def _candidates(result: PlanResult) -> list[str]:
         elif bits == rec:
             verdict = f"**recommended**: {figure} <= bound {_err(bound)} ({_err(bound - p99)} to spare)"
         else:
-            verdict = (f"within the bound ({figure} <= {_err(bound)}), but a larger candidate is too"
-                       if rec is not None and bits < rec else f"within the bound ({figure} <= {_err(bound)})")
+            verdict = f"within the bound ({figure} <= {_err(bound)})"
+            if rec is not None and bits < rec:
+                verdict += f"; bits {rec} is too, with less memory"
         lines.append(f"- bits {bits} ({_ms(1 << bits)} buckets, {_mb(f['index_bytes'])}): {verdict}")
     return lines
 
@@ -175,13 +181,14 @@ def consumer_table(result: PlanResult):
     import pandas as pd
 
     df = result.consumers.copy()
-    df.insert(2, "bucket_ms", [1 << int(b) for b in df["bits"]])
+    df["bucket_ms"] = [1 << int(b) for b in df["bits"]]
     at = pd.to_datetime(df["peak_at_ms"].astype("float64"), unit="ms", utc=True)
-    df.insert(5, "peak_at_utc", at.dt.strftime("%Y-%m-%d %H:%M:%S.%f").str[:-3].fillna("-"))
+    df["peak_at_utc"] = at.dt.strftime("%Y-%m-%d %H:%M:%S.%f").str[:-3].fillna("-")
     df["within_bound"] = df["err_p99"] <= result.max_early_ms
     own = df[df["recommended"]].set_index("consumer")["bits"]
     df["own_best_bits"] = df["consumer"].map(own).astype("Int64")
-    return df
+    first = [c for c in _TABLE_ORDER if c in df.columns]
+    return df[first + [c for c in df.columns if c not in first]]
 
 
 def consumer_markdown(result: PlanResult, top: int | None = None, table=None) -> list[str]:
