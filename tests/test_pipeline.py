@@ -4,9 +4,9 @@ session-scoped ``local[2]`` SparkSession and a few small traces."""
 
 from __future__ import annotations
 
-import array
 import importlib.util
 import itertools
+import re
 import shutil
 from pathlib import Path
 
@@ -22,38 +22,11 @@ from nacktracker.pipeline.memory_model import IndexCosts
 from nacktracker.pipeline.pending import analyse_rows, quantile
 from nacktracker.pipeline.plan import measured_costs, recommend
 
+from pipeline_helpers import fresh_copy, nacks_by_consumer, replay
+
 ROOT = Path(__file__).resolve().parents[1]
 T0 = 1_700_000_000_000
 BITS = (0, 4, 8, 12)
-
-
-# -- an exact in-process replay with the real index ---------------------------------
-
-def replay(rows, bits, rounding="floor", stop_at=None):
-    """Feed ``(ts, ledger, entry, due)`` nacks to a TimeBucketIndex in time order,
-    firing every bucket whose time has come. Returns ``(peak, first instant,
-    index)``; with ``stop_at`` the index is the state at that instant."""
-    idx = TimeBucketIndex(precision_bits=bits, rounding=rounding)
-    peak, at = 0, None
-    for ts, group in itertools.groupby(sorted(rows), key=lambda r: r[0]):
-        if stop_at is not None and ts > stop_at:
-            break
-        idx.pop_due(ts)
-        for _, ledger, entry, due in group:
-            idx.add(ledger, entry, due)
-        idx.pop_due(ts)  # a bucket already in the past fires at once
-        if len(idx) > peak:
-            peak, at = len(idx), ts
-    return peak, at, idx
-
-
-def fresh_copy(idx: TimeBucketIndex) -> TimeBucketIndex:
-    """The same pending messages in a freshly built index."""
-    out = TimeBucketIndex(precision_bits=idx.precision_bits, rounding=idx.rounding)
-    for bucket, ledger, bm in idx.iter_bitmaps():
-        out.add_many(ledger, array.array("Q", bm) if bm.max() >= 1 << 32 else array.array("I", bm), bucket)
-    out.compact()
-    return out
 
 
 # -- the kernel, no Spark -----------------------------------------------------------
@@ -109,8 +82,8 @@ def test_kernel_with_nothing_ever_pending(costs):
     assert r.index_bytes == TimeBucketIndex().nbytes()
 
 
-def test_partition_stream_is_cut_per_consumer():
-    from nacktracker.pipeline.plan import _consumers
+def test_partition_stream_is_cut_into_groups_of_whole_consumers():
+    from nacktracker.pipeline.plan import _groups
 
     def batch(cids, start):
         n = len(cids)
@@ -118,9 +91,69 @@ def test_partition_stream_is_cut_per_consumer():
             "cid": pa.array(cids, pa.int32()), "ledger_id": list(range(start, start + n)),
             "entry_id": [0] * n, "ts_ms": [0] * n, "due": [1] * n})
 
-    stream = [batch([0, 0], 0), batch([0, 1, 1], 2), batch([1], 5), batch([3, 4], 6)]
-    got = [(cid, cols[0].tolist()) for cid, cols in _consumers(iter(stream))]
-    assert got == [(0, [0, 1, 2]), (1, [3, 4, 5]), (3, [6]), (4, [7])]
+    stream = [batch([0, 0], 0), batch([0, 1, 1], 2), batch([1], 5), batch([3, 4], 6), batch([4, 4, 4], 8)]
+    got = [(g[0].tolist(), g[1].tolist()) for g in _groups(iter(stream), target_rows=3)]
+    # every group holds whole consumers; consumer 1 spans two batches, 4 ends the stream
+    assert got == [([0, 0, 0], [0, 1, 2]), ([1, 1, 1, 3], [3, 4, 5, 6]), ([4, 4, 4, 4], [7, 8, 9, 10])]
+    assert [g[0].tolist() for g in _groups(iter(stream))] == [[0, 0, 0, 1, 1, 1, 3, 4, 4, 4, 4]]
+
+
+def test_a_group_gives_each_consumer_what_it_gets_alone(costs):
+    """analyse_group over many consumers == analyse_consumer one by one, and
+    the pending series agrees with the exact replay at every grid instant."""
+    from nacktracker.pipeline.pending import Grid, analyse_consumer, analyse_group
+
+    rng = np.random.default_rng(5)
+    cols = {k: [] for k in ("cid", "ledger", "entry", "ts", "due")}
+    for c in range(40):
+        n = int(rng.integers(1, 300))
+        ts = np.sort(rng.integers(T0, T0 + 5_000, n))
+        cols["cid"] += [c * 7] * n  # ids need not be dense
+        cols["ledger"] += rng.integers(1, 4, n).tolist()
+        cols["entry"] += rng.integers(0, 50, n).tolist()  # repeats: merges and re-nacks
+        cols["ts"] += ts.tolist()
+        cols["due"] += (ts + rng.integers(0, 3000, n)).tolist()
+    arrays = {k: np.array(v, dtype=np.int64) for k, v in cols.items()}
+    order = rng.permutation(len(arrays["cid"]))  # unsorted input is sorted by the kernel
+    grid = Grid.spanning(T0, T0 + 9_000, 30)
+    bits = [0, 5, 9]
+    out = analyse_group(*(arrays[k][order] for k in ("cid", "ledger", "entry", "ts", "due")),
+                        bits_list=bits, costs=costs, grid=grid)
+    row = {(int(c), int(b)): i for i, (c, b) in enumerate(zip(out["cid"], out["bits"]))}
+    fleet = {b: {} for b in bits}  # the group's error histogram = the consumers' summed
+    for c in range(40):
+        mine = arrays["cid"] == c * 7
+        alone = analyse_consumer(*(arrays[k][mine] for k in ("ledger", "entry", "ts", "due")),
+                                 bits_list=bits, costs=costs)
+        nacks = [(t, l, e, d) for l, e, t, d in zip(*(arrays[k][mine].tolist()
+                                                      for k in ("ledger", "entry", "ts", "due")))]
+        for r in alone:
+            i = row[(c * 7, r.bits)]
+            assert out["peak_pending"][i] == r.peak_pending and out["index_bytes"][i] == r.index_bytes
+            assert out["peak_at_ms"][i] == (-1 if r.peak_at_ms is None else r.peak_at_ms)
+            assert out["err_p99"][i] == r.error_quantile(0.99) and out["err_max"][i] == r.error_quantile(1.0)
+            for v, n in zip(r.err_values.tolist(), r.err_counts.tolist()):
+                fleet[r.bits][v] = fleet[r.bits].get(v, 0) + n
+            lo, hi = out["pending_at"][0][i:i + 2]
+            series = out["pending_at"][1][lo:hi]
+            highs = out["pending_max"][1][lo:hi]
+            for t, got, high in zip(grid.times().tolist(), series.tolist(), highs.tolist()):
+                assert got == len_pending_at(nacks, r.bits, t), (c, r.bits, t)
+                assert got <= high <= r.peak_pending
+            assert highs.max() == r.peak_pending
+    for b, (values, counts) in zip(bits, out["histograms"]):
+        assert dict(zip(values.tolist(), counts.tolist())) == fleet[b]
+
+
+def len_pending_at(nacks, bits, t):
+    """Pending at instant t by the model's definition, by brute force: occurrences
+    (message, bucket) whose first nack is at or before t and whose bucket fires after t."""
+    first = {}
+    for ts, ledger, entry, due in nacks:
+        b = (due >> bits) << bits
+        key = (ledger, entry, b)
+        first[key] = min(first.get(key, ts), ts)
+    return sum(1 for (_, _, b), start in first.items() if start <= t < b)
 
 
 def test_quantile_is_nearest_rank():
@@ -181,16 +214,6 @@ def planned(spark, trace):
     from nacktracker.pipeline.plan import run_plan
 
     return run_plan(spark, trace, BITS, max_early_ms=300)
-
-
-def nacks_by_consumer(path):
-    table = pq.read_table(path).to_pandas()
-    table = table[table["kind"] == "nack"]
-    out = {}
-    for name, g in table.groupby("consumer"):
-        out[name] = list(zip(g["ts_ms"].tolist(), g["ledger_id"].tolist(), g["entry_id"].tolist(),
-                             (g["ts_ms"] + g["delay_ms"]).tolist()))
-    return out
 
 
 @pytest.mark.spark
@@ -266,14 +289,64 @@ def test_errors_fleet_totals_and_recommendation(planned, trace):
 @pytest.mark.spark
 @needs_spark
 def test_report_outputs(planned, tmp_path):
+    import pandas as pd
+
     from nacktracker.pipeline.report import markdown, write_outputs
 
     paths = write_outputs(planned, tmp_path)
     text = markdown(planned)
     assert "**precision_bits = 8**" in text and "consumer-002" in text
-    assert paths["plot"].read_bytes()[:4] == b"\x89PNG"
-    assert len(pq.read_table(paths["consumers"])) == 3 * len(BITS)
+    # every candidate against the bound, in exact ms: bits 12 misses it, 8 is taken
+    assert re.search(r"- bits 12 \(4\.10 s buckets, [^)]*\): \*\*rejected\*\*: fleet p99 error [\d,]+ ms "
+                     r"early > bound 300 ms \([\d,]+ ms over\)", text)
+    assert re.search(r"- bits 8 .*\*\*recommended\*\*: fleet p99 error 2\d\d ms early <= bound 300 ms", text)
+    for name in ("plot", "pending_plot"):
+        assert paths[name].read_bytes()[:4] == b"\x89PNG"
+    table = pq.read_table(paths["consumers"]).to_pandas()
+    assert len(table) == 3 * len(BITS)
+    csv = pd.read_csv(paths["consumers_csv"])
+    assert len(csv) == 3 * len(BITS) and set(csv["bits"]) == set(BITS)
+    assert {"peak_at_utc", "bytes_per_pending", "within_bound", "own_best_bits"} <= set(csv.columns)
+    md = paths["consumers_md"].read_text()
+    assert sum(line.startswith("| consumer-") for line in md.splitlines()) == 3 * len(BITS)
+    r = table[(table["consumer"] == "consumer-000") & (table["bits"] == 8)].iloc[0]
+    assert r["peak_at_utc"] in md and r["peak_at_utc"].startswith("2023-11-14 ")
     assert pq.read_table(paths["fleet"]).column("bits").to_pylist() == list(BITS)
+    # pending over time at the recommended bits: every consumer, and its maximum is its peak
+    series = pq.read_table(paths["pending"]).to_pandas()
+    assert set(series["bits"]) == {8} and series["consumer"].nunique() == 3
+    peaks = table[table["bits"] == 8].set_index("consumer")["peak_pending"]
+    assert (series.groupby("consumer")["pending_max"].max() == peaks).all()
+    assert (series["pending_at"] <= series["pending_max"]).all()
+
+
+@pytest.mark.spark
+@needs_spark
+def test_error_plot_draws_zero_at_zero(planned, tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from nacktracker.pipeline.report import plot
+
+    seen = {}
+    real = plt.Figure.savefig
+
+    def grab(fig, *a, **k):
+        seen["axes"] = fig.axes
+        return real(fig, *a, **k)
+
+    plt.Figure.savefig = grab
+    try:
+        plot(planned, tmp_path / "p.png")
+    finally:
+        plt.Figure.savefig = real
+    err = seen["axes"][1]
+    assert err.get_yscale() == "symlog"
+    p50 = next(line for line in err.get_lines() if line.get_label() == "p50")
+    assert p50.get_ydata()[0] == 0  # bits 0: a 0 ms error is drawn at 0
+    assert err.get_ylim()[0] == 0
 
 
 @pytest.mark.spark
@@ -382,7 +455,11 @@ def test_cli_generates_and_plans(spark, tmp_path, capsys):
                  "--max-early-ms", "100"]) == 0
     text = capsys.readouterr().out
     assert "**precision_bits = 6**" in text
-    assert (tmp_path / "plan" / "report.md").read_text() == text.rstrip("\n") + "\n"
+    report = (tmp_path / "plan" / "report.md").read_text()
+    assert report.rstrip("\n") in text  # printed whole, after the progress lines
+    assert "[plan] validate:" in text and "[plan] analyse: done in" in text
+    assert main(["plan", str(out), "--bits", "0,6", "--out", str(tmp_path / "q"), "--quiet"]) == 0
+    assert capsys.readouterr().out == ""
     assert main(["trace", "generate", "--out", str(out), "--events", "10"]) == 2  # exists
     assert main(["plan", str(tmp_path / "missing"), "--out", str(tmp_path / "p2")]) == 2
     assert "no such file" in capsys.readouterr().err
@@ -426,3 +503,65 @@ def test_sweep_runs_the_grid_as_spark_tasks(spark):
     text = table(rows)
     assert sum(line.startswith("| ") for line in text.splitlines()) == len(rows) + 1
     assert "| 2.000 |" in text  # seed 000's estimate for x=1, y=8
+
+
+# -- traces whose files disagree ------------------------------------------------------------
+
+@pytest.mark.spark
+@needs_spark
+def test_a_directory_mixing_file_schemas_names_the_file_and_column(spark, tmp_path, capsys):
+    from nacktracker.pipeline.cli import main
+    from nacktracker.pipeline.plan import run_plan
+
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    pq.write_table(pa.table(good_table()), folder / "a.parquet")
+    bad = good_table()
+    bad["ledger_id"] = [str(v) for v in bad["ledger_id"]]
+    pq.write_table(pa.table(bad), folder / "b.parquet")
+    with pytest.raises(ColumnTypeError, match=r"mixed/b\.parquet: column 'ledger_id' must hold integers, found string"):
+        run_plan(spark, str(folder), [0])
+    assert main(["plan", str(folder), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "b.parquet: column 'ledger_id'" in err[0]
+
+
+@pytest.mark.spark
+@needs_spark
+def test_integer_widths_may_differ_between_files(spark, tmp_path):
+    from nacktracker.pipeline.plan import run_plan
+
+    folder = tmp_path / "widths"
+    folder.mkdir()
+    pq.write_table(pa.table(good_table()), folder / "a.parquet")  # int64 from Python ints
+    narrow = pa.table(good_table()).cast(pa.schema([
+        ("ts_ms", pa.int64()), ("kind", pa.string()), ("ledger_id", pa.int32()), ("entry_id", pa.int32()),
+        ("delay_ms", pa.int32()), ("consumer", pa.string())]))
+    pq.write_table(narrow, folder / "b.parquet")
+    result = run_plan(spark, str(folder), [0])
+    assert result.consumers["nacks"].tolist() == [10]
+    assert result.consumers["peak_pending"].tolist() == [5]  # a's and b's messages are the same 5
+
+
+@pytest.mark.spark
+@needs_spark
+def test_stale_spark_schema_metadata_is_not_trusted(spark, tmp_path):
+    """A Spark-written file rewritten with pyarrow keeps Spark's schema in its
+    metadata; a column dropped since must be reported missing, not null."""
+    from nacktracker.pipeline.plan import run_plan
+
+    folder = tmp_path / "stale"
+    cols = good_table()
+    spark.createDataFrame(list(zip(*cols.values())), "ts_ms long, kind string, ledger_id long, entry_id long, "
+                          "delay_ms long, consumer string").coalesce(1).write.parquet(str(folder))
+    (written,) = [p for p in folder.iterdir() if p.suffix == ".parquet"]
+    table = pq.read_table(written)
+    assert b"org.apache.spark.sql.parquet.row.metadata" in table.schema.metadata
+    pq.write_table(table.drop_columns(["delay_ms"]), written)  # the metadata goes along
+    with pytest.raises(MissingColumnError, match=rf"{written.name}: missing column 'delay_ms'"):
+        run_plan(spark, str(folder), [0])
+    table = table.set_column(table.schema.get_field_index("entry_id"), "entry_id",
+                             pa.array([str(v) for v in good_table()["entry_id"]]))
+    pq.write_table(table, written)
+    with pytest.raises(ColumnTypeError, match=rf"{written.name}: column 'entry_id' must hold integers"):
+        run_plan(spark, str(folder), [0])

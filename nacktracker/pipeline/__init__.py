@@ -3,9 +3,13 @@
 Modules (each small, each importable without starting Spark):
 
 * :mod:`.spark` — the SparkSession builder (offline, quiet, local or cluster);
+* :mod:`.ship` — on a cluster: pack what the executors import (cached by
+  content hash), ship it as a Spark archive, probe the executors' imports;
+* :mod:`.progress` — phase lines and Spark task counts on stdout;
 * :mod:`.load` — read a Parquet / JSON Lines nack log, check it, count it;
 * :mod:`.trace` — ``trace generate``: synthetic logs from ``spark.range``;
-* :mod:`.pending` — the per-consumer kernel: peak pending, memory, errors;
+* :mod:`.pending` — the kernel, vectorised over groups of whole consumers:
+  peak pending and when, memory at the peak, errors, pending over time;
 * :mod:`.memory_model` — TimeBucketIndex bytes from bitmaps + measured overheads;
 * :mod:`.plan` — ``plan``: the Spark job around the kernel, fleet totals,
   recommendation; :mod:`.report` — its Parquet, Markdown and PNG;

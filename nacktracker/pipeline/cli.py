@@ -40,7 +40,7 @@ def _conf(text: str) -> tuple[str, str]:
     return key, value
 
 
-def _spark_options(p: argparse.ArgumentParser) -> None:
+def _spark_options(p: argparse.ArgumentParser, python_on_executors: bool = True) -> None:
     g = p.add_argument_group("Spark")
     g.add_argument("--master", default=None,
                    help="Spark master URL (default: local[*]; under spark-submit, spark-submit's)")
@@ -48,18 +48,45 @@ def _spark_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--shuffle-partitions", type=int, default=None, help="spark.sql.shuffle.partitions")
     g.add_argument("--conf", type=_conf, action="append", default=[], metavar="KEY=VALUE",
                    help="any other Spark setting (repeatable)")
+    if python_on_executors:
+        g.add_argument("--executor-python", default=None, metavar="PYTHON",
+                       help="the executors' Python on the workers (spark.pyspark.python; default: "
+                            "$PYSPARK_PYTHON or python3); same minor version as this one")
+        g.add_argument("--no-ship", action="store_true",
+                       help="do not ship nacktracker and its dependencies to the executors: their Python "
+                            "(--executor-python) already has them")
+        g.add_argument("--probe-timeout", type=float, default=60.0, metavar="SECONDS",
+                       help="how long the executor check waits for an executor (default 60)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines (and, for plan, no report) on stdout")
 
 
-def _session(args: argparse.Namespace):
-    from .spark import get_spark
+def _session(args: argparse.Namespace, progress, python_on_executors: bool = True):
+    """Start (or join) the session; on a cluster, ship and check the executors'
+    Python first. Raises ExecutorCheckError (one line) when they cannot run the job."""
+    from .ship import prepare_executors
+    from .spark import get_spark, is_local
 
-    return get_spark(args.master, driver_memory=args.driver_memory,
-                     shuffle_partitions=args.shuffle_partitions, conf=dict(args.conf))
+    conf = dict(args.conf)
+    if getattr(args, "executor_python", None):
+        conf["spark.pyspark.python"] = args.executor_python
+    with progress.phase("spark", f"starting a session ({args.master or 'local[*] or spark-submit'})"):
+        spark = get_spark(args.master, driver_memory=args.driver_memory,
+                          shuffle_partitions=args.shuffle_partitions, conf=conf)
+    progress.spark = spark
+    if python_on_executors and not is_local(spark.sparkContext.master):
+        prepare_executors(spark, ship_env=not args.no_ship, timeout_s=args.probe_timeout, say=progress.say)
+    return spark
 
 
 def _fail(exc: BaseException) -> int:
     print(f"nacktracker: error: {exc}", file=sys.stderr)
     return 2
+
+
+def _progress(args: argparse.Namespace, name: str):
+    from .progress import Progress
+
+    return Progress(name, enabled=not args.quiet)
 
 
 # -- trace generate -------------------------------------------------------------
@@ -77,9 +104,11 @@ def _trace_generate(args: argparse.Namespace) -> int:
     except ValueError as e:
         return _fail(e)
     started = time.perf_counter()
-    spark = _session(args)
+    progress = _progress(args, "trace")
+    spark = _session(args, progress, python_on_executors=False)  # JVM only: no Python on executors
     try:
-        generate_trace(spark, spec, args.out, fmt=args.format, overwrite=args.overwrite, files=args.files)
+        with progress.phase("write", f"{spec.events:,} events to {args.out}"):
+            generate_trace(spark, spec, args.out, fmt=args.format, overwrite=args.overwrite, files=args.files)
     except Exception as e:  # Spark's "path already exists" and friends: one line, not a JVM trace
         if type(e).__name__ in ("AnalysisException", "IllegalArgumentException") or isinstance(e, ValueError):
             return _fail(str(e).splitlines()[0])
@@ -116,7 +145,7 @@ def _add_trace(sub) -> None:
     g.add_argument("--format", choices=("parquet", "jsonl"), default="parquet")
     g.add_argument("--files", type=int, default=None, help="output files (default: one per 2M events)")
     g.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
-    _spark_options(g)
+    _spark_options(g, python_on_executors=False)
     g.set_defaults(func=_trace_generate)
 
 
@@ -125,18 +154,22 @@ def _add_trace(sub) -> None:
 def _plan(args: argparse.Namespace) -> int:
     from ..events import TraceError
     from .plan import run_plan
-    from .report import markdown, write_outputs
+    from .report import write_outputs
+    from .ship import ExecutorCheckError
 
     started = time.perf_counter()
-    spark = _session(args)
+    progress = _progress(args, "plan")
     try:
+        spark = _session(args, progress)
         result = run_plan(spark, args.trace, args.bits, max_early_ms=args.max_early_ms,
-                          rounding=args.rounding, fmt=args.format, partitions=args.partitions)
-    except (TraceError, ValueError) as e:
+                          rounding=args.rounding, fmt=args.format, partitions=args.partitions,
+                          progress=progress)
+    except (TraceError, ValueError, ExecutorCheckError) as e:
         return _fail(e)
-    paths = write_outputs(result, args.out)
+    with progress.phase("report", f"writing {args.out}"):
+        paths = write_outputs(result, args.out)
     if not args.quiet:
-        print(markdown(result))
+        print(paths["report"].read_text(encoding="utf-8"))
     print(f"plan: {time.perf_counter() - started:.1f} s; wrote {', '.join(str(p) for p in paths.values())}",
           file=sys.stderr)
     return 0
@@ -160,7 +193,6 @@ def _add_plan(sub) -> None:
     p.add_argument("--out", default="nacktracker-plan", help="output directory (default nacktracker-plan)")
     p.add_argument("--partitions", type=int, default=None,
                    help="tasks for the analysis (default: min(consumers, 4 x cores))")
-    p.add_argument("--quiet", action="store_true", help="do not print the report")
     _spark_options(p)
     p.set_defaults(func=_plan)
 
@@ -175,9 +207,16 @@ def _sweep(args: argparse.Namespace) -> int:
         configs = grid(args.x, args.y, args.entries_per_ledger, args.shares, indexes, args.messages)
     except ValueError as e:
         return _fail(e)
+    from .ship import ExecutorCheckError
+
     started = time.perf_counter()
-    spark = _session(args)
-    rows = run_sweep(spark, configs)
+    progress = _progress(args, "sweep")
+    try:
+        spark = _session(args, progress)
+    except ExecutorCheckError as e:
+        return _fail(e)
+    with progress.phase("measure", f"{len(configs)} configurations, one task each"):
+        rows = run_sweep(spark, configs)
     command = " ".join(["nacktracker sweep", "--x", _join(args.x), "--y", _join(args.y),
                         "--entries-per-ledger", _join(args.entries_per_ledger), "--shares", _join(args.shares),
                         "--indexes", ",".join(indexes), "--messages", str(args.messages)])

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from dataclasses import dataclass, field
 
-from ..events import (COLUMN_TYPES, COLUMNS, KINDS, NON_NEGATIVE_COLUMNS, NOT_NULL_COLUMNS,
+from ..events import (COLUMN_TYPES, COLUMNS, KINDS, NON_NEGATIVE_COLUMNS, NOT_NULL_COLUMNS, ColumnTypeError,
                       EmptyTraceError, TraceError, check_schema, check_stats)
 
 __all__ = ["TraceSummary", "read_events", "summarize", "load_trace", "UNNAMED"]
@@ -31,7 +32,7 @@ class TraceSummary:
     path: str
     rows: int
     kinds: dict[str, int]
-    #: consumer -> {"events", "nacks", "redeliver", "dead_letter", "first_ms", "last_ms"}
+    #: consumer -> {"events", "nacks", "redeliver", "dead_letter", "first_ms", "last_ms", "last_due_ms"}
     consumers: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
@@ -66,6 +67,72 @@ def _is_local_path(path: str) -> bool:
     return "://" not in path or path.startswith("file:")
 
 
+def _data_files(local: str) -> list[str]:
+    """Data files Spark would read under a local path: the file itself, or the
+    directory's files (partition subdirectories too), hidden and ``_`` names skipped."""
+    if os.path.isfile(local):
+        return [local]
+    out = []
+    for folder, dirs, files in os.walk(local):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
+        out += [os.path.join(folder, f) for f in sorted(files)
+                if not f.startswith((".", "_")) and os.path.getsize(os.path.join(folder, f)) > 0]
+    return out
+
+
+def _parquet_schema(paths: list[str]):
+    """Check every Parquet file's own columns (its footer, not the Spark schema
+    a writer may have left in its metadata) and return the Spark schema to read
+    them all with: each known column present, integers at the widest width
+    any file uses. Raises :class:`TraceError` subclasses naming the file.
+    Cost: one footer read per file (~1 ms each)."""
+    import pyarrow.parquet as pq
+    from pyspark.sql import types as T
+
+    from ..events import _arrow_logical
+
+    present: set[str] = set()
+    wide: set[str] = set()
+    for path in paths:
+        try:
+            schema = pq.read_schema(path)
+        except Exception as e:  # not Parquet at all, or truncated
+            raise TraceError(f"{path}: not a readable Parquet file ({str(e).splitlines()[0]})") from None
+        types = {}
+        for f in schema:
+            kind = _arrow_logical(f.type)
+            types[f.name] = "string" if kind == "null" and f.name in ("topic", "consumer") else kind
+            if kind == "integer" and f.type.bit_width > 32:
+                wide.add(f.name)
+        check_schema(types, path)  # every file on its own: so files agree on every logical type
+        present.update(c for c in types if c in COLUMN_TYPES)
+    fields = []
+    for c in COLUMNS:
+        if c in present:
+            if COLUMN_TYPES[c] == "string":
+                t = T.StringType()
+            else:
+                t = T.LongType() if c in wide or COLUMN_TYPES[c] == "int64" else T.IntegerType()
+            fields.append(T.StructField(c, t, True))
+    return T.StructType(fields)
+
+
+_READ_ERROR = re.compile(r"Error while reading file (\S+?)\.? .*?(?:column|Column) \[?`?([\w.]+)`?\]?", re.S)
+
+
+def one_line_read_error(exc: BaseException, path: str) -> TraceError:
+    """A Spark read failure (a page of JVM trace) as one line naming the file and column."""
+    text = str(exc)
+    m = _READ_ERROR.search(text)
+    if m:
+        column = m.group(2).split(".")[-1]
+        detail = re.search(r"(Expected Spark type [^.]+, actual Parquet type [^.]+)", text)
+        return ColumnTypeError(f"{m.group(1)}: column {column!r} cannot be read"
+                               f"{': ' + detail.group(1) if detail else ''}", column)
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
+    return TraceError(f"{path}: cannot read the log: {first[:300]}")
+
+
 def read_events(spark, path: str, fmt: str = "auto"):
     """Open a trace and check its schema. Returns a DataFrame with the
     :data:`~nacktracker.events.COLUMNS` that are present, integer columns cast
@@ -82,16 +149,18 @@ def read_events(spark, path: str, fmt: str = "auto"):
         fmt = _detect_format(path)
     if fmt not in ("parquet", "jsonl"):
         raise ValueError(f"format must be parquet, jsonl or auto, got {fmt!r}")
+    schema = None
     if _is_local_path(path):
         local = path[5:] if path.startswith("file:") else path
         if not glob.glob(local):
             raise EmptyTraceError(f"{path}: no such file or directory")
-        if os.path.isdir(local) and not any(
-                not n.startswith((".", "_")) and os.path.getsize(os.path.join(local, n)) > 0
-                for n in os.listdir(local)):
+        files = [f for g in sorted(glob.glob(local)) for f in _data_files(g)]
+        if not files:
             raise EmptyTraceError(f"{path}: no event files in this directory")
+        if fmt == "parquet":  # each file on its own: mixed schemas and stale metadata name the file
+            schema = _parquet_schema(files)
     try:
-        reader = spark.read
+        reader = spark.read if schema is None else spark.read.schema(schema)
         df = reader.parquet(path) if fmt == "parquet" else reader.json(path)
         types = {f.name: _spark_logical(f.dataType) for f in df.schema.fields}
     except AnalysisException as e:
@@ -136,7 +205,14 @@ def summarize(events, path: str) -> TraceSummary:
     lows = [c for c in NON_NEGATIVE_COLUMNS if c in present]
     aggs += [F.min(c).alias(f"min_{c}") for c in lows]
     aggs.append(F.max("ts_ms").alias("last_ms"))
-    rows = [r.asDict() for r in events.groupBy("consumer", "kind").agg(*aggs).collect()]
+    aggs.append(F.max(F.col("ts_ms") + F.col("delay_ms")).alias("last_due_ms"))  # where pending can end
+    try:
+        rows = [r.asDict() for r in events.groupBy("consumer", "kind").agg(*aggs).collect()]
+    except Exception as e:  # a file Spark cannot read after all (remote paths are not pre-checked)
+        if type(e).__name__ in ("Py4JJavaError", "SparkException", "AnalysisException",
+                                "SparkRuntimeException", "SparkUpgradeException"):
+            raise one_line_read_error(e, path) from None
+        raise
     bad = [r for r in rows if r["kind"] not in KINDS]
     stats = {
         "rows": sum(r["rows"] for r in rows),
@@ -151,11 +227,14 @@ def summarize(events, path: str) -> TraceSummary:
     consumers: dict[str, dict[str, int]] = {}
     for r in rows:
         c = consumers.setdefault(r["consumer"], {"events": 0, "nacks": 0, "redeliver": 0, "dead_letter": 0,
-                                                 "first_ms": r["min_ts_ms"], "last_ms": r["last_ms"]})
+                                                 "first_ms": r["min_ts_ms"], "last_ms": r["last_ms"],
+                                                 "last_due_ms": r["last_due_ms"]})
         c["events"] += r["rows"]
         c["nacks" if r["kind"] == "nack" else r["kind"]] += r["rows"]
         c["first_ms"] = min(c["first_ms"], r["min_ts_ms"])
         c["last_ms"] = max(c["last_ms"], r["last_ms"])
+        if r["kind"] == "nack":
+            c["last_due_ms"] = max(c["last_due_ms"], r["last_due_ms"])
     return TraceSummary(path=path, rows=stats["rows"], kinds=kinds, consumers=consumers)
 
 

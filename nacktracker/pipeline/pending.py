@@ -22,14 +22,27 @@ The model, per precision ``bits`` (``rounding="floor"``; ``"ceil"`` rounds up):
   ``run_optimize`` + ``shrink_to_fit``), sized by
   :mod:`~nacktracker.pipeline.memory_model`.
 
-Cost per consumer with n nacks: O(n) per bits plus two sorts of n
-(numpy, ~0.1 s per million), plus ~10 µs per bitmap pending at the peak.
-Memory: the 32 bytes per nack of the input plus about 50 of temporaries.
+Many consumers at once (:func:`analyse_group`): a Spark task hands the kernel
+a group of whole consumers (up to about a million rows), and every step above
+runs once over the group with the consumer as the leading sort key — the
+sweep sorts ``consumer × span + time`` keys, histograms and quantiles are
+segment reductions — so a thousand small consumers cost what their nacks
+cost, not a thousand numpy round trips. Only the memory at the peak loops in
+Python, per consumer and per bitmap pending there.
+
+It also samples pending over time on a :class:`Grid` (the same instants for
+every consumer): the value at each bin start and the maximum within the bin.
+
+Cost per group of n nacks: O(n log n) per bits (numpy sorts, ~0.1 s per
+million), plus ~10 µs per bitmap pending at a peak, plus O(consumers × bins)
+for the series. Memory: the 40 bytes per nack of the input plus about 60 of
+temporaries.
 """
 
 from __future__ import annotations
 
 import array
+import math
 import sys
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
@@ -38,9 +51,10 @@ import numpy as np
 from pyroaring import BitMap, BitMap64
 
 from ..index import _roaring_bytes
-from .memory_model import IndexCosts, dict_bytes, dict_bytes_many, set_bytes
+from .memory_model import IndexCosts, dict_bytes, set_bytes
 
-__all__ = ["BitsResult", "analyse_consumer", "quantile", "bucket_times"]
+__all__ = ["BitsResult", "Grid", "analyse_group", "analyse_consumer", "quantile", "bucket_times",
+           "SCALAR_COLUMNS", "LIST_COLUMNS"]
 
 _U32 = 1 << 32
 
@@ -94,39 +108,9 @@ def quantile(values: np.ndarray, counts: np.ndarray, q: float, absolute: bool = 
     return int(values[np.searchsorted(cum, rank)])
 
 
-def _is_sorted(ledger: np.ndarray, entry: np.ndarray, due: np.ndarray) -> bool:
-    if len(ledger) < 2:
-        return True
-    dl = np.diff(ledger)
-    if (dl < 0).any():
-        return False
-    same_l = dl == 0
-    de = np.diff(entry)
-    if (same_l & (de < 0)).any():
-        return False
-    return not (same_l & (de == 0) & (np.diff(due) < 0)).any()
-
-
-_ONE_BITMAP_BYTES: dict[type, int] = {}
-
-
-def _one_entry_bytes(cls: type) -> int:
-    """Bytes of a compacted bitmap holding one id (the same for any id of one width)."""
-    if cls not in _ONE_BITMAP_BYTES:
-        bm = cls()
-        bm.add(12_345 if cls is BitMap else _U32 + 12_345)
-        bm.run_optimize()
-        bm.shrink_to_fit()
-        _ONE_BITMAP_BYTES[cls] = _roaring_bytes(bm)
-    return _ONE_BITMAP_BYTES[cls]
-
-
 def _bitmap_bytes(ids: np.ndarray) -> int:
     """Build the bitmap the index would hold for sorted unique ``ids``; its bytes."""
-    wide = int(ids[-1]) >= _U32
-    if len(ids) == 1:
-        return _one_entry_bytes(BitMap64 if wide else BitMap)
-    if wide:
+    if int(ids[-1]) >= _U32:
         bm = BitMap64()
         bm.update(array.array("Q", ids.astype(np.uint64).tobytes()))
     else:
@@ -137,100 +121,459 @@ def _bitmap_bytes(ids: np.ndarray) -> int:
     return _roaring_bytes(bm)
 
 
-def _index_at(ledger: np.ndarray, entry: np.ndarray, bucket: np.ndarray,
-              costs: IndexCosts) -> tuple[int, int, int, int, int]:
-    """Bytes of a fresh index holding these occurrences (sorted by ledger, entry).
-
-    Returns ``(index_bytes, roaring_bytes, buckets, bitmaps, ledgers)``.
-    """
-    if len(ledger) == 0:
-        return costs.index_bytes(0, 0), 0, 0, 0, 0
-    order = np.argsort(bucket, kind="stable")  # stable: keeps (ledger, entry) order per bucket
-    b, l, e = bucket[order], ledger[order], entry[order]
-    cut = np.flatnonzero((b[1:] != b[:-1]) | (l[1:] != l[:-1])) + 1
-    lo = np.concatenate(([0], cut))
-    hi = np.concatenate((cut, [len(b)]))
-    roaring = 0
-    keys = 0
-    getsizeof = sys.getsizeof
-    for i, j in zip(lo.tolist(), hi.tolist()):
-        roaring += _bitmap_bytes(e[i:j])
-        keys += getsizeof(int(b[i]) << 64 | int(l[i]))
-    run_ledgers = l[lo]
-    ledgers, per_ledger = np.unique(run_ledgers, return_counts=True)
-    ledger_ints = sum(getsizeof(int(x)) for x in ledgers.tolist())
-    newest = int(np.count_nonzero(b[lo] == b[-1]))
-    exact = (roaring + keys + ledger_ints + dict_bytes_many(per_ledger)
-             + dict_bytes(len(ledgers), literal=False) + set_bytes(newest))
-    buckets = len(np.unique(b[lo]))
-    return costs.index_bytes(exact, len(lo)), roaring, buckets, len(lo), len(ledgers)
+# Bytes of a run-optimised, shrunk bitmap whose ids share one 2^16 block: they
+# depend only on (64-bit?, cardinality, runs) — the container CRoaring picks
+# and its payload follow from those — so each shape is built once per process.
+_SHAPE_BYTES: dict[tuple[bool, int, int], int] = {}
 
 
-def analyse_consumer(ledger: np.ndarray, entry: np.ndarray, ts: np.ndarray, due: np.ndarray,
-                     bits_list: Sequence[int], costs: IndexCosts,
-                     rounding: str = "floor") -> list[BitsResult]:
-    """Peak pending, memory at the peak and redelivery errors for every ``bits``.
-
-    Arrays: one consumer's nacks (int64). Sorted by ``(ledger, entry, due)``
-    is expected (the Spark job sorts once); unsorted input is sorted here.
-    Runtime: O(n log n) per bits (two numpy sorts), plus the bitmaps at the peak.
-    """
-    ledger, entry, ts, due = (np.asarray(a, dtype=np.int64) for a in (ledger, entry, ts, due))
-    if not _is_sorted(ledger, entry, due):
-        order = np.lexsort((due, entry, ledger))
-        ledger, entry, ts, due = ledger[order], entry[order], ts[order], due[order]
-    n = len(ts)
-    new_message = np.ones(n, dtype=bool)
-    if n > 1:
-        new_message[1:] = (ledger[1:] != ledger[:-1]) | (entry[1:] != entry[:-1])
-    out = []
-    for bits in bits_list:
-        out.append(_one_bits(ledger, entry, ts, due, new_message, int(bits), costs, rounding))
+def _bitmaps_bytes(entry: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Bytes of each bitmap ``entry[lo[i]:hi[i]]`` (sorted unique ids)."""
+    n = len(entry)
+    head = np.zeros(n, dtype=np.int64)
+    head[lo] = 1
+    step = np.ones(n, dtype=np.int64)
+    step[1:] = (np.diff(entry) != 1).astype(np.int64)
+    runs = np.add.reduceat(np.maximum(step, head), lo)
+    card = hi - lo
+    first, last = entry[lo], entry[hi - 1]
+    single = (first >> 16) == (last >> 16)
+    wide = last >= _U32
+    out = np.empty(len(lo), dtype=np.int64)
+    one = card == 1  # the commonest shape at fine precision: one id per bitmap
+    for w in (False, True):
+        at = np.flatnonzero(one & (wide == w))
+        if len(at):
+            shape = (w, 1, 1)
+            if shape not in _SHAPE_BYTES:
+                _SHAPE_BYTES[shape] = _bitmap_bytes(entry[lo[at[0]]:hi[at[0]]])
+            out[at] = _SHAPE_BYTES[shape]
+    multi = ~single
+    single &= ~one
+    keys = card * 65_537 + runs  # runs <= 32,768 < 65,537
+    for key in np.unique(keys[single] * 2 + wide[single]).tolist():
+        shape = (bool(key & 1), (key >> 1) // 65_537, (key >> 1) % 65_537)
+        at = np.flatnonzero(single & (keys == key >> 1) & (wide == bool(key & 1)))
+        if shape not in _SHAPE_BYTES:
+            i = int(at[0])
+            _SHAPE_BYTES[shape] = _bitmap_bytes(entry[lo[i]:hi[i]])
+        out[at] = _SHAPE_BYTES[shape]
+    for i in np.flatnonzero(multi).tolist():  # several containers: build it
+        out[i] = _bitmap_bytes(entry[lo[i]:hi[i]])
     return out
 
 
-def _one_bits(ledger, entry, ts, due, new_message, bits, costs, rounding) -> BitsResult:
+_INT_SIZES = np.array([sys.getsizeof((1 << (b - 1)) if b else 0) for b in range(256)], dtype=np.int64)
+
+
+def _int_sizes(bit_lengths: np.ndarray) -> np.ndarray:
+    """``sys.getsizeof`` of Python ints of these bit lengths (0 = the int 0; < 256 bits)."""
+    return _INT_SIZES[bit_lengths]
+
+
+def _sorted_by(first: np.ndarray, second: np.ndarray) -> bool:
+    """Rows already sorted by ``(first, second)``? Runtime: O(n), no allocation of a sort."""
+    if len(first) < 2:
+        return True
+    d1 = np.diff(first)
+    return bool((d1 >= 0).all() and ((d1 > 0) | (np.diff(second) >= 0)).all())
+
+
+def _bit_lengths(values: np.ndarray) -> np.ndarray:
+    """``int.bit_length`` of non-negative int64 values, vectorised."""
+    out = np.zeros(len(values), dtype=np.int64)
+    exact = (values > 0) & (values < (1 << 53))  # float64 holds them exactly: frexp's exponent
+    out[exact] = np.frexp(values[exact].astype(np.float64))[1]
+    for i in np.flatnonzero(values >= (1 << 53)).tolist():
+        out[i] = int(values[i]).bit_length()
+    return out
+
+
+def _lookup(fn, values: np.ndarray) -> np.ndarray:
+    """``fn(v)`` for each value, calling ``fn`` once per distinct value."""
+    uniq, inv = np.unique(values, return_inverse=True)
+    return np.array([fn(int(v)) for v in uniq.tolist()], dtype=np.int64)[inv.reshape(-1)]
+
+
+def _indexes_at(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucket: np.ndarray, k: int,
+                costs: IndexCosts) -> np.ndarray:
+    """Bytes of a fresh index per consumer holding its occurrences.
+
+    ``owner``: consumer index (0..k-1) of each occurrence; rows sorted by
+    ``(owner, ledger, entry)``. Returns a ``5 × k`` array: index bytes,
+    roaring bytes, buckets, bitmaps, ledgers. Runtime: O(n log n) in numpy
+    plus one bitmap build per distinct bitmap shape (or per bitmap spanning
+    several 2^16 blocks).
+    """
+    out = np.zeros((5, k), dtype=np.int64)
+    out[0] = costs.index_bytes(0, 0)
+    if len(owner) == 0:
+        return out
+    if _sorted_by(owner, bucket):  # sequential workloads: buckets already grow with (ledger, entry)
+        c, b, l, e = owner, bucket, ledger, entry
+    else:
+        order = np.lexsort((bucket, owner))  # stable: keeps (ledger, entry) order per (owner, bucket)
+        c, b, l, e = owner[order], bucket[order], ledger[order], entry[order]
+    n = len(c)
+    new = np.ones(n, dtype=bool)
+    new[1:] = (c[1:] != c[:-1]) | (b[1:] != b[:-1]) | (l[1:] != l[:-1])
+    lo = np.flatnonzero(new)
+    hi = np.append(lo[1:], n)
+    bc, bb, bl = c[lo], b[lo], l[lo]  # one row per bitmap, sorted by (owner, bucket, ledger)
+    roaring = np.bincount(bc, weights=_bitmaps_bytes(e, lo, hi), minlength=k)
+    # the composite key int per bitmap: bucket << 64 | ledger
+    key_bits = np.where(bb > 0, 64 + _bit_lengths(bb), _bit_lengths(bl))
+    keys = np.bincount(bc, weights=_int_sizes(key_bits), minlength=k)
+    # per ledger: its int and its dict of keys
+    if _sorted_by(bc, bl):  # one ledger per bucket and consumer, or ledgers in bucket order
+        lc, ll = bc, bl
+    else:
+        lorder = np.lexsort((bl, bc))
+        lc, ll = bc[lorder], bl[lorder]
+    lnew = np.ones(len(lc), dtype=bool)
+    lnew[1:] = (lc[1:] != lc[:-1]) | (ll[1:] != ll[:-1])
+    lheads = np.flatnonzero(lnew)
+    per_ledger = np.diff(np.append(lheads, len(lc)))
+    ledger_owner = lc[lheads]
+    ledger_ints = np.bincount(ledger_owner, weights=_int_sizes(_bit_lengths(ll[lheads])), minlength=k)
+    ledger_dicts = np.bincount(ledger_owner, weights=_lookup(dict_bytes, per_ledger), minlength=k)
+    n_ledgers = np.bincount(ledger_owner, minlength=k)
+    n_bitmaps = np.bincount(bc, minlength=k)
+    # the newest bucket's bitmaps (the set of keys touched since the last compaction)
+    newest_bucket = np.zeros(k, dtype=np.int64)
+    newest_bucket[bc] = bb  # sorted by bucket within owner: the last write is the newest
+    newest = np.bincount(bc[bb == newest_bucket[bc]], minlength=k)
+    bnew = np.ones(len(bc), dtype=bool)
+    bnew[1:] = (bc[1:] != bc[:-1]) | (bb[1:] != bb[:-1])
+    buckets = np.bincount(bc[bnew], minlength=k)
+    exact = (np.round(roaring + keys + ledger_ints + ledger_dicts).astype(np.int64)
+             + _lookup(lambda v: dict_bytes(v, literal=False), n_ledgers) + _lookup(set_bytes, newest))
+    out[0] = [costs.index_bytes(int(x), int(nb)) for x, nb in zip(exact.tolist(), n_bitmaps.tolist())]
+    out[1] = np.round(roaring).astype(np.int64)
+    out[2], out[3], out[4] = buckets, n_bitmaps, n_ledgers
+    return out
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Instants at which pending is sampled: ``start_ms + k × step_ms``, k < bins."""
+
+    start_ms: int
+    step_ms: int
+    bins: int
+
+    @classmethod
+    def spanning(cls, first_ms: int, last_ms: int, bins: int = 200) -> "Grid":
+        """``bins`` equal bins covering ``[first_ms, last_ms]``."""
+        step = max(1, math.ceil((last_ms - first_ms + 1) / bins))
+        return cls(int(first_ms), int(step), int(bins))
+
+    def times(self) -> np.ndarray:
+        return self.start_ms + self.step_ms * np.arange(self.bins, dtype=np.int64)
+
+
+#: Per (consumer, bits) integer columns of :func:`analyse_group`, besides ``cid`` and ``bits``.
+SCALAR_COLUMNS = ("nacks", "occurrences", "immediate", "merged", "peak_pending", "peak_at_ms", "buckets",
+                  "bitmaps", "ledgers", "roaring_bytes", "index_bytes", "dict_index_bytes",
+                  "err_p50", "err_p90", "err_p99", "err_max")
+_QUANTILES = (("err_p50", 0.5), ("err_p90", 0.9), ("err_p99", 0.99), ("err_max", 1.0))
+#: Per (consumer, bits) list columns: the pending series on the grid.
+LIST_COLUMNS = ("pending_at", "pending_max")
+
+
+def _is_sorted(cid, ledger, entry, due) -> bool:
+    """Rows sorted by ``(cid, ledger, entry, due)``? Runtime: O(n)."""
+    if len(cid) < 2:
+        return True
+    keys = (cid, ledger, entry, due)
+    tie = np.ones(len(cid) - 1, dtype=bool)
+    for k in keys:
+        d = np.diff(k)
+        if (tie & (d < 0)).any():
+            return False
+        tie &= d == 0
+    return True
+
+
+def _sweep(lc: np.ndarray, start: np.ndarray, fire: np.ndarray, k: int, grid: Optional[Grid]):
+    """Exact peak of pending per consumer, its first instant, and the series.
+
+    ``lc``: consumer index (0..k-1, non-decreasing) of each live occurrence,
+    pending from ``start`` until ``fire``. Keys ``consumer × span + time``
+    make one sort serve all consumers; when they would overflow int64 the
+    consumers are swept in slices (numpy's sort is fast on the nearly sorted
+    keys logs give). Returns ``(peak, at, pending_at,
+    pending_max)``; ``at`` is -1 for a consumer never pending; the series are
+    ``k × bins`` (empty without a grid).
+    """
+    bins = grid.bins if grid else 0
+    peak = np.zeros(k, dtype=np.int64)
+    at = np.full(k, -1, dtype=np.int64)
+    p_at = np.zeros((k, bins), dtype=np.int64)
+    p_max = np.zeros((k, bins), dtype=np.int64)
+    if len(lc) == 0:
+        return peak, at, p_at, p_max
+    tmin = int(start.min())
+    span = int(fire.max()) - tmin + 1
+    per_slice = max(1, (1 << 62) // span)
+    if per_slice >= k:  # one slice: the keys fit
+        base = lc * span if k > 1 else 0
+        sk, fk = np.sort(base + (start - tmin)), np.sort(base + (fire - tmin))
+        _sweep_keys(sk, fk, k, tmin, span, grid, peak, at, p_at, p_max)
+        return peak, at, p_at, p_max
+    c_lo = 0
+    while c_lo < k:
+        c_hi = min(k, c_lo + per_slice)
+        lo, hi = np.searchsorted(lc, [c_lo, c_hi])
+        if hi > lo:
+            _sweep_slice(lc[lo:hi] - c_lo, start[lo:hi], fire[lo:hi], c_hi - c_lo, tmin, span, grid,
+                         peak[c_lo:c_hi], at[c_lo:c_hi], p_at[c_lo:c_hi], p_max[c_lo:c_hi])
+        c_lo = c_hi
+    return peak, at, p_at, p_max
+
+
+def _sweep_slice(lc, start, fire, k, tmin, span, grid, peak, at, p_at, p_max) -> None:
+    """:func:`_sweep` for consumers whose keys fit in int64; fills the output views."""
+    _sweep_keys(np.sort(lc * span + (start - tmin)), np.sort(lc * span + (fire - tmin)), k, tmin, span, grid,
+                peak, at, p_at, p_max)
+
+
+def _sweep_keys(sk, fk, k, tmin, span, grid, peak, at, p_at, p_max) -> None:
+    """The sweep over sorted ``consumer × span + (time - tmin)`` keys of starts and fires."""
+    m = len(sk)
+    base = np.arange(k, dtype=np.int64) * span
+    s_off = np.searchsorted(sk, base)
+    f_off = np.searchsorted(fk, base)
+    per = np.diff(np.append(s_off, m))  # live occurrences per consumer
+    # pending just after the i-th start of its consumer = its starts so far -
+    # its fires so far (a fire at t ends before t)
+    pending = np.arange(1, m + 1) - np.searchsorted(fk, sk, side="right")
+    if k > 1:
+        pending += np.repeat(f_off - s_off, per)
+    has = per > 0
+    segs = s_off[has]
+    seg_max = np.maximum.reduceat(pending, segs)
+    if k == 1:
+        first_hit = np.array([int(pending.argmax())])
+    else:
+        hit = np.where(pending == np.repeat(seg_max, per[has]), np.arange(m), m)
+        first_hit = np.minimum.reduceat(hit, segs)
+    peak[has] = seg_max
+    at[has] = sk[first_hit] - base[has] + tmin
+    if grid is None:
+        return
+    times = grid.times()
+    inside = times >= tmin
+    q = base[:, None] + np.clip(times - tmin, 0, span - 1)[None, :]
+    values = ((np.searchsorted(sk, q, side="right") - s_off[:, None])
+              - (np.searchsorted(fk, q, side="right") - f_off[:, None]))
+    values[:, ~inside] = 0
+    p_at[:] = values
+    # the maximum within a bin: its start value, or a value just after a start
+    # inside it. Starts are sorted by (consumer, time): a bin's starts are one
+    # slice of them, found by a search per (consumer, bin), maxed by one reduceat.
+    lo = np.searchsorted(sk, q, side="left")
+    hi = np.empty_like(lo)
+    hi[:, :-1] = lo[:, 1:]
+    hi[:, -1] = s_off + per
+    lo, hi = lo.reshape(-1), hi.reshape(-1)
+    filled = hi > lo
+    highs = np.zeros(k * grid.bins, dtype=np.int64)
+    if filled.any():
+        padded = np.append(pending, 0)  # reduceat needs a valid index for a slice ending at m
+        pairs = np.stack([lo[filled], hi[filled]], axis=1).reshape(-1)
+        highs[filled] = np.maximum.reduceat(padded, pairs)[::2]
+    p_max[:] = np.maximum(highs.reshape(k, grid.bins), values)
+
+
+def _histogram_pairs(owner: np.ndarray, value: np.ndarray, k: int):
+    """Distinct ``(owner, value)`` pairs with their counts, sorted by owner then
+    value: counted in one bincount when the keys ``owner × span + value`` are
+    few, else one int64 sort of them (a lexsort if they would overflow)."""
+    if len(value) == 0:
+        return owner, value, np.zeros(0, dtype=np.int64)
+    low = int(value.min())
+    span = int(value.max()) - low + 1
+    if k == 1 or k * span <= max(4 * len(value), 1 << 16):
+        keys = value - low if k == 1 else owner * span + (value - low)
+        if span <= max(4 * len(value), 1 << 16):  # few distinct keys: count, do not sort
+            counts = np.bincount(keys, minlength=k * span if k > 1 else span)
+            nz = np.flatnonzero(counts)
+            return nz // span, nz % span + low, counts[nz]
+    if k * span < (1 << 62):
+        keys = np.sort(owner * span + (value - low))
+        return _runs(keys // span, keys % span + low)
+    order = np.lexsort((value, owner))
+    return _runs(owner[order], value[order])
+
+
+def _runs(owner: np.ndarray, value: np.ndarray, counts: Optional[np.ndarray] = None):
+    """Collapse sorted pairs into distinct ``(owner, value)`` with summed counts."""
+    new = np.ones(len(value), dtype=bool)
+    new[1:] = (owner[1:] != owner[:-1]) | (value[1:] != value[:-1])
+    heads = np.flatnonzero(new)
+    summed = np.diff(np.append(heads, len(value))) if counts is None else np.add.reduceat(counts, heads)
+    return owner[heads], value[heads], summed
+
+
+def _error_histograms(lcid: np.ndarray, err: np.ndarray, k: int):
+    """The group's error histogram (signed, distinct values with counts) and
+    each consumer's nearest-rank quantiles of ``|error|``.
+    Returns ``(values, counts, {quantile name: array of k})``."""
+    owners, values, counts = _histogram_pairs(lcid, err, k)
+    # the group's histogram: per-consumer histograms summed by value
+    distinct, inverse = np.unique(values, return_inverse=True)
+    group_counts = np.bincount(inverse.reshape(-1), weights=counts, minlength=len(distinct)).astype(np.int64)
+    # |error| per consumer (floor mode is all <= 0, ceil mixes signs)
+    a = np.abs(values)
+    if (values > 0).any() and (values < 0).any():
+        order = np.lexsort((a, owners))
+        ao, aa, ac = _runs(owners[order], a[order], counts[order])
+    else:  # one sign: |value| order is value order, reversed within each consumer when <= 0
+        order = np.lexsort((a, owners)) if (values < 0).any() else np.arange(len(a))
+        ao, aa, ac = owners[order], a[order], counts[order]
+    cum = np.cumsum(ac)
+    a_off = np.searchsorted(ao, np.arange(k))
+    before = np.where(a_off > 0, cum[np.maximum(a_off - 1, 0)], 0)
+    total = np.bincount(owners, weights=counts, minlength=k).astype(np.int64)
+    quantiles = {}
+    for name, q in _QUANTILES:
+        rank = np.maximum(1, np.ceil(q * total).astype(np.int64))
+        quantiles[name] = aa[np.searchsorted(cum, before + rank)]
+    quantiles["err_mean"] = np.bincount(owners, weights=values * counts, minlength=k) / np.maximum(total, 1)
+    return distinct, group_counts, quantiles
+
+
+def analyse_group(cid: np.ndarray, ledger: np.ndarray, entry: np.ndarray, ts: np.ndarray, due: np.ndarray,
+                  bits_list: Sequence[int], costs: IndexCosts, rounding: str = "floor",
+                  grid: Optional[Grid] = None) -> dict:
+    """:func:`analyse_consumer` for many consumers at once, vectorised over the group.
+
+    Arrays: nacks of whole consumers (int64), consumer id ``cid`` first;
+    sorted by ``(cid, ledger, entry, due)`` is expected (the Spark job sorts
+    once), unsorted input is sorted here. Returns columns with one row per
+    (consumer, bits), bits-major: ``cid``, ``bits``, :data:`SCALAR_COLUMNS`
+    (``peak_at_ms`` -1 when never pending), ``err_mean``, for each of
+    :data:`LIST_COLUMNS` ``(offsets, values)`` of the per-row lists, and
+    ``histograms``: per bits, the group's error histogram ``(values, counts)``.
+    Runtime: see the module docstring.
+    """
+    cid, ledger, entry, ts, due = (np.asarray(a, dtype=np.int64) for a in (cid, ledger, entry, ts, due))
+    n = len(ts)
+    if not _is_sorted(cid, ledger, entry, due):
+        order = _row_order(cid, ledger, entry, due)
+        cid, ledger, entry, ts, due = cid[order], ledger[order], entry[order], ts[order], due[order]
+    change = np.ones(n, dtype=bool)
+    change[1:] = cid[1:] != cid[:-1]
+    lcid = np.cumsum(change) - 1
+    heads = np.flatnonzero(change)
+    k = len(heads)
+    nacks = np.diff(np.append(heads, n))
+    new_message = change.copy()
+    if n > 1:
+        new_message[1:] |= (ledger[1:] != ledger[:-1]) | (entry[1:] != entry[:-1])
+    parts = [_group_bits(lcid, k, nacks, ledger, entry, ts, due, new_message, int(b), costs, rounding, grid)
+             for b in bits_list]
+    out: dict = {"cid": np.tile(cid[heads], len(parts)),
+                 "bits": np.repeat(np.asarray([int(b) for b in bits_list], dtype=np.int64), k),
+                 "histograms": [p["histogram"] for p in parts]}
+    for name in (*SCALAR_COLUMNS, "err_mean"):
+        out[name] = np.concatenate([p[name] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
+    for name in LIST_COLUMNS:
+        offsets, values, shift = [np.zeros(1, dtype=np.int64)], [], 0
+        for p in parts:
+            off, val = p[name]
+            offsets.append(off[1:] + shift)
+            values.append(val)
+            shift += len(val)
+        out[name] = (np.concatenate(offsets), np.concatenate(values) if values else np.zeros(0, np.int64))
+    return out
+
+
+def _row_order(cid, ledger, entry, due) -> np.ndarray:
+    """The permutation sorting rows by ``(cid, ledger, entry, due)``: one argsort
+    of a mixed-radix int64 key when the four ranges fit in 63 bits (logs are
+    like that: a few ledgers, entry ids and a time window per group), else a
+    lexsort. Runtime: O(n log n)."""
+    keys = np.zeros(len(cid), dtype=np.int64)
+    room = 1
+    for col in (due, entry, ledger, cid):  # least significant first
+        low = int(col.min())
+        span = int(col.max()) - low + 1
+        if room * span >= (1 << 63) // max(1, span) or room * span >= 1 << 62:
+            return np.lexsort((due, entry, ledger, cid))
+        keys += (col - low) * room
+        room *= span
+    return np.argsort(keys, kind="stable")
+
+
+def _series_lists(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    k, bins = matrix.shape
+    return np.arange(k + 1, dtype=np.int64) * bins, matrix.reshape(-1)
+
+
+def _group_bits(lcid, k, nacks, ledger, entry, ts, due, new_message, bits, costs, rounding, grid) -> dict:
+    """Every consumer of the group at one precision."""
     n = len(ts)
     bucket = bucket_times(due, bits, rounding)
-    # occurrence = run of one (ledger, entry) into one bucket: rows are sorted by
-    # (ledger, entry, due) and the bucket grows with due, so runs are contiguous
+    # occurrence = run of one (consumer, ledger, entry) into one bucket: rows are
+    # sorted by (consumer, ledger, entry, due) and the bucket grows with due
     new_occ = new_message.copy()
     if n > 1:
         new_occ[1:] |= bucket[1:] != bucket[:-1]
     first = np.flatnonzero(new_occ)
     if len(first) == n:  # the common case: no message nacked twice into one bucket
-        start, occ_bucket, occ_ledger, occ_entry = ts, bucket, ledger, entry
+        start, occ_bucket, occ_ledger, occ_entry, occ_c = ts, bucket, ledger, entry, lcid
     else:
         start = np.minimum.reduceat(ts, first)
-        occ_bucket, occ_ledger, occ_entry = bucket[first], ledger[first], entry[first]
+        occ_bucket, occ_ledger, occ_entry, occ_c = bucket[first], ledger[first], entry[first], lcid[first]
     live = occ_bucket > start  # else the bucket had passed: fired at once, never pending
-    fire_row = np.maximum(bucket, ts)
-    immediate = int(np.count_nonzero(bucket <= ts))
-    starts = np.sort(start[live])
-    fires = np.sort(occ_bucket[live])
-    m = len(starts)
-    peak, at = 0, None
-    if m:
-        # pending just after the i-th start = starts so far - fires so far (fires at t end before t)
-        pending = np.arange(1, m + 1) - np.searchsorted(fires, starts, side="right")
-        i = int(pending.argmax())
-        peak, at = int(pending[i]), int(starts[i])
-    if at is not None:
-        now = live & (start <= at) & (occ_bucket > at)
-        sel = np.flatnonzero(now)
-        assert len(sel) == peak, (len(sel), peak)
-        nbytes, roaring, nbuckets, nbitmaps, nledgers = _index_at(
-            occ_ledger[sel], occ_entry[sel], occ_bucket[sel], costs)
+    occurrences = np.bincount(occ_c[live], minlength=k) if k > 1 else np.array([np.count_nonzero(live)])
+    if len(first) == n:  # rows are occurrences: the ones not live are exactly the immediate ones
+        immediate = nacks - occurrences
     else:
-        nbytes, roaring, nbuckets, nbitmaps, nledgers = _index_at(
-            ledger[:0], entry[:0], bucket[:0], costs)
-    err_values, err_counts = np.unique(fire_row - due, return_counts=True)
-    return BitsResult(
-        bits=bits, nacks=n, occurrences=m, immediate=immediate, merged=n - immediate - m,
-        peak_pending=peak, peak_at_ms=at, buckets=nbuckets, bitmaps=nbitmaps, ledgers=nledgers,
-        roaring_bytes=roaring, index_bytes=nbytes,
-        dict_index_bytes=round(costs.dict_index_per_entry * peak),
-        err_values=err_values.astype(np.int64), err_counts=err_counts.astype(np.int64))
+        immediate = np.bincount(lcid[bucket <= ts], minlength=k)
+    peak, at, p_at, p_max = _sweep(occ_c[live], start[live], occ_bucket[live], k, grid)
+
+    # memory at each consumer's peak: the occurrences pending at that instant
+    at_occ = at[occ_c] if k > 1 else at[0]
+    sel = np.flatnonzero(live & (start <= at_occ) & (occ_bucket > at_occ))
+    assert np.array_equal(np.bincount(occ_c[sel], minlength=k), peak), "pending at the peak instant != peak"
+    mem = _indexes_at(occ_c[sel], occ_ledger[sel], occ_entry[sel], occ_bucket[sel], k, costs)
+
+    err = np.maximum(bucket, ts) - due  # redelivered at its bucket, or at once if that had passed
+    values, counts, quantiles = _error_histograms(lcid, err, k)
+    out = {
+        "nacks": nacks, "occurrences": occurrences, "immediate": immediate,
+        "merged": nacks - immediate - occurrences, "peak_pending": peak, "peak_at_ms": at,
+        "index_bytes": mem[0], "roaring_bytes": mem[1], "buckets": mem[2], "bitmaps": mem[3], "ledgers": mem[4],
+        "dict_index_bytes": np.round(costs.dict_index_per_entry * peak).astype(np.int64),
+        "histogram": (values, counts),
+        "pending_at": _series_lists(p_at), "pending_max": _series_lists(p_max),
+    }
+    out.update(quantiles)
+    return out
+
+
+def analyse_consumer(ledger: np.ndarray, entry: np.ndarray, ts: np.ndarray, due: np.ndarray,
+                     bits_list: Sequence[int], costs: IndexCosts,
+                     rounding: str = "floor") -> list[BitsResult]:
+    """Peak pending, memory at the peak and redelivery errors for every ``bits``,
+    for one consumer's nacks (int64 arrays; any order). The same code as
+    :func:`analyse_group`, with one consumer.
+    """
+    n = len(np.asarray(ts))
+    cols = analyse_group(np.zeros(n, dtype=np.int64), ledger, entry, ts, due, bits_list, costs, rounding)
+    out = []
+    for i in range(len(cols["bits"])):
+        row = {name: int(cols[name][i]) for name in SCALAR_COLUMNS}
+        at = row.pop("peak_at_ms")
+        for q in ("err_p50", "err_p90", "err_p99", "err_max"):
+            row.pop(q)
+        out.append(BitsResult(bits=int(cols["bits"][i]), peak_at_ms=None if at < 0 else at,
+                              err_values=cols["histograms"][i][0], err_counts=cols["histograms"][i][1],
+                              **row))
+    return out
 
 
 def analyse_rows(rows: Iterable[tuple[int, int, int, int]], bits_list: Sequence[int],

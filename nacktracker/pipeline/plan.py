@@ -37,18 +37,25 @@ from ..events import EmptyTraceError
 from . import DEFAULT_BITS, DEFAULT_MAX_EARLY_MS
 from .load import TraceSummary, load_trace
 from .memory_model import IndexCosts
+from .pending import LIST_COLUMNS, SCALAR_COLUMNS, Grid
+from .progress import Progress
 from .spark import default_parallelism, quiet_pandas_check
 
 __all__ = ["PlanResult", "run_plan", "recommend", "DEFAULT_BITS", "DEFAULT_MAX_EARLY_MS"]
 
 
-#: Per (consumer, bits) columns the kernel returns, besides cid, bits and the histogram.
-_COUNTS = ("nacks", "occurrences", "immediate", "merged", "peak_pending", "peak_at_ms", "buckets",
-           "bitmaps", "ledgers", "roaring_bytes", "index_bytes", "dict_index_bytes")
-_QUANTILES = ((0.5, "err_p50"), (0.9, "err_p90"), (0.99, "err_p99"), (1.0, "err_max"))
+#: The kernel's output: a row per (consumer, bits) with pending.SCALAR_COLUMNS and
+#: the series, and a row per (group, bits) with cid -1 holding the group's error
+#: histogram (the fleet's is their sum: small, however many consumers).
+_HISTOGRAM = ("hist_values", "hist_counts")
 _RESULT_SCHEMA = ", ".join(
-    ["cid int", "bits int"] + [f"{c} long" for c in _COUNTS] + [f"{q} long" for _, q in _QUANTILES]
-    + ["err_mean double", "kernel_s double", "err_values array<long>", "err_counts array<long>"])
+    ["cid int", "bits int"] + [f"{c} long" for c in SCALAR_COLUMNS]
+    + ["err_mean double", "kernel_s double"] + [f"{c} array<long>" for c in (*LIST_COLUMNS, *_HISTOGRAM)])
+#: Rows per kernel call: whole consumers are gathered until a group holds this
+#: many nacks (one consumer larger than that is a group of its own).
+GROUP_ROWS = 1 << 20
+#: Samples of pending over time, per consumer (the report's series and plot).
+SERIES_BINS = 200
 
 
 @dataclass
@@ -67,6 +74,8 @@ class PlanResult:
     master: str
     partitions: int
     seconds: dict[str, float] = field(default_factory=dict)
+    series: "object" = None    # pandas: consumer, bits, t_ms, pending_at, pending_max (series_bits only)
+    series_bits: Optional[int] = None
 
 
 @functools.lru_cache(maxsize=1)
@@ -102,129 +111,145 @@ def _lookup(key, mapping: dict, type_name: str):
     return F.create_map(*pairs)[key]
 
 
-def _consumers(batches):
-    """Split a partition's Arrow batches, sorted by cid, into one consumer at a
-    time: yields ``(cid, [ledger_id, entry_id, ts_ms, due])`` numpy arrays."""
+def _groups(batches, target_rows: int = GROUP_ROWS):
+    """Gather a partition's Arrow batches, sorted by cid, into groups of whole
+    consumers of about ``target_rows`` nacks: yields ``[cid, ledger_id,
+    entry_id, ts_ms, due]`` numpy arrays. Holds at most one group plus the
+    consumer being read."""
     import numpy as np
 
-    current, parts = None, []
+    names = ("cid", "ledger_id", "entry_id", "ts_ms", "due")
+    parts: list[list] = []
+    rows = 0
     for batch in batches:
-        cid = batch.column("cid").to_numpy()
-        cols = [batch.column(c).to_numpy() for c in ("ledger_id", "entry_id", "ts_ms", "due")]
-        cuts = np.flatnonzero(cid[1:] != cid[:-1]) + 1  # where the consumer changes
-        for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(cid)]):
-            if lo == hi:
-                continue
-            c = int(cid[lo])
-            if c != current and parts:
-                yield current, _concat(parts)
-            current = c
-            parts.append([col[lo:hi] for col in cols])
+        if batch.num_rows == 0:
+            continue
+        parts.append([batch.column(c).to_numpy().astype(np.int64, copy=False) for c in names])
+        rows += batch.num_rows
+        if rows < target_rows:
+            continue
+        cols = [np.concatenate([p[k] for p in parts]) for k in range(len(names))]
+        parts.clear()
+        cid = cols[0]
+        cut = int(np.searchsorted(cid, cid[-1]))  # the last consumer may go on in the next batch
+        if cut == 0:  # one consumer so far: keep reading it
+            parts.append(cols)
+            continue
+        yield [c[:cut] for c in cols]
+        parts.append([c[cut:] for c in cols])
+        rows = len(cid) - cut
     if parts:
-        yield current, _concat(parts)
+        yield [np.concatenate([p[k] for p in parts]) for k in range(len(names))]
 
 
-def _concat(parts: list) -> list:
-    """Concatenate and empty ``parts`` (the Arrow batches go before the kernel allocates)."""
+def _result_batch(cols: dict, seconds: float):
+    """One Arrow batch of the kernel's rows: consumers × bits, then the group's
+    histogram per bits (cid -1)."""
     import numpy as np
-
-    cols = [np.concatenate([p[k] for p in parts]) for k in range(4)]
-    parts.clear()
-    return cols
-
-
-def _result_batch(cid: int, results, seconds: float):
-    """One Arrow batch: a row per bits for one consumer."""
     import pyarrow as pa
 
-    rows: dict[str, list] = {"cid": [cid] * len(results), "bits": [r.bits for r in results]}
-    for name in _COUNTS:
-        rows[name] = [getattr(r, name) for r in results]
-    for q, name in _QUANTILES:
-        rows[name] = [r.error_quantile(q) for r in results]
-    rows["err_mean"] = [float((r.err_values * r.err_counts).sum() / max(1, int(r.err_counts.sum())))
-                        for r in results]
-    rows["kernel_s"] = [seconds / len(results)] * len(results)
-    rows["err_values"] = [r.err_values for r in results]
-    rows["err_counts"] = [r.err_counts for r in results]
-    ints = [(n, pa.int64()) for n in (*_COUNTS, *(q for _, q in _QUANTILES))]
-    schema = pa.schema([("cid", pa.int32()), ("bits", pa.int32()), *ints, ("err_mean", pa.float64()),
-                        ("kernel_s", pa.float64()), ("err_values", pa.list_(pa.int64())),
-                        ("err_counts", pa.list_(pa.int64()))])
-    return pa.RecordBatch.from_pydict(rows, schema=schema)
+    rows = len(cols["cid"])
+    hists = cols["histograms"]
+    bits = np.concatenate([cols["bits"], [b for b in dict.fromkeys(cols["bits"].tolist())]]).astype(np.int32)
+    extra = len(hists)
+    arrays = [pa.array(np.concatenate([cols["cid"], np.full(extra, -1)]).astype(np.int32)), pa.array(bits)]
+    arrays += [pa.array(np.concatenate([cols[c], np.zeros(extra, dtype=np.int64)]), pa.int64())
+               for c in SCALAR_COLUMNS]
+    nacks = cols["nacks"].astype(np.float64)
+    share = nacks / nacks.sum() if rows else nacks  # the group's time, split by nacks
+    arrays += [pa.array(np.concatenate([cols["err_mean"], np.zeros(extra)]), pa.float64()),
+               pa.array(np.concatenate([seconds * share, np.zeros(extra)]), pa.float64())]
+    for c in LIST_COLUMNS:  # the histogram rows have empty series
+        offsets, values = cols[c]
+        offsets = np.concatenate([offsets, np.full(extra, offsets[-1])])
+        arrays.append(pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, pa.int64())))
+    for j in range(2):  # and the consumer rows empty histograms
+        lengths = np.concatenate([np.zeros(rows, dtype=np.int64), [len(h[j]) for h in hists]])
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        values = np.concatenate([h[j] for h in hists]) if hists else np.zeros(0, dtype=np.int64)
+        arrays.append(pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, pa.int64())))
+    names = ["cid", "bits", *SCALAR_COLUMNS, "err_mean", "kernel_s", *LIST_COLUMNS, *_HISTOGRAM]
+    return pa.RecordBatch.from_arrays(arrays, names=names)
 
 
-def _make_kernel(bits: Sequence[int], costs: IndexCosts, rounding: str):
+def _make_kernel(bits: Sequence[int], costs: IndexCosts, rounding: str, grid: Grid):
     """The mapInArrow function: sorted (cid, ledger, entry, ts, due) batches ->
-    one row per (consumer, bits). Runs in the executors' Python workers."""
+    one row per (consumer, bits), a group of consumers per kernel call. Runs in
+    the executors' Python workers."""
     bits = tuple(bits)
 
     def kernel(batches):
-        from nacktracker.pipeline.pending import analyse_consumer
+        from nacktracker.pipeline.pending import analyse_group
 
-        for cid, cols in _consumers(batches):
+        for group in _groups(batches):
             started = time.perf_counter()
-            results = analyse_consumer(*cols, bits_list=bits, costs=costs, rounding=rounding)
-            yield _result_batch(cid, results, time.perf_counter() - started)
+            cols = analyse_group(*group, bits_list=bits, costs=costs, rounding=rounding, grid=grid)
+            yield _result_batch(cols, time.perf_counter() - started)
 
     return kernel
 
 
 def run_plan(spark, trace: str, bits: Sequence[int] = DEFAULT_BITS, *,
              max_early_ms: float = DEFAULT_MAX_EARLY_MS, rounding: str = "floor",
-             fmt: str = "auto", partitions: Optional[int] = None) -> PlanResult:
+             fmt: str = "auto", partitions: Optional[int] = None, progress=None) -> PlanResult:
     """Run the whole plan job on ``trace``; return the tables for the report.
 
     Raises :class:`~nacktracker.events.TraceError` for unusable traces.
     Cost: two scans of the log, one shuffle + sort of its nack rows, and the
     per-consumer kernel (see :mod:`.pending`).
     """
-    from pyspark.sql import functions as F
-
     bits = tuple(sorted(set(int(b) for b in bits)))
     if not bits or min(bits) < 0 or max(bits) > 30:
         raise ValueError(f"bits must be between 0 and 30, got {bits}")
     if rounding not in ("floor", "ceil"):
         raise ValueError(f"rounding must be 'floor' or 'ceil', got {rounding!r}")
+    progress = progress or Progress("plan", enabled=False)
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
-    events, summary = load_trace(spark, trace, fmt)
+    with progress.phase("validate", f"checking {trace} (one scan)"):
+        events, summary = load_trace(spark, trace, fmt)
     seconds["validate"] = time.perf_counter() - t0
     if summary.nacks == 0:
         raise EmptyTraceError(f"{trace}: no 'nack' events (found {summary.kinds})", "kind")
     costs = measured_costs()
 
     names = sorted(c for c, s in summary.consumers.items() if s["nacks"])
+    # one time grid for every consumer's pending series: first nack to last fire
+    first = min(summary.consumers[n]["first_ms"] for n in names)
+    last = max(summary.consumers[n]["last_due_ms"] for n in names)
+    last += (1 << max(bits)) if rounding == "ceil" else 1  # ceil fires up to a bucket after the due time
+    grid = Grid.spanning(first, last, SERIES_BINS)
     parts = partitions or min(len(names), 4 * default_parallelism(spark))
     nacks = _sorted_nacks(spark, events, names, summary, parts)
     with quiet_pandas_check():
-        results = nacks.mapInArrow(_make_kernel(bits, costs, rounding), _RESULT_SCHEMA).persist()
+        results = nacks.mapInArrow(_make_kernel(bits, costs, rounding, grid), _RESULT_SCHEMA)
 
     t1 = time.perf_counter()
-    rows = _to_pandas(results.drop("err_values", "err_counts"))
+    with progress.phase("analyse", f"{summary.nacks:,} nacks of {len(names):,} consumers: shuffle, sort, "
+                                   f"{len(bits)} bits per consumer in {parts} tasks"):
+        table = _collect_arrow(results)  # one job: everything the report needs comes back at once
     seconds["analyse"] = time.perf_counter() - t1
     t2 = time.perf_counter()
-    fleet_errors = (results.select("bits", F.explode(F.arrays_zip("err_values", "err_counts")).alias("h"))
-                    .groupBy("bits", F.col("h.err_values").alias("error_ms"))
-                    .agg(F.sum("h.err_counts").alias("nacks"))
-                    .orderBy("bits", "error_ms"))
-    fleet_errors = _to_pandas(fleet_errors)
-    results.unpersist()
+    rows, series_lists, fleet_errors = _split(table)
     seconds["fleet"] = time.perf_counter() - t2
 
     rows.insert(0, "consumer", rows["cid"].map(dict(enumerate(names))))  # cid = index in sorted names
     rows = rows.drop(columns=["cid"]).sort_values(["consumer", "bits"]).reset_index(drop=True)
+    rows["peak_at_ms"] = rows["peak_at_ms"].astype("Int64").mask(rows["peak_at_ms"] < 0)  # never pending
     rows["bytes_per_pending"] = rows["index_bytes"] / rows["peak_pending"].where(rows["peak_pending"] > 0)
     # each consumer's own recommendation: its largest bits within the bound
     best = rows[rows["err_p99"] <= max_early_ms].groupby("consumer")["bits"].max()
     rows["recommended"] = rows["bits"] == rows["consumer"].map(best)
     fleet = _fleet(rows, fleet_errors, bits)
     recommended = recommend(dict(zip(fleet["bits"], fleet["err_p99"])), max_early_ms)
+    series_bits = recommended if recommended is not None else min(bits)
+    series = _series(series_lists, series_bits, grid, names)
     seconds["total"] = time.perf_counter() - t0
     master = spark.sparkContext.master
     return PlanResult(trace=summary, bits=bits, rounding=rounding, max_early_ms=max_early_ms,
                       consumers=rows, fleet=fleet, fleet_errors=fleet_errors, recommended=recommended,
-                      costs=costs, master=master, partitions=parts, seconds=seconds)
+                      costs=costs, master=master, partitions=parts, seconds=seconds, series=series,
+                      series_bits=series_bits)
 
 
 def _sorted_nacks(spark, events, names: list[str], summary: TraceSummary, parts: int):
@@ -254,12 +279,68 @@ def _sorted_nacks(spark, events, names: list[str], summary: TraceSummary, parts:
     return nacks.sortWithinPartitions("cid", "ledger_id", "entry_id", "due")
 
 
-def _to_pandas(df):
-    """A small result table as pandas, via ``collect`` (PySpark's own conversion
-    warns about pandas 3 on every call)."""
+def _collect_arrow(df):
+    """A DataFrame's rows as one pyarrow Table (Arrow batches straight from the
+    executors; no pandas conversion, no Row objects)."""
+    import pyarrow as pa
+
+    with quiet_pandas_check():
+        if hasattr(df, "toArrow"):  # PySpark >= 4.0
+            return df.toArrow()
+        batches = df._collect_as_arrow()  # PySpark 3.5
+    return pa.Table.from_batches(batches) if batches else pa.table({})
+
+
+def _split(table):
+    """The kernel's rows -> (consumer rows as pandas, {bits: (cids, k × bins
+    series matrices)}, fleet error histogram as pandas ``bits, error_ms, nacks``)."""
+    import numpy as np
+    import pandas as pd
+    import pyarrow.compute as pc
+
+    is_hist = pc.equal(table.column("cid"), -1)
+    hist = table.filter(is_hist)
+    mine = table.filter(pc.invert(is_hist))
+    rows = mine.drop_columns([*LIST_COLUMNS, *_HISTOGRAM]).to_pandas()
+    series: dict[int, tuple] = {}
+    bits_col = mine.column("bits").to_numpy()
+    cids = mine.column("cid").to_numpy()
+    lists = {c: mine.column(c).combine_chunks() for c in LIST_COLUMNS}
+    for b in np.unique(bits_col).tolist():
+        at = np.flatnonzero(bits_col == b)
+        mats = []
+        for c in LIST_COLUMNS:
+            chosen = lists[c].take(at)
+            flat = chosen.flatten().to_numpy()
+            mats.append(flat.reshape(len(at), -1) if len(at) else flat.reshape(0, 0))
+        series[b] = (cids[at], *mats)
+    fleet = []
+    hb = hist.column("bits").to_numpy()
+    for b in np.unique(hb).tolist():
+        at = np.flatnonzero(hb == b)
+        values = hist.column("hist_values").take(at).combine_chunks().flatten().to_numpy()
+        counts = hist.column("hist_counts").take(at).combine_chunks().flatten().to_numpy()
+        distinct, inverse = np.unique(values, return_inverse=True)
+        summed = np.bincount(inverse.reshape(-1), weights=counts, minlength=len(distinct)).astype(np.int64)
+        fleet.append(pd.DataFrame({"bits": b, "error_ms": distinct, "nacks": summed}))
+    fleet_errors = pd.concat(fleet, ignore_index=True) if fleet else pd.DataFrame(
+        columns=["bits", "error_ms", "nacks"])
+    return rows, series, fleet_errors
+
+
+def _series(series_lists: dict, bits: int, grid: Grid, names: list[str]):
+    """Pending over time of every consumer at ``bits``, long format: at each
+    grid instant ``t_ms`` (``pending_at``) and the maximum until the next one
+    (``pending_max``)."""
+    import numpy as np
     import pandas as pd
 
-    return pd.DataFrame.from_records([tuple(r) for r in df.collect()], columns=df.columns)
+    cids, p_at, p_max = series_lists[bits]
+    k, bins = p_at.shape
+    out = pd.DataFrame({"consumer": np.repeat(np.asarray(names, dtype=object)[cids], bins),
+                        "bits": bits, "t_ms": np.tile(grid.times(), k),
+                        "pending_at": p_at.reshape(-1), "pending_max": p_max.reshape(-1)})
+    return out.sort_values(["consumer", "t_ms"], kind="stable").reset_index(drop=True)
 
 
 def _fleet(rows, fleet_errors, bits):

@@ -1,8 +1,9 @@
-"""Write a plan's results: Parquet tables, a Markdown report and a PNG plot.
+"""Write a plan's results: Parquet, CSV and Markdown tables, the report, plots.
 
-All outputs are small (one row per consumer and bits) and written by the
-driver with pyarrow/matplotlib, so ``--out`` is a local directory even when
-the job ran on a cluster.
+All outputs are small (one row per consumer and bits, plus a few hundred
+samples per consumer of pending over time) and written by the driver with
+pyarrow/matplotlib, so ``--out`` is a local directory even when the job ran
+on a cluster.
 """
 
 from __future__ import annotations
@@ -12,9 +13,15 @@ from pathlib import Path
 
 from .plan import PlanResult
 
-__all__ = ["write_outputs", "markdown", "plot"]
+__all__ = ["write_outputs", "markdown", "consumer_table", "consumer_markdown", "plot", "plot_pending"]
 
-_TOP = 20  # consumers listed in the Markdown report (all of them are in the Parquet)
+_TOP = 20  # consumers in report.md (all of them in consumers.md/.csv/.parquet)
+_LINES = 8  # consumers drawn one by one in pending.png
+#: Column order of consumers.csv/.parquet: the figures people read first.
+_TABLE_ORDER = ("consumer", "bits", "bucket_ms", "nacks", "peak_pending", "peak_at_utc", "peak_at_ms",
+                "index_bytes", "bytes_per_pending", "dict_index_bytes", "bitmaps", "buckets", "ledgers",
+                "roaring_bytes", "err_p50", "err_p90", "err_p99", "err_max", "err_mean", "within_bound",
+                "recommended", "own_best_bits")
 
 
 def _mb(n: float) -> str:
@@ -28,10 +35,16 @@ def _mb(n: float) -> str:
 
 
 def _ms(n: float) -> str:
+    """A duration, rounded for reading (bucket sizes, spans)."""
     if n >= 60_000:
         return f"{n / 60_000:.1f} min"
     if n >= 1000:
         return f"{n / 1000:.2f} s"
+    return f"{n:,.0f} ms"
+
+
+def _err(n: float) -> str:
+    """An error figure in exact milliseconds: a bound is judged to the ms."""
     return f"{n:,.0f} ms"
 
 
@@ -42,8 +55,31 @@ def _span(result: PlanResult) -> str:
     return f"{_ms(max(lasts) - min(firsts))} starting {start:%Y-%m-%d %H:%M:%S} UTC"
 
 
-def markdown(result: PlanResult) -> str:
-    """The report as Markdown (also printed by ``nacktracker plan``)."""
+def _candidates(result: PlanResult) -> list[str]:
+    """Each candidate against the bound, with its figure: why it was taken or not."""
+    fleet = result.fleet.set_index("bits")
+    bound = result.max_early_ms
+    word = "early" if result.rounding == "floor" else "late"
+    rec = result.recommended
+    lines = []
+    for bits, f in fleet.iterrows():
+        p99 = f["err_p99"]
+        figure = f"fleet p99 error {_err(p99)} {word}"
+        if p99 > bound:
+            verdict = f"**rejected**: {figure} > bound {_err(bound)} ({_err(p99 - bound)} over)"
+        elif bits == rec:
+            verdict = f"**recommended**: {figure} <= bound {_err(bound)} ({_err(bound - p99)} to spare)"
+        else:
+            verdict = f"within the bound ({figure} <= {_err(bound)})"
+            if rec is not None and bits < rec:
+                verdict += f"; bits {rec} is too, with less memory"
+        lines.append(f"- bits {bits} ({_ms(1 << bits)} buckets, {_mb(f['index_bytes'])}): {verdict}")
+    return lines
+
+
+def markdown(result: PlanResult, table=None) -> str:
+    """The report as Markdown (also printed by ``nacktracker plan``).
+    ``table``: :func:`consumer_table` if already computed."""
     t = result.trace
     fleet = result.fleet.set_index("bits")
     rec = result.recommended
@@ -53,21 +89,21 @@ def markdown(result: PlanResult) -> str:
         f"{t.rows:,} events ({t.kinds.get('nack', 0):,} nack, {t.kinds.get('redeliver', 0):,} redeliver, "
         f"{t.kinds.get('dead_letter', 0):,} dead_letter) from {len(t.consumers):,} consumers over "
         f"{_span(result)}. Candidates: precision_bits {', '.join(map(str, result.bits))}, "
-        f"rounding `{result.rounding}`; bound: p99 redelivery error <= {result.max_early_ms:g} ms.")
+        f"rounding `{result.rounding}`; bound: p99 redelivery error <= {_err(result.max_early_ms)}.")
     lines += ["", "## Recommendation", ""]
     if rec is None:
         low = min(result.bits)
         lines.append(
             f"**No candidate meets the bound**: even precision_bits={low} has a fleet p99 error of "
-            f"{fleet.loc[low, 'err_p99']:,} ms. Use the smallest bits ({low}), add smaller candidates, "
+            f"{_err(fleet.loc[low, 'err_p99'])}. Use the smallest bits ({low}), add smaller candidates, "
             f"or relax `--max-early-ms`.")
     else:
         f = fleet.loc[rec]
         dict_ratio = f["dict_index_bytes"] / f["index_bytes"] if f["index_bytes"] else float("nan")
         lines.append(
             f"**precision_bits = {rec}** (buckets of {1 << rec:,} ms) for the whole fleet: the largest "
-            f"candidate whose p99 redelivery error ({_ms(f['err_p99'])} {word}) stays within "
-            f"{result.max_early_ms:g} ms. At that setting the trackers hold at most "
+            f"candidate whose p99 redelivery error ({_err(f['err_p99'])} {word}) stays within "
+            f"{_err(result.max_early_ms)}. At that setting the trackers hold at most "
             f"**{_mb(f['index_bytes'])}** for {int(f['peak_pending']):,} pending nacks (sum of per-consumer "
             f"peaks, {f['bytes_per_pending']:.2f} B each), against {_mb(f['dict_index_bytes'])} for a "
             f"per-message dict (DictIndex): {dict_ratio:,.1f}x {'less' if dict_ratio >= 1 else 'more'}.")
@@ -79,10 +115,11 @@ def markdown(result: PlanResult) -> str:
         else:
             if not other.empty:
                 lines.append(f"{len(other):,} consumers on their own would take another value "
-                             "(see the consumer table).")
+                             "(column *own best* in the consumer tables).")
             if missing:
                 lines.append(f"{len(missing):,} consumers miss the bound at every candidate: "
                              f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}.")
+    lines += ["", "Every candidate against the bound:", "", *_candidates(result)]
     lines += ["", "## Fleet, per precision", "",
               "| bits | bucket | peak pending (Σ) | tracker memory (Σ peaks) | B / pending | bitmaps "
               f"| DictIndex (est.) | error p50 / p99 / max ({word}) |",
@@ -92,12 +129,22 @@ def markdown(result: PlanResult) -> str:
         bpp = f"{f['bytes_per_pending']:.2f}" if f["peak_pending"] else "-"
         lines.append(
             f"| {bits}{mark} | {_ms(1 << bits)} | {int(f['peak_pending']):,} | {_mb(f['index_bytes'])} | {bpp} "
-            f"| {int(f['bitmaps']):,} | {_mb(f['dict_index_bytes'])} | {_ms(f['err_p50'])} / "
-            f"{_ms(f['err_p99'])} / {_ms(f['err_max'])} |")
-    lines += _consumer_table(result)
+            f"| {int(f['bitmaps']):,} | {_mb(f['dict_index_bytes'])} | {_err(f['err_p50'])} / "
+            f"{_err(f['err_p99'])} / {_err(f['err_max'])} |")
+    n = result.consumers["consumer"].nunique()
+    at = rec if rec is not None else min(result.bits)
+    title = "## Consumers, every candidate"
+    if n > _TOP:
+        title += (f" (the {_TOP} of {n:,} with the most memory at precision_bits={at}; "
+                  "all of them in consumers.md, consumers.csv and consumers.parquet)")
+    lines += ["", title, "", *consumer_markdown(result, top=_TOP, table=table)]
+    if result.series is not None and len(result.series):
+        lines += ["", f"Pending over time at precision_bits={result.series_bits}, per consumer: "
+                      "pending.parquet and pending.png."]
     c = result.costs
     lines += ["", "## How to read this", "",
-              "- **Peak pending**: the most nacks a consumer's tracker holds at once. A nack at `ts` with "
+              "- **Peak pending**: the most nacks a consumer's tracker holds at once, and **when** "
+              "(UTC, the first instant it is reached). A nack at `ts` with "
               "`delay_ms` is pending from `ts` until its bucket fires (`(due >> bits) << bits`, "
               "due = ts + delay); nacks of one message into one bucket count once. The log holds no acks, "
               "so a nack counts until it fires; a consumer that acks a nacked message before it comes "
@@ -117,9 +164,9 @@ def markdown(result: PlanResult) -> str:
               f"at {c.dict_index_per_entry:.1f} B per pending message (`nbytes() / len()` of a "
               "100,000-message build), times the same peak pending.",
               f"- **Error**: each nack is redelivered at its bucket time (or at once, if that has passed); "
-              f"the error is that minus its due time, over all nacks. With `{result.rounding}` rounding it "
-              f"is never {'late' if result.rounding == 'floor' else 'early'}. It leaves out the timer's "
-              "and the broker's own latency.",
+              f"the error is that minus its due time, over all nacks, in exact ms. With `{result.rounding}` "
+              f"rounding it is never {'late' if result.rounding == 'floor' else 'early'}. It leaves out the "
+              "timer's and the broker's own latency.",
               ""]
     s = result.seconds
     lines.append(f"_Spark master `{result.master}`, {result.partitions} partitions; "
@@ -128,31 +175,52 @@ def markdown(result: PlanResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _consumer_table(result: PlanResult) -> list[str]:
-    df = result.consumers
-    rec = result.recommended if result.recommended is not None else min(result.bits)
-    at = df[df["bits"] == rec].sort_values("index_bytes", ascending=False)
+def consumer_table(result: PlanResult):
+    """Every consumer at every candidate (pandas), the columns of consumers.csv:
+    the figures, the peak time in UTC, and whether the bits meets the bound."""
+    import pandas as pd
+
+    df = result.consumers.copy()
+    df["bucket_ms"] = [1 << int(b) for b in df["bits"]]
+    at = pd.to_datetime(df["peak_at_ms"].astype("float64"), unit="ms", utc=True)
+    df["peak_at_utc"] = at.dt.strftime("%Y-%m-%d %H:%M:%S.%f").str[:-3].fillna("-")
+    df["within_bound"] = df["err_p99"] <= result.max_early_ms
     own = df[df["recommended"]].set_index("consumer")["bits"]
-    n = len(at)
-    title = f"## Consumers at precision_bits={rec}"
-    if n > _TOP:
-        title += f" (top {_TOP} of {n:,} by memory; all in consumers.parquet)"
-    lines = ["", title, "",
-             "| consumer | nacks | peak pending | tracker memory | B / pending | DictIndex (est.) "
-             "| error p99 | own best bits |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for _, r in at.head(_TOP).iterrows():
-        bpp = f"{r['bytes_per_pending']:.2f}" if r["peak_pending"] else "-"
-        best = own.get(r["consumer"])
+    df["own_best_bits"] = df["consumer"].map(own).astype("Int64")
+    first = [c for c in _TABLE_ORDER if c in df.columns]
+    return df[first + [c for c in df.columns if c not in first]]
+
+
+def consumer_markdown(result: PlanResult, top: int | None = None, table=None) -> list[str]:
+    """Markdown rows: consumer × bits (consumers by memory at the recommended bits)."""
+    import pandas as pd
+
+    df = consumer_table(result) if table is None else table
+    at = result.recommended if result.recommended is not None else min(result.bits)
+    order = df[df["bits"] == at].sort_values(["index_bytes", "consumer"], ascending=[False, True])["consumer"]
+    rank = {name: i for i, name in enumerate(order.tolist()[:top] if top else order.tolist())}
+    chosen = df[df["consumer"].isin(rank)].copy()
+    chosen["_rank"] = chosen["consumer"].map(rank)
+    chosen = chosen.sort_values(["_rank", "bits"])
+    lines = ["| consumer | bits | nacks | peak pending | peak at (UTC) | tracker memory | B / pending "
+             "| DictIndex (est.) | error p99 | within bound | own best |",
+             "|---|---:|---:|---:|---|---:|---:|---:|---:|:---:|---:|"]
+    rec = result.recommended
+    for r in chosen.itertuples(index=False):
+        bpp = f"{r.bytes_per_pending:.2f}" if r.peak_pending else "-"
+        best = "none" if pd.isna(r.own_best_bits) else int(r.own_best_bits)
         lines.append(
-            f"| {r['consumer']} | {int(r['nacks']):,} | {int(r['peak_pending']):,} | {_mb(r['index_bytes'])} "
-            f"| {bpp} | {_mb(r['dict_index_bytes'])} | {_ms(r['err_p99'])} "
-            f"| {'none' if best is None else int(best)} |")
+            f"| {r.consumer} | {r.bits}{' **<-**' if r.bits == rec else ''} | {int(r.nacks):,} "
+            f"| {int(r.peak_pending):,} | {r.peak_at_utc} | {_mb(r.index_bytes)} | {bpp} "
+            f"| {_mb(r.dict_index_bytes)} | {_err(r.err_p99)} | {'yes' if r.within_bound else 'no'} | {best} |")
     return lines
 
 
 def plot(result: PlanResult, path: str | Path) -> Path:
-    """Memory (fleet, log scale) and redelivery error against bits, side by side."""
+    """Memory (fleet, log scale) and redelivery error against bits, side by side.
+
+    The error axis is symmetric-log (linear below 1 ms): an error of 0 ms is
+    drawn at 0, not lifted onto a log axis."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -160,8 +228,11 @@ def plot(result: PlanResult, path: str | Path) -> Path:
 
     f = result.fleet.sort_values("bits")
     fig, (mem, err) = plt.subplots(1, 2, figsize=(11, 4.2))
-    mem.plot(f["bits"], f["index_bytes"] / 2**20, "o-", label="TimeBucketIndex (Σ peaks)")
-    mem.plot(f["bits"], f["dict_index_bytes"] / 2**20, "s--", label="DictIndex (est.)")
+    for column, style, label in (("index_bytes", "o-", "TimeBucketIndex (Σ peaks)"),
+                                 ("dict_index_bytes", "s--", "DictIndex (est.)")):
+        y = f[column] / 2**20
+        keep = y > 0  # a log axis has no 0: leave such points out rather than invent a value
+        mem.plot(f["bits"][keep], y[keep], style, label=label)
     mem.set_yscale("log")
     mem.set_xlabel("precision_bits")
     mem.set_ylabel("MB at peak")
@@ -169,9 +240,10 @@ def plot(result: PlanResult, path: str | Path) -> Path:
     mem.grid(True, which="both", alpha=0.3)
     mem.legend()
     for q, style in (("err_p50", "o-"), ("err_p99", "s-"), ("err_max", "^:")):
-        err.plot(f["bits"], f[q].clip(lower=0.5), style, label=q.replace("err_", ""))
+        err.plot(f["bits"], f[q], style, label=q.replace("err_", ""))
     err.axhline(result.max_early_ms, color="red", lw=1, ls="--", label=f"bound {result.max_early_ms:g} ms")
-    err.set_yscale("log")
+    err.set_yscale("symlog", linthresh=1.0)
+    err.set_ylim(bottom=0)
     err.set_xlabel("precision_bits")
     err.set_ylabel("ms " + ("early" if result.rounding == "floor" else "late"))
     err.set_title("Redelivery error, all nacks")
@@ -188,18 +260,68 @@ def plot(result: PlanResult, path: str | Path) -> Path:
     return path
 
 
+def plot_pending(result: PlanResult, path: str | Path) -> Path:
+    """Pending over time at the recommended bits: the fleet total at each
+    sample instant, and the busiest consumers' maximum per interval."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = result.series
+    fig, (fleet, per) = plt.subplots(1, 2, figsize=(11, 4.2))
+    t0 = s["t_ms"].min()
+    total = s.groupby("t_ms")["pending_at"].sum()
+    fleet.plot((total.index - t0) / 1000, total.to_numpy(), "-")
+    fleet.set_title(f"Fleet: pending at each instant (bits={result.series_bits})")
+    fleet.set_xlabel("seconds into the trace")
+    fleet.set_ylabel("pending nacks")
+    fleet.grid(True, alpha=0.3)
+    busiest = s.groupby("consumer")["pending_max"].max().sort_values(ascending=False).index[:_LINES]
+    for name in busiest:
+        g = s[s["consumer"] == name]
+        per.step((g["t_ms"] - t0) / 1000, g["pending_max"], where="post", label=name)
+    per.set_title(f"Busiest {len(busiest)} consumers: maximum per interval")
+    per.set_xlabel("seconds into the trace")
+    per.set_ylabel("pending nacks")
+    per.grid(True, alpha=0.3)
+    per.legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def write_outputs(result: PlanResult, out_dir: str | Path) -> dict[str, Path]:
-    """Write ``consumers.parquet``, ``fleet.parquet``, ``fleet_errors.parquet``,
-    ``report.md`` and ``plot.png`` into ``out_dir``; return their paths."""
+    """Write the report and its tables into ``out_dir``; return their paths.
+
+    ``consumers.parquet``/``.csv``/``.md`` (every consumer × bits),
+    ``fleet.parquet``, ``fleet_errors.parquet``, ``pending.parquet`` and
+    ``pending.png`` (pending over time at the recommended bits),
+    ``report.md`` and ``plot.png``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {
-        "consumers": out / "consumers.parquet", "fleet": out / "fleet.parquet",
-        "fleet_errors": out / "fleet_errors.parquet", "report": out / "report.md", "plot": out / "plot.png",
-    }
-    result.consumers.to_parquet(paths["consumers"], index=False)
+    paths = {"consumers": out / "consumers.parquet", "consumers_csv": out / "consumers.csv",
+             "consumers_md": out / "consumers.md", "fleet": out / "fleet.parquet",
+             "fleet_errors": out / "fleet_errors.parquet", "pending": out / "pending.parquet",
+             "pending_plot": out / "pending.png", "report": out / "report.md", "plot": out / "plot.png"}
+    table = consumer_table(result)
+    table.to_parquet(paths["consumers"], index=False)
+    table.to_csv(paths["consumers_csv"], index=False)
+    at = result.recommended if result.recommended is not None else min(result.bits)
+    paths["consumers_md"].write_text(
+        f"# Consumers × precision_bits: `{result.trace.path}`\n\nAll {table['consumer'].nunique():,} "
+        f"consumers, by tracker memory at precision_bits={at}; bound: p99 error <= "
+        f"{_err(result.max_early_ms)}.\n\n" + "\n".join(consumer_markdown(result, table=table)) + "\n",
+        encoding="utf-8")
     result.fleet.to_parquet(paths["fleet"], index=False)
     result.fleet_errors.to_parquet(paths["fleet_errors"], index=False)
-    paths["report"].write_text(markdown(result), encoding="utf-8")
+    if result.series is not None and len(result.series):
+        result.series.to_parquet(paths["pending"], index=False)
+        plot_pending(result, paths["pending_plot"])
+    else:
+        del paths["pending"], paths["pending_plot"]
+    paths["report"].write_text(markdown(result, table), encoding="utf-8")
     plot(result, paths["plot"])
     return paths

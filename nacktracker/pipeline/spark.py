@@ -10,7 +10,8 @@ a few partitions, because a nack log of a few million rows is small data.
 On a cluster (``--master spark://…``, ``yarn``, ``k8s://…``, or under
 ``spark-submit``) only the quiet settings apply: the driver must be reachable
 from the executors, so its address, memory and Python are left to the cluster
-configuration.
+configuration; ``plan`` and ``sweep`` then ship and check what the executors'
+Python imports (:mod:`.ship`).
 """
 
 from __future__ import annotations
