@@ -536,8 +536,16 @@ async def test_async_for_async_with_and_close(client, topic):
     with pytest.raises(ConsumerClosed) as info:
         await consumer.receive()
     assert isinstance(info.value, pulsar.AlreadyClosed)
+    # every call that would reach the client: ConsumerClosed, never the client's raw AlreadyClosed
+    for name, args in (("negative_acknowledge", (msg,)), ("acknowledge", (msg,)),
+                       ("acknowledge_cumulative", (msg,)), ("seek", (msg.message_id(),)),
+                       ("get_last_message_id", ()), ("unsubscribe", ()), ("receive", (0,))):
+        with pytest.raises(ConsumerClosed):
+            await getattr(consumer, name)(*args)
     with pytest.raises(ConsumerClosed):
-        await consumer.negative_acknowledge(msg)
+        consumer.redeliver_unacknowledged_messages()
+    with pytest.raises(ValueError, match="timeout_ms"):  # was an OverflowError
+        await consumer.receive(timeout_ms=10**400)
     await consumer.close()  # idempotent
 
 
@@ -560,6 +568,12 @@ async def test_api_boundary_errors(client, broker_url, topic, pulsar_logger):
         await nacktracker.subscribe(client, topic(), "sub", delay_ms=-1)
     with pytest.raises(ValueError, match="dead_letter_topic needs max_redeliveries"):
         await nacktracker.subscribe(client, topic(), "sub", dead_letter_topic="x")
+    with pytest.raises(ValueError, match="dead_letter_initial_subscription needs max_redeliveries"):
+        await nacktracker.subscribe(client, topic(), "sub", dead_letter_initial_subscription="audit")
+    with pytest.raises(TypeError, match="dead_letter_initial_subscription must be a str"):
+        await nacktracker.subscribe(client, topic(), "sub", max_redeliveries=2, dead_letter_initial_subscription=1)
+    with pytest.raises(ValueError, match="dead_letter_initial_subscription must not be empty"):
+        await nacktracker.subscribe(client, topic(), "sub", max_redeliveries=2, dead_letter_initial_subscription="")
     t = topic()
     await publish(client, t, 1)
     async with await tracked(client, t) as consumer:
