@@ -482,7 +482,7 @@ class NegativeAcksTracker:
         self._index.add(slot, key.entry_id, due)
         self._n["nacks"] += 1
         fire = ((due + self._round_add) & self._mask) - self._lead
-        if self._timer_at is None or fire < self._timer_at:
+        if not self._closed and (self._timer_at is None or fire < self._timer_at):
             self._arm(fire)
         if self._on_event is not None:
             self._emit("nack", key, delay, count)
@@ -619,10 +619,11 @@ class NegativeAcksTracker:
 
     def _dead_letter_failed(self, key: MessageKey, delay: int, count: int) -> None:
         """Nothing lost: schedule an ordinary redelivery; the next nack of it
-        tries the dead-letter hook again."""
+        tries the dead-letter hook again. On a tracker closed meanwhile (close()
+        awaits dead letters in flight) the key still goes back into the pending
+        set, unarmed: a snapshot taken after close() keeps it."""
         self._n["dead_letter_failures"] += 1
-        if not self._closed:
-            self._schedule(key, delay, count)
+        self._schedule(key, delay, count)
 
     # -- helpers -------------------------------------------------------------------
 

@@ -327,3 +327,42 @@ async def test_boundary_errors_change_nothing(harness):
     with pytest.raises(ValueError, match="dedup_capacity needs dedup"):
         TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock, dedup=False, dedup_capacity=5)
     assert h.consumer.tracker.pending == 0 and h.consumer.stats()["held"] == 1
+
+
+async def test_after_close_every_broker_call_raises_consumer_closed(harness):
+    import pulsar
+
+    from nacktracker.consumer import ConsumerClosed
+
+    h = harness(precision_bits=0)
+    _, (m,) = await first_delivery(h, 1)
+    await h.consumer.negative_acknowledge(m, delay_ms=500)
+    await h.close()
+    calls = {"acknowledge": lambda: h.consumer.acknowledge(m),
+             "acknowledge_cumulative": lambda: h.consumer.acknowledge_cumulative(m),
+             "negative_acknowledge": lambda: h.consumer.negative_acknowledge(m),
+             "receive": lambda: h.consumer.receive(timeout_ms=0),
+             "seek": lambda: h.consumer.seek(m.message_id()),
+             "get_last_message_id": lambda: h.consumer.get_last_message_id(),
+             "unsubscribe": lambda: h.consumer.unsubscribe(),
+             "redeliver_unacknowledged_messages": lambda: h.consumer.redeliver_unacknowledged_messages()}
+    for name, call in calls.items():
+        with pytest.raises(ConsumerClosed) as closed:
+            result = call()
+            if asyncio.iscoroutine(result):
+                await result
+        assert isinstance(closed.value, pulsar.AlreadyClosed), name
+    assert h.raw.acks == [] and h.consumer.tracker.pending == 1  # nothing reached the client, nothing lost
+    await h.consumer.close()  # idempotent
+
+
+@pytest.mark.parametrize("timeout, error", [(10**400, ValueError), (2**62, ValueError), (1e300, ValueError),
+                                            (-1, ValueError), (float("nan"), ValueError),
+                                            (float("inf"), ValueError), (True, TypeError), ("5", TypeError)])
+async def test_out_of_range_receive_timeouts_are_refused(harness, timeout, error):
+    h = harness(precision_bits=0)
+    h.broker.publish(1)
+    await settle()
+    with pytest.raises(error, match="timeout_ms"):
+        await h.consumer.receive(timeout_ms=timeout)
+    assert (await h.consumer.receive(timeout_ms=0)).data() == b"e0.-1"  # the message is still there

@@ -31,7 +31,7 @@ PULSAR_IMPORTERS = {
     "consumer/shell.py": "the consumer's Pulsar shell",
     "consumer/options.py": "subscribe() makes the client's consumer",
     "consumer/errors.py": "its exceptions are the client's exceptions too",
-    "dead_letters.py": "publishes dead letters through the client's producers (issue 11)",
+    "consumer/dead_letters.py": "publishes dead letters through the client's producers (issue 11)",
     "testing.py": "probes the embedded broker it starts",
 }
 #: The demo and the broker scenarios it and bench/ run drive a real broker beside the plain client,
@@ -113,7 +113,7 @@ def test_only_the_tracker_and_clock_read_time(module):
 
 
 def test_the_consumer_reads_time_only_through_the_trackers_clock():
-    for module in ("consumer/shell.py", "consumer/core.py", "consumer/options.py", "consumer/dlq.py"):
+    for module in ("consumer/shell.py", "consumer/core.py", "consumer/options.py", "consumer/dead_letters.py"):
         source = (ROOT / module).read_text()
         assert "get_running_loop().time" not in source and "loop.time" not in source, module
         assert "call_later" not in source and ".call_at(" not in source.replace("clock.call_at(", ""), module

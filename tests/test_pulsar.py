@@ -313,25 +313,43 @@ async def test_dead_letter_after_max_redeliveries(client, topic, pumps):
     assert dlq_pump.queue.empty()  # exactly one copy
 
 
+class BrokenFirstProducerClient(pulsar.asyncio.Client):
+    """A real client whose first producer is handed over closed: its first send fails."""
+
+    def __init__(self, url, logger) -> None:
+        super().__init__(url, logger=logger, operation_timeout_seconds=10)
+        self.created = 0
+
+    async def create_producer(self, topic, **options):
+        producer = await super().create_producer(topic, **options)
+        self.created += 1
+        if self.created == 1:
+            await producer.close()
+        return producer
+
+
 @pytest.mark.broker
-async def test_dead_letter_publish_failure_keeps_the_message_and_retries(client, topic, pumps):
+async def test_dead_letter_publish_failure_keeps_the_message_and_retries(client, topic, pumps, broker_url,
+                                                                         pulsar_logger):
     t = topic()
     dlq = topic("dlq")
     dlq_pump = pumps(await client.subscribe(dlq, "inspect", consumer_type=Shared))
     await publish(client, t, 1)
-    async with await tracked(client, t, precision_bits=0, max_redeliveries=1,
-                                           dead_letter_topic=dlq) as consumer:
-        # fault injection at our seam: the cached dead-letter producer is broken (closed)
-        broken = await client.create_producer(dlq)
-        await broken.close()
-        consumer._dead_letters.producers[dlq] = broken
-        first = await consumer.receive(timeout_ms=5000)
-        counts = await nack_until_dead(consumer, first)
-        assert counts == [0, 1, 2]  # count 1 failed to publish and came back once more
-        _, dead = await dlq_pump.get()
-        assert dead.data() == b"m0"
-        stats = consumer.stats()
-        assert (stats["dead_letter_failed"], stats["dead_letter_failures"], stats["dead_lettered"]) == (1, 1, 1)
+    faulty = BrokenFirstProducerClient(broker_url, pulsar_logger)  # fault injection at the client seam
+    try:
+        async with await tracked(faulty, t, precision_bits=0, max_redeliveries=1,
+                                 dead_letter_topic=dlq) as consumer:
+            first = await consumer.receive(timeout_ms=5000)
+            counts = await nack_until_dead(consumer, first)
+            assert counts == [0, 1, 2]  # count 1 failed to publish and came back once more
+            _, dead = await dlq_pump.get()
+            assert dead.data() == b"m0"
+            stats = consumer.stats()
+            assert (stats["dead_letter_failed"], stats["dead_letter_failures"], stats["dead_lettered"]) == (1, 1, 1)
+            # the broken producer was closed and replaced: one open, never a leak
+            assert (stats["dead_letter_producers_created"], stats["dead_letter_producers_open"]) == (2, 1)
+    finally:
+        await faulty.close()
     await asyncio.sleep(0.3)
     assert dlq_pump.queue.empty()
 
@@ -518,8 +536,16 @@ async def test_async_for_async_with_and_close(client, topic):
     with pytest.raises(ConsumerClosed) as info:
         await consumer.receive()
     assert isinstance(info.value, pulsar.AlreadyClosed)
+    # every call that would reach the client: ConsumerClosed, never the client's raw AlreadyClosed
+    for name, args in (("negative_acknowledge", (msg,)), ("acknowledge", (msg,)),
+                       ("acknowledge_cumulative", (msg,)), ("seek", (msg.message_id(),)),
+                       ("get_last_message_id", ()), ("unsubscribe", ()), ("receive", (0,))):
+        with pytest.raises(ConsumerClosed):
+            await getattr(consumer, name)(*args)
     with pytest.raises(ConsumerClosed):
-        await consumer.negative_acknowledge(msg)
+        consumer.redeliver_unacknowledged_messages()
+    with pytest.raises(ValueError, match="timeout_ms"):  # was an OverflowError
+        await consumer.receive(timeout_ms=10**400)
     await consumer.close()  # idempotent
 
 
@@ -542,6 +568,12 @@ async def test_api_boundary_errors(client, broker_url, topic, pulsar_logger):
         await nacktracker.subscribe(client, topic(), "sub", delay_ms=-1)
     with pytest.raises(ValueError, match="dead_letter_topic needs max_redeliveries"):
         await nacktracker.subscribe(client, topic(), "sub", dead_letter_topic="x")
+    with pytest.raises(ValueError, match="dead_letter_initial_subscription needs max_redeliveries"):
+        await nacktracker.subscribe(client, topic(), "sub", dead_letter_initial_subscription="audit")
+    with pytest.raises(TypeError, match="dead_letter_initial_subscription must be a str"):
+        await nacktracker.subscribe(client, topic(), "sub", max_redeliveries=2, dead_letter_initial_subscription=1)
+    with pytest.raises(ValueError, match="dead_letter_initial_subscription must not be empty"):
+        await nacktracker.subscribe(client, topic(), "sub", max_redeliveries=2, dead_letter_initial_subscription="")
     t = topic()
     await publish(client, t, 1)
     async with await tracked(client, t) as consumer:

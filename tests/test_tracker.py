@@ -172,6 +172,29 @@ async def test_async_dead_letter_and_a_failing_one_keeps_the_message():
     assert adapter.redelivered == [K(2)]
 
 
+async def test_a_dead_letter_failing_during_close_stays_pending_and_in_the_snapshot():
+    gate = asyncio.Event()
+
+    async def dlq(key):
+        await gate.wait()
+        raise RuntimeError("publish failed while closing")
+
+    tracker, adapter, clock = make(precision_bits=0, max_redeliveries=1, on_dead_letter=dlq, delay_ms=100)
+    tracker.add(K(7), redelivery_count=1)
+    closing = asyncio.ensure_future(tracker.close())
+    await settle()
+    assert not closing.done()  # close() waits for the dead letter in flight
+    gate.set()
+    await closing
+    assert tracker.closed and tracker.pending == 1 and K(7) in tracker
+    assert tracker.stats()["dead_letter_failures"] == 1
+    restored = NegativeAcksTracker.restore(tracker.snapshot(), MemoryAdapter(), elapsed="none", clock=ManualClock())
+    assert K(7) in restored
+    clock.advance(1_000)
+    await settle()
+    assert adapter.redelivered == []  # closed: kept, never fired
+
+
 def test_max_redeliveries_without_a_hook_is_refused():
     with pytest.raises(ValueError, match="on_dead_letter"):
         NegativeAcksTracker(MemoryAdapter(), max_redeliveries=3)

@@ -11,7 +11,8 @@ thin front over ``Fetcher``/``SubscriptionState``:
   the release timer on the tracker's clock.
 * :mod:`.options` -- option checks and :func:`subscribe`.
 * :mod:`.persist` -- snapshots (pending nacks and batch records across restarts).
-* :mod:`.dlq` -- dead-letter publishing. :mod:`.errors` -- the exceptions.
+* :mod:`.dead_letters` -- dead-letter publishing (one producer per dead-letter topic, in order).
+* :mod:`.errors` -- the exceptions.
 
 Only the core is imported eagerly: it needs no pulsar-client.
 """
@@ -19,12 +20,15 @@ Only the core is imported eagerly: it needs no pulsar-client.
 from .core import DeliveryCore, Verdict
 
 __all__ = ["TrackedConsumer", "subscribe", "ReceiveTimeout", "ConsumerClosed", "DeliveryCore", "Verdict",
-           "ConsumerOptions", "PROPERTY_REAL_TOPIC", "PROPERTY_ORIGIN_MESSAGE_ID", "BATCHES_SUFFIX",
+           "ConsumerOptions", "PROPERTY_REAL_TOPIC", "PROPERTY_REAL_SUBSCRIPTION", "PROPERTY_ORIGIN_MESSAGE_ID",
+           "DeadLetterPublisher", "DeadLetterError", "BATCHES_SUFFIX",
            "COPY_OVERDUE_MS"]
 
 _LAZY = {"TrackedConsumer": "shell", "COPY_OVERDUE_MS": "shell", "subscribe": "options",
          "ConsumerOptions": "options", "ReceiveTimeout": "errors", "ConsumerClosed": "errors",
-         "PROPERTY_REAL_TOPIC": "dlq", "PROPERTY_ORIGIN_MESSAGE_ID": "dlq", "BATCHES_SUFFIX": "persist"}
+         "PROPERTY_REAL_TOPIC": "dead_letters", "PROPERTY_REAL_SUBSCRIPTION": "dead_letters",
+         "PROPERTY_ORIGIN_MESSAGE_ID": "dead_letters", "DeadLetterPublisher": "dead_letters",
+         "DeadLetterError": "dead_letters", "BATCHES_SUFFIX": "persist"}
 
 
 def __getattr__(name: str):

@@ -11,10 +11,10 @@ from typing import Any, Callable, Optional, Union
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
-from .._checks import check_delay_ms, check_int, check_precision
+from .._checks import MAX_DUE, check_delay_ms, check_int, check_precision
 from ..adapters.pulsar import MIN_NACK_DELAY_MS
 
-__all__ = ["ConsumerOptions", "subscribe", "batch_size"]
+__all__ = ["ConsumerOptions", "subscribe", "batch_size", "check_timeout_ms"]
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,7 @@ class ConsumerOptions:
     backoff: Optional[Callable[[int], int]] = None
     max_redeliveries: Optional[int] = None
     dead_letter_topic: Optional[str] = None
+    dead_letter_initial_subscription: Optional[str] = None
     lead_ms: Optional[int] = None
     min_gap_ms: Optional[int] = None
     prefetch: int = 16
@@ -60,6 +61,14 @@ class ConsumerOptions:
             raise TypeError(f"dead_letter_topic must be a str, not {type(topic).__name__}")
         if topic is not None and o.get("max_redeliveries") is None:
             raise ValueError("dead_letter_topic needs max_redeliveries")
+        for name in ("dead_letter_topic", "dead_letter_initial_subscription"):
+            if o.get(name) == "":
+                raise ValueError(f"{name} must not be empty")
+        initial = o.get("dead_letter_initial_subscription")
+        if initial is not None and not isinstance(initial, str):
+            raise TypeError(f"dead_letter_initial_subscription must be a str, not {type(initial).__name__}")
+        if initial is not None and o.get("max_redeliveries") is None:
+            raise ValueError("dead_letter_initial_subscription needs max_redeliveries")
         if check_int("prefetch", o.get("prefetch", 16)) < 1:
             raise ValueError("prefetch must be >= 1")
         _check_reliability(o)
@@ -92,6 +101,16 @@ def _check_reliability(o: dict[str, Any]) -> None:
             raise ValueError("dedup_capacity needs dedup=True")
         if check_int("dedup_capacity", o["dedup_capacity"]) < 1:
             raise ValueError("dedup_capacity must be >= 1")
+
+
+def check_timeout_ms(timeout_ms: object) -> int:
+    """A receive timeout in whole ms: as a delay (no bool, NaN, negative or
+    non-number), and no later than the tracker's due times reach (a larger
+    one would overflow the event loop's float seconds)."""
+    checked = check_delay_ms("timeout_ms", timeout_ms)
+    if checked > MAX_DUE:
+        raise ValueError(f"timeout_ms must be <= {MAX_DUE}, got {checked}")
+    return checked
 
 
 def batch_size(mid: Any) -> int:
@@ -142,7 +161,9 @@ async def subscribe(client: pulsar_asyncio.Client, topic: Union[str, list], subs
 
     Options (see ``README.md``): ``delay_ms`` (60 000), ``precision_bits``
     (8: buckets of 256 ms; 0: exact), ``backoff``, ``max_redeliveries``,
-    ``dead_letter_topic`` (default ``<topic>-<subscription>-DLQ``),
+    ``dead_letter_topic`` (default ``<topic>-<subscription>-DLQ``, per
+    partition), ``dead_letter_initial_subscription`` (made on the dead-letter
+    topic before its first dead letter),
     ``lead_ms`` (fixed instead of learned), ``min_gap_ms``, ``prefetch``,
     ``snapshot_path``, ``snapshot_interval_s``, ``snapshot_on_error``,
     ``dedup`` (True: acknowledged ids are remembered so no copy of one
@@ -169,7 +190,7 @@ async def subscribe(client: pulsar_asyncio.Client, topic: Union[str, list], subs
     ...             await consumer.negative_acknowledge(msg, delay_ms=1000)
     """
     from .shell import TrackedConsumer
-    from .dlq import quietly
+    from .dead_letters import quietly
 
     if not isinstance(client, pulsar_asyncio.Client):
         if isinstance(client, pulsar.Client):
@@ -195,7 +216,7 @@ async def subscribe(client: pulsar_asyncio.Client, topic: Union[str, list], subs
                                       negative_ack_redelivery_delay_ms=MIN_NACK_DELAY_MS,
                                       batch_index_ack_enabled=batch_index_ack_enabled, **options)
     try:
-        return TrackedConsumer(consumer, client=client, **own)
+        return TrackedConsumer(consumer, client=client, schema=options.get("schema"), **own)
     except BaseException:
         await quietly(consumer.close())
         raise

@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 from .. import snapshot as _snapshot
 from .._checks import check_int
+from ..clock import LoopClock
 from ..keys import MessageKey
 from ..snapshot import SnapshotError
 from ..tracker import NegativeAcksTracker
@@ -49,7 +50,16 @@ class SnapshotStore:
     def load(self, adapter: Any, options: dict, core: DeliveryCore) -> tuple[NegativeAcksTracker, int]:
         """The tracker for a start: empty on a first start, else restored from
         the file, with the batch records put into ``core``. Returns the
-        tracker and the number of nacks restored. Runtime: O(size of the files)."""
+        tracker and the number of nacks restored. Call inside the event loop
+        (restored delays count on its clock, the default ``options["clock"]``).
+        Runtime: O(size of the files)."""
+        if options.get("clock") is None:
+            try:
+                options["clock"] = LoopClock(asyncio.get_running_loop())
+            except RuntimeError:
+                raise RuntimeError("TrackedConsumer(snapshot_path=...) must be created inside the event "
+                                   "loop (restored delays count on its clock); nacktracker.subscribe does "
+                                   "that") from None
         path = self.path
         try:
             data = _snapshot.read_file(path)
@@ -158,6 +168,17 @@ class SnapshotStore:
         self._writing = asyncio.get_running_loop().run_in_executor(None, self._write_files, data, batches)
         await asyncio.shield(self._writing)
         self.saved += 1
+
+    async def final_save(self, tracker: NegativeAcksTracker, core: DeliveryCore) -> Optional[Exception]:
+        """The save on close: a failure is logged, counted and returned (the
+        consumer raises it once everything else is closed)."""
+        try:
+            await self.save(tracker, core)
+        except Exception as exc:
+            self.failures += 1
+            log.error("final snapshot to %s failed: %r", self.path, exc)
+            return exc
+        return None
 
     def _write_files(self, data: bytes, batches: bytes) -> None:
         _snapshot.write_atomic(self.path, data)

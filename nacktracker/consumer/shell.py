@@ -20,14 +20,14 @@ import pulsar.asyncio as pulsar_asyncio
 
 from .._checks import check_delay_ms, check_precision
 from ..adapters.pulsar import PulsarAdapter
-from ..clock import Clock, LoopClock, TimerHandle
+from ..clock import Clock, TimerHandle
 from ..dedup import Deduplicator
 from ..keys import MessageKey, key_of
 from ..tracker import NegativeAcksTracker
 from .core import DeliveryCore, Verdict
-from .dlq import DeadLetters, quietly
-from .errors import ConsumerClosed, ReceiveTimeout  # noqa: F401  (ReceiveTimeout: raised by the pump)
-from .options import ConsumerOptions, batch_size
+from .dead_letters import ConsumerDeadLetters, DeadLetterPublisher, quietly
+from .errors import ConsumerClosed
+from .options import ConsumerOptions, batch_size, check_timeout_ms
 from .persist import SnapshotStore
 from .pump import ReceivePump
 
@@ -58,6 +58,8 @@ class TrackedConsumer:
     ``redeliver_unacknowledged_messages``), plus ``negative_acknowledge(msg,
     delay_ms=…)``, ``receive(timeout_ms=…)``, ``async with`` and ``async for``.
 
+    ``schema``: the consumer's (dead letters are published under it). After
+    :meth:`close` every call that would reach the broker raises :class:`ConsumerClosed`.
     ``adapter``/``clock``: the seams that make it testable without a broker
     (as httpx's ``transport=``): with an ``adapter`` the ``consumer`` may be
     any object with the ``pulsar.asyncio.Consumer`` methods; ``clock`` is the
@@ -65,7 +67,7 @@ class TrackedConsumer:
     """
 
     def __init__(self, consumer: Any, *, client: Optional[pulsar_asyncio.Client] = None,
-                 adapter: Any = None, clock: Optional[Clock] = None, **options: Any) -> None:
+                 adapter: Any = None, clock: Optional[Clock] = None, schema: Any = None, **options: Any) -> None:
         opts = ConsumerOptions.check(options, has_client=client is not None)
         if adapter is None and not isinstance(consumer, pulsar_asyncio.Consumer):
             raise TypeError(f"consumer must be a pulsar.asyncio.Consumer, not {type(consumer).__name__}")
@@ -78,7 +80,11 @@ class TrackedConsumer:
         self.adapter = adapter if adapter is not None else PulsarAdapter(
             consumer, lead_ms=opts.lead_ms, min_gap_ms=opts.min_gap_ms, initial_lead_ms=INITIAL_LEAD_MS)
         self._arrived: Optional[Callable[[MessageKey], None]] = getattr(self.adapter, "arrived", None)
-        self._dead_letters = DeadLetters(client, consumer.subscription_name(), opts.dead_letter_topic)
+        # one producer per dead-letter topic, dead letters published in the order they were decided
+        self._dead_letters = ConsumerDeadLetters(None if opts.max_redeliveries is None else DeadLetterPublisher(
+            client, subscription=consumer.subscription_name(), consumer_name=consumer.consumer_name(),
+            dead_letter_topic=opts.dead_letter_topic, initial_subscription=opts.dead_letter_initial_subscription,
+            schema=schema), ack=self._acknowledge)
         # a single-topic consumer's ids need no topic; remember it for bare-id calls
         self._own_topic = None if getattr(self.adapter, "multi_topic", False) else consumer.topic()
         self._dedup = Deduplicator(opts.dedup_capacity) if opts.dedup else None
@@ -95,19 +101,11 @@ class TrackedConsumer:
         tracker_options = dict(
             delay_ms=opts.delay_ms, precision_bits=opts.precision_bits, rounding="floor", backoff=opts.backoff,
             max_redeliveries=opts.max_redeliveries, clock=clock, on_due=self._on_due,
-            on_dead_letter=self._dead_letters.hook(self.acknowledge) if opts.max_redeliveries is not None else None,
-            consumer_name=consumer.consumer_name())
+            on_dead_letter=self._dead_letters.hook, consumer_name=consumer.consumer_name())
         self._store = None if opts.snapshot_path is None else SnapshotStore(opts.snapshot_path, opts.snapshot_on_error)
         if self._store is None:
             self.tracker = NegativeAcksTracker(self.adapter, **tracker_options)
         else:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                raise RuntimeError("TrackedConsumer(snapshot_path=...) must be created inside the event "
-                                   "loop (restored delays count on its clock); nacktracker.subscribe does "
-                                   "that") from None
-            tracker_options["clock"] = clock or LoopClock(loop)
             self.tracker, self._counts["restored"] = self._store.load(self.adapter, tracker_options, self.core)
         try:
             asyncio.get_running_loop()
@@ -121,7 +119,7 @@ class TrackedConsumer:
 
     @property
     def dead_letter_topic(self) -> Optional[str]:
-        return self._dead_letters.topic
+        return self.options.dead_letter_topic
 
     # -- receiving -----------------------------------------------------------------
 
@@ -131,9 +129,8 @@ class TrackedConsumer:
         the timeout or by cancelling the caller. Raises :class:`ConsumerClosed`
         once closed. Runtime: O(1)."""
         if timeout_ms is not None:
-            timeout_ms = check_delay_ms("timeout_ms", timeout_ms)
-        if self._closed:
-            raise ConsumerClosed()
+            timeout_ms = check_timeout_ms(timeout_ms)
+        self._check_open()
         if self._pump.task is None:
             self._start()
         return await self._pump.get(timeout_ms)
@@ -176,6 +173,10 @@ class TrackedConsumer:
         its pending nack and remember it (``dedup``). A failed ack raises and
         changes nothing here: a pending nack stays pending. Runtime: O(1),
         plus the tracker's discard when nacks are pending."""
+        self._check_open()
+        await self._acknowledge(message)
+
+    async def _acknowledge(self, message: Any) -> None:  # also in close(): a dead letter acks once published
         key = self._message_key(message)
         await self._consumer.acknowledge(message)
         result = self.core.acked(key, self.tracker.clock.now_ms())
@@ -190,6 +191,7 @@ class TrackedConsumer:
         everything at or before the message in its topic partition: held
         copies, parked copies, batch records; later copies of those are
         dropped. O(held + records)."""
+        self._check_open()
         key = self._key(message)[0]
         await self._consumer.acknowledge_cumulative(message)
         tokens = self.core.acked_cumulative(key, self.tracker.clock.now_ms())
@@ -220,8 +222,7 @@ class TrackedConsumer:
         ignored (logged, counted in ``nacks_after_ack``): the broker would
         never send it again. Never blocks. Runtime: O(1) amortised.
         """
-        if self._closed:
-            raise ConsumerClosed()
+        self._check_open()
         key, count = self._key(message)
         if delay_ms is not None:
             delay_ms = check_delay_ms("delay_ms", delay_ms)
@@ -292,14 +293,17 @@ class TrackedConsumer:
 
     async def seek(self, messageid: Union[pulsar.MessageId, int]) -> None:
         """As ``pulsar.asyncio.Consumer.seek``. Pending nacks stay scheduled."""
+        self._check_open()
         await self._consumer.seek(messageid)
 
     async def get_last_message_id(self) -> Any:
+        self._check_open()
         return await self._consumer.get_last_message_id()
 
     def redeliver_unacknowledged_messages(self) -> None:
         """As the client's: what the application holds may surface again.
         Copies of messages with pending nacks are still held back until due."""
+        self._check_open()
         self.core.forget_held()
         self._consumer.redeliver_unacknowledged_messages()
 
@@ -316,6 +320,10 @@ class TrackedConsumer:
     def closed(self) -> bool:
         return self._closed
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConsumerClosed()
+
     def stats(self) -> dict[str, Any]:
         """The tracker's stats plus the consumer's (each key: ``README.md``,
         "Consumer stats"). Runtime: O(1) plus the tracker's."""
@@ -329,8 +337,7 @@ class TrackedConsumer:
                 "nacks_after_ack": c["nacks_after_ack"], "copy_ack_failures": self._counts["copy_ack_failures"],
                 "batch_records": len(self.core.records), "held": len(self.core.held),
                 "parked": len(self.core.parked), "restored": self._counts["restored"],
-                "dead_letter_published": self._dead_letters.published,
-                "dead_letter_failed": self._dead_letters.failed,
+                **self._dead_letters.stats(),
                 "snapshots_saved": self._store.saved if self._store else 0,
                 "snapshot_failures": self._store.failures if self._store else 0,
                 "bursts": len(getattr(self.adapter, "bursts", ())), "lead_ms": getattr(self.adapter, "lead_ms", 0),
@@ -340,8 +347,7 @@ class TrackedConsumer:
         """Unsubscribe, then release everything :meth:`close` releases. Pending
         nacks are dropped with the subscription, and so are the snapshot files
         (a new subscription of that name must not hold back its messages)."""
-        if self._closed:
-            raise ConsumerClosed()
+        self._check_open()
         self._pump.expect_failure = True  # the pump's receive() is about to fail: expected
         try:
             await self._consumer.unsubscribe()
@@ -378,22 +384,17 @@ class TrackedConsumer:
             await asyncio.gather(self._saver, return_exceptions=True)
         await self._pump.stop()
         await self.tracker.close()  # waits for an adapter call in flight: the snapshot has everything
-        save_error: Optional[BaseException] = None
-        if self._store is not None:
-            if close_consumer:
-                try:
-                    await self._store.save(self.tracker, self.core)
-                except Exception as exc:
-                    self._store.failures += 1
-                    log.error("final snapshot to %s failed: %r", self._store.path, exc)
-                    save_error = exc
-            else:  # unsubscribed: the nacks went with the subscription
-                await self._store.remove()
+        save_error: Optional[Exception] = None
+        if self._store is not None and close_consumer:
+            save_error = await self._store.final_save(self.tracker, self.core)
+        elif self._store is not None:  # unsubscribed: the nacks went with the subscription
+            await self._store.remove()
         aclose = getattr(self.adapter, "aclose", None)
         if aclose is not None:
             await aclose()
-        await self._dead_letters.aclose()
+        await self._dead_letters.close()  # the tracker's close awaited every dead letter it decided
         if close_consumer:
             await quietly(self._consumer.close())
         if save_error is not None:
             raise save_error
+

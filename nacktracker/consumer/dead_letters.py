@@ -57,15 +57,15 @@ import logging
 import secrets
 import string
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Awaitable, Callable, Optional, Union
 
 import _pulsar
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
 import pulsar.schema
 
-__all__ = ["DeadLetterPublisher", "DeadLetterError", "DeadLetterPublisherClosed", "dead_letter_topic",
-           "producer_name", "PROPERTY_REAL_TOPIC", "PROPERTY_REAL_SUBSCRIPTION", "PROPERTY_ORIGIN_MESSAGE_ID"]
+__all__ = ["DeadLetterPublisher", "ConsumerDeadLetters", "DeadLetterError", "DeadLetterPublisherClosed", "dead_letter_topic",
+           "producer_name", "java_message_id", "quietly", "PROPERTY_REAL_TOPIC", "PROPERTY_REAL_SUBSCRIPTION", "PROPERTY_ORIGIN_MESSAGE_ID"]
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +239,7 @@ class DeadLetterPublisher:
             await asyncio.gather(self._drainer, return_exceptions=True)
         producers, self._producers = list(self._producers.values()), {}
         for producer in producers:
-            await _quietly(producer.close())
+            await quietly(producer.close())
 
     @property
     def closed(self) -> bool:
@@ -303,7 +303,7 @@ class DeadLetterPublisher:
             log.warning("dead letter %s not published to %s: %r", letter.origin, letter.target, exc)
             broken = self._producers.pop(letter.target, None)  # a fresh producer next time, never a leak
             if broken is not None:
-                await _quietly(broken.close())
+                await quietly(broken.close())
             if not letter.done.done():
                 error = DeadLetterError(letter.target, letter.origin, repr(exc))
                 error.__cause__ = exc
@@ -340,10 +340,56 @@ class DeadLetterPublisher:
             if exc.error() == pulsar.Result.ConsumerBusy:
                 return
             raise
-        await _quietly(consumer.close())
+        await quietly(consumer.close())
 
 
-async def _quietly(awaitable: Any) -> None:
+class ConsumerDeadLetters:
+    """A TrackedConsumer's dead letters: the tracker's ``on_dead_letter`` hook
+    over its :class:`DeadLetterPublisher` (``None``: no ``max_redeliveries``).
+    The consumer sets ``candidate`` to the message being nacked around
+    ``tracker.add`` (the hook gets only its key); ``ack`` acknowledges a
+    published one (also while the consumer closes)."""
+
+    def __init__(self, publisher: Optional[DeadLetterPublisher], ack: Callable[[Any], Awaitable[None]]) -> None:
+        self.publisher = publisher
+        self._ack = ack
+        self.candidate: Any = None
+
+    @property
+    def hook(self) -> Optional[Callable[[Any], Awaitable[None]]]:
+        """The tracker's ``on_dead_letter``; ``None`` without a publisher."""
+        return None if self.publisher is None else self._on_dead_letter
+
+    def _on_dead_letter(self, key: Any) -> Awaitable[None]:
+        """Queue the message being nacked now (its place in the order is taken
+        here) and return what acknowledges it once published. A bare id (no
+        payload: ``TypeError``) or a failed publish (:class:`DeadLetterError`)
+        leaves it pending: the tracker redelivers it, the next nack tries again."""
+        assert self.publisher is not None  # the hook exists only with a publisher
+        message = self.candidate
+        published = self.publisher.publish(message)
+        return self._ack_when_published(message, published)
+
+    async def _ack_when_published(self, message: Any, published: "asyncio.Future[Any]") -> None:
+        await published
+        await self._ack(message)
+
+    def stats(self) -> dict[str, int]:
+        """The consumer's ``dead_letter_*`` stats (see
+        :meth:`DeadLetterPublisher.stats`). Runtime: O(queued)."""
+        pub = self.publisher.stats() if self.publisher is not None else {}
+        return {f"dead_letter_{name}": pub.get(name, 0)
+                for name in ("published", "failed", "producers_created", "producers_open", "pending")}
+
+    async def close(self) -> None:
+        """Publish what is queued, close the producers (see :meth:`DeadLetterPublisher.close`)."""
+        if self.publisher is not None:
+            await self.publisher.close()
+
+
+async def quietly(awaitable: Any) -> None:
+    """Await ``awaitable`` (closing a producer or consumer); a Pulsar error (already closed, broken) is
+    logged at debug and dropped."""
     try:
         await awaitable
     except _PULSAR_ERRORS as exc:  # closing something already closed or broken
