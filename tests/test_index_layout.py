@@ -129,7 +129,7 @@ def test_ack_of_a_pending_id_leaves_a_ghost_that_never_fires():
     assert idx.next_due_ms() == 10
     assert idx.pop_due(15) == [(1, 2)]
     assert idx.pop_due(25) == [(1, 1)]
-    assert idx._ghost_copies == 0 and not idx._ghosts and not idx._slots
+    assert idx._ghost_copies == 0 and not idx._ghosts and not idx._by_id
 
 
 def test_a_ghost_only_front_bucket_is_skipped():
@@ -172,7 +172,7 @@ def test_slots_are_recycled_and_state_ends_empty():
             idx.add(10**12 + ledger + round_, ledger, 1000 * round_ + ledger)
         assert len(idx.pop_due(10**6)) == 100
     assert idx.next_due_ms() is None and not idx._windows
-    assert not idx._slots and len(idx._ledgers) == 100  # three rounds of 100 ledgers, 100 slots
+    assert not idx._by_id and len(idx._ledgers) == 100  # three rounds of 100 ledgers, 100 slots
 
 
 @pytest.mark.parametrize("ids", [array.array("I", range(100)), list(range(10, 50))])

@@ -28,6 +28,8 @@ WINDOW_BITS = 12
 #: per id in the window's array.
 PROMOTE = 32
 M32 = (1 << 32) - 1
+#: Changes to a ledger's live bitmap between compactions (at least).
+COMPACT_CHURN = 4096
 
 
 @dataclass(frozen=True)
@@ -76,17 +78,16 @@ class Window:
     the front of the time order); appends after that form an unsorted tail.
     ``sorted_upto == -1``: never opened. ``dense``: offset -> slot -> bitmap;
     ``dense_offs``: a heap of the offsets in ``dense`` (stale ones skipped).
-    ``copies``: physical copies held (sparse + dense, ghosts included).
+    The window is empty when both are.
     """
 
-    __slots__ = ("packed", "sorted_upto", "dense", "dense_offs", "copies")
+    __slots__ = ("packed", "sorted_upto", "dense", "dense_offs")
 
     def __init__(self) -> None:
         self.packed = array.array("Q")
         self.sorted_upto = -1
         self.dense: dict[int, dict[int, BitMap | BitMap64]] = {}
         self.dense_offs: list[int] = []
-        self.copies = 0
 
     def view(self) -> np.ndarray:
         """A zero-copy uint64 view of ``packed``; drop it before appending."""
@@ -101,12 +102,12 @@ class Ledger:
     ``live``: entry ids with at least one live occurrence (the "pending
     anywhere" bitmap); ``multi``: the few ids pending in two or more buckets
     (their counts live in the index's ``_multi``); ``ghost``: ids acked while
-    pending whose copies still sit in cells (records in ``_ghosts``);
-    ``copies``: physical copies in cells, ghosts included (the slot is freed
-    at 0); ``churn``: adds and pops since ``live`` was last compacted.
+    pending whose copies still sit in cells (records in ``_ghosts``). The
+    record (and its slot) goes when both ``live`` and ``ghost`` are empty: no
+    copy of the ledger is left in any cell. ``churn``: adds and pops since ``live`` was last compacted.
     """
 
-    __slots__ = ("ledger_id", "slot", "live", "multi", "ghost", "copies", "churn")
+    __slots__ = ("ledger_id", "slot", "live", "multi", "ghost", "churn", "compact_at")
 
     def __init__(self, ledger_id: int, slot: int) -> None:
         self.ledger_id = ledger_id
@@ -114,8 +115,8 @@ class Ledger:
         self.live: BitMap | BitMap64 = BitMap()
         self.multi: set[int] | None = None
         self.ghost: set[int] | None = None
-        self.copies = 0
         self.churn = 0
+        self.compact_at = COMPACT_CHURN
 
     def has(self, entry_id: int) -> bool:
         return (entry_id < U32 or type(self.live) is BitMap64) and entry_id in self.live
@@ -129,6 +130,7 @@ class Ledger:
         self.live.run_optimize()
         self.live.shrink_to_fit()
         self.churn = 0
+        self.compact_at = max(COMPACT_CHURN, len(self.live) >> 2)
 
 
 class Ghost:

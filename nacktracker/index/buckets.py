@@ -28,8 +28,6 @@ from ._parts import M32, PROMOTE, Ghost, Layout, Ledger, Window, bitmap_of, comm
 
 __all__ = ["TimeBucketIndex"]
 
-_COMPACT_CHURN = 4096  # adds+pops on a ledger before its live bitmap is compacted (at least)
-
 
 class TimeBucketIndex:
     """Pending nacks by bucket time, ledger and entry id.
@@ -51,7 +49,7 @@ class TimeBucketIndex:
     """
 
     __slots__ = ("precision_bits", "rounding", "_add", "_mask", "_lay", "_wshift", "_oshift", "_omask",
-                 "_slot_limit", "_windows", "_wheap", "_slots", "_ledgers", "_free", "_multi", "_ghosts",
+                 "_slot_limit", "_windows", "_wheap", "_by_id", "_ledgers", "_free", "_multi", "_ghosts",
                  "_ghost_copies", "_count", "_hot_bucket", "_hot_led", "_hot_win", "_hot_off", "_hot_dense",
                  "_hot_start")
 
@@ -64,7 +62,7 @@ class TimeBucketIndex:
         self._omask = (1 << lay.offset_bits) - 1
         self._windows: dict[int, Window] = {}
         self._wheap: list[int] = []  # window ids; one per window in _windows
-        self._slots: dict[int, int] = {}  # ledger id -> slot
+        self._by_id: dict[int, Ledger] = {}  # ledger id -> its record
         self._ledgers: list[Ledger | None] = []  # by slot
         self._free: list[int] = []  # freed slots
         self._multi: dict[tuple[int, int], int] = {}  # (slot, entry) -> live occurrences (>= 2)
@@ -98,22 +96,41 @@ class TimeBucketIndex:
         bucket = (due_ms + self._add) & self._mask
         led = self._hot_led
         if led is None or led.ledger_id != ledger_id:
-            led = self._ledger(ledger_id)
-        live = led.live
-        if entry_id >> 32 or led.ghost is not None or entry_id in live:
+            led = self._by_id.get(ledger_id)
+            if led is None:
+                led = self._ledger(ledger_id)
+        if entry_id >> 32 or led.ghost is not None:
             self._add_again(led, entry_id, bucket)
             return
-        live.add(entry_id)
-        led.copies += 1
+        try:
+            led.live.add_checked(entry_id)
+        except KeyError:  # already pending somewhere
+            self._add_again(led, entry_id, bucket)
+            return
         self._count += 1
-        if bucket == self._hot_bucket and led is self._hot_led and self._hot_dense is None:
-            w = self._hot_win  # the common burst: same cell as the last add, still sparse
-            w.copies += 1
+        if bucket == self._hot_bucket and led is self._hot_led:  # a burst into the last cell
+            w = self._hot_win
+            cell = self._hot_dense
+            if cell is not None:
+                cell.add(entry_id)
+                return
             w.packed.append(self._hot_off << self._oshift | led.slot << 32 | entry_id)
             if len(w.packed) - self._hot_start >= PROMOTE:
                 self._promote(w)
             return
-        self._put(led, entry_id, bucket)
+        w = self._windows.get(bucket >> self._wshift)
+        if w is None or w.dense or self._hot_dense is not None or led.slot >= self._slot_limit:
+            self._put(led, entry_id, bucket)
+            return
+        # another sparse cell of an existing window (interleaved traffic): inline _make_hot
+        led.churn += 1
+        if led.churn >= led.compact_at:
+            led.compact()
+        off = (bucket >> self.precision_bits) & self._omask
+        packed = w.packed
+        self._hot_start = len(packed)
+        packed.append(off << self._oshift | led.slot << 32 | entry_id)
+        self._hot_bucket, self._hot_led, self._hot_win, self._hot_off = bucket, led, w, off
 
     def add_many(self, ledger_id: int, entry_ids: Iterable[int], due_ms: int) -> None:
         """Track many entries of one ledger, all due at ``due_ms``.
@@ -141,24 +158,22 @@ class TimeBucketIndex:
         bucket = (due_ms + self._add) & self._mask
         led.live = merge_into(led.live, new)
         n = len(new)
-        led.copies += n
         led.churn += n
         self._count += n
         w, off, cell = self._make_hot(led, bucket)
-        w.copies += n
         self._hot_dense = self._set_cell(w, off, led.slot, new if cell is None else merge_into(cell, new))
 
     def _ledger(self, ledger_id: int) -> Ledger:
-        slot = self._slots.get(ledger_id)
-        if slot is not None:
-            return self._ledgers[slot]
+        led = self._by_id.get(ledger_id)
+        if led is not None:
+            return led
         slot = self._free.pop() if self._free else len(self._ledgers)
         led = Ledger(ledger_id, slot)
         if slot == len(self._ledgers):
             self._ledgers.append(led)
         else:
             self._ledgers[slot] = led
-        self._slots[ledger_id] = slot
+        self._by_id[ledger_id] = led
         return led
 
     def _add_again(self, led: Ledger, entry_id: int, bucket: int) -> None:
@@ -179,7 +194,6 @@ class TimeBucketIndex:
         if ghost is not None:
             ghost.revive(bucket)
         self._inc_live(led, entry_id)
-        led.copies += 1
         self._put(led, entry_id, bucket)
 
     def _inc_live(self, led: Ledger, entry_id: int) -> None:
@@ -199,7 +213,6 @@ class TimeBucketIndex:
             w, off, cell = self._hot_win, self._hot_off, self._hot_dense
         else:
             w, off, cell = self._make_hot(led, bucket)
-        w.copies += 1
         led.churn += 1
         slot = led.slot
         if cell is None and (entry_id >> 32 or slot >= self._slot_limit):
@@ -220,7 +233,7 @@ class TimeBucketIndex:
         if old_cell is not None and len(old_cell) >= PROMOTE:
             old_cell.run_optimize()  # a run just ended: bounded by one bitmap
             old_cell.shrink_to_fit()
-        if old is not None and old is not led and old.churn >= max(_COMPACT_CHURN, len(old.live) >> 2):
+        if old is not None and old is not led and old.churn >= old.compact_at:
             old.compact()
         wid = bucket >> self._wshift
         w = self._windows.get(wid)
@@ -289,13 +302,10 @@ class TimeBucketIndex:
         if type(ledger_id) is not int or type(entry_id) is not int or (ledger_id | entry_id) >> 63:
             ledger_id = check_int("ledger_id", ledger_id)
             entry_id = check_int("entry_id", entry_id)
-        slot = self._slots.get(ledger_id)
-        if slot is None:
+        led = self._by_id.get(ledger_id)
+        if led is None or not led.has(entry_id):
             return False
-        led = self._ledgers[slot]
-        if not led.has(entry_id):
-            return False
-        key = (slot, entry_id)
+        key = (led.slot, entry_id)
         n = 1
         if led.multi is not None and entry_id in led.multi:
             n = self._multi.pop(key)
@@ -338,6 +348,8 @@ class TimeBucketIndex:
             if front is None or front[0] > now_ms:
                 return out
             bucket, w, off = front
+            if self._hot_win is w and self._hot_off == off:
+                self._reset_hot()  # its cell leaves the index
             rows = []
             for slot, cell in w.dense.pop(off).items():
                 led = self._ledgers[slot]
@@ -349,9 +361,7 @@ class TimeBucketIndex:
     def _release(self, led: Ledger, w: Window, bucket: int, cell: BitMap | BitMap64) -> None:
         """Account for a popped cell (ghost copies already dropped)."""
         n = len(cell)
-        led.copies -= n
         led.churn += n
-        w.copies -= n
         self._count -= n
         gone = cell
         if led.ghost is not None:
@@ -376,11 +386,11 @@ class TimeBucketIndex:
                     gone.discard(e)
         live = led.live
         live.difference_update(gone if type(gone) is type(live) else BitMap64(gone))
-        if led.copies == 0:
+        if not led.live and led.ghost is None:
             self._drop_ledger(led)
 
     def _drop_ledger(self, led: Ledger) -> None:
-        del self._slots[led.ledger_id]
+        del self._by_id[led.ledger_id]
         self._ledgers[led.slot] = None
         self._free.append(led.slot)
         if self._hot_led is led:
@@ -406,7 +416,7 @@ class TimeBucketIndex:
         while heap:
             wid = heap[0]
             w = windows[wid]
-            if w.copies == 0:
+            if not w.packed and not w.dense:
                 heapq.heappop(heap)
                 del windows[wid]
                 if self._hot_win is w:
@@ -484,8 +494,6 @@ class TimeBucketIndex:
                 if ghost.is_live_in(bucket):
                     continue
                 cell.discard(e)
-                led.copies -= 1
-                w.copies -= 1
                 self._ghost_copies -= 1
                 ghost.count -= 1
                 if not ghost.count:
@@ -494,7 +502,7 @@ class TimeBucketIndex:
                 del cells[slot]
                 if self._hot_dense is cell:
                     self._reset_hot()
-                if led.copies == 0:
+                if not led.live and led.ghost is None:
                     self._drop_ledger(led)
         if not cells:
             del w.dense[off]
@@ -526,13 +534,13 @@ class TimeBucketIndex:
             return False
         if type(ledger_id) is not int or type(entry_id) is not int or entry_id < 0:
             return False
-        slot = self._slots.get(ledger_id)
-        return slot is not None and self._ledgers[slot].has(entry_id)
+        led = self._by_id.get(ledger_id)
+        return led is not None and led.has(entry_id)
 
     def has_ledger(self, ledger_id: int) -> bool:
         """Whether anything of this ledger is pending. Runtime complexity: O(1)."""
-        slot = self._slots.get(ledger_id)
-        return slot is not None and bool(self._ledgers[slot].live)
+        led = self._by_id.get(ledger_id)
+        return led is not None and bool(led.live)
 
     def bucket_count(self) -> int:
         """Distinct bucket times pending. Runtime complexity: O(n log n) (walks everything)."""
@@ -602,7 +610,7 @@ class TimeBucketIndex:
         buckets or acked while pending); never O(messages).
         """
         size = sys.getsizeof
-        total = (size(self) + size(self._windows) + size(self._wheap) + size(self._slots)
+        total = (size(self) + size(self._windows) + size(self._wheap) + size(self._by_id)
                  + size(self._ledgers) + size(self._free) + size(self._multi) + size(self._ghosts))
         for wid, w in self._windows.items():
             total += size(wid) + size(w) + size(w.packed) + size(w.dense) + size(w.dense_offs)
