@@ -74,18 +74,25 @@ class Layout:
 class Window:
     """One time window: packed sparse copies plus dense cells.
 
-    ``packed[:sorted_upto]`` is sorted once the window has been opened (it is
-    the front of the time order); appends after that form an unsorted tail.
-    ``sorted_upto == -1``: never opened. ``dense``: offset -> slot -> bitmap;
-    ``dense_offs``: a heap of the offsets in ``dense`` (stale ones skipped).
-    The window is empty when both are.
+    Before the window reaches the front of the time order ``upto == -1`` and
+    ``packed`` is in arrival order. Opening it sorts ``packed`` in place (in
+    C); then ``packed[pos:upto]`` is the sorted remainder (``pos`` advances as
+    buckets are taken; the taken prefix is cut off once it is an eighth of the
+    array), ``packed[upto:]`` the unsorted tail of adds since, and
+    ``tail_min`` the smallest offset in that tail. ``dense``: offset -> slot
+    -> bitmap; ``dense_offs``: a heap of the offsets in ``dense`` (stale ones
+    skipped). The window is empty when nothing is left in either.
     """
 
-    __slots__ = ("packed", "sorted_upto", "dense", "dense_offs")
+    __slots__ = ("packed", "pos", "upto", "tail_min", "dense", "dense_offs")
+
+    NO_TAIL = 1 << 64
 
     def __init__(self) -> None:
         self.packed = array.array("Q")
-        self.sorted_upto = -1
+        self.pos = 0
+        self.upto = -1
+        self.tail_min = self.NO_TAIL
         self.dense: dict[int, dict[int, BitMap | BitMap64]] = {}
         self.dense_offs: list[int] = []
 
@@ -94,6 +101,9 @@ class Window:
         if not self.packed:
             return np.zeros(0, dtype=np.uint64)
         return np.frombuffer(self.packed, dtype=np.uint64)
+
+    def empty(self) -> bool:
+        return self.pos == len(self.packed) and not self.dense
 
 
 class Ledger:

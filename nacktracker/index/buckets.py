@@ -15,6 +15,7 @@ dense bursts alike. The pieces are in :mod:`._parts`; the layout is:
 from __future__ import annotations
 
 import array
+import bisect
 import heapq
 import sys
 from typing import Iterable, Iterator
@@ -130,6 +131,8 @@ class TimeBucketIndex:
         packed = w.packed
         self._hot_start = len(packed)
         packed.append(off << self._oshift | led.slot << 32 | entry_id)
+        if off < w.tail_min and w.upto >= 0:  # an add into a window already open
+            w.tail_min = off
         self._hot_bucket, self._hot_led, self._hot_win, self._hot_off = bucket, led, w, off
 
     def add_many(self, ledger_id: int, entry_ids: Iterable[int], due_ms: int) -> None:
@@ -224,6 +227,8 @@ class TimeBucketIndex:
             self._hot_dense = cell
             return
         w.packed.append(off << self._oshift | slot << 32 | entry_id)
+        if off < w.tail_min and w.upto >= 0:
+            w.tail_min = off
         if len(w.packed) - self._hot_start >= PROMOTE:
             self._promote(w)
 
@@ -285,10 +290,13 @@ class TimeBucketIndex:
                 return True
         if entry_id >> 32 or led.slot >= self._slot_limit or not w.packed:
             return False
-        v = np.uint64(off << self._oshift | led.slot << 32 | entry_id)
-        view, k = w.view(), max(0, w.sorted_upto)
-        i = int(np.searchsorted(view[:k], v))
-        return (i < k and view[i] == v) or bool((view[k:] == v).any())
+        v = off << self._oshift | led.slot << 32 | entry_id
+        if w.upto < 0:
+            return bool((w.view() == np.uint64(v)).any())
+        i = bisect.bisect_left(w.packed, v, w.pos, w.upto)
+        if i < w.upto and w.packed[i] == v:
+            return True
+        return len(w.packed) > w.upto and bool((w.view()[w.upto:] == np.uint64(v)).any())
 
     # -- removing -------------------------------------------------------------
 
@@ -416,7 +424,7 @@ class TimeBucketIndex:
         while heap:
             wid = heap[0]
             w = windows[wid]
-            if not w.packed and not w.dense:
+            if w.empty():
                 heapq.heappop(heap)
                 del windows[wid]
                 if self._hot_win is w:
@@ -430,55 +438,63 @@ class TimeBucketIndex:
         return None
 
     def _front_offset(self, w: Window) -> int:
-        if w.sorted_upto < 0 or len(w.packed) - w.sorted_upto > max(64, w.sorted_upto >> 3):
+        tail = len(w.packed) - w.upto
+        if w.upto < 0 or tail > max(256, (w.upto - w.pos) >> 3):
             self._sort(w)  # first time at the front, or a long unsorted tail
-        lay, best = self._lay, self._omask + 1
-        if w.packed:
-            if w.sorted_upto:
-                best = lay.offset_of(w.packed[0])
-            if len(w.packed) > w.sorted_upto:
-                best = min(best, lay.offset_of(int(w.view()[w.sorted_upto:].min())))
+        best = w.tail_min
+        if w.pos < w.upto:
+            best = min(best, self._lay.offset_of(w.packed[w.pos]))
         offs = w.dense_offs
         while offs and offs[0] not in w.dense:
             heapq.heappop(offs)
         return min(best, offs[0]) if offs else best
 
     def _sort(self, w: Window) -> None:
-        """Sort the window's array in place, in C. Runtime: O(w log w)."""
+        """Sort what is left of the window's array in place, in C. Runtime: O(w log w)."""
         self._reset_hot()  # the hot run's copies no longer sit at the tail
+        if w.pos:
+            del w.packed[:w.pos]
         if w.packed:
             w.view().sort()
-        w.sorted_upto = len(w.packed)
+        w.pos, w.upto, w.tail_min = 0, len(w.packed), Window.NO_TAIL
 
     def _gather(self, w: Window, off: int, bucket: int) -> None:
         """Move the sparse copies of bucket ``off`` into its dense cells and
-        drop its ghost copies. Runtime: O(w) in C plus O(k) for k copies moved."""
-        lay, k = self._lay, w.sorted_upto
-        view = w.view()
-        take = np.zeros(0, dtype=np.uint64)
-        if len(view):
-            j = 0
-            if k and lay.offset_of(int(view[0])) == off:
-                j = k if off == self._omask else int(np.searchsorted(view[:k], np.uint64((off + 1) << lay.offset_shift)))
-            tail = view[k:]
-            hit = lay.offsets(tail) == off if len(tail) else np.zeros(0, dtype=bool)
-            if j or hit.any():
-                self._reset_hot()
-                take = np.concatenate((view[:j], tail[hit]))
-                rest = np.concatenate((view[j:k], tail[~hit]))
-                w.packed = array.array("Q")
-                w.packed.frombytes(rest.tobytes())
-                w.sorted_upto = k - j
-            del tail
-        del view
-        if len(take):
-            slots = (take >> np.uint64(32)) & np.uint64(self._slot_limit - 1)
-            entries = take & np.uint64(M32)
-            for s in np.unique(slots).tolist():
-                ids = bitmap_of(entries[slots == s])
+        drop its ghost copies. Runtime: O(log w + k) for k copies from the
+        sorted part; O(t) in C more when the unsorted tail of t has some."""
+        lay, packed = self._lay, w.packed
+        take: list[int] = []
+        if w.pos < w.upto and lay.offset_of(packed[w.pos]) == off:
+            j = w.upto if off == self._omask else bisect.bisect_left(
+                packed, (off + 1) << lay.offset_shift, w.pos, w.upto)
+            take = packed[w.pos:j].tolist()
+            w.pos = j
+        if w.tail_min == off:
+            view = w.view()
+            tail = view[w.upto:]
+            offs = lay.offsets(tail)
+            hit = offs == off
+            take += tail[hit].tolist()
+            rest, rest_offs = tail[~hit], offs[~hit]
+            del view, tail
+            del packed[w.upto:]
+            packed.frombytes(rest.tobytes())
+            w.tail_min = int(rest_offs.min()) if len(rest_offs) else Window.NO_TAIL
+        if take:
+            self._reset_hot()
+            if w.pos >= 1024 and w.pos * 8 >= len(packed):  # cut the taken prefix: amortised O(1)
+                del packed[:w.pos]
+                w.upto -= w.pos
+                w.pos = 0
+            by_slot: dict[int, list[int]] = {}
+            smask = self._slot_limit - 1
+            for v in take:
+                by_slot.setdefault(v >> 32 & smask, []).append(v & M32)
+            for s, ids in by_slot.items():
                 cells = w.dense.get(off)
                 cell = None if cells is None else cells.get(s)
-                self._set_cell(w, off, s, ids if cell is None else merge_into(cell, ids))
+                new = BitMap(ids)
+                self._set_cell(w, off, s, new if cell is None else merge_into(cell, new))
         if self._ghost_copies and off in w.dense:
             self._drop_ghosts(w, off, bucket)
 
@@ -561,7 +577,7 @@ class TimeBucketIndex:
             for off, by_slot in w.dense.items():
                 for slot, cell in by_slot.items():
                     cells[off, slot] = type(cell)(cell)
-            view = w.view()
+            view = w.view()[w.pos:]
             if len(view):
                 offs = lay.offsets(view)
                 slots = (view >> np.uint64(32)) & np.uint64(self._slot_limit - 1)

@@ -1,0 +1,275 @@
+"""The index on real client traffic: the grid of issue 12, a fresh process per cell.
+
+Traffic of one consumer: nacks arrive at ``rate`` per second, each message
+``k`` entries after the previous nacked one of its ledger, round-robin over
+``ledgers`` interleaved ledgers, each with its own delay: ``backoff`` (one of
+1, 2, 4, 8, 16, 32, 60 s, equally likely: messages at every redelivery count)
+or ``uniform`` (0.1-60 s). The driver plays it millisecond by millisecond like
+a live tracker (adds, then ``pop_due`` whenever ``next_due_ms()`` has come)
+for ``seconds`` of simulated time (60 s of delays fill, then steady state),
+then measures in that process:
+
+* memory: RSS growth since before the index was made, and ``nbytes()``, per
+  pending message (both indexes hold exactly the same set at the end);
+* CPU per call at that steady state: ``add`` (the stream goes on), ``discard``
+  of a pending id (hit) and of an id that is not pending (miss: a message
+  between two nacked ones, what every ``acknowledge`` does).
+
+DictIndex runs the same cell in its own fresh process, in the same run (its
+memory does not depend on ``bits``: once per cell). Its pops come from a
+scan every 2 s instead of every ms (a scan is O(n)); the end state is the same.
+
+Two scenarios beside the grid:
+
+* ``flatness``: discard-miss CPU at 30k, 100k and 300k pending (bits 0);
+* ``parked``: one nack parked for an hour, then 10,000 nacks/s for 90 s:
+  the longest single ``add`` and ``pop_due`` (the timer callback's work).
+
+    python bench/index_grid.py --out bench/results/index-grid    # full: ~15 min on 2 cores
+    python bench/index_grid.py --quick --out /tmp/grid            # seconds (the test runs it)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import itertools
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+BACKOFF_MS = (1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 60_000)
+FULL = dict(delays=("backoff", "uniform"), ks=(1, 3, 8, 20), ledgers=(1, 16),
+            rates=(10, 100, 1_000, 10_000), bits=(0, 4, 8, 10), seconds=75)
+QUICK = dict(delays=("uniform",), ks=(3,), ledgers=(16,), rates=(1_000,), bits=(0, 8), seconds=4,
+             target_pending=2_000)
+FULL["target_pending"] = 100_000
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One traffic shape of the grid."""
+
+    delays: str
+    k: int
+    ledgers: int
+    rate: int
+    seconds: int
+
+    def label(self) -> str:
+        return f"{self.delays} k={self.k} L={self.ledgers} {self.rate}/s"
+
+
+class Traffic:
+    """The nack stream of a cell, generated on the fly (no per-message state,
+    so the driver adds nothing to the RSS being measured)."""
+
+    def __init__(self, cell: Cell, seed: int = 1) -> None:
+        self.cell = cell
+        self.rng = random.Random(seed)
+        self.next_entry = [0] * cell.ledgers
+        self.i = 0
+
+    def delay(self) -> int:
+        if self.cell.delays == "backoff":
+            return BACKOFF_MS[self.rng.randrange(len(BACKOFF_MS))]
+        return self.rng.randint(100, 60_000)
+
+    def nack(self) -> tuple[int, int, int]:
+        """``(ledger_id, entry_id, delay_ms)`` of the next nack."""
+        j = self.i % self.cell.ledgers
+        self.i += 1
+        entry = self.next_entry[j]
+        self.next_entry[j] = entry + self.cell.k
+        return 1_000_000 + 7 * j, entry, self.delay()
+
+    def per_ms(self, t_ms: int) -> int:
+        """Nacks arriving during millisecond ``t_ms`` (an even spread)."""
+        r = self.cell.rate
+        return (t_ms + 1) * r // 1000 - t_ms * r // 1000
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _per_call_ns(fn, args: list) -> float:
+    gc.disable()
+    try:
+        t = time.perf_counter()
+        for a in args:
+            fn(*a)
+        return (time.perf_counter() - t) / max(1, len(args)) * 1e9
+    finally:
+        gc.enable()
+
+
+def replicas_for(cell: Cell, target_pending: int) -> int:
+    """Independent consumers per process, so small cells rise above page noise."""
+    mean_delay_s = sum(BACKOFF_MS) / len(BACKOFF_MS) / 1000 if cell.delays == "backoff" else 30.05
+    return max(1, round(target_pending / (cell.rate * mean_delay_s)))
+
+
+def measure_cell(index: str, cell: Cell, bits: int, target_pending: int = 100_000, calls: int = 3000) -> dict:
+    """Play a cell in this process and measure it (run it in a fresh one).
+
+    Low-rate cells run ``replicas_for`` independent consumers (each its own
+    index and stream) so RSS growth is well above page granularity; figures
+    are per pending message over all of them, per-call CPU is replica 0's.
+    """
+    import nacktracker
+
+    cls = getattr(nacktracker, index)
+    n = replicas_for(cell, target_pending)
+    streams = [Traffic(cell, seed=j + 1) for j in range(n)]
+    t0 = 1_000_000_000
+    gc.collect()
+    before = rss_bytes()
+    indexes = [cls(precision_bits=bits) for _ in range(n)]
+    live = index == "TimeBucketIndex"  # pops as its timer would; the dict baseline scans every 2 s
+    due_at: list = [None] * n
+    recent: list[tuple[int, int]] = []  # a few pending ids of replica 0, for the discard-hit timing
+    end = cell.seconds * 1000
+    arrivals = cell.rate * cell.seconds
+    next_scan = 0
+    for i in range(arrivals):
+        now = t0 + i * 1000 // cell.rate
+        if not live and now >= next_scan:
+            for idx in indexes:
+                idx.pop_due(now)
+            next_scan = now + 2_000
+        for j in range(n):
+            idx = indexes[j]
+            if live and due_at[j] is not None and due_at[j] <= now:
+                idx.pop_due_bitmaps(now)
+                due_at[j] = None
+            ledger, entry, delay = streams[j].nack()
+            idx.add(ledger, entry, now + delay)
+            if live and (due_at[j] is None or now + delay < due_at[j]):
+                due_at[j] = idx.next_due_ms()
+            if j == 0 and delay >= 10_000 and len(recent) < calls and now - t0 > end - 5_000:
+                recent.append((ledger, entry))
+    now = t0 + end
+    for idx in indexes:
+        idx.pop_due(now)  # both indexes now hold exactly the nacks due after `now`
+    gc.collect()
+    grown = rss_bytes() - before
+    nbytes, pending = sum(i.nbytes() for i in indexes), sum(map(len, indexes))
+    more = [(lg, e, now + d) for lg, e, d in (streams[0].nack() for _ in range(calls))]
+    misses = [(lg, e + 1 if cell.k > 1 else e + 10**9) for lg, e, _ in more]
+    return {
+        "index": index, **asdict(cell), "bits": bits, "replicas": n, "pending": pending, "nbytes": nbytes,
+        "rss_growth": grown, "nbytes_per_pending": nbytes / max(1, pending),
+        "rss_per_pending": grown / max(1, pending),
+        "discard_miss_ns": _per_call_ns(indexes[0].discard, misses),
+        "add_ns": _per_call_ns(indexes[0].add, more),
+        "discard_hit_ns": _per_call_ns(indexes[0].discard, recent),
+        "hits": len(recent),
+    }
+
+
+def flatness(sizes=(30_000, 100_000, 300_000), calls: int = 20_000) -> list[dict]:
+    """Discard-miss CPU per call at growing pending counts (bits 0, 16 ledgers, uniform)."""
+    import nacktracker
+
+    rows = []
+    for index in ("TimeBucketIndex", "DictIndex"):
+        for n in sizes:
+            traffic = Traffic(Cell("uniform", 3, 16, 1000, 0))
+            idx = getattr(nacktracker, index)(precision_bits=0)
+            nacks = [traffic.nack() for _ in range(n)]
+            for lg, e, d in nacks:
+                idx.add(lg, e, 1_000_000 + d)
+            misses = [(lg, e + 1) for lg, e, _ in nacks[:: max(1, n // calls)]]
+            best = min(_per_call_ns(idx.discard, misses) for _ in range(3))
+            rows.append({"index": index, "pending": len(idx), "discard_miss_ns": best})
+    return rows
+
+
+def parked(rate: int = 10_000, seconds: int = 90, bits: int = 0) -> dict:
+    """One nack parked for an hour, then ``rate`` nacks/s: the longest single
+    ``add`` and ``pop_due`` (as the tracker's timer calls it)."""
+    import nacktracker
+
+    idx = nacktracker.TimeBucketIndex(precision_bits=bits)
+    traffic = Traffic(Cell("uniform", 1, 16, rate, seconds))
+    t0 = 1_000_000_000
+    idx.add(1, 1, t0 + 3_600_000)
+    worst_add = worst_pop = 0.0
+    adds = pops = 0
+    clock = time.perf_counter
+    gc.disable()
+    try:
+        due_at = None
+        for t in range(seconds * 1000):
+            now = t0 + t
+            for _ in range(traffic.per_ms(t)):
+                ledger, entry, delay = traffic.nack()
+                a = clock()
+                idx.add(ledger, entry, now + delay)
+                worst_add = max(worst_add, clock() - a)
+                adds += 1
+            if due_at is None or due_at <= now:
+                a = clock()
+                idx.pop_due_bitmaps(now)
+                due_at = idx.next_due_ms()
+                worst_pop = max(worst_pop, clock() - a)
+                pops += 1
+    finally:
+        gc.enable()
+    return {"rate": rate, "seconds": seconds, "bits": bits, "adds": adds, "pops": pops, "pending": len(idx),
+            "max_add_ms": worst_add * 1e3, "max_pop_ms": worst_pop * 1e3}
+
+
+# -- running the grid ------------------------------------------------------------------
+
+def _fresh(args: list[str]) -> dict:
+    out = subprocess.run([sys.executable, __file__, *args], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def configurations(spec: dict) -> list[tuple[str, Cell, int]]:
+    out = []
+    for delays, k, ledgers, rate in itertools.product(spec["delays"], spec["ks"], spec["ledgers"], spec["rates"]):
+        cell = Cell(delays, k, ledgers, rate, spec["seconds"])
+        out.append(("DictIndex", cell, 0))
+        out.extend(("TimeBucketIndex", cell, bits) for bits in spec["bits"])
+    return out
+
+
+def run(quick: bool = False, workers: int = 2, progress=None) -> dict:
+    spec = QUICK if quick else FULL
+    configs = configurations(spec)
+    load = os.getloadavg()
+
+    def one(cfg):
+        index, cell, bits = cfg
+        row = _fresh(["--one", index, json.dumps(asdict(cell)), str(bits), str(spec["target_pending"])])
+        if progress:
+            progress(f"grid {index} {cell.label()} bits={bits}")
+        return row
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:  # each cell is its own process
+        rows = list(pool.map(one, configs))
+    extra = _fresh(["--scenarios", "1" if quick else "0"])
+    return {"quick": quick, "spec": spec, "rows": rows, **extra,
+            "loadavg_before": load, "loadavg_after": os.getloadavg()}
+
+
+def scenarios(quick: bool) -> dict:
+    return {"flatness": flatness((3_000, 30_000) if quick else (30_000, 100_000, 300_000)),
+            "parked": parked(seconds=3 if quick else 90)}
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from index_grid_report import main
+
+    sys.exit(main(sys.argv[1:]))
