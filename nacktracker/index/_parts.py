@@ -19,10 +19,11 @@ from pyroaring import BitMap, BitMap64
 
 from .._checks import U32
 
-#: A window spans at least 2^12 ms: big enough that sparse traffic shares one
-#: array per window, small enough that sorting one window when it comes due
-#: stays well under a millisecond at 10,000 nacks/s.
-WINDOW_BITS = 12
+#: A window spans at least 2^14 ms (16 s): big enough that sparse traffic
+#: shares one array per window (4 windows cover 60 s of delays), small enough
+#: that sorting one window when it comes to the front (in C) stays near a
+#: millisecond at 10,000 nacks/s.
+WINDOW_BITS = 14
 #: A (bucket, ledger) cell that gets this many adds in a row becomes a Roaring
 #: bitmap (2 bytes per id or less, runs for consecutive ids) instead of 8 bytes
 #: per id in the window's array.
@@ -71,6 +72,10 @@ class Layout:
         return value >> self.offset_shift if self.offset_bits else 0
 
 
+NO_CELLS: dict = {}
+NO_OFFSETS: list = []
+
+
 class Window:
     """One time window: packed sparse copies plus dense cells.
 
@@ -81,7 +86,10 @@ class Window:
     array), ``packed[upto:]`` the unsorted tail of adds since, and
     ``tail_min`` the smallest offset in that tail. ``dense``: offset -> slot
     -> bitmap; ``dense_offs``: a heap of the offsets in ``dense`` (stale ones
-    skipped). The window is empty when nothing is left in either.
+    skipped); both are the shared empty :data:`NO_CELLS`/:data:`NO_OFFSETS`
+    (never written to) until the window's first dense cell, so a sparse
+    window costs its object and its array only. The window is empty when
+    nothing is left in either.
     """
 
     __slots__ = ("packed", "pos", "upto", "tail_min", "dense", "dense_offs")
@@ -93,8 +101,8 @@ class Window:
         self.pos = 0
         self.upto = -1
         self.tail_min = self.NO_TAIL
-        self.dense: dict[int, dict[int, BitMap | BitMap64]] = {}
-        self.dense_offs: list[int] = []
+        self.dense: dict[int, dict[int, BitMap | BitMap64]] = NO_CELLS  # made on the first cell
+        self.dense_offs: list[int] = NO_OFFSETS
 
     def view(self) -> np.ndarray:
         """A zero-copy uint64 view of ``packed``; drop it before appending."""
@@ -107,40 +115,27 @@ class Window:
 
 
 class Ledger:
-    """What the index knows about one ledger (keyed by its slot).
+    """What the index knows about one ledger, besides its live ids.
 
-    ``live``: entry ids with at least one live occurrence (the "pending
-    anywhere" bitmap); ``multi``: the few ids pending in two or more buckets
-    (their counts live in the index's ``_multi``); ``ghost``: ids acked while
-    pending whose copies still sit in cells (records in ``_ghosts``). The
-    record (and its slot) goes when both ``live`` and ``ghost`` are empty: no
-    copy of the ledger is left in any cell. ``churn``: adds and pops since ``live`` was last compacted.
+    The live ids ("pending anywhere") of every ledger share one index-wide
+    ``BitMap64`` keyed ``slot << 32 | entry`` (``key`` is ``slot << 32``): a
+    ledger with a handful of pending ids costs a container, not a bitmap.
+    ``wide``: its live ids >= 2^32 (rare); ``multi``: the few ids pending in
+    two or more buckets (their counts live in the index's ``_multi``);
+    ``ghost``: ids acked while pending whose copies still sit in cells
+    (records in ``_ghosts``). The record (and its slot) goes when the ledger
+    has no live id and no ghost: no copy of it is left in any cell.
     """
 
-    __slots__ = ("ledger_id", "slot", "live", "multi", "ghost", "churn", "compact_at")
+    __slots__ = ("ledger_id", "slot", "key", "wide", "multi", "ghost")
 
     def __init__(self, ledger_id: int, slot: int) -> None:
         self.ledger_id = ledger_id
         self.slot = slot
-        self.live: BitMap | BitMap64 = BitMap()
+        self.key = slot << 32
+        self.wide: BitMap64 | None = None
         self.multi: set[int] | None = None
         self.ghost: set[int] | None = None
-        self.churn = 0
-        self.compact_at = COMPACT_CHURN
-
-    def has(self, entry_id: int) -> bool:
-        return (entry_id < U32 or type(self.live) is BitMap64) and entry_id in self.live
-
-    def widen(self) -> BitMap64:
-        if type(self.live) is not BitMap64:
-            self.live = BitMap64(self.live)
-        return self.live
-
-    def compact(self) -> None:
-        self.live.run_optimize()
-        self.live.shrink_to_fit()
-        self.churn = 0
-        self.compact_at = max(COMPACT_CHURN, len(self.live) >> 2)
 
 
 class Ghost:

@@ -2,7 +2,7 @@
 out to stay small on real client traffic (sparse cells) and on seed 000's
 dense bursts alike. The pieces are in :mod:`._parts`; the layout is:
 
-* windows of ``2^max(bits, 12)`` ms in a dict, their ids in a heap (the time
+* windows of ``2^max(bits, 14)`` ms in a dict, their ids in a heap (the time
   order: one entry per window, not per bucket or per (bucket, ledger));
 * inside a window, sparse copies packed 8 bytes each in one ``array('Q')``
   (sorted in C when the window comes to the front), and dense cells (one
@@ -25,7 +25,7 @@ from pyroaring import BitMap, BitMap64
 
 from .._checks import MAX_DUE, check_int, check_precision, entry_array
 from ._bytes import _roaring_bytes
-from ._parts import M32, PROMOTE, Ghost, Layout, Ledger, Window, bitmap_of, common, has, merge_into
+from ._parts import COMPACT_CHURN, M32, NO_CELLS, PROMOTE, Ghost, Layout, Ledger, Window, bitmap_of, common, has, merge_into
 
 __all__ = ["TimeBucketIndex"]
 
@@ -51,7 +51,7 @@ class TimeBucketIndex:
 
     __slots__ = ("precision_bits", "rounding", "_add", "_mask", "_lay", "_wshift", "_oshift", "_omask",
                  "_slot_limit", "_windows", "_wheap", "_by_id", "_ledgers", "_free", "_multi", "_ghosts",
-                 "_ghost_copies", "_count", "_hot_bucket", "_hot_led", "_hot_win", "_hot_off", "_hot_dense",
+                 "_ghost_copies", "_count", "_live", "_churn", "_compact_at", "_hot_bucket", "_hot_led", "_hot_win", "_hot_off", "_hot_dense",
                  "_hot_start")
 
     def __init__(self, precision_bits: int = 8, rounding: str = "floor") -> None:
@@ -70,6 +70,8 @@ class TimeBucketIndex:
         self._ghosts: dict[tuple[int, int], Ghost] = {}  # (slot, entry) -> acked copies still in cells
         self._ghost_copies = 0
         self._count = 0  # live occurrences
+        self._live = BitMap64()  # slot << 32 | entry of every live id < 2^32 (see Ledger)
+        self._churn, self._compact_at = 0, COMPACT_CHURN  # changes to _live until its next compaction
         self._reset_hot()
 
     # -- adding ---------------------------------------------------------------
@@ -104,7 +106,7 @@ class TimeBucketIndex:
             self._add_again(led, entry_id, bucket)
             return
         try:
-            led.live.add_checked(entry_id)
+            self._live.add_checked(led.key | entry_id)
         except KeyError:  # already pending somewhere
             self._add_again(led, entry_id, bucket)
             return
@@ -124,9 +126,9 @@ class TimeBucketIndex:
             self._put(led, entry_id, bucket)
             return
         # another sparse cell of an existing window (interleaved traffic): inline _make_hot
-        led.churn += 1
-        if led.churn >= led.compact_at:
-            led.compact()
+        self._churn += 1
+        if self._churn >= self._compact_at:
+            self._compact_live()
         off = (bucket >> self.precision_bits) & self._omask
         packed = w.packed
         self._hot_start = len(packed)
@@ -153,15 +155,18 @@ class TimeBucketIndex:
             return
         new = BitMap(ids) if ids.typecode == "I" else BitMap64(ids)
         led = self._ledger(ledger_id)
-        if led.ghost is not None or (type(new) is type(led.live) and new.intersect(led.live)) or (
-                type(new) is not type(led.live) and BitMap64(new).intersect(BitMap64(led.live))):
+        keyed = self._keyed(led, new)
+        if led.ghost is not None or keyed.intersect(self._live) or (
+                led.wide is not None and type(new) is BitMap64 and new.intersect(led.wide)):
             for e in new:
                 self.add(ledger_id, e, due_ms)
             return
         bucket = (due_ms + self._add) & self._mask
-        led.live = merge_into(led.live, new)
+        self._live |= keyed
+        if type(new) is BitMap64 and new.max() >> 32:
+            led.wide = merge_into(led.wide or BitMap64(), BitMap64(e for e in new if e >> 32))
         n = len(new)
-        led.churn += n
+        self._churn += n
         self._count += n
         w, off, cell = self._make_hot(led, bucket)
         self._hot_dense = self._set_cell(w, off, led.slot, new if cell is None else merge_into(cell, new))
@@ -183,7 +188,7 @@ class TimeBucketIndex:
         """An add that may meet a copy already in its cell (pending, acked or wide)."""
         key = (led.slot, entry_id)
         ghost = self._ghosts.get(key) if led.ghost is not None and entry_id in led.ghost else None
-        if (led.has(entry_id) or ghost is not None) and self._holds(led, entry_id, bucket):
+        if (self._has(led, entry_id) or ghost is not None) and self._holds(led, entry_id, bucket):
             if ghost is None or ghost.is_live_in(bucket):
                 return  # already pending in this bucket
             ghost.count -= 1  # the acked copy in this cell comes back to life
@@ -200,15 +205,62 @@ class TimeBucketIndex:
         self._put(led, entry_id, bucket)
 
     def _inc_live(self, led: Ledger, entry_id: int) -> None:
-        if led.has(entry_id):
+        if self._has(led, entry_id):
             key = (led.slot, entry_id)
             self._multi[key] = self._multi.get(key, 1) + 1
             if led.multi is None:
                 led.multi = set()
             led.multi.add(entry_id)
         else:
-            (led.widen() if entry_id >> 32 else led.live).add(entry_id)
+            self._live_add(led, entry_id)
         self._count += 1
+
+    # -- live ids: one BitMap64 keyed slot << 32 | entry, plus per-ledger wide ids ----
+
+    def _has(self, led: Ledger, entry_id: int) -> bool:
+        if entry_id >> 32:
+            return led.wide is not None and entry_id in led.wide
+        return (led.key | entry_id) in self._live
+
+    def _live_add(self, led: Ledger, entry_id: int) -> None:
+        if entry_id >> 32:
+            if led.wide is None:
+                led.wide = BitMap64()
+            led.wide.add(entry_id)
+        else:
+            self._live.add(led.key | entry_id)
+
+    def _live_discard(self, led: Ledger, entry_id: int) -> None:
+        if entry_id >> 32:
+            led.wide.discard(entry_id)
+            if not led.wide:
+                led.wide = None
+        else:
+            self._live.discard(led.key | entry_id)
+
+    def _has_live(self, led: Ledger) -> bool:
+        """Whether the ledger has a live id. Runtime: O(log n) (two ranks)."""
+        if led.wide is not None:
+            return True
+        below = self._live.rank(led.key - 1) if led.key else 0
+        return self._live.rank(led.key | M32) > below
+
+    @staticmethod
+    def _keyed(led: Ledger, ids: BitMap | BitMap64) -> BitMap64:
+        """``ids`` below 2^32 as keys of ``_live``. Runtime: O(k) in C."""
+        if type(ids) is BitMap64 and ids and ids.max() >> 32:
+            ids = BitMap(e for e in ids if not e >> 32)
+        if len(ids) < 16:
+            return BitMap64(led.key | e for e in ids)
+        keys = np.asarray(ids.to_array(), dtype=np.uint64) + np.uint64(led.key)
+        return BitMap64(array.array("Q", keys.tobytes()))
+
+    def _compact_live(self) -> None:
+        """Run-optimise and shrink ``_live``: every quarter of its size in
+        changes (at least COMPACT_CHURN), so amortised O(1) per change."""
+        self._live.run_optimize()
+        self._live.shrink_to_fit()
+        self._churn, self._compact_at = 0, max(COMPACT_CHURN, len(self._live) >> 2)
 
     def _put(self, led: Ledger, entry_id: int, bucket: int) -> None:
         """Store one new physical copy (live state already updated)."""
@@ -216,7 +268,7 @@ class TimeBucketIndex:
             w, off, cell = self._hot_win, self._hot_off, self._hot_dense
         else:
             w, off, cell = self._make_hot(led, bucket)
-        led.churn += 1
+        self._churn += 1
         slot = led.slot
         if cell is None and (entry_id >> 32 or slot >= self._slot_limit):
             cell = self._set_cell(w, off, slot, BitMap64() if entry_id >> 32 else BitMap())
@@ -238,8 +290,6 @@ class TimeBucketIndex:
         if old_cell is not None and len(old_cell) >= PROMOTE:
             old_cell.run_optimize()  # a run just ended: bounded by one bitmap
             old_cell.shrink_to_fit()
-        if old is not None and old is not led and old.churn >= old.compact_at:
-            old.compact()
         wid = bucket >> self._wshift
         w = self._windows.get(wid)
         if w is None:
@@ -260,6 +310,8 @@ class TimeBucketIndex:
         self._hot_dense, self._hot_start = None, 0
 
     def _set_cell(self, w: Window, off: int, slot: int, cell):
+        if w.dense is NO_CELLS:
+            w.dense, w.dense_offs = {}, []
         cells = w.dense.get(off)
         if cells is None:
             cells = w.dense[off] = {}
@@ -311,7 +363,7 @@ class TimeBucketIndex:
             ledger_id = check_int("ledger_id", ledger_id)
             entry_id = check_int("entry_id", entry_id)
         led = self._by_id.get(ledger_id)
-        if led is None or not led.has(entry_id):
+        if led is None or not self._has(led, entry_id):
             return False
         key = (led.slot, entry_id)
         n = 1
@@ -320,7 +372,7 @@ class TimeBucketIndex:
             led.multi.discard(entry_id)
             if not led.multi:
                 led.multi = None
-        led.live.discard(entry_id)
+        self._live_discard(led, entry_id)
         self._count -= n
         self._ghost_copies += n
         ghost = self._ghosts.get(key)
@@ -369,7 +421,7 @@ class TimeBucketIndex:
     def _release(self, led: Ledger, w: Window, bucket: int, cell: BitMap | BitMap64) -> None:
         """Account for a popped cell (ghost copies already dropped)."""
         n = len(cell)
-        led.churn += n
+        self._churn += n
         self._count -= n
         gone = cell
         if led.ghost is not None:
@@ -392,9 +444,14 @@ class TimeBucketIndex:
                 gone = type(cell)(cell)
                 for e in still:
                     gone.discard(e)
-        live = led.live
-        live.difference_update(gone if type(gone) is type(live) else BitMap64(gone))
-        if not led.live and led.ghost is None:
+        self._live.difference_update(self._keyed(led, gone))
+        if led.wide is not None and type(gone) is BitMap64:
+            led.wide.difference_update(gone)
+            if not led.wide:
+                led.wide = None
+        if self._churn >= self._compact_at:
+            self._compact_live()
+        if led.ghost is None and not self._has_live(led):
             self._drop_ledger(led)
 
     def _drop_ledger(self, led: Ledger) -> None:
@@ -482,7 +539,7 @@ class TimeBucketIndex:
             w.tail_min = int(rest_offs.min()) if len(rest_offs) else Window.NO_TAIL
         if take:
             self._reset_hot()
-            if w.pos >= 1024 and w.pos * 8 >= len(packed):  # cut the taken prefix: amortised O(1)
+            if w.pos * 8 >= len(packed):  # cut the taken prefix: amortised O(1)
                 del packed[:w.pos]
                 w.upto -= w.pos
                 w.pos = 0
@@ -518,7 +575,7 @@ class TimeBucketIndex:
                 del cells[slot]
                 if self._hot_dense is cell:
                     self._reset_hot()
-                if not led.live and led.ghost is None:
+                if led.ghost is None and not self._has_live(led):
                     self._drop_ledger(led)
         if not cells:
             del w.dense[off]
@@ -551,12 +608,12 @@ class TimeBucketIndex:
         if type(ledger_id) is not int or type(entry_id) is not int or entry_id < 0:
             return False
         led = self._by_id.get(ledger_id)
-        return led is not None and led.has(entry_id)
+        return led is not None and self._has(led, entry_id)
 
     def has_ledger(self, ledger_id: int) -> bool:
         """Whether anything of this ledger is pending. Runtime complexity: O(1)."""
         led = self._by_id.get(ledger_id)
-        return led is not None and bool(led.live)
+        return led is not None and self._has_live(led)
 
     def bucket_count(self) -> int:
         """Distinct bucket times pending. Runtime complexity: O(n log n) (walks everything)."""
@@ -610,9 +667,7 @@ class TimeBucketIndex:
         adds to it ends and a ledger's live set every few thousand changes.
         Runtime complexity: O(all containers).
         """
-        for led in self._ledgers:
-            if led is not None:
-                led.compact()
+        self._compact_live()
         for w in self._windows.values():
             for cells in w.dense.values():
                 for cell in cells.values():
@@ -626,15 +681,19 @@ class TimeBucketIndex:
         buckets or acked while pending); never O(messages).
         """
         size = sys.getsizeof
-        total = (size(self) + size(self._windows) + size(self._wheap) + size(self._by_id)
+        total = _roaring_bytes(self._live) + (size(self) + size(self._windows) + size(self._wheap) + size(self._by_id)
                  + size(self._ledgers) + size(self._free) + size(self._multi) + size(self._ghosts))
         for wid, w in self._windows.items():
-            total += size(wid) + size(w) + size(w.packed) + size(w.dense) + size(w.dense_offs)
+            total += size(wid) + size(w) + size(w.packed)
+            if w.dense is not NO_CELLS:
+                total += size(w.dense) + size(w.dense_offs)
             for cells in w.dense.values():
                 total += size(cells) + sum(map(_roaring_bytes, cells.values()))
         for led in self._ledgers:
             if led is not None:
-                total += size(led) + size(led.ledger_id) + size(led.slot) + _roaring_bytes(led.live)
+                total += size(led) + size(led.ledger_id) + size(led.slot) + size(led.key)
+                if led.wide is not None:
+                    total += _roaring_bytes(led.wide)
                 for extra in (led.multi, led.ghost):
                     if extra is not None:
                         total += size(extra) + sum(map(size, extra))
