@@ -520,40 +520,57 @@ class TimeBucketIndex:
         drop its ghost copies. Runtime: O(log w + k) for k copies from the
         sorted part; O(t) in C more when the unsorted tail of t has some."""
         lay, packed = self._lay, w.packed
-        take: list[int] = []
+        parts: list[array.array] = []  # packed values of this bucket
         if w.pos < w.upto and lay.offset_of(packed[w.pos]) == off:
             j = w.upto if off == self._omask else bisect.bisect_left(
                 packed, (off + 1) << lay.offset_shift, w.pos, w.upto)
-            take = packed[w.pos:j].tolist()
+            parts.append(packed[w.pos:j])
             w.pos = j
         if w.tail_min == off:
             view = w.view()
             tail = view[w.upto:]
             offs = lay.offsets(tail)
             hit = offs == off
-            take += tail[hit].tolist()
+            got = array.array("Q")
+            got.frombytes(tail[hit].tobytes())
+            parts.append(got)
             rest, rest_offs = tail[~hit], offs[~hit]
             del view, tail
             del packed[w.upto:]
             packed.frombytes(rest.tobytes())
             w.tail_min = int(rest_offs.min()) if len(rest_offs) else Window.NO_TAIL
-        if take:
+        if parts:
             self._reset_hot()
-            if w.pos * 8 >= len(packed):  # cut the taken prefix: amortised O(1)
+            if w.pos * 2 >= len(packed):  # cut the taken prefix: amortised O(1)
                 del packed[:w.pos]
                 w.upto -= w.pos
                 w.pos = 0
-            by_slot: dict[int, list[int]] = {}
-            smask = self._slot_limit - 1
-            for v in take:
-                by_slot.setdefault(v >> 32 & smask, []).append(v & M32)
-            for s, ids in by_slot.items():
+            for s, ids in self._by_slot(parts):
                 cells = w.dense.get(off)
                 cell = None if cells is None else cells.get(s)
-                new = BitMap(ids)
-                self._set_cell(w, off, s, new if cell is None else merge_into(cell, new))
+                self._set_cell(w, off, s, ids if cell is None else merge_into(cell, ids))
         if self._ghost_copies and off in w.dense:
             self._drop_ghosts(w, off, bucket)
+
+    def _by_slot(self, parts: list[array.array]) -> Iterator[tuple[int, BitMap]]:
+        """Packed values of one bucket as ``(slot, bitmap of entry ids)``: a
+        Python loop for a few values, numpy (no object per value) for many."""
+        smask = self._slot_limit - 1
+        if sum(map(len, parts)) <= 64:
+            by_slot: dict[int, list[int]] = {}
+            for part in parts:
+                for v in part:
+                    by_slot.setdefault(v >> 32 & smask, []).append(v & M32)
+            for s, ids in by_slot.items():
+                yield s, BitMap(ids)
+            return
+        vals = np.concatenate([np.frombuffer(p, dtype=np.uint64) for p in parts if p])
+        slots = (vals >> np.uint64(32)) & np.uint64(smask)
+        entries = (vals & np.uint64(M32)).astype(np.uint32)
+        for s in np.unique(slots).tolist():
+            ids = BitMap()
+            ids.update(array.array("I", entries[slots == s].tobytes()))
+            yield s, ids
 
     def _drop_ghosts(self, w: Window, off: int, bucket: int) -> None:
         cells = w.dense[off]
