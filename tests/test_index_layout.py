@@ -104,7 +104,7 @@ def test_a_run_of_adds_becomes_a_bitmap_and_stays_exact():
     for e in range(PROMOTE * 3):
         idx.add(5, e, 100)
     w = idx._windows[100 >> idx._wshift]
-    assert len(w.packed) == 0 and len(w.dense[idx._hot_off][0]) == PROMOTE * 3
+    assert len(w.packed) == 0 and len(w.dense[idx._hot_off << 32 | 0]) == PROMOTE * 3
     idx.add(5, 7, 100)  # already pending in that cell
     assert len(idx) == PROMOTE * 3
     assert idx.pop_due(100) == [(5, e) for e in range(PROMOTE * 3)]

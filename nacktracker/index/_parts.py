@@ -73,7 +73,7 @@ class Layout:
 
 
 NO_CELLS: dict = {}
-NO_OFFSETS: list = []
+NO_KEYS: list = []
 
 
 class Window:
@@ -85,14 +85,15 @@ class Window:
     buckets are taken; the taken prefix is cut off once it is an eighth of the
     array), ``packed[upto:]`` the unsorted tail of adds since, and
     ``tail_min`` the smallest offset in that tail. ``dense``: offset -> slot
-    -> bitmap; ``dense_offs``: a heap of the offsets in ``dense`` (stale ones
-    skipped); both are the shared empty :data:`NO_CELLS`/:data:`NO_OFFSETS`
+    ``dense``: ``offset << 32 | slot`` -> bitmap (one flat dict: a cell costs a
+    dict slot and a key, not a dict per bucket); ``dense_keys``: a heap of
+    those keys (stale ones skipped), so the earliest cells come first; both are the shared empty :data:`NO_CELLS`/:data:`NO_KEYS`
     (never written to) until the window's first dense cell, so a sparse
     window costs its object and its array only. The window is empty when
     nothing is left in either.
     """
 
-    __slots__ = ("packed", "pos", "upto", "tail_min", "dense", "dense_offs")
+    __slots__ = ("packed", "pos", "upto", "tail_min", "dense", "dense_keys")
 
     NO_TAIL = 1 << 64
 
@@ -101,8 +102,8 @@ class Window:
         self.pos = 0
         self.upto = -1
         self.tail_min = self.NO_TAIL
-        self.dense: dict[int, dict[int, BitMap | BitMap64]] = NO_CELLS  # made on the first cell
-        self.dense_offs: list[int] = NO_OFFSETS
+        self.dense: dict[int, BitMap | BitMap64] = NO_CELLS  # made on the first cell
+        self.dense_keys: list[int] = NO_KEYS
 
     def view(self) -> np.ndarray:
         """A zero-copy uint64 view of ``packed``; drop it before appending."""

@@ -298,9 +298,7 @@ class TimeBucketIndex:
         off = (bucket >> self.precision_bits) & self._omask
         cell = None
         if w.dense:
-            cells = w.dense.get(off)
-            if cells:
-                cell = cells.get(led.slot)
+            cell = w.dense.get(off << 32 | led.slot)
         self._hot_bucket, self._hot_led, self._hot_win, self._hot_off = bucket, led, w, off
         self._hot_dense, self._hot_start = cell, len(w.packed)
         return w, off, cell
@@ -311,13 +309,22 @@ class TimeBucketIndex:
 
     def _set_cell(self, w: Window, off: int, slot: int, cell):
         if w.dense is NO_CELLS:
-            w.dense, w.dense_offs = {}, []
-        cells = w.dense.get(off)
-        if cells is None:
-            cells = w.dense[off] = {}
-            heapq.heappush(w.dense_offs, off)
-        cells[slot] = cell
+            w.dense, w.dense_keys = {}, []
+        key = off << 32 | slot
+        if key not in w.dense:
+            heapq.heappush(w.dense_keys, key)
+        w.dense[key] = cell
         return cell
+
+    def _take_cells(self, w: Window, off: int) -> dict[int, BitMap | BitMap64]:
+        """Remove and return the dense cells of bucket ``off`` by slot. Runtime: O(c log c)."""
+        keys, dense, out = w.dense_keys, w.dense, {}
+        while keys and keys[0] >> 32 <= off:
+            key = heapq.heappop(keys)
+            cell = dense.pop(key, None)
+            if cell is not None:
+                out[key & M32] = cell
+        return out
 
     def _promote(self, w: Window) -> None:
         """The hot cell got a run of PROMOTE adds: move its copies (the tail of
@@ -335,11 +342,9 @@ class TimeBucketIndex:
         if w is None:
             return False
         off = (bucket >> self.precision_bits) & self._omask
-        cells = w.dense.get(off)
-        if cells:
-            cell = cells.get(led.slot)
-            if cell is not None and has(cell, entry_id):
-                return True
+        cell = w.dense.get(off << 32 | led.slot)
+        if cell is not None and has(cell, entry_id):
+            return True
         if entry_id >> 32 or led.slot >= self._slot_limit or not w.packed:
             return False
         v = off << self._oshift | led.slot << 32 | entry_id
@@ -411,7 +416,7 @@ class TimeBucketIndex:
             if self._hot_win is w and self._hot_off == off:
                 self._reset_hot()  # its cell leaves the index
             rows = []
-            for slot, cell in w.dense.pop(off).items():
+            for slot, cell in self._take_cells(w, off).items():
                 led = self._ledgers[slot]
                 self._release(led, w, bucket, cell)
                 rows.append((led.ledger_id, cell))
@@ -489,8 +494,7 @@ class TimeBucketIndex:
                 continue
             off = self._front_offset(w)
             bucket = wid << self._wshift | off << self.precision_bits
-            self._gather(w, off, bucket)
-            if off in w.dense:
+            if self._gather(w, off, bucket):
                 return bucket, w, off
         return None
 
@@ -501,10 +505,10 @@ class TimeBucketIndex:
         best = w.tail_min
         if w.pos < w.upto:
             best = min(best, self._lay.offset_of(w.packed[w.pos]))
-        offs = w.dense_offs
-        while offs and offs[0] not in w.dense:
-            heapq.heappop(offs)
-        return min(best, offs[0]) if offs else best
+        keys = w.dense_keys
+        while keys and keys[0] not in w.dense:
+            heapq.heappop(keys)
+        return min(best, keys[0] >> 32) if keys else best
 
     def _sort(self, w: Window) -> None:
         """Sort what is left of the window's array in place, in C. Runtime: O(w log w)."""
@@ -515,10 +519,11 @@ class TimeBucketIndex:
             w.view().sort()
         w.pos, w.upto, w.tail_min = 0, len(w.packed), Window.NO_TAIL
 
-    def _gather(self, w: Window, off: int, bucket: int) -> None:
+    def _gather(self, w: Window, off: int, bucket: int) -> bool:
         """Move the sparse copies of bucket ``off`` into its dense cells and
         drop its ghost copies. Runtime: O(log w + k) for k copies from the
-        sorted part; O(t) in C more when the unsorted tail of t has some."""
+        sorted part; O(t) in C more when the unsorted tail of t has some.
+        Returns whether the bucket holds a live copy."""
         lay, packed = self._lay, w.packed
         parts: list[array.array] = []  # packed values of this bucket
         if w.pos < w.upto and lay.offset_of(packed[w.pos]) == off:
@@ -546,11 +551,11 @@ class TimeBucketIndex:
                 w.upto -= w.pos
                 w.pos = 0
             for s, ids in self._by_slot(parts):
-                cells = w.dense.get(off)
-                cell = None if cells is None else cells.get(s)
+                cell = w.dense.get(off << 32 | s)
                 self._set_cell(w, off, s, ids if cell is None else merge_into(cell, ids))
-        if self._ghost_copies and off in w.dense:
-            self._drop_ghosts(w, off, bucket)
+        if self._ghost_copies:
+            return self._drop_ghosts(w, off, bucket)
+        return bool(w.dense_keys) and w.dense_keys[0] >> 32 == off
 
     def _by_slot(self, parts: list[array.array]) -> Iterator[tuple[int, BitMap]]:
         """Packed values of one bucket as ``(slot, bitmap of entry ids)``: a
@@ -572,30 +577,31 @@ class TimeBucketIndex:
             ids.update(array.array("I", entries[slots == s].tobytes()))
             yield s, ids
 
-    def _drop_ghosts(self, w: Window, off: int, bucket: int) -> None:
-        cells = w.dense[off]
-        for slot in list(cells):
-            led, cell = self._ledgers[slot], cells[slot]
-            if led.ghost is None:
-                continue
-            for e in common(cell, led.ghost):
-                key = (slot, e)
-                ghost = self._ghosts[key]
-                if ghost.is_live_in(bucket):
-                    continue
-                cell.discard(e)
-                self._ghost_copies -= 1
-                ghost.count -= 1
-                if not ghost.count:
-                    self._unghost(led, key)
-            if not cell:
-                del cells[slot]
+    def _drop_ghosts(self, w: Window, off: int, bucket: int) -> bool:
+        """Drop the ghost copies of bucket ``off`` (all its copies are in dense
+        cells by now); return whether a live copy is left."""
+        cells = self._take_cells(w, off)
+        for slot, cell in cells.items():
+            led = self._ledgers[slot]
+            if led.ghost is not None:
+                for e in common(cell, led.ghost):
+                    key = (slot, e)
+                    ghost = self._ghosts[key]
+                    if ghost.is_live_in(bucket):
+                        continue
+                    cell.discard(e)
+                    self._ghost_copies -= 1
+                    ghost.count -= 1
+                    if not ghost.count:
+                        self._unghost(led, key)
+            if cell:
+                self._set_cell(w, off, slot, cell)
+            else:
                 if self._hot_dense is cell:
                     self._reset_hot()
                 if led.ghost is None and not self._has_live(led):
                     self._drop_ledger(led)
-        if not cells:
-            del w.dense[off]
+        return bool(w.dense_keys) and w.dense_keys[0] >> 32 == off
 
     # -- looking --------------------------------------------------------------
 
@@ -648,9 +654,8 @@ class TimeBucketIndex:
         for wid in sorted(self._windows):
             w = self._windows[wid]
             cells: dict[tuple[int, int], BitMap | BitMap64] = {}
-            for off, by_slot in w.dense.items():
-                for slot, cell in by_slot.items():
-                    cells[off, slot] = type(cell)(cell)
+            for key, cell in w.dense.items():
+                cells[key >> 32, key & M32] = type(cell)(cell)
             view = w.view()[w.pos:]
             if len(view):
                 offs = lay.offsets(view)
@@ -686,10 +691,9 @@ class TimeBucketIndex:
         """
         self._compact_live()
         for w in self._windows.values():
-            for cells in w.dense.values():
-                for cell in cells.values():
-                    cell.run_optimize()
-                    cell.shrink_to_fit()
+            for cell in w.dense.values():
+                cell.run_optimize()
+                cell.shrink_to_fit()
 
     def nbytes(self) -> int:
         """Bytes this index holds: Python objects, arrays and CRoaring's C heap.
@@ -703,9 +707,8 @@ class TimeBucketIndex:
         for wid, w in self._windows.items():
             total += size(wid) + size(w) + size(w.packed)
             if w.dense is not NO_CELLS:
-                total += size(w.dense) + size(w.dense_offs)
-            for cells in w.dense.values():
-                total += size(cells) + sum(map(_roaring_bytes, cells.values()))
+                total += size(w.dense) + size(w.dense_keys) + sum(map(size, w.dense))
+                total += sum(map(_roaring_bytes, w.dense.values()))
         for led in self._ledgers:
             if led is not None:
                 total += size(led) + size(led.ledger_id) + size(led.slot) + size(led.key)
