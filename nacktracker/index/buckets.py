@@ -546,7 +546,7 @@ class TimeBucketIndex:
             w.tail_min = int(rest_offs.min()) if len(rest_offs) else Window.NO_TAIL
         if parts:
             self._reset_hot()
-            if w.pos * 2 >= len(packed):  # cut the taken prefix: amortised O(1)
+            if w.pos * 8 >= len(packed):  # cut the taken prefix (an eighth): amortised O(1)
                 del packed[:w.pos]
                 w.upto -= w.pos
                 w.pos = 0

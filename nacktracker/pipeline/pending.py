@@ -17,10 +17,9 @@ The model, per precision ``bits`` (``rounding="floor"``; ``"ceil"`` rounds up):
   over all t, found exactly by a sweep over sorted starts and sorted fire
   times. Fire times change with ``bits``, so the peak does too.
 * memory at the peak: the occurrences pending at the (first) peak instant,
-  grouped into ``(bucket, ledger)`` bitmaps exactly as a freshly built
-  :class:`~nacktracker.TimeBucketIndex` holds them (real pyroaring bitmaps,
-  ``run_optimize`` + ``shrink_to_fit``), sized by
-  :mod:`~nacktracker.pipeline.memory_model`.
+  laid out as a live :class:`~nacktracker.TimeBucketIndex` holds them
+  (sparse copies in window arrays, dense cells for runs of adds, the live
+  bitmap: :func:`~nacktracker.pipeline.memory_model.index_state`).
 
 Cost per consumer with n nacks: O(n) per bits plus two sorts of n
 (numpy, ~0.1 s per million), plus ~10 µs per bitmap pending at the peak.
@@ -37,8 +36,7 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 from pyroaring import BitMap, BitMap64
 
-from ..index import _roaring_bytes
-from .memory_model import IndexCosts, dict_bytes, dict_bytes_many, set_bytes
+from .memory_model import IndexCosts, index_state
 
 __all__ = ["BitsResult", "analyse_consumer", "quantile", "bucket_times"]
 
@@ -107,65 +105,6 @@ def _is_sorted(ledger: np.ndarray, entry: np.ndarray, due: np.ndarray) -> bool:
     return not (same_l & (de == 0) & (np.diff(due) < 0)).any()
 
 
-_ONE_BITMAP_BYTES: dict[type, int] = {}
-
-
-def _one_entry_bytes(cls: type) -> int:
-    """Bytes of a compacted bitmap holding one id (the same for any id of one width)."""
-    if cls not in _ONE_BITMAP_BYTES:
-        bm = cls()
-        bm.add(12_345 if cls is BitMap else _U32 + 12_345)
-        bm.run_optimize()
-        bm.shrink_to_fit()
-        _ONE_BITMAP_BYTES[cls] = _roaring_bytes(bm)
-    return _ONE_BITMAP_BYTES[cls]
-
-
-def _bitmap_bytes(ids: np.ndarray) -> int:
-    """Build the bitmap the index would hold for sorted unique ``ids``; its bytes."""
-    wide = int(ids[-1]) >= _U32
-    if len(ids) == 1:
-        return _one_entry_bytes(BitMap64 if wide else BitMap)
-    if wide:
-        bm = BitMap64()
-        bm.update(array.array("Q", ids.astype(np.uint64).tobytes()))
-    else:
-        bm = BitMap()
-        bm.update(array.array("I", ids.astype(np.uint32).tobytes()))
-    bm.run_optimize()
-    bm.shrink_to_fit()
-    return _roaring_bytes(bm)
-
-
-def _index_at(ledger: np.ndarray, entry: np.ndarray, bucket: np.ndarray,
-              costs: IndexCosts) -> tuple[int, int, int, int, int]:
-    """Bytes of a fresh index holding these occurrences (sorted by ledger, entry).
-
-    Returns ``(index_bytes, roaring_bytes, buckets, bitmaps, ledgers)``.
-    """
-    if len(ledger) == 0:
-        return costs.index_bytes(0, 0), 0, 0, 0, 0
-    order = np.argsort(bucket, kind="stable")  # stable: keeps (ledger, entry) order per bucket
-    b, l, e = bucket[order], ledger[order], entry[order]
-    cut = np.flatnonzero((b[1:] != b[:-1]) | (l[1:] != l[:-1])) + 1
-    lo = np.concatenate(([0], cut))
-    hi = np.concatenate((cut, [len(b)]))
-    roaring = 0
-    keys = 0
-    getsizeof = sys.getsizeof
-    for i, j in zip(lo.tolist(), hi.tolist()):
-        roaring += _bitmap_bytes(e[i:j])
-        keys += getsizeof(int(b[i]) << 64 | int(l[i]))
-    run_ledgers = l[lo]
-    ledgers, per_ledger = np.unique(run_ledgers, return_counts=True)
-    ledger_ints = sum(getsizeof(int(x)) for x in ledgers.tolist())
-    newest = int(np.count_nonzero(b[lo] == b[-1]))
-    exact = (roaring + keys + ledger_ints + dict_bytes_many(per_ledger)
-             + dict_bytes(len(ledgers), literal=False) + set_bytes(newest))
-    buckets = len(np.unique(b[lo]))
-    return costs.index_bytes(exact, len(lo)), roaring, buckets, len(lo), len(ledgers)
-
-
 def analyse_consumer(ledger: np.ndarray, entry: np.ndarray, ts: np.ndarray, due: np.ndarray,
                      bits_list: Sequence[int], costs: IndexCosts,
                      rounding: str = "floor") -> list[BitsResult]:
@@ -216,14 +155,14 @@ def _one_bits(ledger, entry, ts, due, new_message, bits, costs, rounding) -> Bit
         i = int(pending.argmax())
         peak, at = int(pending[i]), int(starts[i])
     if at is not None:
-        now = live & (start <= at) & (occ_bucket > at)
-        sel = np.flatnonzero(now)
-        assert len(sel) == peak, (len(sel), peak)
-        nbytes, roaring, nbuckets, nbitmaps, nledgers = _index_at(
-            occ_ledger[sel], occ_entry[sel], occ_bucket[sel], costs)
+        seen = live & (start <= at)  # every occurrence added by the peak instant
+        now = seen & (occ_bucket > at)
+        assert int(now.sum()) == peak, (int(now.sum()), peak)
+        nbytes, roaring, nbuckets, nbitmaps, nledgers = index_state(
+            occ_ledger[seen], occ_entry[seen], occ_bucket[seen], start[seen], now[seen], bits, costs)
     else:
-        nbytes, roaring, nbuckets, nbitmaps, nledgers = _index_at(
-            ledger[:0], entry[:0], bucket[:0], costs)
+        nbytes, roaring, nbuckets, nbitmaps, nledgers = index_state(
+            ledger[:0], entry[:0], bucket[:0], ts[:0], ts[:0] > 0, bits, costs)
     err_values, err_counts = np.unique(fire_row - due, return_counts=True)
     return BitsResult(
         bits=bits, nacks=n, occurrences=m, immediate=immediate, merged=n - immediate - m,
