@@ -17,8 +17,8 @@ Semantics shared by all three:
   time is ``<= now_ms``, ordered by ``(bucket, ledger, entry)``.
 """
 
-from ._bytes import _malloc, _roaring_bytes
-from ._parts import has as _has
+from ._bytes import _malloc, _roaring_bytes  # noqa: F401  (the pipeline and the old path import them)
+from ._parts import has as _has  # noqa: F401
 from .baselines import DictIndex, HeapIndex
 from .buckets import TimeBucketIndex
 
