@@ -101,6 +101,33 @@ def grid_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def summary(result: dict) -> str:
+    """One line per precision: bytes per pending (RSS) and per-call CPU over
+    every cell, TimeBucketIndex beside DictIndex (the README's table)."""
+    import statistics as st
+
+    lines = ["| bits | B/pending RSS: median (worst) | DictIndex B/pending | cells ≤ DictIndex/4 "
+             "| add ns (DictIndex) | ack not pending ns (DictIndex) | ack pending ns (DictIndex) |",
+             "|---|---|---|---|---|---|---|"]
+    ps = pairs(result["rows"])
+    for b in result["spec"]["bits"]:
+        sel = [(tb, d) for tb, d in ps if tb["bits"] == b]
+        if not sel:
+            continue
+        rss = [tb["rss_per_pending"] for tb, _ in sel]
+        ok = sum(1 for tb, d in sel if tb["rss_per_pending"] * RSS_VS_DICT <= d["rss_per_pending"])
+
+        def med(key, rows):
+            return st.median(r[key] for r in rows)
+
+        tbs, ds = [tb for tb, _ in sel], [d for _, d in sel]
+        lines.append(f"| {b} | {st.median(rss):.1f} ({max(rss):.1f}) | {med('rss_per_pending', ds):.0f} "
+                     f"| {ok} of {len(sel)} | {med('add_ns', tbs):.0f} ({med('add_ns', ds):.0f}) "
+                     f"| {med('discard_miss_ns', tbs):.0f} ({med('discard_miss_ns', ds):.0f}) "
+                     f"| {med('discard_hit_ns', tbs):.0f} ({med('discard_hit_ns', ds):.0f}) |")
+    return "\n".join(lines)
+
+
 def render(result: dict) -> str:
     cmd = "python bench/index_grid.py" + (" --quick" if result["quick"] else "")
     la, lb = result["loadavg_before"], result["loadavg_after"]
@@ -114,7 +141,8 @@ def render(result: dict) -> str:
     for t in targets(result):
         out.append(f"| {t['target']} | {t['bound']:g} | {t['worst']:.3g} {'✅' if t['pass'] else '❌'} | {t['cell']} "
                    f"| {t['failing']} of {t['cells']} |")
-    out += ["", "## Grid", "", grid_table(result), "", "![grid](grid.png)", "",
+    out += ["", "## By precision (medians over the cells; CPU per call)", "", summary(result),
+            "", "## Grid", "", grid_table(result), "", "![grid](grid.png)", "",
             "## Discard of an id that is not pending, by pending count (bits 0)", "",
             "| index | pending | ns per call |", "|---|---|---|"]
     for r in result["flatness"]:
