@@ -32,7 +32,6 @@ Two scenarios beside the grid:
 
 from __future__ import annotations
 
-import argparse
 import gc
 import itertools
 import json
@@ -160,8 +159,6 @@ def measure_cell(index: str, cell: Cell, bits: int, target_pending: int = 100_00
     streams = [Traffic(cell, seed=j + 1) for j in range(n)]
     live = index == "TimeBucketIndex"  # pops as its timer would; the dict baseline scans every 2 s
     due_at: list = [None] * n
-    recent: list = [None] * (REPEATS * calls)  # pending ids of any replica, for the discard-hit timing
-    hits = 0
     indexes: list = []
     gc.collect()
     before = rss_bytes()
@@ -184,9 +181,6 @@ def measure_cell(index: str, cell: Cell, bits: int, target_pending: int = 100_00
             idx.add(ledger, entry, now + delay)
             if live and (due_at[j] is None or now + delay < due_at[j]):
                 due_at[j] = idx.next_due_ms()
-            if delay >= 15_000 and hits < len(recent) and now - t0 > end - 10_000:
-                recent[hits] = (j, ledger, entry)
-                hits += 1
     now = t0 + end
     for idx in indexes:
         idx.pop_due(now)  # both indexes now hold exactly the nacks due after `now`
@@ -197,8 +191,13 @@ def measure_cell(index: str, cell: Cell, bits: int, target_pending: int = 100_00
     more = [[(first.add, lg, e, now + d) for lg, e, d in (streams[0].nack() for _ in range(calls))]
             for _ in range(REPEATS)]
     misses = [(first.discard, lg, e + 1 if cell.k > 1 else e + 10**9) for _, lg, e, _ in more[0]]
-    drop = [i.discard for i in indexes]
-    found = [(drop[j], lg, e) for j, lg, e in recent[:hits]]
+    # pending ids for the discard-hit timing: nacked now (after the RSS reading), due in 30 s
+    found = []
+    for j in range(REPEATS * calls):
+        idx = indexes[j % n]
+        lg, e, _ = streams[j % n].nack()
+        idx.add(lg, e, now + 30_000)
+        found.append((idx.discard, lg, e))
     return {
         "index": index, **asdict(cell), "bits": bits, "replicas": n, "pending": pending, "nbytes": nbytes,
         "rss_growth": grown, "nbytes_per_pending": nbytes / max(1, pending),
@@ -206,7 +205,7 @@ def measure_cell(index: str, cell: Cell, bits: int, target_pending: int = 100_00
         "discard_miss_ns": _per_call_ns([misses] * REPEATS),
         "add_ns": _per_call_ns(more),
         "discard_hit_ns": _per_call_ns([found[i::REPEATS] for i in range(REPEATS)]),
-        "hits": hits,
+        "hits": len(found),
     }
 
 
