@@ -4,7 +4,9 @@
     python bench/suite.py --quick --out /tmp/b
 
 Runs, in order: memory (seed 000's grid, a fresh process per configuration),
-throughput, tracker precision and starvation (MemoryAdapter), and — when the
+the index on real client traffic (issue 12's grid, a fresh process per cell:
+``bench/index_grid.py``, its files in ``DIR/index-grid``), throughput, tracker
+precision and starvation (MemoryAdapter), and — when the
 Pulsar layer is present — broker precision/starvation beside the built-in
 client (idle, and with a CPU hog unless --quick), consume throughput, soak,
 snapshot, dedup, and the traffic benchmark (bench/traffic.py). Writes
@@ -28,6 +30,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import index_grid  # noqa: E402
+import index_grid_report  # noqa: E402
 import memory  # noqa: E402
 import precision  # noqa: E402
 import throughput  # noqa: E402
@@ -186,6 +190,11 @@ def render(results: dict) -> str:
                 "in a fresh process", "", memory.table(rows), ""]
         out += headline_memory(rows) + [""]
         out += ["![memory](memory.png)", ""]
+    if "index_grid" in results:
+        out += ["## Index on real client traffic", "",
+                "Full tables, targets and plot: [index-grid/RESULTS.md](index-grid/RESULTS.md).", ""]
+        out += [f"- {'✅' if t['pass'] else '❌'} {t['target']}: worst {t['worst']:.3g} (bound {t['bound']:g}; {t['cell']})"
+                for t in index_grid_report.targets(results["index_grid"])] + [""]
     if "throughput" in results:
         out += ["## Index throughput", "", throughput.table(results["throughput"]), ""]
     if "precision" in results:
@@ -234,12 +243,19 @@ def main(argv=None) -> int:
                                                       ("soak", "soak"), ("snapshot", "snapshot"), ("dedup", "dedup"),
                                                       ("traffic", "traffic"))}
     n_memory = len(memory_configs(a.quick))
-    total = (0 if "memory" in skip else n_memory) + 2 + sum(1 for k, m in extras.items() if m and k not in skip)
+    total = (0 if "memory" in skip else n_memory) + 3 + sum(1 for k, m in extras.items() if m and k not in skip)
     progress = Progress(total)
     try:
         if "memory" not in skip:
             results["memory"] = run_memory(a.quick, progress)
             plot_memory(results["memory"], out / "memory.png")
+        if "grid" not in skip:
+            grid_started = time.time()
+            results["index_grid"] = index_grid.run(a.quick, progress=progress.note)
+            results["index_grid"].update(duration_s=round(time.time() - grid_started, 1), workers=2,
+                                         cores=os.cpu_count())
+            index_grid_report.write(results["index_grid"], out / "index-grid")
+        progress.step("index grid")
         if "throughput" not in skip:
             results["throughput"] = throughput.run(a.quick, progress=progress.note)
         progress.step("throughput")

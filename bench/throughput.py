@@ -1,5 +1,5 @@
 """Index throughput: ns per message for add, add_many, pop_due, pop_due_bitmaps
-and discard, for TimeBucketIndex, DictIndex and HeapIndex in the same run;
+and discard (of pending ids, and of ids that are not pending), for TimeBucketIndex, DictIndex and HeapIndex in the same run;
 and the dict baseline's cost of one poll tick (a full scan) at 1M and 10M pending.
 
 Every figure is the median of ``--repeats`` runs (min and max beside it), each
@@ -110,6 +110,22 @@ def bench_discard(cls, n: int, k: int, repeats: int) -> dict:
     return stat(out)
 
 
+def bench_discard_miss(cls, n: int, k: int, repeats: int) -> dict:
+    """``discard`` of ids that are not pending (what every ``acknowledge`` of a
+    message that was never nacked does): ids of ledgers that hold nacks, each
+    one past the ledger's nacked range."""
+    ledgers, entries, _ = sequential(n)
+    step = max(1, n // k)
+    picks = [(l, 50_000 + e) for l, e in zip(ledgers[::step], entries[::step])]
+    out = []
+    for _ in range(repeats):
+        idx = _filled(cls, n)
+        discard = idx.discard
+        out.append(timed(lambda: [discard(l, e) for l, e in picks]) / len(picks) * 1e9)
+        assert len(idx) == n
+    return stat(out)
+
+
 def bench_scan_tick(n: int, repeats: int) -> dict:
     """One poll of the pre-PIP-393 design with n pending and nothing due."""
     idx = _filled(nacktracker.DictIndex, n)
@@ -139,6 +155,9 @@ def run(quick: bool = False, repeats: int | None = None, progress=None) -> dict:
         rows.append({"op": "pop_due", "index": name, "n": n, **bench_pop_due(cls, n, repeats)})
         note(f"discard {name}")
         rows.append({"op": "discard", "index": name, "n": n, **bench_discard(cls, n, 10_000, repeats)})
+        note(f"discard (not pending) {name}")
+        rows.append({"op": "discard (not pending)", "index": name, "n": n,
+                     **bench_discard_miss(cls, n, 10_000, repeats)})
     note("pop_due_bitmaps")
     rows.append({"op": "pop_due_bitmaps (one bucket)", "index": "TimeBucketIndex", "n": n * 1,
                  **bench_pop_due_bitmaps(1_000_000, repeats)})

@@ -38,6 +38,7 @@ pulsar-lite broker on a free 127.0.0.1 port (the 'demo' extra)."""
 #: The suite's parts, in the order they run (``--skip`` takes these names).
 BENCH_PARTS: dict[str, str] = {
     "memory": "bytes per tracked nack, seed 000's grid (a fresh process per configuration)",
+    "grid": "the index on real client traffic (issue 12's grid, a fresh process per cell)",
     "throughput": "ns per message: add, add_many, pop_due, discard",
     "precision": "tracker error and the starvation case on a real event loop (MemoryAdapter)",
     "pulsar": "redelivery error through the broker, beside the built-in client",
@@ -51,7 +52,8 @@ BENCH_PARTS: dict[str, str] = {
 BENCH_DESCRIPTION = """\
 Run the benchmark suite and write results.json, RESULTS.md and PNG plots.
 The suite's scripts live in bench/ of a source checkout (or the sdist): run
-this command inside one. The full run took 1393 s on 2 cores (bench/results/latest); --quick: 1M
+this command inside one. The full run took 1393 s on 2 cores (bench/results/latest, before
+the 'grid' part; bench/index_grid.py alone runs ~30 min); --quick: 1M
 messages, fewer repeats, written to bench/results/quick so the committed
 full results (bench/results/latest) stay as they are.
 

@@ -76,7 +76,7 @@ from typing import Any, Optional, Union
 
 from pyroaring import BitMap, BitMap64
 
-from ._checks import MAX_ID
+from ._checks import MAX_DUE, MAX_ID
 
 __all__ = ["SnapshotError", "Snapshot", "encode", "decode", "restore", "write_atomic", "read_file",
            "MAGIC", "VERSION"]
@@ -313,7 +313,8 @@ def _install(tracker: Any, snap: Snapshot, shift_ms: int) -> None:
         slots.append(slot)
     index = tracker._index
     for o, remaining, bm in snap.records:
-        index.add_many(slots[o], bm.to_array(), min(MAX_ID, now + max(0, remaining - shift_ms)))
+        # a saved delay may be up to MAX_ID (the format's limit); the index takes dues up to MAX_DUE
+        index.add_many(slots[o], bm.to_array(), min(MAX_DUE, now + max(0, remaining - shift_ms)))
     for slot in slots:  # an origin whose records were all empty (never written, but be safe)
         if not index.has_ledger(slot):
             tracker._release(slot)

@@ -52,7 +52,9 @@ class TrackerStats(TypedDict):
 
     pending: int  #: scheduled redeliveries (an entry pending in two buckets counts twice)
     unsent: int  #: due keys waiting for the adapter (retrying, or left at close)
+    #: upper bound on time buckets pending (TimeBucketIndex.bucket_count_bound: O(windows))
     buckets: int
+    #: upper bound on (bucket, ledger) cells pending (TimeBucketIndex.bitmap_count_bound: O(windows))
     bitmaps: int
     nbytes: int  #: bytes held by the pending set
     nacks: int
@@ -329,10 +331,17 @@ class NegativeAcksTracker:
     def stats(self) -> TrackerStats:
         """Counters and gauges; ``lateness_ms`` is actual fire time minus the
         bucket's fire time. The error against the requested due time is
-        lateness plus the bucket rounding (and the adapter's own latency)."""
+        lateness plus the bucket rounding (and the adapter's own latency).
+
+        Cheap enough for every metrics scrape on the event loop: O(windows +
+        ledgers + cells) (the index's ``nbytes()``), never O(messages).
+        ``buckets`` and ``bitmaps`` are therefore upper bounds counted per
+        window (exact at ``precision_bits >= 14``, or when each copy sits in
+        its own bucket / cell); the exact counts are the index's
+        ``bucket_count()``/``bitmap_count()``, O(n log n)."""
         return {
             "pending": len(self._index), "unsent": sum(map(len, self._outbox)),
-            "buckets": self._index.bucket_count(), "bitmaps": self._index.bitmap_count(),
+            "buckets": self._index.bucket_count_bound(), "bitmaps": self._index.bitmap_count_bound(),
             "nbytes": self.nbytes(), "nacks": self._n["nacks"], "redelivered": self._n["redelivered"],
             "dead_lettered": self._n["dead_lettered"], "dead_letter_failures": self._n["dead_letter_failures"],
             "failures": self._n["failures"], "fires": self._n["fires"],

@@ -48,7 +48,7 @@ def test_bench_help_lists_the_parts():
 def test_bench_skip_refuses_an_unknown_part_and_names_the_parts():
     proc = run_cli("bench", "--skip", "memroy")
     assert proc.returncode == 2
-    assert "unknown part(s) memroy; parts: memory, throughput," in proc.stderr
+    assert "unknown part(s) memroy; parts: memory, grid, throughput," in proc.stderr
 
 
 def test_bench_quick_never_overwrites_the_full_results():

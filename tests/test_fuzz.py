@@ -24,7 +24,7 @@ import zlib
 from collections import Counter
 
 import numpy as np
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from nacktracker import DictIndex, ManualClock, MessageKey, NegativeAcksTracker, TimeBucketIndex, TrackerClosedError
@@ -309,6 +309,7 @@ def _reseal(body: bytes) -> bytes:
 
 @settings(FUZZ, max_examples=400)
 @given(muts=mutations)
+@example(muts=[("set", 826, 64)])  # a saved delay past MAX_DUE: restored at MAX_DUE, not a ValueError
 def test_resealed_garbage_bodies_are_refused_or_consistent(muts):
     """Checksums recomputed: the parser itself must refuse cleanly."""
     body = _mutate(SAMPLE, muts)[32:]

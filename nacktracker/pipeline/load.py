@@ -96,7 +96,7 @@ def _parquet_schema(paths: list[str]):
     for path in paths:
         try:
             schema = pq.read_schema(path)
-        except Exception as e:  # not Parquet at all, or truncated
+        except Exception as e:  # noqa: BLE001  (not Parquet at all, or truncated: re-raised as TraceError)
             raise TraceError(f"{path}: not a readable Parquet file ({str(e).splitlines()[0]})") from None
         types = {}
         for f in schema:

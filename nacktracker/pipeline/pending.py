@@ -17,10 +17,9 @@ The model, per precision ``bits`` (``rounding="floor"``; ``"ceil"`` rounds up):
   over all t, found exactly by a sweep over sorted starts and sorted fire
   times. Fire times change with ``bits``, so the peak does too.
 * memory at the peak: the occurrences pending at the (first) peak instant,
-  grouped into ``(bucket, ledger)`` bitmaps exactly as a freshly built
-  :class:`~nacktracker.TimeBucketIndex` holds them (real pyroaring bitmaps,
-  ``run_optimize`` + ``shrink_to_fit``), sized by
-  :mod:`~nacktracker.pipeline.memory_model`.
+  laid out as a live :class:`~nacktracker.TimeBucketIndex` holds them
+  (sparse copies in window arrays, dense cells for runs of adds, the live
+  bitmap: :func:`~nacktracker.pipeline.memory_model.index_state`).
 
 Many consumers at once (:func:`analyse_group`): a Spark task hands the kernel
 a group of whole consumers (up to about a million rows), and every step above
@@ -28,30 +27,29 @@ runs once over the group with the consumer as the leading sort key — the
 sweep sorts ``consumer × span + time`` keys, histograms and quantiles are
 segment reductions — so a thousand small consumers cost what their nacks
 cost, not a thousand numpy round trips. Only the memory at the peak loops in
-Python, per consumer and per bitmap pending there.
+Python: one :func:`~nacktracker.pipeline.memory_model.index_state` per
+consumer, over the occurrences it saw up to its peak.
 
 It also samples pending over time on a :class:`Grid` (the same instants for
 every consumer): the value at each bin start and the maximum within the bin.
 
 Cost per group of n nacks: O(n log n) per bits (numpy sorts, ~0.1 s per
-million), plus ~10 µs per bitmap pending at a peak, plus O(consumers × bins)
+million), plus per consumer one ``index_state`` (O(m log m) numpy and the
+bitmaps of the m occurrences seen by its peak), plus O(consumers × bins)
 for the series. Memory: the 40 bytes per nack of the input plus about 60 of
 temporaries.
 """
 
 from __future__ import annotations
 
-import array
 import math
 import sys
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
-from pyroaring import BitMap, BitMap64
 
-from ..index import _roaring_bytes
-from .memory_model import IndexCosts, dict_bytes, set_bytes
+from .memory_model import IndexCosts, index_state
 
 __all__ = ["BitsResult", "Grid", "analyse_group", "analyse_consumer", "quantile", "bucket_times",
            "SCALAR_COLUMNS", "LIST_COLUMNS"]
@@ -108,61 +106,6 @@ def quantile(values: np.ndarray, counts: np.ndarray, q: float, absolute: bool = 
     return int(values[np.searchsorted(cum, rank)])
 
 
-def _bitmap_bytes(ids: np.ndarray) -> int:
-    """Build the bitmap the index would hold for sorted unique ``ids``; its bytes."""
-    if int(ids[-1]) >= _U32:
-        bm = BitMap64()
-        bm.update(array.array("Q", ids.astype(np.uint64).tobytes()))
-    else:
-        bm = BitMap()
-        bm.update(array.array("I", ids.astype(np.uint32).tobytes()))
-    bm.run_optimize()
-    bm.shrink_to_fit()
-    return _roaring_bytes(bm)
-
-
-# Bytes of a run-optimised, shrunk bitmap whose ids share one 2^16 block: they
-# depend only on (64-bit?, cardinality, runs) — the container CRoaring picks
-# and its payload follow from those — so each shape is built once per process.
-_SHAPE_BYTES: dict[tuple[bool, int, int], int] = {}
-
-
-def _bitmaps_bytes(entry: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Bytes of each bitmap ``entry[lo[i]:hi[i]]`` (sorted unique ids)."""
-    n = len(entry)
-    head = np.zeros(n, dtype=np.int64)
-    head[lo] = 1
-    step = np.ones(n, dtype=np.int64)
-    step[1:] = (np.diff(entry) != 1).astype(np.int64)
-    runs = np.add.reduceat(np.maximum(step, head), lo)
-    card = hi - lo
-    first, last = entry[lo], entry[hi - 1]
-    single = (first >> 16) == (last >> 16)
-    wide = last >= _U32
-    out = np.empty(len(lo), dtype=np.int64)
-    one = card == 1  # the commonest shape at fine precision: one id per bitmap
-    for w in (False, True):
-        at = np.flatnonzero(one & (wide == w))
-        if len(at):
-            shape = (w, 1, 1)
-            if shape not in _SHAPE_BYTES:
-                _SHAPE_BYTES[shape] = _bitmap_bytes(entry[lo[at[0]]:hi[at[0]]])
-            out[at] = _SHAPE_BYTES[shape]
-    multi = ~single
-    single &= ~one
-    keys = card * 65_537 + runs  # runs <= 32,768 < 65,537
-    for key in np.unique(keys[single] * 2 + wide[single]).tolist():
-        shape = (bool(key & 1), (key >> 1) // 65_537, (key >> 1) % 65_537)
-        at = np.flatnonzero(single & (keys == key >> 1) & (wide == bool(key & 1)))
-        if shape not in _SHAPE_BYTES:
-            i = int(at[0])
-            _SHAPE_BYTES[shape] = _bitmap_bytes(entry[lo[i]:hi[i]])
-        out[at] = _SHAPE_BYTES[shape]
-    for i in np.flatnonzero(multi).tolist():  # several containers: build it
-        out[i] = _bitmap_bytes(entry[lo[i]:hi[i]])
-    return out
-
-
 _INT_SIZES = np.array([sys.getsizeof((1 << (b - 1)) if b else 0) for b in range(256)], dtype=np.int64)
 
 
@@ -195,62 +138,29 @@ def _lookup(fn, values: np.ndarray) -> np.ndarray:
     return np.array([fn(int(v)) for v in uniq.tolist()], dtype=np.int64)[inv.reshape(-1)]
 
 
-def _indexes_at(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucket: np.ndarray, k: int,
+def _indexes_at(occ_c: np.ndarray, seen: np.ndarray, now: np.ndarray, ledger: np.ndarray,
+                entry: np.ndarray, bucket: np.ndarray, start: np.ndarray, k: int, bits: int,
                 costs: IndexCosts) -> np.ndarray:
-    """Bytes of a fresh index per consumer holding its occurrences.
+    """What a live index per consumer holds at that consumer's peak instant.
 
-    ``owner``: consumer index (0..k-1) of each occurrence; rows sorted by
-    ``(owner, ledger, entry)``. Returns a ``5 × k`` array: index bytes,
-    roaring bytes, buckets, bitmaps, ledgers. Runtime: O(n log n) in numpy
-    plus one bitmap build per distinct bitmap shape (or per bitmap spanning
-    several 2^16 blocks).
+    ``occ_c``: consumer index (0..k-1, non-decreasing) of each occurrence;
+    ``seen``: added by the consumer's peak instant; ``now``: still pending
+    there. Returns a ``5 × k`` array: index bytes, roaring bytes, buckets,
+    cells, ledgers (:class:`~nacktracker.pipeline.memory_model.IndexState`;
+    a consumer never pending gets an empty index). Runtime: one
+    :func:`~nacktracker.pipeline.memory_model.index_state` per consumer
+    pending at some instant, O(m log m) numpy plus its bitmaps for the m
+    occurrences it saw up to its peak.
     """
     out = np.zeros((5, k), dtype=np.int64)
-    out[0] = costs.index_bytes(0, 0)
-    if len(owner) == 0:
+    out[0] = costs.empty_index
+    rows = np.flatnonzero(seen)
+    if len(rows) == 0:
         return out
-    if _sorted_by(owner, bucket):  # sequential workloads: buckets already grow with (ledger, entry)
-        c, b, l, e = owner, bucket, ledger, entry
-    else:
-        order = np.lexsort((bucket, owner))  # stable: keeps (ledger, entry) order per (owner, bucket)
-        c, b, l, e = owner[order], bucket[order], ledger[order], entry[order]
-    n = len(c)
-    new = np.ones(n, dtype=bool)
-    new[1:] = (c[1:] != c[:-1]) | (b[1:] != b[:-1]) | (l[1:] != l[:-1])
-    lo = np.flatnonzero(new)
-    hi = np.append(lo[1:], n)
-    bc, bb, bl = c[lo], b[lo], l[lo]  # one row per bitmap, sorted by (owner, bucket, ledger)
-    roaring = np.bincount(bc, weights=_bitmaps_bytes(e, lo, hi), minlength=k)
-    # the composite key int per bitmap: bucket << 64 | ledger
-    key_bits = np.where(bb > 0, 64 + _bit_lengths(bb), _bit_lengths(bl))
-    keys = np.bincount(bc, weights=_int_sizes(key_bits), minlength=k)
-    # per ledger: its int and its dict of keys
-    if _sorted_by(bc, bl):  # one ledger per bucket and consumer, or ledgers in bucket order
-        lc, ll = bc, bl
-    else:
-        lorder = np.lexsort((bl, bc))
-        lc, ll = bc[lorder], bl[lorder]
-    lnew = np.ones(len(lc), dtype=bool)
-    lnew[1:] = (lc[1:] != lc[:-1]) | (ll[1:] != ll[:-1])
-    lheads = np.flatnonzero(lnew)
-    per_ledger = np.diff(np.append(lheads, len(lc)))
-    ledger_owner = lc[lheads]
-    ledger_ints = np.bincount(ledger_owner, weights=_int_sizes(_bit_lengths(ll[lheads])), minlength=k)
-    ledger_dicts = np.bincount(ledger_owner, weights=_lookup(dict_bytes, per_ledger), minlength=k)
-    n_ledgers = np.bincount(ledger_owner, minlength=k)
-    n_bitmaps = np.bincount(bc, minlength=k)
-    # the newest bucket's bitmaps (the set of keys touched since the last compaction)
-    newest_bucket = np.zeros(k, dtype=np.int64)
-    newest_bucket[bc] = bb  # sorted by bucket within owner: the last write is the newest
-    newest = np.bincount(bc[bb == newest_bucket[bc]], minlength=k)
-    bnew = np.ones(len(bc), dtype=bool)
-    bnew[1:] = (bc[1:] != bc[:-1]) | (bb[1:] != bb[:-1])
-    buckets = np.bincount(bc[bnew], minlength=k)
-    exact = (np.round(roaring + keys + ledger_ints + ledger_dicts).astype(np.int64)
-             + _lookup(lambda v: dict_bytes(v, literal=False), n_ledgers) + _lookup(set_bytes, newest))
-    out[0] = [costs.index_bytes(int(x), int(nb)) for x, nb in zip(exact.tolist(), n_bitmaps.tolist())]
-    out[1] = np.round(roaring).astype(np.int64)
-    out[2], out[3], out[4] = buckets, n_bitmaps, n_ledgers
+    heads = np.searchsorted(occ_c[rows], np.arange(k + 1))
+    for c in np.flatnonzero(np.diff(heads)).tolist():
+        r = rows[heads[c]:heads[c + 1]]
+        out[:, c] = index_state(ledger[r], entry[r], bucket[r], start[r], now[r], bits, costs)
     return out
 
 
@@ -535,11 +445,14 @@ def _group_bits(lcid, k, nacks, ledger, entry, ts, due, new_message, bits, costs
         immediate = np.bincount(lcid[bucket <= ts], minlength=k)
     peak, at, p_at, p_max = _sweep(occ_c[live], start[live], occ_bucket[live], k, grid)
 
-    # memory at each consumer's peak: the occurrences pending at that instant
+    # memory at each consumer's peak: the live layout depends on what arrived
+    # up to that instant (dense cells come from runs of adds), so the model
+    # gets every occurrence seen by then and which of them are still pending
     at_occ = at[occ_c] if k > 1 else at[0]
-    sel = np.flatnonzero(live & (start <= at_occ) & (occ_bucket > at_occ))
-    assert np.array_equal(np.bincount(occ_c[sel], minlength=k), peak), "pending at the peak instant != peak"
-    mem = _indexes_at(occ_c[sel], occ_ledger[sel], occ_entry[sel], occ_bucket[sel], k, costs)
+    seen = live & (start <= at_occ)
+    now = seen & (occ_bucket > at_occ)
+    assert np.array_equal(np.bincount(occ_c[now], minlength=k), peak), "pending at the peak instant != peak"
+    mem = _indexes_at(occ_c, seen, now, occ_ledger, occ_entry, occ_bucket, start, k, bits, costs)
 
     err = np.maximum(bucket, ts) - due  # redelivered at its bucket, or at once if that had passed
     values, counts, quantiles = _error_histograms(lcid, err, k)

@@ -68,13 +68,13 @@ class Progress:
     def _watch(self, name: str, started: float, stop: threading.Event) -> None:
         try:
             tracker = self.spark.sparkContext.statusTracker()
-        except Exception:  # the session went away: nothing to follow
+        except Exception:  # noqa: BLE001  (the session went away: nothing to follow)
             return
         last_text, last_print = None, 0.0
         while not stop.wait(self.poll_s):
             try:
                 stages = [tracker.getStageInfo(s) for s in tracker.getActiveStageIds()]
-            except Exception:
+            except Exception:  # noqa: BLE001  (a progress line is best effort)
                 return
             stages = [s for s in stages if s is not None]
             if not stages:

@@ -330,7 +330,7 @@ def probe_executors(spark, timeout_s: float = 60.0, tasks: Optional[int] = None)
         try:
             sc.setJobGroup(group, "nacktracker: check the executors' Python", interruptOnCancel=True)
             box["rows"] = sc.parallelize(range(n), n).mapPartitionsWithIndex(probe).collect()
-        except BaseException as e:  # handed to the caller's thread
+        except BaseException as e:  # noqa: BLE001  (handed to the caller's thread)
             box["error"] = e
 
     from pyspark import InheritableThread

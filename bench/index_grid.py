@@ -1,0 +1,319 @@
+"""The index on real client traffic: the grid of issue 12, a fresh process per cell.
+
+Traffic of one consumer: nacks arrive at ``rate`` per second, each message
+``k`` entries after the previous nacked one of its ledger, round-robin over
+``ledgers`` interleaved ledgers, each with its own delay: ``backoff`` (one of
+1, 2, 4, 8, 16, 32, 60 s, equally likely: messages at every redelivery count)
+or ``uniform`` (0.1-60 s). The driver plays it millisecond by millisecond like
+a live tracker (adds, then ``pop_due`` whenever ``next_due_ms()`` has come)
+for ``seconds`` of simulated time (60 s of delays fill, then steady state),
+then measures in that process:
+
+* memory: RSS growth since before the index was made, and ``nbytes()``, per
+  pending message (both indexes hold exactly the same set at the end);
+* CPU per call at that steady state (thread CPU time, best of 5 chunks):
+  ``add`` (the stream goes on), ``discard`` of a pending id (hit) and of an
+  id that is not pending (miss: a message between two nacked ones, what
+  every ``acknowledge`` does).
+
+DictIndex runs the same cell in its own fresh process, in the same run (its
+memory does not depend on ``bits``: once per cell). Its pops come from a
+scan every 2 s instead of every ms (a scan is O(n)); the end state is the same.
+
+Two scenarios beside the grid:
+
+* ``flatness``: discard-miss CPU at 30k, 100k and 300k pending (bits 0);
+* ``parked``: one nack parked for an hour, then 10,000 nacks/s for 90 s:
+  the longest single ``add`` and ``pop_due`` (the timer callback's work).
+
+    python bench/index_grid.py --out bench/results/index-grid    # full: ~20 min on 2 free cores
+    python bench/index_grid.py --quick --out /tmp/grid            # seconds (the test runs it)
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPEATS = 5  # per-call timings: best of this many chunks
+BACKOFF_MS = (1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 60_000)
+FULL = dict(delays=("backoff", "uniform"), ks=(1, 3, 8, 20), ledgers=(1, 16),
+            rates=(10, 100, 1_000, 10_000), bits=(0, 4, 8, 10), seconds=70)
+QUICK = dict(delays=("uniform",), ks=(3,), ledgers=(16,), rates=(1_000,), bits=(0, 8), seconds=4,
+             target_pending=2_000)
+FULL["target_pending"] = 50_000
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One traffic shape of the grid."""
+
+    delays: str
+    k: int
+    ledgers: int
+    rate: int
+    seconds: int
+
+    def label(self) -> str:
+        return f"{self.delays} k={self.k} L={self.ledgers} {self.rate}/s"
+
+
+class Traffic:
+    """The nack stream of a cell, generated on the fly (no per-message state,
+    so the driver adds nothing to the RSS being measured)."""
+
+    def __init__(self, cell: Cell, seed: int = 1) -> None:
+        self.cell = cell
+        self.rng = random.Random(seed)
+        self.next_entry = [0] * cell.ledgers
+        self.i = 0
+
+    def delay(self) -> int:
+        if self.cell.delays == "backoff":
+            return BACKOFF_MS[self.rng.randrange(len(BACKOFF_MS))]
+        return self.rng.randint(100, 60_000)
+
+    def nack(self) -> tuple[int, int, int]:
+        """``(ledger_id, entry_id, delay_ms)`` of the next nack."""
+        j = self.i % self.cell.ledgers
+        self.i += 1
+        entry = self.next_entry[j]
+        self.next_entry[j] = entry + self.cell.k
+        return 1_000_000 + 7 * j, entry, self.delay()
+
+    def per_ms(self, t_ms: int) -> int:
+        """Nacks arriving during millisecond ``t_ms`` (an even spread)."""
+        r = self.cell.rate
+        return (t_ms + 1) * r // 1000 - t_ms * r // 1000
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _per_call_ns(chunks: list[list[tuple]]) -> float:
+    """CPU ns per call, the best of several chunks: each chunk is a list of
+    ``(bound method, *args)``; thread CPU time, so preemption by other
+    processes on a shared machine does not count (the minimum drops what
+    noise is left), with the garbage collector off as in bench/throughput.py."""
+    best = float("inf")
+    gc.disable()
+    try:
+        for chunk in chunks:
+            if not chunk:
+                continue
+            t = time.thread_time_ns()
+            for fn, *args in chunk:
+                fn(*args)
+            best = min(best, (time.thread_time_ns() - t) / len(chunk))
+    finally:
+        gc.enable()
+    return best
+
+
+def _warm_up(cls, cell: Cell, bits: int) -> None:
+    """Run every code path once on a throwaway index, so one-time costs
+    (numpy's first sort, interpreter caches) are not counted as the index's."""
+    idx, traffic = cls(precision_bits=bits), Traffic(cell, seed=99)
+    for i in range(2_000):
+        ledger, entry, delay = traffic.nack()
+        idx.add(ledger, entry, i + delay % 1_000)
+        if i % 50 == 0:
+            idx.pop_due(i)
+            idx.next_due_ms()
+        idx.discard(ledger, entry + 1)
+    idx.pop_due(10**6)
+    idx.nbytes()
+
+
+def replicas_for(cell: Cell, target_pending: int) -> int:
+    """Independent consumers per process, so small cells rise above page noise."""
+    mean_delay_s = sum(BACKOFF_MS) / len(BACKOFF_MS) / 1000 if cell.delays == "backoff" else 30.05
+    return max(1, round(target_pending / (cell.rate * mean_delay_s)))
+
+
+def measure_cell(index: str, cell: Cell, bits: int, target_pending: int = 100_000, calls: int = 3000) -> dict:
+    """Play a cell in this process and measure it (run it in a fresh one).
+
+    Low-rate cells run ``replicas_for`` independent consumers (each its own
+    index and stream) so RSS growth is well above page granularity; figures
+    are per pending message over all of them, per-call CPU is replica 0's.
+    """
+    import nacktracker
+
+    cls = getattr(nacktracker, index)
+    n = replicas_for(cell, target_pending)
+    t0 = 1_000_000_000
+    _warm_up(cls, cell, bits)
+    # the driver's own state (streams, lists) exists before the baseline: only the indexes grow RSS
+    streams = [Traffic(cell, seed=j + 1) for j in range(n)]
+    live = index == "TimeBucketIndex"  # pops as its timer would; the dict baseline scans every 2 s
+    due_at: list = [None] * n
+    indexes: list = []
+    gc.collect()
+    before = rss_bytes()
+    indexes.extend(cls(precision_bits=bits) for _ in range(n))
+    end = cell.seconds * 1000
+    arrivals = cell.rate * cell.seconds
+    next_scan = 0
+    for i in range(arrivals):
+        now = t0 + i * 1000 // cell.rate
+        if not live and now >= next_scan:
+            for idx in indexes:
+                idx.pop_due(now)
+            next_scan = now + 2_000
+        for j in range(n):
+            idx = indexes[j]
+            if live and due_at[j] is not None and due_at[j] <= now:
+                idx.pop_due_bitmaps(now)
+                due_at[j] = None
+            ledger, entry, delay = streams[j].nack()
+            idx.add(ledger, entry, now + delay)
+            if live and (due_at[j] is None or now + delay < due_at[j]):
+                due_at[j] = idx.next_due_ms()
+    now = t0 + end
+    for idx in indexes:
+        idx.pop_due(now)  # both indexes now hold exactly the nacks due after `now`
+    gc.collect()
+    grown = rss_bytes() - before
+    nbytes, pending = sum(i.nbytes() for i in indexes), sum(map(len, indexes))
+    first = indexes[0]
+    more = [[(first.add, lg, e, now + d) for lg, e, d in (streams[0].nack() for _ in range(calls))]
+            for _ in range(REPEATS)]
+    misses = [(first.discard, lg, e + 1 if cell.k > 1 else e + 10**9) for _, lg, e, _ in more[0]]
+    # pending ids for the discard-hit timing: nacked now (after the RSS reading), due in 30 s
+    found = []
+    for j in range(REPEATS * calls):
+        idx = indexes[j % n]
+        lg, e, _ = streams[j % n].nack()
+        idx.add(lg, e, now + 30_000)
+        found.append((idx.discard, lg, e))
+    return {
+        "index": index, **asdict(cell), "bits": bits, "replicas": n, "pending": pending, "nbytes": nbytes,
+        "rss_growth": grown, "nbytes_per_pending": nbytes / max(1, pending),
+        "rss_per_pending": grown / max(1, pending),
+        "discard_miss_ns": _per_call_ns([misses] * REPEATS),
+        "add_ns": _per_call_ns(more),
+        "discard_hit_ns": _per_call_ns([found[i::REPEATS] for i in range(REPEATS)]),
+        "hits": len(found),
+    }
+
+
+def flatness(sizes=(30_000, 100_000, 300_000), calls: int = 20_000) -> list[dict]:
+    """Discard-miss CPU per call at growing pending counts (bits 0, 16 ledgers, uniform)."""
+    import nacktracker
+
+    rows = []
+    for index in ("TimeBucketIndex", "DictIndex"):
+        for n in sizes:
+            traffic = Traffic(Cell("uniform", 3, 16, 1000, 0))
+            idx = getattr(nacktracker, index)(precision_bits=0)
+            nacks = [traffic.nack() for _ in range(n)]
+            for lg, e, d in nacks:
+                idx.add(lg, e, 1_000_000 + d)
+            misses = [(idx.discard, lg, e + 1) for lg, e, _ in nacks[:: max(1, n // calls)]]
+            best = _per_call_ns([misses] * REPEATS)
+            rows.append({"index": index, "pending": len(idx), "discard_miss_ns": best})
+    return rows
+
+
+def parked(rate: int = 10_000, seconds: int = 90, bits: int = 0) -> dict:
+    """One nack parked for an hour, then ``rate`` nacks/s: the longest single
+    ``add`` and ``pop_due`` (as the tracker's timer calls it: pop, then
+    ``next_due_ms``), as CPU time of this thread (what the index costs the
+    event loop) and as wall time (which also counts preemption by other
+    processes on a shared machine)."""
+    import nacktracker
+
+    idx = nacktracker.TimeBucketIndex(precision_bits=bits)
+    traffic = Traffic(Cell("uniform", 1, 16, rate, seconds))
+    t0 = 1_000_000_000
+    idx.add(1, 1, t0 + 3_600_000)
+    idx.next_due_ms()
+    worst = {"add_cpu": 0.0, "add_wall": 0.0, "pop_cpu": 0.0, "pop_wall": 0.0}
+    adds = pops = 0
+    cpu, wall = time.thread_time, time.perf_counter
+    gc.disable()
+    try:
+        due_at = None
+        for t in range(seconds * 1000):
+            now = t0 + t
+            for _ in range(traffic.per_ms(t)):
+                ledger, entry, delay = traffic.nack()
+                c, w = cpu(), wall()
+                idx.add(ledger, entry, now + delay)
+                worst["add_cpu"] = max(worst["add_cpu"], cpu() - c)
+                worst["add_wall"] = max(worst["add_wall"], wall() - w)
+                adds += 1
+                if due_at is not None and now + delay < due_at:
+                    due_at = None
+            if due_at is None or due_at <= now:
+                c, w = cpu(), wall()
+                idx.pop_due_bitmaps(now)
+                due_at = idx.next_due_ms()
+                worst["pop_cpu"] = max(worst["pop_cpu"], cpu() - c)
+                worst["pop_wall"] = max(worst["pop_wall"], wall() - w)
+                pops += 1
+    finally:
+        gc.enable()
+    return {"rate": rate, "seconds": seconds, "bits": bits, "adds": adds, "pops": pops, "pending": len(idx),
+            "max_add_ms": worst["add_cpu"] * 1e3, "max_pop_ms": worst["pop_cpu"] * 1e3,
+            "max_add_wall_ms": worst["add_wall"] * 1e3, "max_pop_wall_ms": worst["pop_wall"] * 1e3,
+            "loadavg": os.getloadavg()}
+
+
+# -- running the grid ------------------------------------------------------------------
+
+def _fresh(args: list[str]) -> dict:
+    out = subprocess.run([sys.executable, __file__, *args], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def configurations(spec: dict) -> list[tuple[str, Cell, int]]:
+    out = []
+    for delays, k, ledgers, rate in itertools.product(spec["delays"], spec["ks"], spec["ledgers"], spec["rates"]):
+        cell = Cell(delays, k, ledgers, rate, spec["seconds"])
+        out.append(("DictIndex", cell, 0))
+        out.extend(("TimeBucketIndex", cell, bits) for bits in spec["bits"])
+    return out
+
+
+def run(quick: bool = False, workers: int = 2, progress=None) -> dict:
+    spec = QUICK if quick else FULL
+    configs = configurations(spec)
+    load = os.getloadavg()
+
+    def one(cfg):
+        index, cell, bits = cfg
+        row = _fresh(["--one", index, json.dumps(asdict(cell)), str(bits), str(spec["target_pending"])])
+        if progress:
+            progress(f"grid {index} {cell.label()} bits={bits}")
+        return row
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:  # each cell is its own process
+        rows = list(pool.map(one, configs))
+    extra = _fresh(["--scenarios", "1" if quick else "0"])
+    return {"quick": quick, "spec": spec, "rows": rows, **extra,
+            "loadavg_before": load, "loadavg_after": os.getloadavg()}
+
+
+def scenarios(quick: bool) -> dict:
+    return {"flatness": flatness((3_000, 30_000) if quick else (30_000, 100_000, 300_000)),
+            "parked": parked(seconds=3 if quick else 90)}
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from index_grid_report import main
+
+    sys.exit(main(sys.argv[1:]))

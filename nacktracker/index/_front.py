@@ -1,0 +1,214 @@
+"""The front of the time order of :class:`~nacktracker.index.TimeBucketIndex`:
+opening windows, gathering the earliest bucket into cells, dropping ghosts,
+releasing popped cells. A mixin, state in the index's slots."""
+
+from __future__ import annotations
+
+import array
+import bisect
+import heapq
+from typing import Iterator
+
+import numpy as np
+from pyroaring import BitMap, BitMap64
+
+from ._parts import M32, Ledger, Window, common, merge_into
+
+
+class FrontMixin:
+    """Taking buckets off the front; see :mod:`.buckets`."""
+
+    __slots__ = ()
+
+    def _unghost(self, led: Ledger, key: tuple[int, int]) -> None:
+        del self._ghosts[key]
+        led.ghost.discard(key[1])
+        if not led.ghost:
+            led.ghost = None
+
+    def _release(self, led: Ledger, w: Window, bucket: int, cell: BitMap | BitMap64) -> None:
+        """Account for a popped cell (ghost copies already dropped)."""
+        n = len(cell)
+        self._churn += n
+        self._count -= n
+        gone = cell
+        if led.ghost is not None:
+            for e in common(cell, led.ghost):
+                self._ghosts[(led.slot, e)].revived.discard(bucket)
+        if led.multi is not None:
+            still = []
+            for e in common(cell, led.multi):
+                key = (led.slot, e)
+                left = self._multi[key] - 1
+                if left == 1:
+                    del self._multi[key]
+                    led.multi.discard(e)
+                else:
+                    self._multi[key] = left
+                still.append(e)
+            if not led.multi:
+                led.multi = None
+            if still:
+                gone = type(cell)(cell)
+                for e in still:
+                    gone.discard(e)
+        self._live.difference_update(self._keyed(led, gone))
+        if led.wide is not None and type(gone) is BitMap64:
+            led.wide.difference_update(gone)
+            if not led.wide:
+                led.wide = None
+        if self._churn >= self._compact_at:
+            self._compact_live()
+        if led.ghost is None and not self._has_live(led):
+            self._drop_ledger(led)
+
+    def _drop_ledger(self, led: Ledger) -> None:
+        del self._by_id[led.ledger_id]
+        self._ledgers[led.slot] = None
+        self._free.append(led.slot)
+        if self._hot_led is led:
+            self._reset_hot()
+
+    def _front(self) -> tuple[int, Window, int] | None:
+        """``(bucket, window, offset)`` of the earliest bucket holding a live
+        copy, gathered into dense cells with its ghosts dropped; None if empty."""
+        heap, windows = self._wheap, self._windows
+        while heap:
+            wid = heap[0]
+            w = windows[wid]
+            if w.empty():
+                heapq.heappop(heap)
+                del windows[wid]
+                if self._hot_win is w:
+                    self._reset_hot()
+                continue
+            off = self._front_offset(w)
+            bucket = wid << self._wshift | off << self.precision_bits
+            if self._gather(w, off, bucket):
+                return bucket, w, off
+        return None
+
+    def _front_offset(self, w: Window) -> int:
+        tail = len(w.packed) - w.upto
+        if w.upto < 0 or tail > max(256, (w.upto - w.pos) >> 3):
+            self._sort(w)  # first time at the front, or a long unsorted tail
+        best = w.tail_min
+        if w.pos < w.upto:
+            best = min(best, self._lay.offset_of(w.packed[w.pos]))
+        keys = w.dense_keys
+        while keys and keys[0] not in w.dense:
+            heapq.heappop(keys)
+        return min(best, keys[0] >> 32) if keys else best
+
+    def _sort(self, w: Window) -> None:
+        """Sort what is left of the window's array in place, in C. Runtime: O(w log w)."""
+        self._reset_hot()  # the hot run's copies no longer sit at the tail
+        if w.pos:
+            del w.packed[:w.pos]
+        if w.packed:
+            w.view().sort()
+        w.pos, w.upto, w.tail_min = 0, len(w.packed), Window.NO_TAIL
+
+    def _gather(self, w: Window, off: int, bucket: int) -> bool:
+        """Move the sparse copies of bucket ``off`` into its dense cells and
+        drop its ghost copies. Runtime: O(log w + k) for k copies from the
+        sorted part; O(t) in C more when the unsorted tail of t has some.
+        Returns whether the bucket holds a live copy."""
+        lay, packed = self._lay, w.packed
+        parts: list[array.array] = []  # packed values of this bucket
+        if w.pos < w.upto and lay.offset_of(packed[w.pos]) == off:
+            j = w.upto if off == self._omask else bisect.bisect_left(
+                packed, (off + 1) << lay.offset_shift, w.pos, w.upto)
+            parts.append(packed[w.pos:j])
+            w.pos = j
+        if w.tail_min == off:
+            parts.append(self._take_from_tail(w, off))
+        if parts:
+            self._reset_hot()
+            if w.pos * 8 >= len(packed):  # cut the taken prefix (an eighth): amortised O(1)
+                del packed[:w.pos]
+                w.upto -= w.pos
+                w.pos = 0
+            for s, ids in self._by_slot(parts):
+                cell = w.dense.get(off << 32 | s)
+                self._set_cell(w, off, s, ids if cell is None else merge_into(cell, ids))
+        if self._ghost_copies:
+            return self._drop_ghosts(w, off, bucket)
+        return bool(w.dense_keys) and w.dense_keys[0] >> 32 == off
+
+    def _take_from_tail(self, w: Window, off: int) -> array.array:
+        """Remove and return the tail's copies of bucket ``off``; update
+        ``tail_min``. Runtime: O(t): a Python loop for a short tail (numpy's
+        per-call cost would dominate), numpy for a long one."""
+        lay, packed = self._lay, w.packed
+        if len(packed) - w.upto <= 64:
+            got, keep, low = array.array("Q"), array.array("Q"), Window.NO_TAIL
+            for v in packed[w.upto:]:
+                o = lay.offset_of(v)
+                if o == off:
+                    got.append(v)
+                else:
+                    keep.append(v)
+                    low = min(low, o)
+            del packed[w.upto:]
+            packed.extend(keep)
+            w.tail_min = low
+            return got
+        view = w.view()
+        tail = view[w.upto:]
+        offs = lay.offsets(tail)
+        hit = offs == off
+        got = array.array("Q")
+        got.frombytes(tail[hit].tobytes())
+        rest, rest_offs = tail[~hit], offs[~hit]
+        del view, tail
+        del packed[w.upto:]
+        packed.frombytes(rest.tobytes())
+        w.tail_min = int(rest_offs.min()) if len(rest_offs) else Window.NO_TAIL
+        return got
+
+    def _by_slot(self, parts: list[array.array]) -> Iterator[tuple[int, BitMap]]:
+        """Packed values of one bucket as ``(slot, bitmap of entry ids)``: a
+        Python loop for a few values, numpy (no object per value) for many."""
+        smask = self._slot_limit - 1
+        if sum(map(len, parts)) <= 64:
+            by_slot: dict[int, list[int]] = {}
+            for part in parts:
+                for v in part:
+                    by_slot.setdefault(v >> 32 & smask, []).append(v & M32)
+            for s, ids in by_slot.items():
+                yield s, BitMap(ids)
+            return
+        vals = np.concatenate([np.frombuffer(p, dtype=np.uint64) for p in parts if p])
+        slots = (vals >> np.uint64(32)) & np.uint64(smask)
+        entries = (vals & np.uint64(M32)).astype(np.uint32)
+        for s in np.unique(slots).tolist():
+            ids = BitMap()
+            ids.update(array.array("I", entries[slots == s].tobytes()))
+            yield s, ids
+
+    def _drop_ghosts(self, w: Window, off: int, bucket: int) -> bool:
+        """Drop the ghost copies of bucket ``off`` (all its copies are in dense
+        cells by now); return whether a live copy is left."""
+        cells = self._take_cells(w, off)
+        for slot, cell in cells.items():
+            led = self._ledgers[slot]
+            if led.ghost is not None:
+                for e in common(cell, led.ghost):
+                    key = (slot, e)
+                    ghost = self._ghosts[key]
+                    if ghost.is_live_in(bucket):
+                        continue
+                    cell.discard(e)
+                    self._ghost_copies -= 1
+                    ghost.count -= 1
+                    if not ghost.count:
+                        self._unghost(led, key)
+            if cell:
+                self._set_cell(w, off, slot, cell)
+            else:
+                if self._hot_dense is cell:
+                    self._reset_hot()
+                if led.ghost is None and not self._has_live(led):
+                    self._drop_ledger(led)
+        return bool(w.dense_keys) and w.dense_keys[0] >> 32 == off

@@ -1,0 +1,191 @@
+"""The named pieces :class:`~nacktracker.index.TimeBucketIndex` is made of.
+
+A *window* covers ``2^max(bits, 12)`` ms of bucket times. It holds the
+*sparse* copies of its messages packed 8 bytes each in one ``array('Q')``
+(``offset | ledger slot | entry id``, see :class:`Layout`), and the *dense*
+cells — a Roaring bitmap per ``(bucket, ledger)`` — for cells that received a
+run of :data:`PROMOTE` adds in a row, hold 64-bit entry ids, or are being
+fired. A *ledger* record holds the ledger's "pending anywhere" bitmap, which
+makes an ack of a message that is not pending O(1).
+"""
+
+from __future__ import annotations
+
+import array
+from dataclasses import dataclass
+
+import numpy as np
+from pyroaring import BitMap, BitMap64
+
+from .._checks import U32
+
+#: A window spans at least 2^14 ms (16 s): big enough that sparse traffic
+#: shares one array per window (4 windows cover 60 s of delays), small enough
+#: that sorting one window when it comes to the front (in C) stays near a
+#: millisecond at 10,000 nacks/s.
+WINDOW_BITS = 14
+#: A (bucket, ledger) cell that gets this many adds in a row becomes a Roaring
+#: bitmap (2 bytes per id or less, runs for consecutive ids) instead of 8 bytes
+#: per id in the window's array.
+PROMOTE = 32
+M32 = (1 << 32) - 1
+#: Changes to a ledger's live bitmap between compactions (at least).
+COMPACT_CHURN = 4096
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a bucket time and a ``(slot, entry)`` pack into one uint64.
+
+    ``offset`` (the bucket's index inside its window) takes the top
+    ``offset_bits``, the ledger slot the next ``32 - offset_bits`` bits, the
+    entry id the low 32. Sorted packed values are therefore in
+    ``(bucket, slot, entry)`` order.
+    """
+
+    bits: int
+    offset_bits: int
+
+    @classmethod
+    def for_bits(cls, bits: int) -> "Layout":
+        return cls(bits, max(0, WINDOW_BITS - bits))
+
+    @property
+    def window_shift(self) -> int:
+        return self.bits + self.offset_bits
+
+    @property
+    def offset_shift(self) -> int:
+        return 64 - self.offset_bits
+
+    @property
+    def slot_limit(self) -> int:
+        return 1 << (32 - self.offset_bits)
+
+    def offsets(self, values: np.ndarray) -> np.ndarray:
+        """The offset of each packed value (vectorised)."""
+        if self.offset_bits == 0:
+            return np.zeros(len(values), dtype=np.uint64)
+        return values >> np.uint64(self.offset_shift)
+
+    def offset_of(self, value: int) -> int:
+        return value >> self.offset_shift if self.offset_bits else 0
+
+
+NO_CELLS: dict = {}
+NO_KEYS: list = []
+
+
+class Window:
+    """One time window: packed sparse copies plus dense cells.
+
+    Before the window reaches the front of the time order ``upto == -1`` and
+    ``packed`` is in arrival order. Opening it sorts ``packed`` in place (in
+    C); then ``packed[pos:upto]`` is the sorted remainder (``pos`` advances as
+    buckets are taken; the taken prefix is cut off once it is an eighth of the
+    array), ``packed[upto:]`` the unsorted tail of adds since, and
+    ``tail_min`` the smallest offset in that tail. ``dense``: offset -> slot
+    ``dense``: ``offset << 32 | slot`` -> bitmap (one flat dict: a cell costs a
+    dict slot and a key, not a dict per bucket); ``dense_keys``: a heap of
+    those keys (stale ones skipped), so the earliest cells come first; both are the shared empty :data:`NO_CELLS`/:data:`NO_KEYS`
+    (never written to) until the window's first dense cell, so a sparse
+    window costs its object and its array only. The window is empty when
+    nothing is left in either.
+    """
+
+    __slots__ = ("packed", "pos", "upto", "tail_min", "dense", "dense_keys")
+
+    NO_TAIL = 1 << 64
+
+    def __init__(self) -> None:
+        self.packed = array.array("Q")
+        self.pos = 0
+        self.upto = -1
+        self.tail_min = self.NO_TAIL
+        self.dense: dict[int, BitMap | BitMap64] = NO_CELLS  # made on the first cell
+        self.dense_keys: list[int] = NO_KEYS
+
+    def view(self) -> np.ndarray:
+        """A zero-copy uint64 view of ``packed``; drop it before appending."""
+        if not self.packed:
+            return np.zeros(0, dtype=np.uint64)
+        return np.frombuffer(self.packed, dtype=np.uint64)
+
+    def empty(self) -> bool:
+        return self.pos == len(self.packed) and not self.dense
+
+
+class Ledger:
+    """What the index knows about one ledger, besides its live ids.
+
+    The live ids ("pending anywhere") of every ledger share one index-wide
+    ``BitMap64`` keyed ``slot << 32 | entry`` (``key`` is ``slot << 32``): a
+    ledger with a handful of pending ids costs a container, not a bitmap.
+    ``wide``: its live ids >= 2^32 (rare); ``multi``: the few ids pending in
+    two or more buckets (their counts live in the index's ``_multi``);
+    ``ghost``: ids acked while pending whose copies still sit in cells
+    (records in ``_ghosts``). The record (and its slot) goes when the ledger
+    has no live id and no ghost: no copy of it is left in any cell.
+    """
+
+    __slots__ = ("ledger_id", "slot", "key", "wide", "multi", "ghost")
+
+    def __init__(self, ledger_id: int, slot: int) -> None:
+        self.ledger_id = ledger_id
+        self.slot = slot
+        self.key = slot << 32
+        self.wide: BitMap64 | None = None
+        self.multi: set[int] | None = None
+        self.ghost: set[int] | None = None
+
+
+class Ghost:
+    """Copies of an acked message still in cells (dropped when their bucket
+    is taken). ``count``: ghost copies; ``revived``: buckets where the message
+    was nacked again after the ack (those copies are live)."""
+
+    __slots__ = ("count", "revived")
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.revived: set[int] | None = None
+
+    def revive(self, bucket: int) -> None:
+        if self.revived is None:
+            self.revived = set()
+        self.revived.add(bucket)
+
+    def is_live_in(self, bucket: int) -> bool:
+        return self.revived is not None and bucket in self.revived
+
+
+def has(bm: BitMap | BitMap64, entry_id: int) -> bool:
+    """``entry_id in bm``; a 32-bit bitmap cannot hold ids >= 2^32 (and raises)."""
+    return (entry_id < U32 or type(bm) is BitMap64) and entry_id in bm
+
+
+def common(bm: BitMap | BitMap64, ids: set[int]) -> list[int]:
+    """Ids in both, iterating the smaller side. Runtime: O(min(len))."""
+    if len(ids) <= len(bm):
+        return [e for e in ids if has(bm, e)]
+    return [e for e in bm if e in ids]
+
+
+def bitmap_of(ids: np.ndarray) -> BitMap | BitMap64:
+    """A bitmap of uint64 entry ids, 32-bit when they all fit. Runtime: O(k) in C."""
+    if len(ids) and int(ids.max()) >> 32:
+        return BitMap64(array.array("Q", ids.astype(np.uint64).tobytes()))
+    out = BitMap()
+    out.update(array.array("I", ids.astype(np.uint32).tobytes()))
+    return out
+
+
+def merge_into(cell: BitMap | BitMap64, other: BitMap | BitMap64) -> BitMap | BitMap64:
+    """``cell |= other``, widening ``cell`` to 64 bits when needed; returns the cell."""
+    if type(cell) is type(other):
+        cell |= other
+        return cell
+    if type(cell) is BitMap:
+        cell = BitMap64(cell)
+    cell |= BitMap64(other)
+    return cell

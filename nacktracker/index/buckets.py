@@ -1,0 +1,410 @@
+"""TimeBucketIndex: PIP-393's trimmed due time -> ledger -> entry ids, laid
+out to stay small on real client traffic (sparse cells) and on seed 000's
+dense bursts alike. The pieces are in :mod:`._parts`, placing copies in
+:mod:`._cells`, taking buckets off the front in :mod:`._front`; the layout is:
+
+* windows of ``2^max(bits, 14)`` ms in a dict, their ids in a heap (the time
+  order: one entry per window, not per bucket or per (bucket, ledger));
+* inside a window, sparse copies packed 8 bytes each in one ``array('Q')``
+  (sorted in C when the window comes to the front), and dense cells (one
+  Roaring bitmap per (bucket, ledger)) for runs of adds to one cell;
+* per ledger, a "pending anywhere" bitmap: an ack of a message that is not
+  pending is one bitmap lookup, and an ack of a pending one marks its copies
+  as ghosts that are dropped when their bucket is taken (no search).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Iterable, Iterator
+
+import numpy as np
+from pyroaring import BitMap, BitMap64
+
+from .._checks import MAX_DUE, check_int, check_precision, entry_array
+from ._bytes import _roaring_bytes
+from ._cells import CellsMixin
+from ._front import FrontMixin
+from ._parts import COMPACT_CHURN, M32, NO_CELLS, PROMOTE, Ghost, Layout, Ledger, Window, bitmap_of, common, merge_into
+
+__all__ = ["TimeBucketIndex"]
+
+
+class TimeBucketIndex(FrontMixin, CellsMixin):
+    """Pending nacks by bucket time, ledger and entry id.
+
+    The bucket of a due time is the time with its low ``precision_bits``
+    cleared (``rounding="floor"``, Pulsar's ``negativeAckPrecisionBitCnt``: up
+    to 2^bits-1 ms early, never late) or rounded up to the next multiple
+    (``"ceil"``: never early, up to 2^bits-1 ms late). A message is stored once
+    per bucket; ``discard`` removes every occurrence; ``pop_due`` returns
+    ``(ledger, entry)`` in ``(bucket, ledger, entry)`` order. Memory: about
+    10 bytes per sparse pending message, a fraction of a byte for dense runs.
+
+    >>> idx = TimeBucketIndex(precision_bits=0)
+    >>> idx.add(7, 1, due_ms=100); idx.add(7, 2, due_ms=100); idx.add(3, 9, due_ms=50)
+    >>> idx.next_due_ms(), len(idx)
+    (50, 3)
+    >>> idx.pop_due(100)
+    [(3, 9), (7, 1), (7, 2)]
+    """
+
+    __slots__ = ("precision_bits", "rounding", "_add", "_mask", "_lay", "_wshift", "_oshift", "_omask",
+                 "_slot_limit", "_windows", "_wheap", "_by_id", "_ledgers", "_free", "_multi", "_ghosts",
+                 "_ghost_copies", "_count", "_live", "_churn", "_compact_at", "_hot_bucket", "_hot_led", "_hot_win", "_hot_off", "_hot_dense",
+                 "_hot_start")
+
+    def __init__(self, precision_bits: int = 8, rounding: str = "floor") -> None:
+        self._add, self._mask = check_precision(precision_bits, rounding)
+        self.precision_bits: int = precision_bits
+        self.rounding: str = rounding
+        lay = self._lay = Layout.for_bits(precision_bits)
+        self._wshift, self._oshift, self._slot_limit = lay.window_shift, lay.offset_shift, lay.slot_limit
+        self._omask = (1 << lay.offset_bits) - 1
+        self._windows: dict[int, Window] = {}
+        self._wheap: list[int] = []  # window ids; one per window in _windows
+        self._by_id: dict[int, Ledger] = {}  # ledger id -> its record
+        self._ledgers: list[Ledger | None] = []  # by slot
+        self._free: list[int] = []  # freed slots
+        self._multi: dict[tuple[int, int], int] = {}  # (slot, entry) -> live occurrences (>= 2)
+        self._ghosts: dict[tuple[int, int], Ghost] = {}  # (slot, entry) -> acked copies still in cells
+        self._ghost_copies = 0
+        self._count = 0  # live occurrences
+        self._live = BitMap64()  # slot << 32 | entry of every live id < 2^32 (see Ledger)
+        self._churn, self._compact_at = 0, COMPACT_CHURN  # changes to _live until its next compaction
+        self._reset_hot()
+
+    def bucket_of(self, due_ms: int) -> int:
+        """The bucket time a due time maps to. Runtime complexity: O(1)."""
+        return (check_int("due_ms", due_ms, MAX_DUE) + self._add) & self._mask
+
+    def add(self, ledger_id: int, entry_id: int, due_ms: int) -> None:
+        """Track ``(ledger_id, entry_id)`` as due at ``due_ms`` (monotonic ms).
+
+        Ids are ints in ``[0, 2^63)``, ``due_ms`` in ``[0, 2^62)``; anything
+        else raises ``TypeError``/``ValueError`` and changes nothing.
+
+        Runtime complexity: O(1) amortised (an append, or a bitmap add for a
+        cell in a run). A message already pending (or acked while pending)
+        also checks its cell: O(log w + t) for a window of w sparse copies
+        with an unsorted tail of t.
+        """
+        if (type(ledger_id) is not int or type(entry_id) is not int or type(due_ms) is not int
+                or (ledger_id | entry_id) >> 63 or due_ms >> 62):  # negative or too large
+            ledger_id = check_int("ledger_id", ledger_id)
+            entry_id = check_int("entry_id", entry_id)
+            due_ms = check_int("due_ms", due_ms, MAX_DUE)
+        bucket = (due_ms + self._add) & self._mask
+        led = self._hot_led
+        if led is None or led.ledger_id != ledger_id:
+            led = self._by_id.get(ledger_id)
+            if led is None:
+                led = self._ledger(ledger_id)
+        if entry_id >> 32 or led.ghost is not None:
+            self._add_again(led, entry_id, bucket)
+            return
+        try:
+            self._live.add_checked(led.key | entry_id)
+        except KeyError:  # already pending somewhere
+            self._add_again(led, entry_id, bucket)
+            return
+        self._count += 1
+        if bucket == self._hot_bucket and led is self._hot_led:  # a burst into the last cell
+            w = self._hot_win
+            cell = self._hot_dense
+            if cell is not None:
+                cell.add(entry_id)
+                return
+            w.packed.append(self._hot_off << self._oshift | led.slot << 32 | entry_id)
+            if len(w.packed) - self._hot_start >= PROMOTE:
+                self._promote(w)
+            return
+        w = self._windows.get(bucket >> self._wshift)
+        if w is None or w.dense or self._hot_dense is not None or led.slot >= self._slot_limit:
+            self._put(led, entry_id, bucket)
+            return
+        # another sparse cell of an existing window (interleaved traffic): inline _make_hot
+        self._churn += 1
+        if self._churn >= self._compact_at:
+            self._compact_live()
+        off = (bucket >> self.precision_bits) & self._omask
+        packed = w.packed
+        self._hot_start = len(packed)
+        packed.append(off << self._oshift | led.slot << 32 | entry_id)
+        if off < w.tail_min and w.upto >= 0:  # an add into a window already open
+            w.tail_min = off
+        self._hot_bucket, self._hot_led, self._hot_win, self._hot_off = bucket, led, w, off
+
+    def add_many(self, ledger_id: int, entry_ids: Iterable[int], due_ms: int) -> None:
+        """Track many entries of one ledger, all due at ``due_ms``.
+
+        ``entry_ids``: ``array.array('I')`` or a numpy integer array (converted
+        without a per-element Python loop), any integer ``array.array``, or any
+        iterable of ints. Runtime complexity: O(k) in C for k ids none of which
+        is pending; O(k) adds otherwise (and below 32 ids).
+        """
+        if type(ledger_id) is not int or type(due_ms) is not int or ledger_id >> 63 or due_ms >> 62:
+            ledger_id = check_int("ledger_id", ledger_id)
+            due_ms = check_int("due_ms", due_ms, MAX_DUE)
+        ids = entry_array(entry_ids)
+        if len(ids) < PROMOTE:
+            for e in ids:
+                self.add(ledger_id, e, due_ms)
+            return
+        new = BitMap(ids) if ids.typecode == "I" else BitMap64(ids)
+        led = self._ledger(ledger_id)
+        keyed = self._keyed(led, new)
+        if led.ghost is not None or keyed.intersect(self._live) or (
+                led.wide is not None and type(new) is BitMap64 and new.intersect(led.wide)):
+            for e in new:
+                self.add(ledger_id, e, due_ms)
+            return
+        bucket = (due_ms + self._add) & self._mask
+        self._live |= keyed
+        if type(new) is BitMap64 and new.max() >> 32:
+            led.wide = merge_into(led.wide or BitMap64(), BitMap64(e for e in new if e >> 32))
+        n = len(new)
+        self._churn += n
+        self._count += n
+        w, off, cell = self._make_hot(led, bucket)
+        self._hot_dense = self._set_cell(w, off, led.slot, new if cell is None else merge_into(cell, new))
+
+    def discard(self, ledger_id: int, entry_id: int) -> bool:
+        """Remove every pending occurrence of ``(ledger_id, entry_id)`` (an ack).
+
+        Returns whether anything was pending. Runtime complexity: O(1): one
+        bitmap lookup when the message is not pending; when it is, its copies
+        become ghosts (a small record each) dropped when their bucket is taken.
+        """
+        if type(ledger_id) is not int or type(entry_id) is not int or (ledger_id | entry_id) >> 63:
+            ledger_id = check_int("ledger_id", ledger_id)
+            entry_id = check_int("entry_id", entry_id)
+        led = self._by_id.get(ledger_id)
+        if led is None or not self._has(led, entry_id):
+            return False
+        key = (led.slot, entry_id)
+        n = 1
+        if led.multi is not None and entry_id in led.multi:
+            n = self._multi.pop(key)
+            led.multi.discard(entry_id)
+            if not led.multi:
+                led.multi = None
+        self._live_discard(led, entry_id)
+        self._count -= n
+        self._ghost_copies += n
+        ghost = self._ghosts.get(key)
+        if ghost is None:
+            self._ghosts[key] = Ghost(n)
+            if led.ghost is None:
+                led.ghost = set()
+            led.ghost.add(entry_id)
+        else:  # its live copies were exactly the revived ones
+            ghost.count += n
+            ghost.revived = None
+        return True
+
+    def pop_due_bitmaps(self, now_ms: int) -> list[tuple[int, int, BitMap | BitMap64]]:
+        """Remove everything due at ``now_ms``; return ``(bucket_ms, ledger_id,
+        bitmap)`` triples in ``(bucket, ledger)`` order.
+
+        The bulk form of :meth:`pop_due`: no Python object per message.
+        Runtime complexity: O(w) per window reached (one C sort of its array
+        the first time, then an O(w) C rebuild per bucket taken) plus
+        O(c log c) for the c cells taken.
+        """
+        now_ms = check_int("now_ms", now_ms)
+        out: list[tuple[int, int, BitMap | BitMap64]] = []
+        while True:
+            front = self._front()
+            if front is None or front[0] > now_ms:
+                return out
+            bucket, w, off = front
+            if self._hot_win is w and self._hot_off == off:
+                self._reset_hot()  # its cell leaves the index
+            rows = []
+            for slot, cell in self._take_cells(w, off).items():
+                led = self._ledgers[slot]
+                self._release(led, w, bucket, cell)
+                rows.append((led.ledger_id, cell))
+            rows.sort(key=lambda r: r[0])
+            out.extend((bucket, ledger, cell) for ledger, cell in rows)
+
+    def pop_due(self, now_ms: int) -> list[tuple[int, int]]:
+        """Remove and return every ``(ledger_id, entry_id)`` whose bucket time is
+        ``<= now_ms``, ordered by ``(bucket, ledger, entry)``.
+
+        Runtime complexity: that of :meth:`pop_due_bitmaps` plus O(k) for k messages.
+        """
+        out: list[tuple[int, int]] = []
+        for _, ledger, cell in self.pop_due_bitmaps(now_ms):
+            out.extend((ledger, e) for e in cell)
+        return out
+
+    def next_due_ms(self) -> int | None:
+        """The earliest bucket time, or ``None`` when empty.
+
+        Runtime complexity: O(1) amortised; the first call after a window
+        reaches the front sorts it (O(w log w) in C) and each call with a
+        bucket taken since costs O(w) in C to gather the front bucket.
+        """
+        front = self._front()
+        return None if front is None else front[0]
+
+    def __len__(self) -> int:
+        """Pending occurrences (a message pending in two buckets counts twice). O(1)."""
+        return self._count
+
+    def __bool__(self) -> bool:
+        return self._count > 0
+
+    def __contains__(self, item: object) -> bool:
+        """``(ledger_id, entry_id) in index``. Runtime complexity: O(1)."""
+        try:
+            ledger_id, entry_id = item  # type: ignore[misc]
+        except (TypeError, ValueError):
+            return False
+        if type(ledger_id) is not int or type(entry_id) is not int or entry_id < 0:
+            return False
+        led = self._by_id.get(ledger_id)
+        return led is not None and self._has(led, entry_id)
+
+    def has_ledger(self, ledger_id: int) -> bool:
+        """Whether anything of this ledger is pending. Runtime complexity: O(1)."""
+        led = self._by_id.get(ledger_id)
+        return led is not None and self._has_live(led)
+
+    def bucket_count(self) -> int:
+        """Distinct bucket times pending. Runtime complexity: O(n log n) in C
+        (numpy over the window arrays), no Python object per message. Copies
+        of messages acked while pending count until their bucket is taken."""
+        return sum(len(self._cells_of(w, buckets_only=True)) for w in self._windows.values())
+
+    def bitmap_count(self) -> int:
+        """``(bucket, ledger)`` cells pending. Runtime complexity: O(n log n)
+        in C, as :meth:`bucket_count` (and the same caveat)."""
+        return sum(len(self._cells_of(w, buckets_only=False)) for w in self._windows.values())
+
+    #: Windows with at most this many copies left (sparse plus dense cells) are
+    #: counted exactly by the bounds below: a constant cost per window.
+    SMALL_WINDOW = 64
+
+    def bucket_count_bound(self) -> int:
+        """An upper bound on :meth:`bucket_count` for gauges read often
+        (``NegativeAcksTracker.stats()``, every metrics scrape): a window with
+        at most :data:`SMALL_WINDOW` copies left is counted exactly, a larger
+        one as the fewer of its copies (sparse copies left plus dense cells)
+        and the buckets one window spans. Exact when each window is small or
+        one bucket (``precision_bits >= 14``); ghosts count as in
+        :meth:`bucket_count`. Runtime complexity: O(windows) (at most
+        :data:`SMALL_WINDOW` copies read per window), never O(messages)."""
+        span = 1 << self._lay.offset_bits
+        total = 0
+        for w in self._windows.values():
+            n = len(w.packed) - w.pos + len(w.dense)
+            total += len(self._cells_of(w, buckets_only=True)) if n <= self.SMALL_WINDOW else min(n, span)
+        return total
+
+    def bitmap_count_bound(self) -> int:
+        """An upper bound on :meth:`bitmap_count`, as :meth:`bucket_count_bound`:
+        small windows exactly, a larger one as the fewer of its copies and the
+        cells it can hold (buckets one window spans × ledger slots ever handed
+        out, which no slot in a window reaches). Exact when each window is
+        small or each copy is alone in its ``(bucket, ledger)`` cell.
+        Runtime complexity: O(windows), never O(messages)."""
+        cap = (1 << self._lay.offset_bits) * len(self._ledgers)
+        total = 0
+        for w in self._windows.values():
+            n = len(w.packed) - w.pos + len(w.dense)
+            total += len(self._cells_of(w, buckets_only=False)) if n <= self.SMALL_WINDOW else min(n, cap)
+        return total
+
+    def _cells_of(self, w, buckets_only: bool) -> set[int]:
+        """The window's distinct offsets (or ``offset << 32 | slot`` cells)."""
+        lay = self._lay
+        view = w.view()[w.pos:]
+        if buckets_only:
+            found = set(np.unique(lay.offsets(view)).tolist()) if len(view) else set()
+            return found | {key >> 32 for key in w.dense}
+        top = np.unique(view >> np.uint64(32)).tolist() if len(view) else []  # offset | slot
+        cut, smask = 32 - lay.offset_bits, self._slot_limit - 1
+        return {(t >> cut) << 32 | (t & smask) for t in top} | set(w.dense)
+
+    def iter_bitmaps(self) -> Iterator[tuple[int, int, BitMap | BitMap64]]:
+        """``(bucket_ms, ledger_id, bitmap)`` of the live copies in order, without
+        removing them. The bitmaps are fresh: mutating them changes nothing.
+        Runtime complexity: O(n log n) for n copies."""
+        lay = self._lay
+        for wid in sorted(self._windows):
+            w = self._windows[wid]
+            cells: dict[tuple[int, int], BitMap | BitMap64] = {}
+            for key, cell in w.dense.items():
+                cells[key >> 32, key & M32] = type(cell)(cell)
+            view = w.view()[w.pos:]
+            if len(view):
+                offs = lay.offsets(view)
+                slots = (view >> np.uint64(32)) & np.uint64(self._slot_limit - 1)
+                order = np.lexsort((slots, offs))
+                keys = np.stack((offs[order], slots[order]), axis=1)
+                cut = np.flatnonzero((keys[1:] != keys[:-1]).any(axis=1)) + 1
+                entries = (view & np.uint64(M32))[order]
+                for lo, hi in zip([0, *cut.tolist()], [*cut.tolist(), len(order)]):
+                    key = (int(keys[lo, 0]), int(keys[lo, 1]))
+                    ids = bitmap_of(entries[lo:hi])
+                    cells[key] = ids if key not in cells else merge_into(cells[key], ids)
+            del view
+            rows = []
+            for (off, slot), cell in cells.items():
+                bucket = wid << self._wshift | off << self.precision_bits
+                led = self._ledgers[slot]
+                if led.ghost is not None:
+                    for e in common(cell, led.ghost):
+                        if not self._ghosts[(slot, e)].is_live_in(bucket):
+                            cell.discard(e)
+                if cell:
+                    rows.append((bucket, led.ledger_id, cell))
+            rows.sort(key=lambda r: r[:2])
+            yield from rows
+
+    def compact(self) -> None:
+        """Run-optimise and shrink every bitmap (live sets and dense cells).
+
+        Never needed for correctness: the index compacts a cell when a run of
+        adds to it ends and a ledger's live set every few thousand changes.
+        Runtime complexity: O(all containers).
+        """
+        self._compact_live()
+        for w in self._windows.values():
+            for cell in w.dense.values():
+                cell.run_optimize()
+                cell.shrink_to_fit()
+
+    def nbytes(self) -> int:
+        """Bytes this index holds: Python objects, arrays and CRoaring's C heap.
+
+        Runtime complexity: O(windows + cells + ledgers + ids pending in two
+        buckets or acked while pending); never O(messages).
+        """
+        size = sys.getsizeof
+        total = _roaring_bytes(self._live) + (size(self) + size(self._windows) + size(self._wheap) + size(self._by_id)
+                 + size(self._ledgers) + size(self._free) + size(self._multi) + size(self._ghosts))
+        for wid, w in self._windows.items():
+            total += size(wid) + size(w) + size(w.packed)
+            if w.dense is not NO_CELLS:
+                total += size(w.dense) + size(w.dense_keys) + sum(map(size, w.dense))
+                total += sum(map(_roaring_bytes, w.dense.values()))
+        for led in self._ledgers:
+            if led is not None:
+                total += size(led) + size(led.ledger_id) + size(led.slot) + size(led.key)
+                if led.wide is not None:
+                    total += _roaring_bytes(led.wide)
+                for extra in (led.multi, led.ghost):
+                    if extra is not None:
+                        total += size(extra) + sum(map(size, extra))
+        for key, ghost in self._ghosts.items():
+            total += size(key) + size(ghost) + (size(ghost.revived) if ghost.revived is not None else 0)
+        total += sum(size(key) + size(n) for key, n in self._multi.items())
+        return total
+
+    def __repr__(self) -> str:
+        return (f"TimeBucketIndex(precision_bits={self.precision_bits}, "
+                f"rounding={self.rounding!r}, pending={len(self)}, windows={len(self._windows)})")

@@ -1,0 +1,208 @@
+"""TimeBucketIndex v2 layout: a rule-based differential test against DictIndex
+over the transitions of the new layout (sparse -> dense promotion, 64-bit ids,
+ids pending in two buckets, acks of pending ids (ghosts) and of absent ones,
+windows opening at the front), plus direct checks of each transition."""
+
+from __future__ import annotations
+
+import array
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from pyroaring import BitMap, BitMap64
+
+from nacktracker import DictIndex, TimeBucketIndex
+from nacktracker.index._parts import PROMOTE
+
+ledgers = st.sampled_from([1, 2, 7, 2**40 + 3])
+entries = st.one_of(st.integers(0, 60), st.integers(2**32 - 3, 2**32 + 3), st.just(2**63 - 1))
+dues = st.one_of(st.integers(0, 400), st.integers(4000, 4200), st.integers(60_000, 60_100))
+
+
+class Differential(RuleBasedStateMachine):
+    """Every operation on TimeBucketIndex answers exactly as on DictIndex."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bits = 0
+        self.tb = self.ref = None
+
+    @rule(bits=st.sampled_from([0, 3, 8, 12]), rounding=st.sampled_from(["floor", "ceil"]))
+    def start(self, bits, rounding):
+        if self.tb is None:
+            self.tb = TimeBucketIndex(precision_bits=bits, rounding=rounding)
+            self.ref = DictIndex(precision_bits=bits, rounding=rounding)
+
+    def both(self, name, *args):
+        if self.tb is None:
+            self.start(0, "floor")
+        a, b = getattr(self.tb, name)(*args), getattr(self.ref, name)(*args)
+        assert a == b, (name, args, a, b)
+        return a
+
+    @rule(ledger=ledgers, entry=entries, due=dues)
+    def add(self, ledger, entry, due):
+        self.both("add", ledger, entry, due)
+
+    @rule(ledger=ledgers, first=st.integers(0, 50), n=st.integers(PROMOTE - 2, PROMOTE + 8),
+          step=st.sampled_from([1, 3]), due=dues)
+    def run_of_adds(self, ledger, first, n, step, due):
+        """A burst into one cell: promotes it to a bitmap past PROMOTE."""
+        for e in range(first, first + n * step, step):
+            self.both("add", ledger, e, due)
+
+    @rule(ledger=ledgers, ids=st.lists(entries, max_size=40), due=dues)
+    def add_many(self, ledger, ids, due):
+        self.both("add_many", ledger, ids, due)
+
+    @rule(ledger=ledgers, entry=entries)
+    def discard(self, ledger, entry):
+        self.both("discard", ledger, entry)
+
+    @rule(now=st.integers(0, 70_000))
+    def pop_due(self, now):
+        self.both("pop_due", now)
+
+    @rule(now=st.integers(0, 70_000))
+    def pop_due_bitmaps(self, now):
+        if self.tb is None:
+            return
+        got = [(ledger, e) for _, ledger, bm in self.tb.pop_due_bitmaps(now) for e in bm]
+        assert got == self.ref.pop_due(now)
+
+    @rule()
+    def next_due(self):
+        self.both("next_due_ms")
+
+    @rule(ledger=ledgers, entry=entries)
+    def contains(self, ledger, entry):
+        if self.tb is not None:
+            assert ((ledger, entry) in self.tb) == ((ledger, entry) in self.ref)
+
+    @invariant()
+    def same_length(self):
+        if self.tb is not None:
+            assert len(self.tb) == len(self.ref)
+            assert bool(self.tb) == bool(self.ref)
+
+    def teardown(self):
+        if self.tb is not None:
+            snapshot = [(b, ledger, list(bm)) for b, ledger, bm in self.tb.iter_bitmaps()]
+            flat = [(ledger, e) for _, ledger, es in snapshot for e in es]
+            assert flat == self.ref.pop_due(2**62) == self.tb.pop_due(2**62)
+            assert len(self.tb) == 0 and self.tb.next_due_ms() is None
+
+
+TestDifferential = Differential.TestCase
+TestDifferential.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
+
+
+def test_a_run_of_adds_becomes_a_bitmap_and_stays_exact():
+    idx = TimeBucketIndex(precision_bits=0)
+    for e in range(PROMOTE * 3):
+        idx.add(5, e, 100)
+    w = idx._windows[100 >> idx._wshift]
+    assert len(w.packed) == 0 and len(w.dense[idx._hot_off << 32 | 0]) == PROMOTE * 3
+    idx.add(5, 7, 100)  # already pending in that cell
+    assert len(idx) == PROMOTE * 3
+    assert idx.pop_due(100) == [(5, e) for e in range(PROMOTE * 3)]
+
+
+def test_sparse_cells_cost_about_ten_bytes_per_message():
+    idx = TimeBucketIndex(precision_bits=0)
+    for i in range(20_000):  # 16 interleaved ledgers, ids 7 apart, one per ms
+        idx.add(1000 + i % 16, 7 * i, 10_000 + (i * 7919) % 60_000)
+    assert 8 * len(idx) < idx.nbytes() < 16 * len(idx)
+
+
+def test_ack_of_a_pending_id_leaves_a_ghost_that_never_fires():
+    idx = TimeBucketIndex(precision_bits=0)
+    idx.add(1, 1, 10)
+    idx.add(1, 1, 20)  # pending in two buckets
+    idx.add(1, 2, 10)
+    assert idx.discard(1, 1) and not idx.discard(1, 1)
+    assert len(idx) == 1 and (1, 1) not in idx and idx._ghost_copies == 2
+    idx.add(1, 1, 20)  # nacked again into a bucket holding its ghost: revived once
+    assert len(idx) == 2 and (1, 1) in idx
+    assert idx.next_due_ms() == 10
+    assert idx.pop_due(15) == [(1, 2)]
+    assert idx.pop_due(25) == [(1, 1)]
+    assert idx._ghost_copies == 0 and not idx._ghosts and not idx._by_id
+
+
+def test_a_ghost_only_front_bucket_is_skipped():
+    idx = TimeBucketIndex(precision_bits=0)
+    idx.add(1, 1, 10)
+    idx.add(1, 2, 30)
+    idx.discard(1, 1)
+    assert idx.next_due_ms() == 30 and idx.pop_due(20) == []
+
+
+def test_wide_ids_live_in_64_bit_cells():
+    idx = TimeBucketIndex(precision_bits=0)
+    idx.add(1, 5, 10)
+    idx.add(1, 2**32 + 7, 10)
+    idx.add(2, 3, 10)
+    kinds = {ledger: type(bm) for _, ledger, bm in idx.iter_bitmaps()}
+    assert kinds == {1: BitMap64, 2: BitMap}
+    assert idx.discard(1, 2**32 + 7) and not idx.discard(1, 2**32 + 8)
+    assert idx.pop_due(10) == [(1, 5), (2, 3)]
+
+
+def test_windows_open_at_the_front_and_take_late_adds():
+    idx = TimeBucketIndex(precision_bits=0)
+    for i in range(0, 4000, 2):
+        idx.add(1, i, 10_000 + i)
+    assert idx.next_due_ms() == 10_000  # the front window is now sorted
+    for i in range(1, 4000, 2):  # adds into the open window land in its unsorted tail
+        idx.add(1, i, 10_000 + i)
+    got = []
+    for now in range(10_000, 14_000, 250):
+        got += idx.pop_due(now)
+    got += idx.pop_due(20_000)
+    assert got == [(1, i) for i in range(4000)]
+
+
+def test_slots_are_recycled_and_state_ends_empty():
+    idx = TimeBucketIndex(precision_bits=4)
+    for round_ in range(3):
+        for ledger in range(100):
+            idx.add(10**12 + ledger + round_, ledger, 1000 * round_ + ledger)
+        assert len(idx.pop_due(10**6)) == 100
+    assert idx.next_due_ms() is None and not idx._windows
+    assert not idx._by_id and len(idx._ledgers) == 100  # three rounds of 100 ledgers, 100 slots
+
+
+@pytest.mark.parametrize("ids", [array.array("I", range(100)), list(range(10, 50))])
+def test_add_many_of_a_pending_id_counts_it_once(ids):
+    idx, ref = TimeBucketIndex(precision_bits=0), DictIndex(precision_bits=0)
+    for m in (idx, ref):
+        m.add(3, 20, 50)
+        m.add_many(3, ids, 50)
+        m.add_many(3, ids, 60)
+    assert len(idx) == len(ref) and idx.pop_due(100) == ref.pop_due(100)
+
+
+@pytest.mark.parametrize("bits", [0, 4, 8, 14])
+def test_count_bounds_are_cheap_upper_bounds_of_the_exact_counts(bits):
+    """stats() reads the O(windows) bounds; they never undercount, and are exact
+    where a window is one bucket or each copy is alone in its bucket/cell."""
+    idx = TimeBucketIndex(precision_bits=bits)
+    assert (idx.bucket_count_bound(), idx.bitmap_count_bound()) == (0, 0)
+    for i in range(3_000):
+        idx.add(100 + i % 7, i * 3, 1_000_000 + (i * 37) % 90_000)
+    idx.add_many(500, range(64), 1_050_000)  # a dense cell
+    assert idx.bucket_count_bound() >= idx.bucket_count() > 0
+    assert idx.bitmap_count_bound() >= idx.bitmap_count() > 0
+    if bits >= 14:
+        assert idx.bucket_count_bound() == idx.bucket_count()
+    idx.pop_due(1_040_000)
+    assert idx.bucket_count_bound() >= idx.bucket_count()
+    assert idx.bitmap_count_bound() >= idx.bitmap_count()
+    few = TimeBucketIndex(precision_bits=bits)  # a small window is counted exactly
+    for e in range(10):
+        few.add(7, e * 5, 5_000)
+    few.add(8, 1, 5_000)
+    assert (few.bucket_count_bound(), few.bitmap_count_bound()) == (few.bucket_count(), few.bitmap_count()) == (1, 2)
