@@ -58,7 +58,7 @@ from ._extras import require
 if TYPE_CHECKING:
     from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 
-    from .tracker import NegativeAcksTracker
+    from .tracker import FiredCell, NegativeAcksTracker
 
 __all__ = ["NackMetrics", "Registration", "instrument_tracker", "instrument_consumer", "observe_stats",
            "LATENCY_BOUNDARIES_MS", "INSTRUMENTS"]
@@ -191,8 +191,8 @@ class NackMetrics:
         registration = self.observe(stats if stats is not None else tracker.stats, attributes, loop=loop)
         histogram, attrs = self._lateness, registration._source.attributes
 
-        def on_fire(lateness_ms: float, messages: int) -> None:
-            histogram.record(max(0.0, lateness_ms), attrs)
+        def on_fire(cell: FiredCell) -> None:
+            histogram.record(max(0.0, cell.lateness_ms), attrs)
 
         registration._source.detach.append(tracker.add_fire_listener(on_fire))
         return registration

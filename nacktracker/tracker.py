@@ -16,7 +16,7 @@ import math
 import sys
 import time
 from collections import Counter, deque
-from typing import Any, Callable, Literal, Optional, TypedDict, overload
+from typing import Any, Callable, Literal, NamedTuple, Optional, TypedDict, overload
 
 from ._checks import MAX_DUE, check_delay_ms, check_int, check_precision
 from .adapters.base import RedeliveryAdapter
@@ -27,7 +27,7 @@ from .keys import MessageKey, key_of
 from . import snapshot as _snapshot
 
 __all__ = ["NegativeAcksTracker", "TrackerClosedError", "LatencyHistogram", "TrackerStats", "LatencySummary",
-           "FireListener"]
+           "FireListener", "FiredCell"]
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +68,16 @@ class TrackerStats(TypedDict):
     lateness_ms: LatencySummary
 
 
-#: ``listener(lateness_ms, messages)``: called once per (bucket, ledger) cell a
-#: fire hands over, with how late the fire was against the cell's fire time.
-FireListener = Callable[[float, int], None]
+class FiredCell(NamedTuple):
+    """One (bucket, ledger) cell a fire hands to the adapter."""
+
+    bucket_ms: int  #: the bucket's time (the due time at ``precision_bits=0``)
+    lateness_ms: float  #: how late the fire was against the cell's fire time (bucket - lead)
+    keys: list[MessageKey]  #: the entries handed over (batch_index -1: Pulsar redelivers entries)
+
+
+#: ``listener(cell)``: called on the loop once per :class:`FiredCell`.
+FireListener = Callable[[FiredCell], None]
 
 
 class LatencyHistogram:
@@ -120,10 +127,8 @@ class NegativeAcksTracker:
     then: dropping silently is not an option). ``clock``: a
     :class:`~nacktracker.clock.Clock` (default: the event loop's monotonic
     clock). ``on_event``: receives a :class:`~nacktracker.events.NackEvent` per
-    nack, redelivery and dead letter. ``on_due``: ``f(bucket_ms, keys)``,
-    called on the loop for each bucket as it is handed to the adapter
-    (``TrackedConsumer`` learns from it when each redelivered copy may
-    surface); an exception in it is logged and changes nothing.
+    nack, redelivery and dead letter. What each fire hands over is told to
+    the listeners of :meth:`add_fire_listener`.
 
     The adapter's ``lead_ms`` is read at every use, so an adapter may learn
     its path latency as it goes (:class:`~nacktracker.adapters.PulsarAdapter`
@@ -147,16 +152,14 @@ class NegativeAcksTracker:
                  on_dead_letter: Optional[Callable[[MessageKey], Any]] = None,
                  clock: Optional[Clock] = None, on_event: Optional[Callable[[NackEvent], Any]] = None,
                  retry_min_ms: int = 100, retry_max_ms: int = 10_000,
-                 consumer_name: Optional[str] = None,
-                 on_due: Optional[Callable[[int, list[MessageKey]], Any]] = None) -> None:
+                 consumer_name: Optional[str] = None) -> None:
         if not callable(getattr(adapter, "redeliver", None)):
             raise TypeError(f"adapter must have an async redeliver(keys) method, not {type(adapter).__name__}")
         lead = check_int("adapter.lead_ms", getattr(adapter, "lead_ms", 0) or 0)  # read at every use: see _lead
         self._coalesce = check_int("adapter.coalesce_ms", getattr(adapter, "coalesce_ms", 0) or 0)
         self._delay_ms = check_delay_ms("delay_ms", delay_ms)
         self._round_add, self._mask = check_precision(precision_bits, rounding)
-        for name, fn in (("backoff", backoff), ("on_dead_letter", on_dead_letter), ("on_event", on_event),
-                         ("on_due", on_due)):
+        for name, fn in (("backoff", backoff), ("on_dead_letter", on_dead_letter), ("on_event", on_event)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be callable, not {type(fn).__name__}")
         if max_redeliveries is not None:
@@ -178,7 +181,6 @@ class NegativeAcksTracker:
         self._backoff = backoff
         self._on_dead_letter = on_dead_letter
         self._on_event = on_event
-        self._on_due = on_due
         self._lead_ok = lead  # the last valid adapter.lead_ms
         self._lead_bad: object = None  # the last invalid one, logged once
         self._clock: Optional[Clock] = clock
@@ -351,10 +353,11 @@ class NegativeAcksTracker:
         }
 
     def add_fire_listener(self, listener: FireListener) -> Callable[[], None]:
-        """Call ``listener(lateness_ms, messages)`` for every (bucket, ledger)
-        cell a fire hands to the adapter (what :mod:`nacktracker.metrics`
-        records as its lateness histogram). Returns a function that removes
-        the listener. A listener that raises is logged and kept."""
+        """Call ``listener(cell)`` with a :class:`FiredCell` for every (bucket,
+        ledger) cell a fire hands to the adapter: :mod:`nacktracker.metrics`
+        records its lateness, ``TrackedConsumer`` learns when each redelivered
+        copy may surface. Returns a function that removes the listener. A
+        listener that raises is logged and kept. O(listeners) per cell."""
         if not callable(listener):
             raise TypeError(f"listener must be callable, not {type(listener).__name__}")
         listeners = self._fire_listeners  # not self: a remover must not keep the tracker alive
@@ -529,14 +532,9 @@ class NegativeAcksTracker:
             topic, partition, ledger = self._origins[slot]
             lateness = now - (bucket - lead)
             self._lateness.add(lateness, len(bm))
-            for listener in self._fire_listeners:
-                self._notify(listener, lateness, len(bm))
             due = [MessageKey(ledger, entry, partition, -1, topic) for entry in bm]
-            if self._on_due is not None:
-                try:
-                    self._on_due(bucket, due)
-                except Exception:
-                    log.exception("on_due hook failed")
+            for listener in self._fire_listeners:
+                self._notify(listener, FiredCell(bucket, lateness, due))
             keys.extend(due)
             released.add(slot)
         for slot in released:
@@ -693,9 +691,9 @@ class NegativeAcksTracker:
             log.exception("on_event hook failed")
 
     @staticmethod
-    def _notify(listener: FireListener, lateness: float, messages: int) -> None:
+    def _notify(listener: FireListener, cell: FiredCell) -> None:
         try:
-            listener(lateness, messages)
+            listener(cell)
         except Exception:  # a metrics bug must not stop redeliveries
             log.exception("fire listener %r failed", listener)
 

@@ -1,12 +1,11 @@
 """TrackedConsumer: the thin Pulsar-facing shell over the delivery core.
 
-What it does, and only this: a *pump* task owns the client's ``receive()``
-(cancelling that call loses the message it was about to return, so callers
-wait on a queue instead) and asks the :class:`~nacktracker.consumer.core.DeliveryCore`
-what to do with each copy; acks and nacks go to the client and the tracker,
-then to the core; one timer on the tracker's clock releases parked copies at
-their time. Every decision about a copy is the core's; time is read only
-through the tracker's clock.
+What it does, and only this: a *pump* task owns the client's ``receive()`` (cancelling
+that call loses the message it was about to return, so callers wait on a queue instead)
+and asks the :class:`~nacktracker.consumer.core.DeliveryCore` what to do with each copy;
+acks and nacks go to the client and the tracker, then to the core; one timer on the
+tracker's clock releases parked copies at their time. Every decision about a copy is
+the core's; time is read only through the tracker's clock.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from ..adapters.pulsar import PulsarAdapter
 from ..clock import Clock, TimerHandle
 from ..dedup import Deduplicator
 from ..keys import MessageKey, key_of
-from ..tracker import NegativeAcksTracker
+from ..tracker import FiredCell, NegativeAcksTracker
 from .core import DeliveryCore, Verdict
 from .dead_letters import ConsumerDeadLetters, DeadLetterPublisher, quietly
 from .errors import ConsumerClosed
@@ -100,13 +99,14 @@ class TrackedConsumer:
         self._counts = {"restored": 0, "copy_ack_failures": 0}
         tracker_options = dict(
             delay_ms=opts.delay_ms, precision_bits=opts.precision_bits, rounding="floor", backoff=opts.backoff,
-            max_redeliveries=opts.max_redeliveries, clock=clock, on_due=self._on_due,
+            max_redeliveries=opts.max_redeliveries, clock=clock,
             on_dead_letter=self._dead_letters.hook, consumer_name=consumer.consumer_name())
         self._store = None if opts.snapshot_path is None else SnapshotStore(opts.snapshot_path, opts.snapshot_on_error)
         if self._store is None:
             self.tracker = NegativeAcksTracker(self.adapter, **tracker_options)
         else:
             self.tracker, self._counts["restored"] = self._store.load(self.adapter, tracker_options, self.core)
+        self.tracker.add_fire_listener(self._on_fired)
         try:
             asyncio.get_running_loop()
             self._start()
@@ -240,9 +240,9 @@ class TrackedConsumer:
 
     # -- the tracker's side ----------------------------------------------------------
 
-    def _on_due(self, bucket_ms: int, entries: list[MessageKey]) -> None:
-        """The tracker handed a bucket to the adapter (on_due hook)."""
-        self.core.fired(bucket_ms, entries, self.tracker.clock.now_ms())
+    def _on_fired(self, cell: FiredCell) -> None:
+        """The tracker handed a bucket's cell to the adapter (a fire listener)."""
+        self.core.fired(cell.bucket_ms, cell.keys, self.tracker.clock.now_ms())
         self._rearm()
 
     def _pending(self, key: MessageKey) -> bool:
