@@ -251,6 +251,15 @@ class DeliveryMachine(RuleBasedStateMachine):
             self.w.copies.append(Copy(entry, self._indices(entry)))
 
     @rule()
+    def seek_to_the_start(self):
+        """``seek``: the subscription is rewound, everything comes again, acked or held (issue 11)."""
+        self.core.sought()
+        self.w.held.clear()
+        self.w.acked.clear()
+        for entry in range(len(self.w.sizes)):
+            self.w.copies.append(Copy(entry, self._indices(entry)))
+
+    @rule()
     def restart_from_snapshot(self):
         """A new process: records restored (as nacktracker.consumer.persist does), the tracker's
         pending buckets kept, the application holding nothing and remembering no acks."""
@@ -277,6 +286,13 @@ class DeliveryMachine(RuleBasedStateMachine):
     def promises_kept(self):
         assert not getattr(self, "violations", []), self.violations
         if hasattr(self, "core"):
+            # what the application holds, acked or nacked is "received" (issue 11: acks and nacks of
+            # anything else are refused); the shell also asks the tracker (w.pending)
+            # (not a nack whose copy is overdue: the core takes it to have gone to another consumer)
+            live_nacks = {k for k, n in self.w.nacks.items()
+                          if not (n.diverted or n.lenient) and self.now < self.core.bucket_ms(n.due) + OVERDUE}
+            for k in (self.w.held | self.w.acked | live_nacks) if self.use_dedup else ():
+                assert self.core.knows(k) or k.entry_id in self.w.pending, ("not known", k)
             assert len(self.core.records) <= len(self.w.sizes)
             assert len(self.core.parked) <= sum(len(self._indices(e)) for e in range(len(self.w.sizes)))
 

@@ -54,6 +54,7 @@ class FakeConsumer:
         self.queue: asyncio.Queue = asyncio.Queue()
         self.acks: list = []
         self.fail_acks = 0
+        self.sought: list = []
 
     async def receive(self):
         return await self.queue.get()
@@ -72,6 +73,9 @@ class FakeConsumer:
     def consumer_name(self): return "fake"
     def redeliver_unacknowledged_messages(self): pass
     async def close(self): pass
+
+    async def seek(self, target):
+        self.sought.append(target)
 
 
 class FakeBroker:
@@ -366,3 +370,78 @@ async def test_out_of_range_receive_timeouts_are_refused(harness, timeout, error
     with pytest.raises(error, match="timeout_ms"):
         await h.consumer.receive(timeout_ms=timeout)
     assert (await h.consumer.receive(timeout_ms=0)).data() == b"e0.-1"  # the message is still there
+
+
+# -- prefetch, foreign messages, seek (issue 11) ------------------------------------------
+
+@pytest.mark.parametrize("prefetch", [1, 3, 16])
+async def test_the_pump_takes_no_more_than_its_window_ahead_of_a_slow_application(harness, prefetch):
+    h = harness(precision_bits=0, prefetch=prefetch)
+    for _ in range(40):
+        h.broker.publish(1)
+    taken = []
+    for _ in range(40):
+        await settle()
+        stats = h.consumer.stats()
+        assert stats["prefetched"] <= prefetch and stats["received"] - len(taken) <= prefetch, stats
+        assert h.raw.queue.qsize() == 40 - stats["received"]  # the rest stays with the client
+        msg = await h.consumer.receive(timeout_ms=0)
+        taken.append(msg.data())
+        await h.consumer.acknowledge(msg)
+    assert taken == [b"e%d.-1" % i for i in range(40)]
+
+
+async def test_nack_of_a_message_this_consumer_did_not_receive_is_refused(harness):
+    from nacktracker.consumer import NotReceivedError
+
+    h, other = harness(precision_bits=0), harness(precision_bits=0)
+    _, (mine, nacked) = await first_delivery(h, 2)
+    theirs = FakeMessage(5, -1, 0, 0)  # another consumer of the subscription received entry 5
+    other.raw.queue.put_nowait(theirs)
+    await settle()
+    assert (await other.consumer.receive(timeout_ms=0)) is theirs
+    await h.consumer.negative_acknowledge(nacked, delay_ms=500)
+    made_up = FakeId(999)
+    for foreign in (theirs, made_up):  # acks of them go to the client as they are (Pulsar's way)
+        with pytest.raises(NotReceivedError, match="not received by this consumer") as info:
+            await h.consumer.negative_acknowledge(foreign)
+        assert isinstance(info.value, ValueError)
+    assert h.raw.acks == [] and h.consumer.tracker.pending == 1 and h.consumer.stats()["held"] == 1
+    await h.consumer.acknowledge(mine)
+    await h.consumer.acknowledge(mine)  # acked before: idempotent (dedup remembers it)
+    await h.consumer.acknowledge(nacked)  # a pending nack, its copy not back yet: cancelled
+    assert h.consumer.tracker.pending == 0 and h.raw.acks[:3] == [b"e0.0", b"e0.0", b"e0.1"]
+    await other.consumer.acknowledge(theirs)
+
+
+async def test_held_messages_stay_ackable_after_redeliver_all_and_without_dedup_acks_are_forwarded(harness):
+    h = harness(precision_bits=0)
+    _, (m,) = await first_delivery(h, 1)
+    h.consumer.redeliver_unacknowledged_messages()
+    await h.consumer.acknowledge(m)  # the application still held it
+    loose = harness(precision_bits=0, dedup=False)
+    await loose.consumer.acknowledge(FakeMessage(77, -1, 0, 0))  # cannot tell: forwarded as before
+    assert loose.raw.acks == [b"e77.-1"]
+
+
+async def test_seek_rewinds_acked_and_held_messages_surface_again_pending_nacks_stay(harness):
+    import pulsar
+
+    h = harness(precision_bits=0)
+    entries = [await first_delivery(h, 1) for _ in range(3)]
+    (_, (acked,)), (_, (held,)), (_, (nacked,)) = entries
+    await h.consumer.acknowledge(acked)
+    await h.consumer.negative_acknowledge(nacked, delay_ms=500)
+    await h.consumer.seek(1_234)  # a publish timestamp
+    await h.consumer.seek(pulsar.MessageId.earliest)
+    assert h.raw.sought[0] == 1_234 and isinstance(h.raw.sought[1], pulsar.MessageId)  # what pulsar.asyncio takes
+    assert h.raw.sought[1]._msg_id is pulsar.MessageId.earliest
+    h.got.clear()
+    for entry in range(3):  # the broker resends everything after the seek position
+        h.broker.send(entry)
+    await settle()
+    await h.drain()
+    assert [data for _, data, _ in h.got] == [b"e0.-1", b"e1.-1"]  # the nacked one waits for its time
+    assert h.consumer.tracker.pending == 1
+    with pytest.raises(TypeError, match="seek takes"):
+        await h.consumer.seek("e0")

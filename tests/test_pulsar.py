@@ -772,3 +772,94 @@ async def test_exact_release_at_bits_0_one_second_delay(client, topic, record_pr
     print("exact release, bits 0, 1 s delay:", figures)
     assert errors[0] >= -EARLY_MS, figures
     assert figures["p50_ms"] <= LATE_MS, figures
+
+
+# -- prefetch, seek, foreign messages (issue 11) ------------------------------------------
+
+@pytest.mark.broker
+async def test_receiver_queue_size_one_and_a_slow_worker_prefetch_one(client, topic):
+    """Issue 11: with receiver_queue_size=1 the wrapper's own queue holds at
+    most one message ahead of a slow worker (it held 17 before)."""
+    t = topic()
+    await publish(client, t, 12)
+    async with await tracked(client, t, receiver_queue_size=1) as consumer:
+        assert consumer.options.prefetch == 1
+        got, most = [], 0
+        while len(got) < 12:
+            msg = await consumer.receive(timeout_ms=5_000)
+            got.append(msg.data())
+            await asyncio.sleep(0.05)  # the slow worker: the pump has all the time it wants
+            stats = consumer.stats()
+            most = max(most, stats["prefetched"])
+            assert stats["received"] - len(got) <= 1, stats  # taken ahead of the application: the window
+            await consumer.acknowledge(msg)
+        assert got == [b"m%d" % i for i in range(12)] and most == 1
+
+
+@pytest.mark.broker
+async def test_prefetch_window_is_the_smaller_of_prefetch_and_receiver_queue_size(client, topic):
+    t = topic()
+    await publish(client, t, 30)
+    for options, window in (({}, 16), ({"prefetch": 4}, 4), ({"prefetch": 50, "receiver_queue_size": 8}, 8),
+                            ({"receiver_queue_size": 0}, 1)):
+        async with await nacktracker.subscribe(client, t, f"w{window}-{len(options)}", initial_position=Earliest,
+                                               **options) as consumer:
+            first = await consumer.receive(timeout_ms=5_000)
+            await asyncio.sleep(0.3)  # let the pump fill its window
+            stats = consumer.stats()
+            assert consumer.options.prefetch == window
+            assert stats["prefetched"] <= window and stats["received"] <= window + 1, (options, stats)
+            await consumer.acknowledge(first)
+
+
+@pytest.mark.broker
+async def test_seek_accepts_messages_ids_earliest_latest_and_timestamps(client, topic):
+    """Issue 11: ``seek(msg.message_id())`` and ``seek(MessageId.earliest)``
+    raised ``ValueError: invalid messageid type <class '_pulsar.MessageId'>``
+    (pulsar.asyncio takes only its ``pulsar.MessageId`` wrapper or an int).
+    Every form users pass now reaches the broker. pulsar-lite 0.2 accepts a
+    seek to an id or a timestamp but sends nothing again, and answers
+    earliest/latest with Disconnected (so does the plain pulsar.asyncio
+    consumer's seek, tried by hand): the rewind itself is tested without a
+    broker (tests/test_consumer_shell.py)."""
+    t = topic()
+    ids = await publish(client, t, 4)
+    async with await tracked(client, t) as consumer:
+        msgs = [await consumer.receive(timeout_ms=5_000) for _ in range(4)]
+        for m in msgs:
+            await consumer.acknowledge(m)
+        for target in (msgs[1], msgs[1].message_id(), ids[1], msgs[1].publish_timestamp(),
+                       pulsar.MessageId(ids[1].partition(), ids[1].ledger_id(), ids[1].entry_id(), -1)):
+            await consumer.seek(target)
+        for target in (pulsar.MessageId.earliest, pulsar.MessageId.latest):
+            try:
+                await consumer.seek(target)
+            except pulsar.asyncio.PulsarException as exc:  # the broker's answer, not a type error
+                assert not isinstance(exc, (TypeError, ValueError)), exc
+        for bad in ("m1", 1.5, True, None, b"x"):
+            with pytest.raises(TypeError, match="seek takes"):
+                await consumer.seek(bad)
+        with pytest.raises(ValueError, match="seek timestamp"):
+            await consumer.seek(-1)
+        assert consumer.stats()["held"] == 0 and consumer.stats()["nacks"] == 0
+
+
+@pytest.mark.broker
+async def test_nack_of_another_consumers_message_is_refused(client, topic):
+    from nacktracker.consumer import NotReceivedError
+
+    t, elsewhere = topic(), topic()
+    await publish(client, t, 1)
+    await publish(client, elsewhere, 1)
+    async with await tracked(client, t) as a, await tracked(client, elsewhere) as b:
+        ma, mb = await a.receive(timeout_ms=5_000), await b.receive(timeout_ms=5_000)
+        await a.negative_acknowledge(ma, delay_ms=60_000)
+        with pytest.raises(NotReceivedError, match="not received by this consumer"):
+            await a.negative_acknowledge(mb)
+        with pytest.raises(ValueError):
+            await a.negative_acknowledge(pulsar.MessageId(-1, 999_999, 7, -1))  # a made-up id
+        assert a.tracker.pending == 1 and a.stats()["held"] == 0  # nothing tracked changed
+        await b.acknowledge(mb)
+        await b.acknowledge(mb)  # acked before: idempotent
+        await a.acknowledge(ma)  # a nacked message can still be acked (its nack is cancelled)
+        assert a.tracker.pending == 0

@@ -19,13 +19,14 @@ Only the core is imported eagerly: it needs no pulsar-client.
 
 from .core import DeliveryCore, Verdict
 
-__all__ = ["TrackedConsumer", "subscribe", "ReceiveTimeout", "ConsumerClosed", "DeliveryCore", "Verdict",
+__all__ = ["TrackedConsumer", "subscribe", "ReceiveTimeout", "ConsumerClosed", "NotReceivedError", "DeliveryCore", "Verdict",
            "ConsumerOptions", "PROPERTY_REAL_TOPIC", "PROPERTY_REAL_SUBSCRIPTION", "PROPERTY_ORIGIN_MESSAGE_ID",
            "DeadLetterPublisher", "DeadLetterError", "BATCHES_SUFFIX",
            "COPY_OVERDUE_MS"]
 
 _LAZY = {"TrackedConsumer": "shell", "COPY_OVERDUE_MS": "shell", "subscribe": "options",
          "ConsumerOptions": "options", "ReceiveTimeout": "errors", "ConsumerClosed": "errors",
+         "NotReceivedError": "errors",
          "PROPERTY_REAL_TOPIC": "dead_letters", "PROPERTY_REAL_SUBSCRIPTION": "dead_letters",
          "PROPERTY_ORIGIN_MESSAGE_ID": "dead_letters", "DeadLetterPublisher": "dead_letters",
          "DeadLetterError": "dead_letters", "BATCHES_SUFFIX": "persist"}

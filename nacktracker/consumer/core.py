@@ -64,6 +64,7 @@ class DeliveryCore:
         self._pending = pending
         self.overdue_ms = overdue_ms
         self.held: dict[MessageKey, Held] = {}
+        self.forgotten: set[MessageKey] = set()  # held when the application asked for a redelivery of all
         self.requested: dict[MessageKey, Nacked] = {}  # non-batched (and blind-restored) entries fired
         self.records: dict[MessageKey, EntryRecord] = {}  # batch entry -> record
         self.parked: dict[MessageKey, Parked] = {}
@@ -95,6 +96,13 @@ class DeliveryCore:
         if record is None:
             return False
         return record.acked is not None and key.batch_index in record.acked
+
+    def knows(self, key: MessageKey) -> bool:
+        """Whether this consumer received ``key``: held (or before a redeliver-all), parked, requested,
+        in a batch record, or acknowledged as far as remembered (pending nacks: the tracker's). O(1)."""
+        return (key in self.held or key in self.parked or key in self.requested or key in self.forgotten
+                or (key.batch_index >= 0 and (key.entry in self.records or key.entry in self.requested))
+                or self.is_acked(key))
 
     def next_wakeup_ms(self) -> Optional[float]:
         """When :meth:`release` has something to do (a parked copy's time or an
@@ -170,6 +178,8 @@ class DeliveryCore:
         held = self.held.pop(key, None)
         if held is not None:
             tokens = held.tokens
+        if self.forgotten:
+            self.forgotten.discard(key)
         parked = self.parked.pop(key, None)  # nacked by id while a copy waited: that copy goes
         if parked is not None:
             tokens += parked.tokens + [parked.token]
@@ -224,6 +234,8 @@ class DeliveryCore:
                 tokens += parked.tokens + [parked.token]
         if self.requested:
             self.requested.pop(key, None)
+        if self.forgotten:
+            self.forgotten.discard(key)
         if self._dedup is not None and key.topic is not None:
             self._dedup.seen_or_add(key.topic, key.ledger_id, key.entry_id, key.batch_index)
         if key.batch_index < 0:
@@ -259,6 +271,7 @@ class DeliveryCore:
             tokens += parked.tokens + [parked.token]
         for k in [k for k in self.requested if covered(k)]:
             del self.requested[k]
+        self.forgotten -= {k for k in self.forgotten if covered(k)}
         for entry, record in list(self.records.items()):
             if (entry.topic, entry.partition) != where or (entry.ledger_id, entry.entry_id) > mark[:2]:
                 continue
@@ -285,10 +298,21 @@ class DeliveryCore:
         return out
 
     def forget_held(self) -> None:
-        """The application asked the broker for everything unacknowledged
-        again (``redeliver_unacknowledged_messages``): what it holds may
-        surface once more."""
+        """The application asked for everything unacknowledged again (``redeliver_unacknowledged_messages``):
+        what it holds may surface once more (and may still be acked or nacked: :meth:`knows`)."""
+        self.forgotten.update(self.held)
         self.held.clear()
+
+    def sought(self) -> None:
+        """The subscription was rewound (``seek``): what the application acknowledged or holds is
+        sent again and surfaces; pending nacks stay scheduled. O(held + records)."""
+        self._cumulative.clear()
+        if self._dedup is not None:
+            self._dedup.clear()
+        for record in self.records.values():
+            if record.acked is not None:
+                record.acked.clear()
+        self.forget_held()
 
     def restore_record(self, entry: MessageKey, nacked: Iterable[tuple[int, int, bool]]) -> None:
         """A batch record from a snapshot: ``(batch_index, due_ms, fired)``.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
-__all__ = ["ReceiveTimeout", "ConsumerClosed"]
+__all__ = ["ReceiveTimeout", "ConsumerClosed", "NotReceivedError"]
 
 _PulsarException = pulsar_asyncio.PulsarException
 
@@ -31,3 +31,15 @@ class ConsumerClosed(pulsar.AlreadyClosed, pulsar_asyncio.PulsarException):
     def __init__(self, msg: str = "consumer is closed") -> None:
         _PulsarException.__init__(self, pulsar.Result.AlreadyClosed, msg)
         Exception.__init__(self, msg)
+
+
+class NotReceivedError(ValueError):
+    """An ack or nack of a message this consumer did not receive (another
+    consumer's, or a made-up id): refused before it reaches the client, and
+    nothing tracked changes. "Received" is what the consumer still knows: a
+    message the application holds, one it acknowledged (remembered by
+    ``dedup``), one with a pending or restored nack."""
+
+    def __init__(self, key: object) -> None:
+        super().__init__(f"{key} was not received by this consumer (another consumer's message, "
+                         "or an id it never delivered): ack or nack it on the consumer that received it")

@@ -6,15 +6,21 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Iterable, Optional, Union
 
+import _pulsar
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
 from .._checks import MAX_DUE, check_delay_ms, check_int, check_precision
 from ..adapters.pulsar import MIN_NACK_DELAY_MS
+from ..keys import MessageKey, key_of
 
-__all__ = ["ConsumerOptions", "subscribe", "batch_size", "check_timeout_ms"]
+__all__ = ["ConsumerOptions", "subscribe", "batch_size", "check_timeout_ms", "seek_target", "key_and_count",
+           "CLIENT_RECEIVER_QUEUE_SIZE"]
+
+#: The client's default ``receiver_queue_size``.
+CLIENT_RECEIVER_QUEUE_SIZE = 1000
 
 
 @dataclass(frozen=True)
@@ -113,6 +119,46 @@ def check_timeout_ms(timeout_ms: object) -> int:
     return checked
 
 
+def key_and_count(message: Any, own_topic: Optional[str],
+                  held: Iterable[MessageKey]) -> tuple[MessageKey, Optional[int]]:
+    """The key and redelivery count of a Message or id the application passed;
+    a bare id gets ``own_topic``, or on a multi-topic consumer (``None``) the
+    topic of the ``held`` message it names (O(held)). A MessageKey: TypeError."""
+    if isinstance(message, MessageKey):
+        raise TypeError("pass a pulsar Message or MessageId, not a MessageKey")
+    if isinstance(message, pulsar.MessageId):
+        message = message._msg_id
+    key, count = key_of(message)
+    if key.topic is None:
+        if own_topic is not None:
+            key = key._replace(topic=own_topic)
+        else:
+            key = next((k for k in held if k._replace(topic=None) == key), key)
+    return key, count
+
+
+def seek_target(target: object) -> Union[pulsar.MessageId, int]:
+    """What ``pulsar.asyncio.Consumer.seek`` takes, from what users pass: a
+    received Message (its id), a ``pulsar.MessageId``, a ``_pulsar.MessageId``
+    (what ``Message.message_id()`` and ``MessageId.earliest/latest`` are, which
+    ``pulsar.asyncio`` refuses), or a publish timestamp in ms (an int >= 0).
+    Anything else: ``TypeError``. O(1)."""
+    if isinstance(target, pulsar.Message):
+        target = target.message_id()
+    if isinstance(target, pulsar.MessageId):
+        return target
+    if isinstance(target, _pulsar.MessageId):
+        wrapped = pulsar.MessageId.__new__(pulsar.MessageId)  # the wrapper asyncio's seek unwraps again
+        wrapped._msg_id = target
+        return wrapped
+    if isinstance(target, int) and not isinstance(target, bool):
+        if not 0 <= target < 2**63:
+            raise ValueError(f"a seek timestamp must be ms since the epoch (0 <= t < 2**63), got {target}")
+        return target
+    raise TypeError("seek takes a pulsar Message, a MessageId (pulsar.MessageId.earliest/latest too) or a "
+                    f"publish timestamp in ms (int), not {type(target).__name__}")
+
+
 def batch_size(mid: Any) -> int:
     """Messages in the entry of a received batch message id: ``mid.batch_size()``
     where it exists, else protobuf field 6 of its serialized form (the Python
@@ -164,7 +210,10 @@ async def subscribe(client: pulsar_asyncio.Client, topic: Union[str, list], subs
     ``dead_letter_topic`` (default ``<topic>-<subscription>-DLQ``, per
     partition), ``dead_letter_initial_subscription`` (made on the dead-letter
     topic before its first dead letter),
-    ``lead_ms`` (fixed instead of learned), ``min_gap_ms``, ``prefetch``,
+    ``lead_ms`` (fixed instead of learned), ``min_gap_ms``, ``prefetch`` (16:
+    at most this many received messages wait in the consumer for the
+    application, never more than ``receiver_queue_size``, the client's 1000
+    by default; parked nacked copies released at their time come on top),
     ``snapshot_path``, ``snapshot_interval_s``, ``snapshot_on_error``,
     ``dedup`` (True: acknowledged ids are remembered so no copy of one
     surfaces again; well under a byte per dense id), ``dedup_capacity``.
@@ -212,6 +261,10 @@ async def subscribe(client: pulsar_asyncio.Client, topic: Union[str, list], subs
     if options.get("dead_letter_policy") is not None:
         raise ValueError("dead_letter_policy is not supported: use max_redeliveries and dead_letter_topic")
     ConsumerOptions.check(own, has_client=True)  # bad options fail before a subscription is made
+    queue_size = options.get("receiver_queue_size", CLIENT_RECEIVER_QUEUE_SIZE)
+    if isinstance(queue_size, int) and not isinstance(queue_size, bool):  # else the client's own error
+        # the pump takes no more ahead of the application than the client would (0: a zero queue, 1 here)
+        own["prefetch"] = max(1, min(own.get("prefetch", ConsumerOptions.prefetch), queue_size))
     consumer = await client.subscribe(topic, subscription, consumer_type=consumer_type,
                                       negative_ack_redelivery_delay_ms=MIN_NACK_DELAY_MS,
                                       batch_index_ack_enabled=batch_index_ack_enabled, **options)

@@ -46,6 +46,12 @@ class ReceivePump:
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self._run(), name="nacktracker-pump")
 
+    @property
+    def queued(self) -> int:
+        """Messages waiting for the application (at most ``prefetch`` from the
+        pump, plus released parked copies)."""
+        return self._queue.qsize()
+
     def put(self, msg: Any) -> None:
         self._queue.put_nowait(msg)
 

@@ -21,14 +21,15 @@ from .._checks import check_delay_ms, check_precision
 from ..adapters.pulsar import PulsarAdapter
 from ..clock import Clock, TimerHandle
 from ..dedup import Deduplicator
-from ..keys import MessageKey, key_of
+from ..keys import MessageKey
 from ..tracker import FiredCell, NegativeAcksTracker
 from .core import DeliveryCore, Verdict
 from .dead_letters import ConsumerDeadLetters, DeadLetterPublisher, quietly
-from .errors import ConsumerClosed
-from .options import ConsumerOptions, batch_size, check_timeout_ms
+from .errors import ConsumerClosed, NotReceivedError
+from .options import ConsumerOptions, batch_size, check_timeout_ms, key_and_count, seek_target
 from .persist import SnapshotStore
 from .pump import ReceivePump
+from .state import core_stats
 
 __all__ = ["TrackedConsumer"]
 
@@ -171,13 +172,15 @@ class TrackedConsumer:
     async def acknowledge(self, message: Any) -> None:
         """Acknowledge a message (or id); once the client accepted it, cancel
         its pending nack and remember it (``dedup``). A failed ack raises and
-        changes nothing here: a pending nack stays pending. Runtime: O(1),
-        plus the tracker's discard when nacks are pending."""
+        changes nothing here: a pending nack stays pending. A message this
+        consumer did not receive goes to the client as it is (Pulsar's way: the
+        broker decides; refusing would turn a late or repeated ack into an
+        error). Runtime: O(1), plus the tracker's discard when nacks are pending."""
         self._check_open()
         await self._acknowledge(message)
 
-    async def _acknowledge(self, message: Any) -> None:  # also in close(): a dead letter acks once published
-        key = self._message_key(message)
+    async def _acknowledge(self, message: Any, key: Optional[MessageKey] = None) -> None:  # dead letters too
+        key = key or self._message_key(message)
         await self._consumer.acknowledge(message)
         result = self.core.acked(key, self.tracker.clock.now_ms())
         if result.discard and self.tracker.pending:
@@ -220,10 +223,12 @@ class TrackedConsumer:
         is never dead-lettered) and, on a multi-topic consumer, no topic: pass
         the Message there. A nack of a message already acknowledged is
         ignored (logged, counted in ``nacks_after_ack``): the broker would
-        never send it again. Never blocks. Runtime: O(1) amortised.
+        never send it again. One this consumer did not receive:
+        :class:`NotReceivedError`. Never blocks. Runtime: O(1) amortised.
         """
         self._check_open()
         key, count = self._key(message)
+        self._received(key)
         if delay_ms is not None:
             delay_ms = check_delay_ms("delay_ms", delay_ms)
         if self.core.is_acked(key):
@@ -247,6 +252,13 @@ class TrackedConsumer:
 
     def _pending(self, key: MessageKey) -> bool:
         return bool(self.tracker.pending) and key in self.tracker
+
+    def _received(self, key: MessageKey) -> MessageKey:
+        # Received: the core knows it, or a nack (maybe restored) is pending. Unchecked where that cannot be
+        # told: without dedup (re-acks stay idempotent), a bare id of no held message on a multi-topic consumer
+        if self._dedup is None or key.topic is None or self.core.knows(key) or self._pending(key):
+            return key
+        raise NotReceivedError(key)
 
     def _rearm(self) -> None:
         """One timer, on the tracker's clock, at the core's next wakeup."""
@@ -277,24 +289,17 @@ class TrackedConsumer:
         return self._key(message)[0]
 
     def _key(self, message: Any) -> tuple[MessageKey, Optional[int]]:
-        if isinstance(message, MessageKey):
-            raise TypeError("pass a pulsar Message or MessageId, not a MessageKey")
-        if isinstance(message, pulsar.MessageId):
-            message = message._msg_id
-        key, count = key_of(message)
-        if key.topic is None:
-            if self._own_topic is not None:
-                key = key._replace(topic=self._own_topic)
-            else:  # a bare id on a multi-topic consumer: find the message it names (O(held))
-                key = next((k for k in self.core.held if k._replace(topic=None) == key), key)
-        return key, count
+        return key_and_count(message, self._own_topic, self.core.held)
 
     # -- the rest of the consumer API ----------------------------------------------
 
-    async def seek(self, messageid: Union[pulsar.MessageId, int]) -> None:
-        """As ``pulsar.asyncio.Consumer.seek``. Pending nacks stay scheduled."""
+    async def seek(self, messageid: Union[pulsar.Message, pulsar.MessageId, int]) -> None:
+        """As ``pulsar.asyncio.Consumer.seek``, and also a Message or ``msg.message_id()`` /
+        ``MessageId.earliest``/``latest`` (see :func:`~.options.seek_target`). What was acked or held
+        surfaces again as the broker resends it (:meth:`DeliveryCore.sought`); pending nacks stay scheduled."""
         self._check_open()
-        await self._consumer.seek(messageid)
+        await self._consumer.seek(seek_target(messageid))
+        self.core.sought()
 
     async def get_last_message_id(self) -> Any:
         self._check_open()
@@ -327,16 +332,8 @@ class TrackedConsumer:
     def stats(self) -> dict[str, Any]:
         """The tracker's stats plus the consumer's (each key: ``README.md``,
         "Consumer stats"). Runtime: O(1) plus the tracker's."""
-        c = self.core.counts
-        return {**self.tracker.stats(), "received": self._pump.received,
-                "surfaced": c["surface"] + c["released"],
-                "early_copies_dropped": c["early"] + c["twin"],
-                "held_copies_dropped": c["held"], "acked_copies_dropped": c["acked"],
-                "dedup_dropped": c["acked"], "siblings_dropped": c["acked"] + c["held"],
-                "copies_parked": c["park"], "copies_released": c["released"], "copies_overdue": c["expired"],
-                "nacks_after_ack": c["nacks_after_ack"], "copy_ack_failures": self._counts["copy_ack_failures"],
-                "batch_records": len(self.core.records), "held": len(self.core.held),
-                "parked": len(self.core.parked), "restored": self._counts["restored"],
+        return {**self.tracker.stats(), "received": self._pump.received, "prefetched": self._pump.queued,
+                **core_stats(self.core), **self._counts,
                 **self._dead_letters.stats(),
                 "snapshots_saved": self._store.saved if self._store else 0,
                 "snapshot_failures": self._store.failures if self._store else 0,

@@ -8,7 +8,7 @@ from typing import Any, NamedTuple, Optional
 
 from ..keys import MessageKey
 
-__all__ = ["Verdict", "Held", "Nacked", "Parked", "EntryRecord", "AckResult", "Token"]
+__all__ = ["Verdict", "Held", "Nacked", "Parked", "EntryRecord", "AckResult", "Token", "core_stats"]
 
 Token = Any  # a received copy, opaque to the core
 
@@ -70,3 +70,15 @@ class _Deadline(NamedTuple):
     seq: int
     key: MessageKey       # a message key (park, request) or an entry key (record)
     state: object         # the object that must still be current for this deadline to act
+
+
+def core_stats(core: Any) -> dict[str, int]:
+    """The consumer's stats that come from its :class:`~.core.DeliveryCore`
+    (each key: ``README.md``, "Consumer stats"). O(1)."""
+    c = core.counts
+    return {"surfaced": c["surface"] + c["released"], "early_copies_dropped": c["early"] + c["twin"],
+            "held_copies_dropped": c["held"], "acked_copies_dropped": c["acked"],
+            "dedup_dropped": c["acked"], "siblings_dropped": c["acked"] + c["held"],
+            "copies_parked": c["park"], "copies_released": c["released"], "copies_overdue": c["expired"],
+            "nacks_after_ack": c["nacks_after_ack"], "batch_records": len(core.records), "held": len(core.held),
+            "parked": len(core.parked)}
