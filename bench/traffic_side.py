@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import sys
 import time
 import traceback
 from typing import Any, Optional
@@ -23,6 +24,7 @@ import pulsar.asyncio as pulsar_asyncio
 
 import nacktracker
 from nacktracker.scenarios.sides import open_client as client  # quiet: the C++ client logs INFO on stdout
+from nacktracker.consumer.pump import ReceivePump
 from nacktracker.scenarios.sides import quietly
 from traffic_ledger import TRACKED, Config, Ledger, Scenario, Verdict, quantiles
 
@@ -37,25 +39,22 @@ def now_ms() -> float:
     return asyncio.get_running_loop().time() * 1000.0
 
 
+async def _admit_all(msg: pulsar.Message) -> bool:
+    return True
+
+
 class PlainConsumer:
     """The plain ``pulsar.asyncio.Consumer`` behind the calls the workers make.
     Its ``receive()`` loses a message when the awaiting task is cancelled, so
-    one owned task pumps it into a queue (as any careful application does)."""
+    the consumer package's pump owns it (unbounded: the plain client's side)."""
 
     def __init__(self, consumer: pulsar_asyncio.Consumer) -> None:
         self.consumer = consumer
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self.pump = asyncio.get_running_loop().create_task(self._run())
-
-    async def _run(self) -> None:
-        try:
-            while True:
-                self.queue.put_nowait(await self.consumer.receive())
-        except PULSAR_ERRORS:
-            pass  # closed
+        self.pump = ReceivePump(consumer, _admit_all, prefetch=sys.maxsize)
+        self.pump.start()
 
     async def receive(self) -> pulsar.Message:
-        return await self.queue.get()
+        return await self.pump.get(None)
 
     async def acknowledge(self, msg: pulsar.Message) -> None:
         await self.consumer.acknowledge(msg)
@@ -67,9 +66,8 @@ class PlainConsumer:
         await self.consumer.negative_acknowledge(msg)  # one configured delay: delay_ms cannot be honoured
 
     async def close(self) -> None:
+        await self.pump.stop()
         await quietly(self.consumer.close())
-        self.pump.cancel()
-        await asyncio.gather(self.pump, return_exceptions=True)
 
 
 class Side:

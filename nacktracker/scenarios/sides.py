@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import sys
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Optional, Protocol
@@ -21,6 +22,7 @@ import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
 from ..consumer import TrackedConsumer, subscribe
+from ..consumer.pump import ReceivePump
 from .harness import BUILTIN, SIDES, TRACKED, ErrorSummary, now_ms, summarize
 
 __all__ = ["TRACKED", "BUILTIN", "SIDES", "Side", "SideOptions", "Redeliveries", "TrackedSide", "BuiltinSide",
@@ -205,11 +207,9 @@ class BuiltinSide:
     def __init__(self, client: pulsar_asyncio.Client, consumer: pulsar_asyncio.Consumer) -> None:
         self.client, self.consumer, self.record = client, consumer, Redeliveries()
         # The plain client's receive() loses a message when its awaiting task is cancelled:
-        # one owned task awaits it and feeds a queue, whose get() is safe to cancel.
-        # MERGE NOTE (issue 10): replace this pump with the consumer package's receive pump
-        # once nacktracker/consumer/ exposes it; this is the last copy outside the consumer.
-        self._queue: asyncio.Queue[pulsar.Message] = asyncio.Queue()
-        self._pump = asyncio.get_running_loop().create_task(self._run_pump())
+        # the consumer package's pump owns it (unbounded here: the plain client's own side).
+        self._pump = ReceivePump(consumer, _admit_all, prefetch=sys.maxsize)
+        self._pump.start()
 
     @classmethod
     async def open(cls, client: pulsar_asyncio.Client, topic: str, options: SideOptions) -> "BuiltinSide":
@@ -220,15 +220,9 @@ class BuiltinSide:
                                           dead_letter_policy=policy)
         return cls(client, consumer)
 
-    async def _run_pump(self) -> None:
-        try:
-            while True:
-                self._queue.put_nowait(await self.consumer.receive())
-        except pulsar_asyncio.PulsarException:
-            pass  # the consumer was closed
-
     async def receive(self) -> pulsar.Message:
-        return await self._queue.get()
+        msg: pulsar.Message = await self._pump.get(None)
+        return msg
 
     async def ack(self, msg: pulsar.Message) -> None:
         await self.consumer.acknowledge(msg)
@@ -244,10 +238,13 @@ class BuiltinSide:
         return self.record.summary()
 
     async def close(self) -> None:
-        await quietly(self.consumer.close())  # fails the pump's pending receive(): it ends
-        self._pump.cancel()
-        await asyncio.gather(self._pump, return_exceptions=True)
+        await self._pump.stop()
+        await quietly(self.consumer.close())
         await quietly(self.client.close())
+
+
+async def _admit_all(msg: pulsar.Message) -> bool:
+    return True
 
 
 _OPENERS: dict[str, Callable[[pulsar_asyncio.Client, str, SideOptions], Awaitable[Side]]] = {
