@@ -244,3 +244,55 @@ async def test_seek_drops_what_the_pump_took_before_it(topic, pulsar_logger, tmp
             await consumer.close()
         finally:
             await client.close()
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize("kind", LOCAL, ids=lambda k: k.name)
+async def test_restart_on_a_snapshot_holds_the_resent_copies_until_due_then_hands_them_back(client, topic, tmp_path,
+                                                                                             kind):
+    """As tests/test_reliability.py's restart on Shared: A nacks m0 (2500 ms),
+    m1 (3500 ms) and b1 (3000 ms, one message of a batch entry), acks m2, b0,
+    b3, holds b2, closes (its kept messages are dropped: the broker still has
+    them). B starts on A's snapshot: the broker resends every unacked message at
+    once; B surfaces the entry's b0, b2, b3 at once (whole entries; b0 and b3
+    acked at the broker only with the entry) and keeps the copies of m0, m1, b1,
+    handing each back at its due time, downtime included."""
+    t = topic("restart")
+    path = tmp_path / "nacks.snap"
+    await publish(client, t, 3, batched=False)
+    await publish_batch(client, t, 4)
+    a = await tracked(client, t, kind, snapshot_path=path, precision_bits=0)
+    msgs = {m.data(): m for m in await receive_n(a, 7)}
+    due = {}
+    for data, delay in ((b"m0", 2500), (b"m1", 3500), (b"b1", 3000)):
+        await a.negative_acknowledge(msgs[data], delay_ms=delay)
+        due[data] = now_ms() + delay
+    for data in (b"m2", b"b0", b"b3"):
+        await a.acknowledge(msgs[data])
+    assert a.stats()["locally_kept"] == 3
+    await asyncio.sleep(0.3)
+    await a.close()
+    assert a.stats()["locally_kept"] == 0
+    await asyncio.sleep(0.5)  # downtime: counts against the delays
+
+    b = await tracked(client, t, kind, snapshot_path=path, precision_bits=0)
+    assert b.stats()["restored"] == 3
+    at_once = []
+    with pytest.raises(ReceiveTimeout):
+        while True:
+            at_once.append(await b.receive(timeout_ms=800))
+    assert sorted(m.data() for m in at_once) == [b"b0", b"b2", b"b3"]
+    for m in at_once:
+        await b.acknowledge(m)
+    assert b.stats()["locally_kept"] == 3  # the broker's copies of m0, m1, b1, held back
+    back = {}
+    while len(back) < 3:
+        msg = await b.receive(timeout_ms=4_000)
+        back[msg.data()] = now_ms()
+        await b.acknowledge(msg)
+    assert set(back) == set(due)
+    errors = {d: round(back[d] - due[d]) for d in due}
+    assert all(-EARLY_MS <= e <= LATE_MS for e in errors.values()), errors
+    await expect_nothing(b, 600)
+    assert settled(b) == (0, 0, 0, 0)
+    await b.close()
