@@ -10,6 +10,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from nacktracker import ManualClock, MessageKey
 from nacktracker.adapters import HandBack, LocalRedeliveryAdapter
@@ -87,6 +90,91 @@ def test_the_local_adapter_needs_no_pulsar_client():
     code = ("import sys, nacktracker.adapters.local; "
             "bad = [m for m in ('pulsar', '_pulsar') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+TOKENS: dict[str, MessageKey] = {}
+KEY_LIST = [*(MessageKey(7, entry, -1, index, T) for entry in (1, 2) for index in (-1, 0, 1)),
+            MessageKey(7, 1, -1, -1, "other")]  # few keys: rules meet on the same ones
+KEYS = st.sampled_from(KEY_LIST)
+
+
+class LocalAdapterMachine(RuleBasedStateMachine):
+    """The adapter against a plain model: what is kept, what each fire hands
+    back (the kept messages of the fired entries, in batch order), counts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answers: dict[MessageKey, HandBack] = {}
+        self.handed: list[MessageKey] = []
+        self.adapter = LocalRedeliveryAdapter(self._deliver)
+        self.kept: dict[MessageKey, str] = {}
+        self.counts: dict[MessageKey, int] = {}
+
+    def _deliver(self, token: str) -> HandBack:
+        k = TOKENS[token]
+        self.handed.append(k)
+        return self.answers.get(k, HandBack.TAKEN)
+
+    @rule(k=KEYS)
+    def keep(self, k):
+        self.adapter.keep(k, f"{k}")
+        TOKENS[f"{k}"] = k
+        self.kept.setdefault(k, f"{k}")
+
+    @rule(k=KEYS, answer=st.sampled_from(list(HandBack)))
+    def set_answer(self, k, answer):
+        self.answers[k] = answer
+
+    @rule(k=KEYS)
+    def ack(self, k):
+        assert self.adapter.forget(k) == (k in self.kept)
+        self.kept.pop(k, None)
+        self.counts.pop(k, None)
+
+    @rule(k=KEYS)
+    def cumulative_ack(self, k):
+        def covered(x):
+            return (x.topic, x.partition) == (k.topic, k.partition) and \
+                (x.ledger_id, x.entry_id, x.batch_index) <= (k.ledger_id, k.entry_id, k.batch_index)
+
+        entries = {x.entry for x in self.kept}
+        for x in [x for x in self.kept if covered(x)]:
+            del self.kept[x]
+        for x in [x for x in self.counts if covered(x)]:
+            del self.counts[x]
+        emptied = {e for e in entries if not any(x.entry == e for x in self.kept)}
+        assert set(self.adapter.forget_through(k)) == emptied
+
+    @rule(entries=st.lists(KEYS.map(lambda k: k.entry), max_size=3, unique=True))
+    def fire(self, entries):
+        self.handed.clear()
+        asyncio.run(self.adapter.redeliver(entries))
+        expected = [x for e in entries for x in sorted((x for x in self.kept if x.entry == e),
+                                                       key=lambda x: x.batch_index)]
+        assert self.handed == expected
+        for x in expected:
+            answer = self.answers.get(x, HandBack.TAKEN)
+            if answer is not HandBack.NOT_YET:
+                del self.kept[x]
+            if answer is HandBack.TAKEN:
+                self.counts[x] = self.counts.get(x, 0) + 1
+
+    @rule()
+    def close(self):
+        asyncio.run(self.adapter.aclose())
+        self.kept.clear()
+        self.counts.clear()
+
+    @invariant()
+    def agrees_with_the_model(self):
+        assert self.adapter.stored == len(self.kept)
+        for k in KEY_LIST:
+            assert self.adapter.is_kept(k) == (k in self.kept)
+            assert self.adapter.redeliveries(k) == self.counts.get(k, 0)
+
+
+LocalAdapterMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
+test_the_local_adapter_matches_its_model = LocalAdapterMachine.TestCase
 
 
 # -- TrackedConsumer with local redelivery, on ManualClock -----------------------------------

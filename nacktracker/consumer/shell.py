@@ -240,7 +240,8 @@ class TrackedConsumer:
         the Message there. A nack of a message already acknowledged is
         ignored (logged, counted in ``nacks_after_ack``): the broker would
         never send it again. One this consumer did not receive:
-        :class:`NotReceivedError`. Never blocks. Runtime: O(1) amortised.
+        :class:`NotReceivedError`. On Exclusive/Failover it comes back from this consumer's memory
+        (a bare id: ``TypeError``; README, "Subscription types"). Never blocks. Runtime: O(1) amortised.
         """
         self._check_open()
         key, count = self._key(message)
