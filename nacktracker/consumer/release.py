@@ -33,7 +33,10 @@ class ReleaseTimer:
         if self._handle is not None:
             self._handle.cancel()
         self._at = when
-        self._handle = None if when is None else self._clock().call_at(when, self._on_wake)
+        self._handle = None
+        if when is not None:
+            clock = self._clock()
+            self._handle = clock.call_at(when, self._on_wake)
 
     def stop(self) -> None:
         """Cancel the timer for good (the consumer closes). Idempotent."""
