@@ -217,6 +217,12 @@ class Local:
             self.raw.queue.put_nowait(m)
         return msgs
 
+    async def singles(self, n: int) -> list:
+        """Publish ``n`` non-batched messages and receive them."""
+        for _ in range(n):
+            self.publish()
+        return await self.receive_all()
+
     async def receive_all(self) -> list:
         await settle()
         out = []
@@ -236,6 +242,12 @@ class Local:
         return got
 
 
+def settled(h: Local) -> tuple[int, int, int, int]:
+    """Pending nacks, kept messages, batch records, held messages."""
+    s = h.consumer.stats()
+    return s["pending"], s["locally_kept"], s["batch_records"], s["held"]
+
+
 @pytest.fixture
 async def local():
     made: list[Local] = []
@@ -251,9 +263,7 @@ async def local():
 
 async def test_a_nacked_message_comes_back_from_memory_exactly_at_its_due_time(local):
     h = local(precision_bits=0)
-    h.publish()
-    h.publish()
-    m0, m1 = await h.receive_all()
+    m0, m1 = await h.singles(2)
     await h.consumer.negative_acknowledge(m0, delay_ms=300)
     await h.consumer.negative_acknowledge(m1, delay_ms=500)
     assert h.adapter.stored == 2 and h.consumer.stats()["locally_kept"] == 2
@@ -294,15 +304,12 @@ async def test_batches_only_the_nacked_messages_come_back_each_at_its_time(local
     assert got == [(1000, b"e0.1"), (1120, b"e0.2")]
     for m in (b1, b2, b3):
         await h.consumer.acknowledge(m)
-    stats = h.consumer.stats()
-    assert (stats["batch_records"], stats["pending"], stats["locally_kept"], stats["held"]) == (0, 0, 0, 0)
+    assert settled(h) == (0, 0, 0, 0)
 
 
 async def test_cumulative_ack_cancels_covered_pending_nacks_and_frees_them(local):
     h = local(precision_bits=0)
-    for _ in range(4):
-        h.publish()
-    m0, m1, m2, m3 = await h.receive_all()
+    m0, m1, m2, m3 = await h.singles(4)
     b0, b1, b2 = h.publish(3)
     await h.receive_all()
     for m in (m1, m3, b1, b2):
@@ -312,15 +319,12 @@ async def test_cumulative_ack_cancels_covered_pending_nacks_and_frees_them(local
     assert h.adapter.stored == 1 and h.consumer.tracker.pending == 1
     assert await h.advance_to(700) == [(500, b"e4.2")]
     await h.consumer.acknowledge_cumulative(b2)
-    stats = h.consumer.stats()
-    assert (stats["pending"], stats["locally_kept"], stats["batch_records"], stats["held"]) == (0, 0, 0, 0)
+    assert settled(h) == (0, 0, 0, 0)
 
 
 async def test_ack_of_a_pending_nack_frees_it_and_close_drops_what_is_kept(local):
     h = local(precision_bits=0)
-    for _ in range(3):
-        h.publish()
-    m0, m1, m2 = await h.receive_all()
+    m0, m1, m2 = await h.singles(3)
     for m in (m0, m1, m2):
         await h.consumer.negative_acknowledge(m, delay_ms=500)
     await h.consumer.acknowledge(m1)

@@ -22,6 +22,7 @@ from nacktracker.consumer import PROPERTY_REAL_TOPIC, ReceiveTimeout  # noqa: E4
 from nacktracker.testing import EmbeddedBroker  # noqa: E402
 
 from broker_helpers import publish_batch  # noqa: E402
+from test_pulsar import expect_nothing  # noqa: E402
 
 Earliest = pulsar.InitialPosition.Earliest
 Types = pulsar.ConsumerType
@@ -49,12 +50,6 @@ async def tracked(client, t, kind, **options):
 
 async def receive_n(consumer, n, timeout_ms=5_000):
     return [await consumer.receive(timeout_ms=timeout_ms) for _ in range(n)]
-
-
-async def expect_nothing(consumer, ms=500):
-    with pytest.raises(ReceiveTimeout):
-        msg = await consumer.receive(timeout_ms=ms)
-        pytest.fail(f"unexpected message {msg.data()!r}")
 
 
 def settled(consumer):
