@@ -322,6 +322,24 @@ async def test_cumulative_ack_cancels_covered_pending_nacks_and_frees_them(local
     assert settled(h) == (0, 0, 0, 0)
 
 
+async def test_a_cumulative_ack_drops_covered_copies_waiting_in_the_receive_queue(local):
+    """Seen in bench/traffic.py's cumulative scenario: a nacked message came
+    back into the receive queue while the in-order worker was behind, the
+    worker's cumulative ack covered it, then it surfaced: acknowledged, yet
+    delivered again. The cumulative ack now takes it out of the queue."""
+    h = local(precision_bits=0)
+    m0, m1, m2 = await h.singles(3)
+    await h.consumer.negative_acknowledge(m0, delay_ms=100)
+    h.clock.advance(150)
+    await settle()
+    assert h.consumer.stats()["prefetched"] == 1  # m0's copy waits for the application
+    h.publish()  # e3: a first delivery after the mark stays
+    await settle()
+    await h.consumer.acknowledge_cumulative(m2)
+    assert [m.data() for m in await h.receive_all()] == [b"e3.-1"]
+    assert settled(h) == (0, 0, 0, 1)
+
+
 async def test_ack_of_a_pending_nack_frees_it_and_close_drops_what_is_kept(local):
     h = local(precision_bits=0)
     m0, m1, m2 = await h.singles(3)

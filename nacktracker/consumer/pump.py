@@ -78,17 +78,22 @@ class ReceivePump:
             self._space.set()
         return item
 
-    def clear(self) -> int:
-        """Drop every message waiting for the application (a seek: the client
-        clears its own queue and the broker resends from the new position).
-        Returns how many. Runtime: O(queued)."""
-        dropped = 0
+    def clear(self, drop: Callable[[Any], bool] = lambda msg: True) -> int:
+        """Drop the messages waiting for the application that ``drop(msg)``
+        names (default: all of them, for a seek: the client clears its own
+        queue and the broker resends from the new position); the others keep
+        their order. Returns how many. Runtime: O(queued)."""
+        kept, dropped = [], 0
         while not self._queue.empty():
-            if self._queue.get_nowait() is _STOP:  # stopped meanwhile: keep telling the receivers
-                self._queue.put_nowait(_STOP)
-                break
-            dropped += 1
-        self._space.set()
+            item = self._queue.get_nowait()
+            if item is _STOP or not drop(item):  # stopped meanwhile: keep telling the receivers
+                kept.append(item)
+            else:
+                dropped += 1
+        for item in kept:
+            self._queue.put_nowait(item)
+        if self._queue.qsize() < self._prefetch:
+            self._space.set()
         return dropped
 
     async def stop(self) -> None:

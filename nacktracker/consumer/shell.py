@@ -206,14 +206,15 @@ class TrackedConsumer:
         """As ``pulsar.asyncio.Consumer.acknowledge_cumulative`` (not allowed on
         Shared subscriptions: it raises, and then nothing changes here). Settles
         everything at or before the message in its topic partition: held
-        copies, parked copies, batch records; later copies of those are
-        dropped. O(held + records)."""
+        copies, parked copies, copies waiting in the receive queue, batch
+        records; later copies of those are dropped. O(held + records + queued)."""
         self._check_open()
         key = self._key(message)[0]
         await self._consumer.acknowledge_cumulative(message)
         tokens = self.core.acked_cumulative(key, self.tracker.clock.now_ms())
         if self._local is not None:
             self._local.acked_cumulative(key, self.core.records, self.tracker.discard)
+        self._pump.clear(lambda msg: self.core.is_acked(self._message_key(msg)))  # waiting, now acknowledged
         if tokens:
             await self._ack_copies(tokens)
 
