@@ -445,3 +445,29 @@ async def test_seek_rewinds_acked_and_held_messages_surface_again_pending_nacks_
     assert h.consumer.tracker.pending == 1
     with pytest.raises(TypeError, match="seek takes"):
         await h.consumer.seek("e0")
+
+
+async def test_seek_drops_the_messages_the_pump_took_before_it(harness):
+    """Issue 11: the client clears its receive queue on seek (the broker resends
+    from the new position); what the pump had taken ahead of the application
+    goes too, and surfaces again when the broker resends it."""
+    h = harness(precision_bits=0, prefetch=4)
+    for _ in range(6):
+        h.broker.publish()
+    await settle()
+    assert h.consumer.stats()["prefetched"] == 4
+    first = await h.consumer.receive(timeout_ms=0)
+    await settle()
+    while not h.raw.queue.empty():  # what the client does on seek: e5 was still in its queue
+        h.raw.queue.get_nowait()
+    await h.consumer.seek(0)
+    assert h.consumer.stats()["prefetched"] == 0
+    with pytest.raises(ReceiveTimeout):
+        await h.consumer.receive(timeout_ms=0)
+    for entry in range(6):  # the broker resends from the start
+        h.broker.send(entry)
+    got = []
+    for _ in range(6):
+        await settle()
+        got += [m.data() for m in await h.drain()]
+    assert first.data() == b"e0.-1" and got == [b"e%d.-1" % i for i in range(6)]  # each once, in order

@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent / "nacktracker"
 MODULES = sorted(p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*.py"))
 
 PURE = {*(m for m in MODULES if m.startswith("index/")),  # the index package (issue 12), every module of it
-        "backoff.py", "keys.py", "_checks.py", "consumer/core.py", "consumer/state.py"}
+        "backoff.py", "keys.py", "_checks.py", "consumer/core.py", "consumer/state.py",
+        "adapters/local.py", "consumer/local.py"}  # local redelivery (issue 11): bookkeeping, no pulsar, no clock
 IMPURE_IMPORTS = {"pulsar", "_pulsar", "asyncio", "time", "os", "socket", "threading", "subprocess", "io"}
 
 PULSAR_IMPORTERS = {
@@ -114,7 +115,8 @@ def test_only_the_tracker_and_clock_read_time(module):
 
 
 def test_the_consumer_reads_time_only_through_the_trackers_clock():
-    for module in ("consumer/shell.py", "consumer/core.py", "consumer/options.py", "consumer/dead_letters.py"):
+    for module in ("consumer/shell.py", "consumer/core.py", "consumer/options.py", "consumer/dead_letters.py",
+                   "consumer/pump.py", "consumer/release.py", "consumer/local.py"):
         source = (ROOT / module).read_text()
         assert "get_running_loop().time" not in source and "loop.time" not in source, module
         assert "call_later" not in source and ".call_at(" not in source.replace("clock.call_at(", ""), module

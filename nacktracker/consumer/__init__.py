@@ -9,6 +9,9 @@ thin front over ``Fetcher``/``SubscriptionState``:
   (no pulsar, no clock, no I/O); model-tested in ``tests/test_consumer_core.py``.
 * :mod:`.shell` -- :class:`TrackedConsumer`: the receive pump, ack/nack calls,
   the release timer on the tracker's clock.
+* :mod:`.pump` -- the receive pump; :mod:`.release` -- the release timer.
+* :mod:`.local` -- local redelivery on Exclusive/Failover subscriptions (glue to
+  :class:`~nacktracker.adapters.LocalRedeliveryAdapter`).
 * :mod:`.options` -- option checks and :func:`subscribe`.
 * :mod:`.persist` -- snapshots (pending nacks and batch records across restarts).
 * :mod:`.dead_letters` -- dead-letter publishing (one producer per dead-letter topic, in order).

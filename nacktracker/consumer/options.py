@@ -17,8 +17,12 @@ from ..adapters.pulsar import MIN_NACK_DELAY_MS
 from ..keys import MessageKey, key_of
 
 __all__ = ["ConsumerOptions", "subscribe", "batch_size", "check_timeout_ms", "seek_target", "key_and_count",
-           "CLIENT_RECEIVER_QUEUE_SIZE"]
+           "CLIENT_RECEIVER_QUEUE_SIZE", "message_key"]
 
+#: How nacked messages come back (:attr:`ConsumerOptions.redelivery`).
+REDELIVERY_MODES = ("broker", "local")
+#: Subscription types whose broker redelivers only everything unacknowledged: nacks are redelivered locally.
+LOCAL_TYPES = (pulsar.ConsumerType.Exclusive, pulsar.ConsumerType.Failover)
 #: The client's default ``receiver_queue_size``.
 CLIENT_RECEIVER_QUEUE_SIZE = 1000
 
@@ -41,6 +45,9 @@ class ConsumerOptions:
     snapshot_on_error: str = "raise"
     dedup: bool = True
     dedup_capacity: int = 1_000_000
+    #: "broker": nacked messages come back through the client's nack path (Shared, Key_Shared);
+    #: "local": from this consumer's memory (Exclusive, Failover: see adapters/local.py)
+    redelivery: str = "broker"
 
     @classmethod
     def check(cls, options: dict[str, Any], has_client: bool) -> "ConsumerOptions":
@@ -75,6 +82,8 @@ class ConsumerOptions:
             raise TypeError(f"dead_letter_initial_subscription must be a str, not {type(initial).__name__}")
         if initial is not None and o.get("max_redeliveries") is None:
             raise ValueError("dead_letter_initial_subscription needs max_redeliveries")
+        if o.get("redelivery", "broker") not in REDELIVERY_MODES:
+            raise ValueError(f"redelivery must be 'broker' or 'local', got {o['redelivery']!r}")
         if check_int("prefetch", o.get("prefetch", 16)) < 1:
             raise ValueError("prefetch must be >= 1")
         _check_reliability(o)
@@ -135,6 +144,15 @@ def key_and_count(message: Any, own_topic: Optional[str],
         else:
             key = next((k for k in held if k._replace(topic=None) == key), key)
     return key, count
+
+
+def message_key(message: Any, own_topic: Optional[str], held: Iterable[MessageKey]) -> MessageKey:
+    """:func:`key_and_count` without the count; a received ``pulsar.Message``
+    (the hot path: every receive and ack) skips the generic checks. O(1)."""
+    if type(message) is pulsar.Message:
+        mid = message.message_id()
+        return MessageKey(mid.ledger_id(), mid.entry_id(), mid.partition(), mid.batch_index(), message.topic_name())
+    return key_and_count(message, own_topic, held)[0]
 
 
 def seek_target(target: object) -> Union[pulsar.MessageId, int]:
@@ -202,8 +220,13 @@ async def subscribe(client: pulsar_asyncio.Client, topic: Union[str, list], subs
     ``client`` must be a ``pulsar.asyncio.Client`` (the tracker's timer and
     the receive pump live on the event loop; a sync ``pulsar.Client`` gets a
     ``TypeError``). ``consumer_type`` defaults to **Shared** (Pulsar's own
-    default is Exclusive): nacks are a per-message workflow, and the embedded
-    test broker redelivers only on Shared/Key_Shared.
+    default is Exclusive): nacks are a per-message workflow. On Shared and
+    Key_Shared the broker redelivers each nacked entry (possibly to another
+    consumer of the subscription). On **Exclusive and Failover** the broker can
+    only resend everything unacknowledged, so the consumer redelivers nacked
+    messages **locally** (``redelivery="local"``, set here from the type): it
+    keeps each nacked message (one per pending nack) and hands it back at its
+    time, no broker call (``README.md``, "Subscription types").
 
     Options (see ``README.md``): ``delay_ms`` (60 000), ``precision_bits``
     (0, the default: exact; 8: buckets of 256 ms, up to 255 ms early), ``backoff``, ``max_redeliveries``,
@@ -254,6 +277,11 @@ async def subscribe(client: pulsar_asyncio.Client, topic: Union[str, list], subs
     if not isinstance(batch_index_ack_enabled, bool):
         raise TypeError(f"batch_index_ack_enabled must be a bool, not {type(batch_index_ack_enabled).__name__}")
     own = {k: options.pop(k) for k in list(options) if k in ConsumerOptions.__dataclass_fields__}
+    redelivery = "local" if consumer_type in LOCAL_TYPES else "broker"
+    if own.setdefault("redelivery", redelivery) != redelivery and own["redelivery"] in REDELIVERY_MODES:
+        raise ValueError(f"redelivery={own['redelivery']!r} does not work on {consumer_type.name} subscriptions "
+                         f"(it is {redelivery!r} there: the broker redelivers chosen messages only on Shared "
+                         "and Key_Shared); leave it out")
     nack_delay = options.pop("negative_ack_redelivery_delay_ms", MIN_NACK_DELAY_MS)
     if nack_delay != MIN_NACK_DELAY_MS:
         raise ValueError(f"negative_ack_redelivery_delay_ms is fixed at {MIN_NACK_DELAY_MS} (the client's "

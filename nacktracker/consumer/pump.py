@@ -78,6 +78,24 @@ class ReceivePump:
             self._space.set()
         return item
 
+    def clear(self, drop: Callable[[Any], bool] = lambda msg: True) -> int:
+        """Drop the messages waiting for the application that ``drop(msg)``
+        names (default: all of them, for a seek: the client clears its own
+        queue and the broker resends from the new position); the others keep
+        their order. Returns how many. Runtime: O(queued)."""
+        kept, dropped = [], 0
+        while not self._queue.empty():
+            item = self._queue.get_nowait()
+            if item is _STOP or not drop(item):  # stopped meanwhile: keep telling the receivers
+                kept.append(item)
+            else:
+                dropped += 1
+        for item in kept:
+            self._queue.put_nowait(item)
+        if self._queue.qsize() < self._prefetch:
+            self._space.set()
+        return dropped
+
     async def stop(self) -> None:
         """Cancel the pump (whatever its receive() was about to return stays
         unacknowledged and goes back with the consumer) and wake the receivers."""

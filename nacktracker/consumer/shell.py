@@ -18,17 +18,20 @@ import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
 from .._checks import check_delay_ms, check_precision
-from ..adapters.pulsar import PulsarAdapter
-from ..clock import Clock, TimerHandle
+from ..adapters.local import LocalRedeliveryAdapter
+from ..adapters.pulsar import _MULTI_TOPIC_MARK, PulsarAdapter
+from ..clock import Clock
 from ..dedup import Deduplicator
 from ..keys import MessageKey
 from ..tracker import FiredCell, NegativeAcksTracker
 from .core import DeliveryCore, Verdict
 from .dead_letters import ConsumerDeadLetters, DeadLetterPublisher, quietly
 from .errors import ConsumerClosed, NotReceivedError
-from .options import ConsumerOptions, batch_size, check_timeout_ms, key_and_count, seek_target
+from .options import ConsumerOptions, batch_size, check_timeout_ms, key_and_count, message_key, seek_target
 from .persist import SnapshotStore
+from .local import LocalNacks
 from .pump import ReceivePump
+from .release import ReleaseTimer
 from .state import core_stats
 
 __all__ = ["TrackedConsumer"]
@@ -77,8 +80,12 @@ class TrackedConsumer:
         self.options = opts
         # Copies that arrive early are parked until due, so the lead starts on the high side and is
         # learned down: an early copy costs a short wait, a late one costs precision.
+        if adapter is None and opts.redelivery == "local":  # Exclusive/Failover: see adapters/local.py
+            adapter = LocalRedeliveryAdapter(multi_topic=_MULTI_TOPIC_MARK in consumer.topic())
         self.adapter = adapter if adapter is not None else PulsarAdapter(
             consumer, lead_ms=opts.lead_ms, min_gap_ms=opts.min_gap_ms, initial_lead_ms=INITIAL_LEAD_MS)
+        self._local = None if not isinstance(self.adapter, LocalRedeliveryAdapter) else LocalNacks(
+            self.adapter, lambda msg: self._decide(self._message_key(msg), msg), lambda msg: self._pump.put(msg))
         self._arrived: Optional[Callable[[MessageKey], None]] = getattr(self.adapter, "arrived", None)
         # one producer per dead-letter topic, dead letters published in the order they were decided
         self._dead_letters = ConsumerDeadLetters(None if opts.max_redeliveries is None else DeadLetterPublisher(
@@ -94,8 +101,7 @@ class TrackedConsumer:
         self._pump = ReceivePump(consumer, self._admit, opts.prefetch,
                                  on_resume=getattr(self.adapter, "forget_handed", None))
         self._saver: Optional[asyncio.Task] = None
-        self._wake: Optional[TimerHandle] = None
-        self._wake_at: Optional[float] = None
+        self._release = ReleaseTimer(self.core, lambda: self.tracker.clock, self._pump.put)
         self._closed = False
         self._counts = {"restored": 0, "copy_ack_failures": 0}
         tracker_options = dict(
@@ -153,19 +159,25 @@ class TrackedConsumer:
                 name="nacktracker-snapshots")
 
     async def _admit(self, msg: Any) -> bool:
-        """Ask the core about a copy; whether it goes to the application now."""
+        """Ask the core about a copy from the broker; whether it goes to the application now."""
         key = self._message_key(msg)
         if self._arrived is not None and self.adapter.awaiting_arrivals:
             self._arrived(key.entry)  # the adapter learns its path latency
-        size = batch_size(msg.message_id()) if self.core.blind and key.batch_index >= 0 else 0
-        verdict = self.core.arrive(key, size, msg, self.tracker.clock.now_ms())
+        verdict = self._decide(key, msg)
         if verdict is Verdict.SURFACE:
             return True
-        if verdict is Verdict.PARK:
-            self._rearm()
-        elif verdict is Verdict.DROP_ACKED:
+        if verdict is Verdict.DROP_ACKED:
             await self._ack_copies([msg])  # tells the broker again (an ack lost in a restart)
+        elif verdict is Verdict.DROP_EARLY and self._local is not None:
+            self._local.held_back(key, msg)
         return False
+
+    def _decide(self, key: MessageKey, msg: Any) -> Verdict:
+        size = batch_size(msg.message_id()) if self.core.blind and key.batch_index >= 0 else 0
+        verdict = self.core.arrive(key, size, msg, self.tracker.clock.now_ms())
+        if verdict is Verdict.PARK:
+            self._release.rearm()
+        return verdict
 
     # -- acknowledging -------------------------------------------------------------
 
@@ -183,6 +195,8 @@ class TrackedConsumer:
         key = key or self._message_key(message)
         await self._consumer.acknowledge(message)
         result = self.core.acked(key, self.tracker.clock.now_ms())
+        if self._local is not None:
+            self._local.acked(key)
         if result.discard and self.tracker.pending:
             self.tracker.discard(key)
         if result.tokens:
@@ -192,12 +206,15 @@ class TrackedConsumer:
         """As ``pulsar.asyncio.Consumer.acknowledge_cumulative`` (not allowed on
         Shared subscriptions: it raises, and then nothing changes here). Settles
         everything at or before the message in its topic partition: held
-        copies, parked copies, batch records; later copies of those are
-        dropped. O(held + records)."""
+        copies, parked copies, copies waiting in the receive queue, batch
+        records; later copies of those are dropped. O(held + records + queued)."""
         self._check_open()
         key = self._key(message)[0]
         await self._consumer.acknowledge_cumulative(message)
         tokens = self.core.acked_cumulative(key, self.tracker.clock.now_ms())
+        if self._local is not None:
+            self._local.acked_cumulative(key, self.core.records, self.tracker.discard)
+        self._pump.clear(lambda msg: self.core.is_acked(self._message_key(msg)))  # waiting, now acknowledged
         if tokens:
             await self._ack_copies(tokens)
 
@@ -224,11 +241,14 @@ class TrackedConsumer:
         the Message there. A nack of a message already acknowledged is
         ignored (logged, counted in ``nacks_after_ack``): the broker would
         never send it again. One this consumer did not receive:
-        :class:`NotReceivedError`. Never blocks. Runtime: O(1) amortised.
+        :class:`NotReceivedError`. On Exclusive/Failover it comes back from this consumer's memory
+        (a bare id: ``TypeError``; README, "Subscription types"). Never blocks. Runtime: O(1) amortised.
         """
         self._check_open()
         key, count = self._key(message)
         self._received(key)
+        if self._local is not None:  # redelivered from memory: see consumer/local.py
+            count = self._local.redelivery_count(key, count)
         if delay_ms is not None:
             delay_ms = check_delay_ms("delay_ms", delay_ms)
         if self.core.is_acked(key):
@@ -240,15 +260,17 @@ class TrackedConsumer:
             due = self.tracker.add(key, delay_ms=delay_ms, redelivery_count=count or 0)
         finally:
             self._dead_letters.candidate = None
+        if self._local is not None:
+            self._local.nacked(key, message)
         self.core.nacked(key, due, message, self.tracker.clock.now_ms())
-        self._rearm()
+        self._release.rearm()
 
     # -- the tracker's side ----------------------------------------------------------
 
     def _on_fired(self, cell: FiredCell) -> None:
         """The tracker handed a bucket's cell to the adapter (a fire listener)."""
         self.core.fired(cell.bucket_ms, cell.keys, self.tracker.clock.now_ms())
-        self._rearm()
+        self._release.rearm()
 
     def _pending(self, key: MessageKey) -> bool:
         return bool(self.tracker.pending) and key in self.tracker
@@ -260,33 +282,8 @@ class TrackedConsumer:
             return key
         raise NotReceivedError(key)
 
-    def _rearm(self) -> None:
-        """One timer, on the tracker's clock, at the core's next wakeup."""
-        when = self.core.next_wakeup_ms()
-        if when == self._wake_at or self._closed:
-            return
-        if self._wake is not None:
-            self._wake.cancel()
-        self._wake_at = when
-        self._wake = None if when is None else self.tracker.clock.call_at(when, self._on_wake)
-
-    def _on_wake(self) -> None:
-        armed, self._wake, self._wake_at = self._wake_at, None, None
-        if self._closed:
-            return
-        # the loop may wake a hair before the armed time: the armed time counts as reached
-        for msg in self.core.release(max(self.tracker.clock.now_ms(), armed or 0)):
-            self._pump.put(msg)
-        self._rearm()
-
     def _message_key(self, message: Any) -> MessageKey:
-        """:meth:`_key` without the count; a received ``pulsar.Message`` (the
-        hot path: every receive and ack) skips the generic checks."""
-        if type(message) is pulsar.Message:
-            mid = message.message_id()
-            return MessageKey(mid.ledger_id(), mid.entry_id(), mid.partition(), mid.batch_index(),
-                              message.topic_name())
-        return self._key(message)[0]
+        return message_key(message, self._own_topic, self.core.held)
 
     def _key(self, message: Any) -> tuple[MessageKey, Optional[int]]:
         return key_and_count(message, self._own_topic, self.core.held)
@@ -299,6 +296,7 @@ class TrackedConsumer:
         surfaces again as the broker resends it (:meth:`DeliveryCore.sought`); pending nacks stay scheduled."""
         self._check_open()
         await self._consumer.seek(seek_target(messageid))
+        self._pump.clear()  # as the client clears its queue: the broker resends from the new position
         self.core.sought()
 
     async def get_last_message_id(self) -> Any:
@@ -338,7 +336,8 @@ class TrackedConsumer:
                 "snapshots_saved": self._store.saved if self._store else 0,
                 "snapshot_failures": self._store.failures if self._store else 0,
                 "bursts": len(getattr(self.adapter, "bursts", ())), "lead_ms": getattr(self.adapter, "lead_ms", 0),
-                "dedup_remembered": len(self._dedup) if self._dedup is not None else 0}
+                "dedup_remembered": len(self._dedup) if self._dedup is not None else 0,
+                "locally_kept": self._local.adapter.stored if self._local is not None else 0}
 
     async def unsubscribe(self) -> None:
         """Unsubscribe, then release everything :meth:`close` releases. Pending
@@ -374,8 +373,7 @@ class TrackedConsumer:
         if self._closed:
             return
         self._closed = True
-        if self._wake is not None:
-            self._wake.cancel()
+        self._release.stop()
         if self._saver is not None:  # a write in flight finishes (see SnapshotStore.save), then the final save
             self._saver.cancel()
             await asyncio.gather(self._saver, return_exceptions=True)

@@ -1,0 +1,73 @@
+"""The consumer's side of local redelivery (Exclusive and Failover subscriptions).
+
+There the broker cannot redeliver a chosen message (see
+:mod:`nacktracker.adapters.local`): the consumer keeps each nacked message and
+the :class:`~nacktracker.adapters.local.LocalRedeliveryAdapter` hands it back
+at its bucket through the consumer's delivery path, as a copy from the broker.
+This module is the glue between the shell's calls (nack, ack, cumulative ack,
+a copy held back) and that adapter, so the shell stays one line per call.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Optional
+
+from ..adapters.local import HandBack, LocalRedeliveryAdapter
+from ..keys import MessageKey
+from .state import Verdict
+
+__all__ = ["LocalNacks"]
+
+#: What a copy handed back became, for the adapter (anything else: dropped).
+_HAND_BACK = {Verdict.SURFACE: HandBack.TAKEN, Verdict.PARK: HandBack.TAKEN, Verdict.DROP_EARLY: HandBack.NOT_YET}
+
+
+class LocalNacks:
+    """``decide(msg) -> Verdict``: the shell's delivery path for a copy (the
+    core's verdict, parking included); ``surface(msg)``: hand it to the
+    application (the receive pump's queue). Every method is O(1) unless its
+    docstring says otherwise."""
+
+    def __init__(self, adapter: LocalRedeliveryAdapter, decide: Callable[[Any], Verdict],
+                 surface: Callable[[Any], None]) -> None:
+        self.adapter = adapter
+        self._decide = decide
+        self._surface = surface
+        adapter.bind(self._hand_back)
+
+    def redelivery_count(self, key: MessageKey, count: Optional[int]) -> int:
+        """The count a nack of ``key`` counts with: the broker's (the Message's
+        ``redelivery_count()``) plus the local redeliveries since its last ack.
+        A bare id (no count, and no message to keep): ``TypeError``."""
+        if count is None:
+            raise TypeError("on an Exclusive or Failover subscription nack the Message, not its id: "
+                            "the consumer redelivers the message it keeps")
+        return count + self.adapter.redeliveries(key)
+
+    def nacked(self, key: MessageKey, message: Any) -> None:
+        """Keep the nacked message (also when it is being dead-lettered: a
+        failed publish leaves it pending, and its bucket hands it back)."""
+        self.adapter.keep(key, message)
+
+    def held_back(self, key: MessageKey, message: Any) -> None:
+        """The broker resent ``key`` (a reconnect, a restart on a snapshot)
+        while its nack is pending: keep that copy if none is kept."""
+        self.adapter.keep(key, message)
+
+    def acked(self, key: MessageKey) -> None:
+        self.adapter.forget(key)
+
+    def acked_cumulative(self, key: MessageKey, records: Any, discard: Callable[[MessageKey], Any]) -> None:
+        """A cumulative ack up to ``key`` acknowledged the kept messages it
+        covers: drop them, and cancel the pending nack of each entry left with
+        none kept and no batch record (``records``: the core's). O(kept)."""
+        emptied: Iterable[MessageKey] = self.adapter.forget_through(key)
+        for entry in emptied:
+            if entry not in records:
+                discard(entry)
+
+    def _hand_back(self, msg: Any) -> HandBack:
+        verdict = self._decide(msg)
+        if verdict is Verdict.SURFACE:
+            self._surface(msg)
+        return _HAND_BACK.get(verdict, HandBack.DROPPED)
