@@ -17,14 +17,21 @@ and classifies every redelivery later than ``--late-ms`` (default 5):
     (a) path      the copy reached the consumer after its due time
                   (a1: the client's callback was already late; a2: the
                   callback was on time, the loop took it late)
-    (b) release   parked, but released late (timer/loop)
-    (c) receive   surfaced on time (or released on time) but the
-                  application's receive returned it late (pump queue, the
-                  application not waiting: e.g. awaiting its previous ack)
+    (b) release   parked, but released late (b1: a GC pause overlapped;
+                  b2: the shell's timer ran late: the loop was busy or the
+                  process was not scheduled)
+    (c) receive   released or surfaced on time, but the application's
+                  receive returned it late (c1: the application was not
+                  waiting in receive, e.g. it awaited its previous ack;
+                  c2: it was waiting)
 
-Also reports GC pauses (>= 1 ms) and the loop's longest stalls.
+Also reports the release timer's lateness, the application's ack await, GC
+pauses (>= 1 ms), the process's CPU time and how often a 5 ms sleep of a probe
+task on the same loop overslept by more than 3 ms (the loop's own stalls: what
+no timer in the process can beat). Like the bench, freezes the start-up heap
+(``--no-gc-freeze``: not).
 
-    python bench/precision_diagnose.py [--cpu-hog] [--runs N] [--late-ms 5]
+    python bench/precision_diagnose.py [--cpu-hog] [--runs N] [--late-ms 5] [--rows N] [--no-gc-freeze]
 
 Prints only; nothing is written. Diagnostic instrumentation is applied by
 monkeypatching in this process only.
@@ -34,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import gc
 import os
 import sys
@@ -51,7 +57,6 @@ from pulsar_precision import cpu_hog  # noqa: E402
 
 from nacktracker.adapters import pulsar as adapter_mod  # noqa: E402
 from nacktracker.consumer import core as core_mod  # noqa: E402
-from nacktracker.consumer import shell as shell_mod  # noqa: E402
 from nacktracker.consumer.core import Verdict  # noqa: E402
 from nacktracker.scenarios import run_precision, run_steady_stream, sides as sides_mod  # noqa: E402
 from nacktracker.testing import pulsar_service  # noqa: E402
@@ -203,7 +208,6 @@ def install() -> None:
                     print(f"  gc gen {info['generation']} {d:.1f} ms collected {info['collected']}", flush=True)
 
     gc.callbacks.append(on_gc)
-    _ = shell_mod
 
 
 def classify(r: dict[str, Any], late: float) -> str:
@@ -297,12 +301,13 @@ def main() -> int:
     ap.add_argument("--cpu-hog", action="store_true")
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--late-ms", type=float, default=5)
-    ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after start-up (as the bench does)")
+    ap.add_argument("--no-gc-freeze", action="store_true", help="do not gc.freeze() after start-up (the bench does)")
     ap.add_argument("--rows", type=int, default=0, help="print this many of the latest rows per scenario")
     a = ap.parse_args()
     install()
     ROWS_SHOWN[0] = a.rows
-    if a.gc_freeze:
+    if not a.no_gc_freeze:
+        gc.collect()
         gc.freeze()
     with pulsar_service() as url:
         for i in range(a.runs):
@@ -320,5 +325,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    _ = functools
     sys.exit(main())
