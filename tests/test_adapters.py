@@ -204,10 +204,10 @@ def test_message_id_building_sets_topic_only_when_known():
 
 @pytest.mark.broker
 async def test_the_lead_is_learned_from_reported_arrivals(client, topic, monkeypatch):
-    """The lead follows the largest hand-over-to-arrival latency of the window
-    (plus an eighth and 10 ms), within its bounds; arrivals of entries it did
-    not hand over, and those handed over before the application fell behind,
-    teach it nothing; a fixed lead_ms never moves."""
+    """The lead follows the largest hand-over-to-arrival latency of the last
+    minute (plus a quarter and 20 ms: tests/test_lead.py), within its bounds;
+    arrivals of entries it did not hand over, and those handed over before the
+    application fell behind, teach it nothing; a fixed lead_ms never moves."""
     import nacktracker.adapters.pulsar as module
 
     consumer = await shared(client, topic())
@@ -227,18 +227,21 @@ async def test_the_lead_is_learned_from_reported_arrivals(client, topic, monkeyp
         sample(i, 140)
     assert adapter.lead_ms == 250  # fewer than 20 samples: the initial lead
     sample(19, 160)
-    assert adapter.lead_ms == 160 + 20 + 10
+    assert adapter.lead_ms == 160 + 40 + 20
     adapter.arrived(MessageKey(1, 999))  # not handed over by this adapter: no sample
     assert adapter.latency_summary()["count"] == 20
     adapter._handed[MessageKey(1, 500)] = now[0]
     adapter.forget_handed()  # the consumer's pump waited for the application
     now[0] += 5000
     adapter.arrived(MessageKey(1, 500))
-    assert adapter.lead_ms == 190 and adapter.latency_summary()["count"] == 20
-    for i in range(20, 300):  # the spike leaves the window
+    assert adapter.lead_ms == 220 and adapter.latency_summary()["count"] == 20
+    for i in range(20, 300):  # 28 s of faster arrivals: the 160 ms one is still remembered
         sample(i, 100)
-    assert adapter.lead_ms == 100 + 12 + 10
-    sample(300, 5000)
+    assert adapter.lead_ms == 220
+    now[0] += 60_000  # a minute later it is forgotten
+    sample(300, 100)
+    assert adapter.lead_ms == 100 + 25 + 20
+    sample(301, 5000)
     assert adapter.lead_ms == 1000  # bounded
     assert fixed.lead_ms == 133
     await consumer.close()

@@ -13,11 +13,12 @@ can starve redelivery indefinitely. So this adapter
 * declares the path's latency as ``lead_ms`` so the tracker fires that much
   early: a *measured* quantity, the largest latency from :meth:`redeliver`
   to the copy's arrival at the consumer (reported by the consumer through
-  :meth:`PulsarAdapter.arrived`) over the last 256 arrivals, plus 1/8 of it
-  and 10 ms (headroom for the next spike), bounded to [100, 1000] ms and updated at every arrival (the max rather
-  than a p99: a p99 over a window trails a load spike by many samples). Copies that arrive before
-  their due time are held by the consumer until then, so a lead on the high
-  side costs a short wait, never an early message;
+  :meth:`PulsarAdapter.arrived`) over the last minute, plus a quarter of it
+  and 20 ms (headroom for the next spike), bounded to [100, 1000] ms and
+  updated at every arrival (see :mod:`.lead` for why a time memory and that
+  headroom: measured). Copies that arrive before their due time are held by
+  the consumer until then, so a lead on the high side costs a short wait,
+  never an early message;
 * declares ``coalesce_ms`` (half the gap) so buckets due just after a fire
   ride along with it instead of waiting out the gap.
 
@@ -41,6 +42,7 @@ import _pulsar
 
 from .._checks import check_delay_ms
 from ..keys import MessageKey
+from .lead import LeadEstimator
 
 __all__ = ["PulsarAdapter", "MIN_NACK_DELAY_MS", "DEFAULT_LEAD_MS", "DEFAULT_MIN_GAP_MS", "LEAD_BOUNDS_MS"]
 
@@ -59,14 +61,9 @@ DEFAULT_LEAD_MS = 133
 #: client's 100 ms hold, and a path slower than a second is an outage, not a
 #: latency to plan for.
 LEAD_BOUNDS_MS = (100, 1000)
-#: The window the lead is the largest latency of, the samples needed before it
-#: replaces the initial lead, and the headroom added for the next spike (an early
-#: copy is parked by the consumer, so headroom costs a short wait, not precision;
-#: measured: with +5 ms, a run under load had 3% of copies late by up to 37 ms).
-_LEAD_WINDOW = 256
-_LEAD_MIN_SAMPLES = 20
-_LEAD_MARGIN_MS = 10
-_LEAD_HEADROOM_SHIFT = 3  # + max >> 3: one eighth
+#: The window of :meth:`PulsarAdapter.latency_summary` (the lead itself is learned
+#: over a time memory: :class:`~.lead.LeadEstimator`).
+_SUMMARY_WINDOW = 256
 #: An entry handed over longer ago than this without an arrival went to
 #: another consumer (or was lost with a reconnect): forget it.
 _HANDED_TTL_MS = 10_000
@@ -132,9 +129,8 @@ class PulsarAdapter:
             self._lead = check_delay_ms("lead_ms", lead_ms)
         self.learns_lead = lead_ms is None
         self._handed: dict[MessageKey, float] = {}  # entry -> when redeliver() got it (insertion order)
-        self._latencies: deque[float] = deque(maxlen=_LEAD_WINDOW)
-        self._maxima: deque[tuple[int, float]] = deque()  # (sample number, latency), latencies decreasing
-        self._samples = 0
+        self._latencies: deque[float] = deque(maxlen=_SUMMARY_WINDOW)
+        self._estimator = LeadEstimator(self._lead, LEAD_BOUNDS_MS)
         self.min_gap_ms = check_delay_ms("min_gap_ms", DEFAULT_MIN_GAP_MS if min_gap_ms is None else min_gap_ms)
         # A bucket due within min_gap_ms after a burst waits for the gap to end (late by up
         # to min_gap_ms); sending those due in the first half with this burst instead halves
@@ -170,23 +166,17 @@ class PulsarAdapter:
     def arrived(self, entry: MessageKey) -> None:
         """The consumer received a copy of ``entry`` (``batch_index`` -1): if
         this adapter asked for it, one latency sample, and the lead follows
-        the window's maximum. Runtime: O(1) amortised (a monotonic deque)."""
+        the last minute's maximum (:class:`~.lead.LeadEstimator`). Runtime:
+        O(1) amortised."""
         handed = self._handed.pop(entry, None)
         if handed is None:
             return
-        latency = _now_ms() - handed
+        now = _now_ms()
+        latency = now - handed
         self._latencies.append(latency)
-        self._samples += 1
-        maxima = self._maxima
-        while maxima and maxima[-1][1] <= latency:
-            maxima.pop()
-        maxima.append((self._samples, latency))
-        while maxima[0][0] <= self._samples - _LEAD_WINDOW:
-            maxima.popleft()
-        if self.learns_lead and self._samples >= _LEAD_MIN_SAMPLES:
-            low, high = LEAD_BOUNDS_MS
-            top = math.ceil(maxima[0][1])
-            self._lead = min(high, max(low, top + (top >> _LEAD_HEADROOM_SHIFT) + _LEAD_MARGIN_MS))
+        lead = self._estimator.observe(latency, now)
+        if self.learns_lead:
+            self._lead = lead
 
     def forget_handed(self) -> None:
         """The consumer's application fell behind (its receive pump waited):
