@@ -205,7 +205,8 @@ def _sweep(lc: np.ndarray, start: np.ndarray, fire: np.ndarray, k: int, grid: Op
 #: :func:`_sweep` counts starts and fires per millisecond (no sort) when the
 #: group's timeline, consumers × span in ms, is at most this many times the
 #: number of occurrences (plus 64k): dense logs, e.g. a few big consumers.
-DENSE_SWEEP_FACTOR = 4
+#: Its two timeline arrays then take at most 32 bytes per occurrence.
+DENSE_SWEEP_FACTOR = 2
 
 
 def _sweep_dense(lc, s, f, k, tmin, span, grid, peak, at, p_at, p_max) -> None:
@@ -218,7 +219,9 @@ def _sweep_dense(lc, s, f, k, tmin, span, grid, peak, at, p_at, p_max) -> None:
     the instant the sort-based sweep reports. Runtime: O(n + k × span)."""
     base = lc * span if k > 1 else 0
     size = k * span
-    value = np.cumsum(np.bincount(base + s, minlength=size) - np.bincount(base + f, minlength=size))
+    value = np.bincount(base + s, minlength=size)
+    value -= np.bincount(base + f, minlength=size)
+    np.cumsum(value, out=value)  # in place: two timeline arrays at most (16 bytes per ms of it)
     blocks = value.reshape(k, span)
     has = np.bincount(lc, minlength=k) > 0
     peak[:] = np.where(has, blocks.max(axis=1), 0)
