@@ -7,7 +7,9 @@ same ``plan`` command with this tree's package and with ``--baseline``'s (a
 checkout of another commit, e.g. ``git archive main | tar -x -C DIR``),
 alternating (baseline, this, baseline, this, ...) so both see the same load;
 records each run's wall time (process start to exit: JVM start included),
-the load average before it, and writes ``plan_speed.json`` and
+the CPU seconds of its process tree (driver, JVM, Python workers: less
+sensitive than wall time to other jobs on a shared machine, though not
+immune), the load average before and after it, and writes ``plan_speed.json`` and
 ``plan_speed.md`` into ``--out``. Each run is a fresh process with its own
 Spark session, so caches do not carry over.
 """
@@ -20,6 +22,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -32,14 +35,54 @@ TRACES = {
 }
 
 
-def _run(cmd: list[str], source: Path) -> tuple[float, str]:
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _tree_cpu(root: int, seen: dict[int, float]) -> None:
+    """Add to ``seen`` (pid -> CPU seconds) every process descended from
+    ``root`` (a pid once seen stays followed: the JVM outlives the Python
+    that started it), with its user + system time so far."""
+    stats = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:  # exited meanwhile
+                continue
+            stats[int(name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK)  # ppid, utime+stime
+    grew = True
+    while grew:
+        grew = False
+        for pid, (ppid, _) in stats.items():
+            if pid not in seen and (pid == root or ppid in seen):
+                seen[pid] = 0.0
+                grew = True
+    for pid in seen:
+        if pid in stats:
+            seen[pid] = max(seen[pid], stats[pid][1])
+
+
+def _run(cmd: list[str], source: Path) -> tuple[float, float, str]:
+    """Run ``cmd``: its wall time, the CPU seconds of its process tree
+    (the JVM and Python workers included; sampled every 0.2 s, so a lower
+    bound: a process's last 0.2 s before it exits is missed) and stderr."""
     env = dict(os.environ, PYTHONPATH=str(source))
     started = time.perf_counter()
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    seen: dict[int, float] = {}
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
+        reader = threading.Thread(target=lambda: setattr(proc, "err_text", proc.stderr.read()), daemon=True)
+        reader.start()
+        while proc.poll() is None:
+            if sys.platform.startswith("linux"):
+                _tree_cpu(proc.pid, seen)
+            time.sleep(0.2)
+        reader.join()
     wall = time.perf_counter() - started
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} (PYTHONPATH={source}) failed:\n{done.stderr[-3000:]}")
-    return wall, done.stderr
+    err = getattr(proc, "err_text", "")
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} (PYTHONPATH={source}) failed:\n{err[-3000:]}")
+    return wall, sum(seen.values()), err
 
 
 def main(argv=None) -> int:
@@ -59,7 +102,7 @@ def main(argv=None) -> int:
         gen, plan = TRACES[name]
         trace = args.trace_dir / name
         if not trace.exists():
-            wall, _ = _run([sys.executable, "-m", "nacktracker.cli", "trace", "generate", "--out", str(trace),
+            wall, _, _ = _run([sys.executable, "-m", "nacktracker.cli", "trace", "generate", "--out", str(trace),
                             *gen, "--master", args.master, "--quiet"], HERE)
             print(f"generated {trace} in {wall:.1f} s", flush=True)
         for i in range(args.repeats):
@@ -69,22 +112,29 @@ def main(argv=None) -> int:
                        "--out", str(out)]
                 cmd += ["--quiet"]
                 load = os.getloadavg()[0]
-                wall, _ = _run(cmd, source)
+                wall, cpu, _ = _run(cmd, source)
                 results.append({"trace": name, "side": side, "run": i, "wall_s": round(wall, 2),
-                                 "load_before": round(load, 2), "command": " ".join(cmd[1:])})
-                print(f"{name} {side:8s} run {i}: {wall:6.1f} s (load average {load:.2f})", flush=True)
+                                "cpu_s": round(cpu, 1), "load_before": round(load, 2),
+                                "load_after": round(os.getloadavg()[0], 2), "command": " ".join(cmd[1:])})
+                print(f"{name} {side:8s} run {i}: {wall:6.1f} s, CPU {cpu:6.1f} s (load average {load:.2f})",
+                      flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "plan_speed.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
     lines = [f"`python bench/plan_speed.py --baseline {args.baseline} --repeats {args.repeats} "
              f"--master '{args.master}'` on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}", "",
-             "| trace | baseline (s) | this (s) | this / baseline | load average (1 min) |",
-             "|---|---:|---:|---:|---|"]
+             "| trace | baseline (s) | this (s) | this / baseline | CPU baseline (s) | CPU this (s) "
+             "| CPU this / baseline | load average (1 min) |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
     for name in args.traces.split(","):
         base = [r["wall_s"] for r in results if r["trace"] == name and r["side"] == "baseline"]
         mine = [r["wall_s"] for r in results if r["trace"] == name and r["side"] == "this"]
-        loads = [r["load_before"] for r in results if r["trace"] == name]
+        cpu_base = [r["cpu_s"] for r in results if r["trace"] == name and r["side"] == "baseline"]
+        cpu_mine = [r["cpu_s"] for r in results if r["trace"] == name and r["side"] == "this"]
+        loads = [r[k] for r in results if r["trace"] == name for k in ("load_before", "load_after")]
         lines.append(f"| {name} | {' / '.join(f'{v:.1f}' for v in base)} | {' / '.join(f'{v:.1f}' for v in mine)} "
                      f"| {statistics.median(mine) / statistics.median(base):.2f} "
+                     f"| {' / '.join(f'{v:.1f}' for v in cpu_base)} | {' / '.join(f'{v:.1f}' for v in cpu_mine)} "
+                     f"| {statistics.median(cpu_mine) / statistics.median(cpu_base):.2f} "
                      f"| {min(loads):.1f}-{max(loads):.1f} |")
     (args.out / "plan_speed.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))

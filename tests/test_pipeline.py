@@ -146,6 +146,32 @@ def test_a_group_gives_each_consumer_what_it_gets_alone(costs):
         assert dict(zip(values.tolist(), counts.tolist())) == fleet[b]
 
 
+@pytest.mark.parametrize("spread_ms", [5_000, 400_000])
+def test_dense_and_sorted_sweeps_agree(costs, monkeypatch, spread_ms):
+    """The per-millisecond sweep (dense timelines) and the sort-based one give
+    the same peaks, instants and series, for a group and for one consumer."""
+    from nacktracker.pipeline import pending
+    from nacktracker.pipeline.pending import Grid, analyse_group
+
+    rng = np.random.default_rng(11)
+    n = 3_000
+    cid = np.sort(rng.integers(0, 25, n))
+    ts = T0 + rng.integers(0, spread_ms, n)
+    cols = (cid, rng.integers(1, 5, n), rng.integers(0, 400, n), ts, ts + rng.integers(0, 4_000, n))
+    grid = Grid.spanning(T0 - 1_000, T0 + spread_ms + 6_000, 40)  # bins before the first nack too
+    runs = {}
+    for name, factor in (("dense", 1 << 40), ("sorted", -(1 << 40))):
+        monkeypatch.setattr(pending, "DENSE_SWEEP_FACTOR", factor)
+        runs[name] = [analyse_group(*cols, bits_list=[0, 6, 11], costs=costs, grid=grid),
+                      analyse_group(*(c[cid == 3] for c in cols), bits_list=[0, 6, 11], costs=costs, grid=grid)]
+    for dense, ordered in zip(runs["dense"], runs["sorted"]):
+        for key in ("peak_pending", "peak_at_ms", "index_bytes", "bitmaps"):
+            assert np.array_equal(dense[key], ordered[key]), key
+        for key in ("pending_at", "pending_max"):
+            assert all(np.array_equal(a, b) for a, b in zip(dense[key], ordered[key])), key
+        assert dense["peak_pending"].max() > 0
+
+
 def len_pending_at(nacks, bits, t):
     """Pending at instant t by the model's definition, by brute force: occurrences
     (message, bucket) whose first nack is at or before t and whose bucket fires after t."""

@@ -21,7 +21,9 @@ counts for it, piece by piece:
 * the ids pending in two buckets (``_multi`` and per-ledger sets);
 * the fixed part of an empty index.
 
-:meth:`IndexCosts.measure` checks the model against ``nbytes()`` of indexes
+:func:`index_states` is that accounting, for the indexes of many consumers
+at once (a numpy pass over all of them; :func:`index_state` is the same for
+one). :meth:`IndexCosts.measure` checks the model against ``nbytes()`` of indexes
 built *live* (adds and pops in time order) at bits 0, 8, 12 and 15 and
 raises if it misses one by more than 10%, so a layout change cannot silently
 skew the plan. DictIndex bytes per pending message are measured the same
@@ -41,7 +43,7 @@ from pyroaring import BitMap, BitMap64
 from ..index import DictIndex, TimeBucketIndex, _roaring_bytes
 from ..index._parts import PROMOTE, Layout, Ledger, Window
 
-__all__ = ["IndexCosts", "IndexState", "index_state", "array_bytes", "dict_bytes", "dict_bytes_many",
+__all__ = ["IndexCosts", "IndexState", "index_state", "index_states", "array_bytes", "dict_bytes", "dict_bytes_many",
            "set_bytes", "list_bytes"]
 
 _SIZES: dict[str, list[int]] = {"literal": [], "empty": [], "set": [], "list": []}
@@ -130,24 +132,74 @@ class IndexState(NamedTuple):
     ledgers: int
 
 
-def _cells_in_arrival_order(ledger: np.ndarray, bucket: np.ndarray, start: np.ndarray) -> np.ndarray:
-    """Which occurrences sit in a dense cell (see the module docstring)."""
+def _tuple_ids(*cols: np.ndarray) -> tuple[np.ndarray, int]:
+    """Dense ids (0..m-1, in lexicographic order of the tuples) of the rows of
+    ``cols``, and m. One int64 ``np.unique`` of a mixed-radix key when the
+    columns' ranges fit in 62 bits (they do for a group's ids and times), else
+    one lexsort. Runtime: O(n log n)."""
+    n = len(cols[0])
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), 0
+    key = np.zeros(n, dtype=np.int64)
+    room = 1
+    for col in reversed(cols):  # the last column is the least significant
+        low = int(col.min())
+        span = int(col.max()) - low + 1
+        if room * span >= 1 << 62:
+            break
+        key += (col - low) * room
+        room *= span
+    else:
+        uniq, inverse = np.unique(key, return_inverse=True)
+        return inverse.reshape(-1).astype(np.int64, copy=False), len(uniq)
+    order = np.lexsort(cols[::-1])
+    new = np.zeros(n, dtype=bool)
+    new[0] = True
+    for col in cols:
+        s = col[order]
+        new[1:] |= s[1:] != s[:-1]
+    ids = np.empty(n, dtype=np.int64)
+    ids[order] = np.cumsum(new) - 1
+    return ids, int(new.sum())
+
+
+def _prefix_ids(fine: np.ndarray, n_fine: int, *prefix: np.ndarray) -> tuple[np.ndarray, int]:
+    """:func:`_tuple_ids` of a prefix of the columns that numbered ``fine``
+    (e.g. ``(owner, bucket)`` from ``(owner, bucket, ledger)``), or of columns
+    that order as such a prefix does, without another sort: fine ids are in
+    lexicographic order, so the prefix's ids step where its values change
+    from one fine id to the next. Runtime: O(n)."""
+    row = np.empty(n_fine, dtype=np.int64)
+    row[fine] = np.arange(len(fine))  # a row of each fine id
+    new = np.zeros(n_fine, dtype=bool)
+    new[0] = True
+    for col in prefix:
+        v = col[row]
+        new[1:] |= v[1:] != v[:-1]
+    coarse = np.cumsum(new) - 1
+    return coarse[fine], int(coarse[-1]) + 1
+
+
+def _dense_in_arrival_order(owner: np.ndarray, ledger: np.ndarray, bucket: np.ndarray,
+                            start: np.ndarray) -> np.ndarray:
+    """Which occurrences sit in a dense cell (see the module docstring), for
+    many indexes at once: ``owner`` says whose index each occurrence is in;
+    arrival order is ``start``, ties in input order. Runtime: O(n log n)."""
     n = len(ledger)
     if n == 0:
         return np.zeros(0, dtype=bool)
-    order = np.argsort(start, kind="stable")
-    _, code = np.unique(np.stack((bucket, ledger), axis=1), axis=0, return_inverse=True)
-    code = code.reshape(-1)[order]
+    order = np.lexsort((start, owner))  # stable: equal starts stay in input order
+    code, cells = _tuple_ids(owner, bucket, ledger)
+    code = code[order]
     new_run = np.ones(n, dtype=bool)
     new_run[1:] = code[1:] != code[:-1]
     run_start = np.flatnonzero(new_run)
     run_len = np.diff(np.append(run_start, n))
     promoting = run_len >= PROMOTE
-    first = np.full(code.max() + 1, n, dtype=np.int64)  # position where each cell turns dense
+    first = np.full(cells, n, dtype=np.int64)  # position where each cell turns dense
     np.minimum.at(first, code[run_start[promoting]], run_start[promoting])
-    dense_sorted = np.arange(n) >= first[code]
     dense = np.empty(n, dtype=bool)
-    dense[order] = dense_sorted
+    dense[order] = np.arange(n) >= first[code]
     return dense
 
 
@@ -163,74 +215,168 @@ def _bitmap(ids: np.ndarray, compact: bool) -> BitMap | BitMap64:
     return bm
 
 
+def _per_owner(owner: np.ndarray, values: np.ndarray, k: int) -> np.ndarray:
+    """Sum of ``values`` per owner (0..k-1), exact int64."""
+    out = np.zeros(k, dtype=np.int64)
+    np.add.at(out, owner, values)
+    return out
+
+
+def _table(kind: str, ks: np.ndarray) -> np.ndarray:
+    """:func:`_sizes` looked up for an array of counts."""
+    if len(ks) == 0:
+        return np.zeros(0, dtype=np.int64)
+    return np.asarray(_sizes(kind, int(ks.max())), dtype=np.int64)[ks]
+
+
 def index_state(ledger: np.ndarray, entry: np.ndarray, bucket: np.ndarray, start: np.ndarray,
                 pending: np.ndarray, bits: int, costs: "IndexCosts") -> IndexState:
-    """Bytes of a live index at one instant.
+    """Bytes of a live index at one instant: :func:`index_states` for one index.
 
     Arrays: every occurrence that was ever pending up to that instant (in any
     order), its first nack time ``start`` (arrival order decides dense cells)
-    and whether it is ``pending`` at the instant. Runtime: O(n log n) numpy,
-    plus building the live bitmap and the dense cells' bitmaps (C).
+    and whether it is ``pending`` at the instant.
     """
-    ledger, entry, bucket, start = (np.asarray(a, dtype=np.int64) for a in (ledger, entry, bucket, start))
-    dense = _cells_in_arrival_order(ledger, bucket, start) | (entry >> 32 > 0)
+    owner = np.zeros(len(np.asarray(ledger)), dtype=np.int64)
+    out = index_states(owner, ledger, entry, bucket, start, pending, 1, bits, costs)
+    return IndexState(*(int(v) for v in out[:, 0]))
+
+
+def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucket: np.ndarray,
+                 start: np.ndarray, pending: np.ndarray, k: int, bits: int, costs: "IndexCosts") -> np.ndarray:
+    """Bytes of ``k`` live indexes, each at its own instant, in one pass: the
+    model's accounting, piece by piece as the module docstring lists them.
+
+    ``owner`` (0..k-1): whose index each occurrence is in; the other arrays as
+    for :func:`index_state`, rows of one owner in their input order (it breaks
+    ties of arrival and orders ledger slots). Returns a ``5 × k`` int64 array,
+    the :class:`IndexState` fields as rows (an owner with nothing pending gets
+    an empty index). Runtime: O(n log n) numpy over all owners together, plus
+    building the bitmaps (C): one live ``BitMap64`` per owner with pending
+    occurrences and one per dense cell.
+    """
+    owner, ledger, entry, bucket, start = (np.asarray(a, dtype=np.int64)
+                                           for a in (owner, ledger, entry, bucket, start))
+    out = np.zeros((5, k), dtype=np.int64)
+    out[0] = costs.empty_index
+    dense = _dense_in_arrival_order(owner, ledger, bucket, start) | (entry >> 32 > 0)
     p = np.asarray(pending, dtype=bool)
-    ledger, entry, bucket, start, dense = ledger[p], entry[p], bucket[p], start[p], dense[p]
-    if len(ledger) == 0:
-        return IndexState(costs.empty_index, 0, 0, 0, 0)
-    front = bucket == bucket.min()
-    dense |= front  # the timer's next_due_ms() gathers the earliest bucket into cells
+    o, ledger, entry, bucket, start, dense = owner[p], ledger[p], entry[p], bucket[p], start[p], dense[p]
+    if len(o) == 0:
+        return out
+    if len(o) > 1 and (np.diff(o) < 0).any():  # rows of one owner together, in input order
+        order = np.argsort(o, kind="stable")
+        o, ledger, entry, bucket, start, dense = o[order], ledger[order], entry[order], bucket[order], \
+            start[order], dense[order]
+    n = len(o)
+    heads = np.searchsorted(o, np.arange(k + 1))
+    counts = np.diff(heads)
+    has = counts > 0
+    segs = heads[:-1][has]
+    front_bucket = np.zeros(k, dtype=np.int64)
+    front_bucket[has] = np.minimum.reduceat(bucket, segs)
+    dense |= bucket == front_bucket[o]  # the timer's next_due_ms() gathers the earliest bucket into cells
     lay = Layout.for_bits(bits)
-    total = costs.index_fixed
+    total = np.zeros(k, dtype=np.int64)
+    total[has] = costs.index_fixed
+    roaring = np.zeros(k, dtype=np.int64)
+
     # ledgers: a record each, slots by first arrival, one live BitMap64 of slot << 32 | entry
-    ledgers, first_seen, slot_of = np.unique(ledger, return_index=True, return_inverse=True)
-    slot_of = np.argsort(np.argsort(first_seen))[slot_of.reshape(-1)]
-    n_led = len(ledgers)
-    total += n_led * costs.ledger_bytes + dict_bytes(n_led, literal=False) + list_bytes(n_led)
+    pid, n_pid = _tuple_ids(o, ledger, entry)  # (owner, ledger, entry): the ids of messages
+    lid, n_lid = _prefix_ids(pid, n_pid, o, ledger)
+    lid_first = np.full(n_lid, n, dtype=np.int64)
+    np.minimum.at(lid_first, lid, np.arange(n))
+    lid_owner = o[lid_first]
+    by_arrival = np.argsort(lid_first)  # owners' rows are contiguous: arrival order within each owner
+    slot = np.empty(n_lid, dtype=np.int64)
+    lid_heads = np.searchsorted(lid_owner[by_arrival], np.arange(k))
+    slot[by_arrival] = np.arange(n_lid) - lid_heads[lid_owner[by_arrival]]
+    n_led = np.bincount(lid_owner, minlength=k)
+    total += n_led * costs.ledger_bytes + np.where(has, _table("empty", n_led) + _table("list", n_led), 0)
     narrow = entry >> 32 == 0
-    keys = np.unique((slot_of[narrow].astype(np.uint64) << np.uint64(32)) | entry[narrow].astype(np.uint64))
-    live = BitMap64(array.array("Q", keys.tobytes()))
-    live.run_optimize()
-    live.shrink_to_fit()
-    roaring = _roaring_bytes(live)
-    for lg in np.unique(ledger[~narrow]).tolist():  # wide ids: a BitMap64 per ledger
-        roaring += _roaring_bytes(_bitmap(np.unique(entry[~narrow & (ledger == lg)]), True))
-    # ids pending in two or more buckets
-    pair = np.stack((ledger, entry), axis=1)
-    uniq_pairs, counts = np.unique(pair, axis=0, return_counts=True)
-    multi = counts > 1
-    if multi.any():
-        m = int(multi.sum())
-        total += dict_bytes(m, literal=False) + m * costs.multi_entry_bytes
-        per_ledger = np.unique(uniq_pairs[multi, 0], return_counts=True)[1]
-        total += sum(set_bytes(int(k)) + int(k) * costs.int_bytes for k in per_ledger)
+    keys = (slot[lid].astype(np.uint64) << np.uint64(32)) | entry.astype(np.uint64)
+    keys, key_owner = keys[narrow], o[narrow]
+    order = np.lexsort((keys, key_owner))  # sorted and distinct per owner, as np.unique gives them
+    keys, key_owner = keys[order], key_owner[order]
+    distinct = np.r_[True, (keys[1:] != keys[:-1]) | (key_owner[1:] != key_owner[:-1])]
+    keys, key_owner = keys[distinct], key_owner[distinct]
+    key_heads = np.searchsorted(key_owner, np.arange(k + 1))
+    for c in np.flatnonzero(np.diff(key_heads)).tolist():
+        live = BitMap64(array.array("Q", keys[key_heads[c]:key_heads[c + 1]].tobytes()))
+        live.run_optimize()
+        live.shrink_to_fit()
+        roaring[c] += _roaring_bytes(live)
+    if not narrow.all():  # wide ids: a BitMap64 per ledger
+        wide_lids = np.unique(lid[~narrow])
+        for w in wide_lids.tolist():
+            roaring[lid_owner[w]] += _roaring_bytes(_bitmap(np.unique(entry[~narrow & (lid == w)]), True))
+
+    # ids pending in two or more buckets: a _multi entry each, and per-ledger sets
+    pid_rows = np.bincount(pid, minlength=n_pid)
+    multi = np.flatnonzero(pid_rows > 1)
+    if len(multi):
+        pid_first = np.full(n_pid, n, dtype=np.int64)
+        np.minimum.at(pid_first, pid, np.arange(n))
+        rows = pid_first[multi]
+        m = np.bincount(o[rows], minlength=k)
+        total += np.where(m > 0, _table("empty", m) + m * costs.multi_entry_bytes, 0)
+        per_ledger = np.bincount(lid[rows], minlength=n_lid)
+        used = np.flatnonzero(per_ledger)
+        kl = per_ledger[used]
+        total += _per_owner(lid_owner[used], _table("set", kl) + kl * costs.int_bytes, k)
+
     # windows: object, id, dict and heap slots, and an array of the sparse copies
-    wid = bucket >> lay.window_shift
-    wids, w_inv = np.unique(wid, return_inverse=True)
-    w_inv = w_inv.reshape(-1)
-    sparse_per_window = np.bincount(w_inv[~dense], minlength=len(wids))
-    total += len(wids) * costs.window_bytes + dict_bytes(len(wids), literal=False) + list_bytes(len(wids))
-    total += int(array_bytes(sparse_per_window).sum())
-    # dense cells: a bitmap each (the last add's cell still filling), plus dict/heap/key per window
-    cell_keys = np.stack((bucket, ledger), axis=1)
-    if dense.any():
-        dk = cell_keys[dense]
-        order = np.lexsort((entry[dense], dk[:, 1], dk[:, 0]))
-        dk, de = dk[order], entry[dense][order]
-        cut = np.flatnonzero((dk[1:] != dk[:-1]).any(axis=1)) + 1
-        last = start[dense].argmax()
-        hot, first = tuple(cell_keys[dense][last]), int(bucket.min())
-        for lo, hi in zip([0, *cut.tolist()], [*cut.tolist(), len(dk)]):
-            filling = tuple(dk[lo]) == hot or int(dk[lo][0]) == first  # not compacted yet
-            roaring += _roaring_bytes(_bitmap(np.unique(de[lo:hi]), not filling))
-        cells_per_window = np.bincount(w_inv[dense][order][np.r_[0, cut]], minlength=len(wids))
-        has = cells_per_window > 0
-        total += int(dict_bytes_many(cells_per_window[has], literal=False))
-        total += sum(list_bytes(int(c)) for c in cells_per_window[has])
-        total += int(cells_per_window.sum()) * costs.cell_key_bytes
+    cid, n_cid = _tuple_ids(o, bucket, ledger)  # (owner, bucket, ledger): the cells
+    bid, n_bid = _prefix_ids(cid, n_cid, o, bucket)
+    wid, n_wid = _prefix_ids(bid, n_bid, o, bucket >> lay.window_shift)  # windows order as buckets do
+    wid_owner = np.empty(n_wid, dtype=np.int64)
+    wid_owner[wid] = o
+    n_win = np.bincount(wid_owner, minlength=k)
+    sparse_per_window = np.bincount(wid[~dense], minlength=n_wid)
+    total += n_win * costs.window_bytes + np.where(has, _table("empty", n_win) + _table("list", n_win), 0)
+    total += _per_owner(wid_owner, array_bytes(sparse_per_window), k)
+
+    # cells: (bucket, ledger); the dense ones hold a bitmap each (not compacted
+    # while filling: the last add's cell and the front bucket's), plus a dict
+    # slot, a heap slot and a key in their window
+    cid_owner = np.empty(n_cid, dtype=np.int64)
+    cid_owner[cid] = o
+    out[3] = np.bincount(cid_owner, minlength=k)
+    bid_owner = np.empty(n_bid, dtype=np.int64)
+    bid_owner[bid] = o
+    out[2] = np.bincount(bid_owner, minlength=k)
+    d = np.flatnonzero(dense)
+    if len(d):
+        # the last add's cell: the dense occurrence with the latest start, first in input order
+        d_owner = o[d]
+        d_heads = np.flatnonzero(np.r_[True, d_owner[1:] != d_owner[:-1]])
+        latest = np.maximum.reduceat(start[d], d_heads)
+        is_latest = start[d] == np.repeat(latest, np.diff(np.append(d_heads, len(d))))
+        hot_rows = d[is_latest][np.r_[True, d_owner[is_latest][1:] != d_owner[is_latest][:-1]]]
+        hot = np.full(k, -1, dtype=np.int64)
+        hot[o[hot_rows]] = cid[hot_rows]
+        cell_of = cid[d]
+        order = np.lexsort((entry[d], cell_of))
+        cell_sorted, entries = cell_of[order], entry[d][order]
+        new_cell = np.r_[True, cell_sorted[1:] != cell_sorted[:-1]]
+        cuts = np.flatnonzero(new_cell)
+        cells = cell_sorted[cuts]
+        cell_owner = cid_owner[cells]
+        filling = (hot[cell_owner] == cells) | (bucket[d][order][cuts] == front_bucket[cell_owner])
+        cells_per_window = np.bincount(wid[d][order][cuts], minlength=n_wid)
+        distinct = new_cell | np.r_[True, entries[1:] != entries[:-1]]  # each cell's ids, sorted and distinct
+        bounds = np.append(np.flatnonzero(new_cell[distinct]), int(distinct.sum())).tolist()
+        entries = entries[distinct]
+        for c, compact, lo, hi in zip(cell_owner.tolist(), (~filling).tolist(), bounds[:-1], bounds[1:]):
+            roaring[c] += _roaring_bytes(_bitmap(entries[lo:hi], compact))
+        used = np.flatnonzero(cells_per_window)
+        cw = cells_per_window[used]
+        total += _per_owner(wid_owner[used], _table("empty", cw) + _table("list", cw) + cw * costs.cell_key_bytes, k)
     total += roaring
-    cells = len(np.unique(cell_keys, axis=0))
-    return IndexState(int(total), int(roaring), len(np.unique(bucket)), cells, n_led)
+    out[0, has] = total[has]
+    out[1] = roaring
+    out[4] = n_led
+    return out
 
 
 @dataclass(frozen=True)

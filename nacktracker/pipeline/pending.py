@@ -19,43 +19,40 @@ The model, per precision ``bits`` (``rounding="floor"``; ``"ceil"`` rounds up):
 * memory at the peak: the occurrences pending at the (first) peak instant,
   laid out as a live :class:`~nacktracker.TimeBucketIndex` holds them
   (sparse copies in window arrays, dense cells for runs of adds, the live
-  bitmap: :func:`~nacktracker.pipeline.memory_model.index_state`).
+  bitmap: :func:`~nacktracker.pipeline.memory_model.index_states`).
 
 Many consumers at once (:func:`analyse_group`): a Spark task hands the kernel
 a group of whole consumers (up to about a million rows), and every step above
-runs once over the group with the consumer as the leading sort key — the
-sweep sorts ``consumer × span + time`` keys, histograms and quantiles are
-segment reductions — so a thousand small consumers cost what their nacks
-cost, not a thousand numpy round trips. Only the memory at the peak loops in
-Python: one :func:`~nacktracker.pipeline.memory_model.index_state` per
-consumer, over the occurrences it saw up to its peak.
+runs once over the group with the consumer as the leading key — the sweep
+counts starts and fires per millisecond on a dense timeline (or sorts
+``consumer × span + time`` keys when the timeline is sparse), histograms and
+quantiles are segment reductions, and the memory model takes every
+consumer's index at once (one numpy pass over the group; only the bitmaps
+it measures are built one by one, in C) — so a thousand small consumers
+cost what their nacks cost, not a thousand numpy round trips.
 
 It also samples pending over time on a :class:`Grid` (the same instants for
 every consumer): the value at each bin start and the maximum within the bin.
 
 Cost per group of n nacks: O(n log n) per bits (numpy sorts, ~0.1 s per
-million), plus per consumer one ``index_state`` (O(m log m) numpy and the
-bitmaps of the m occurrences seen by its peak), plus O(consumers × bins)
-for the series. Memory: the 40 bytes per nack of the input plus about 60 of
-temporaries.
+million), plus building the bitmaps of the occurrences seen by each
+consumer's peak (a live ``BitMap64`` per consumer and one per dense cell),
+plus O(consumers × bins) for the series. Memory: the 40 bytes per nack of
+the input plus about 60 of temporaries.
 """
 
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
-from .memory_model import IndexCosts, index_state
+from .memory_model import IndexCosts, index_states
 
 __all__ = ["BitsResult", "Grid", "analyse_group", "analyse_consumer", "quantile", "bucket_times",
            "SCALAR_COLUMNS", "LIST_COLUMNS"]
-
-_U32 = 1 << 32
-
 
 @dataclass
 class BitsResult:
@@ -106,38 +103,6 @@ def quantile(values: np.ndarray, counts: np.ndarray, q: float, absolute: bool = 
     return int(values[np.searchsorted(cum, rank)])
 
 
-_INT_SIZES = np.array([sys.getsizeof((1 << (b - 1)) if b else 0) for b in range(256)], dtype=np.int64)
-
-
-def _int_sizes(bit_lengths: np.ndarray) -> np.ndarray:
-    """``sys.getsizeof`` of Python ints of these bit lengths (0 = the int 0; < 256 bits)."""
-    return _INT_SIZES[bit_lengths]
-
-
-def _sorted_by(first: np.ndarray, second: np.ndarray) -> bool:
-    """Rows already sorted by ``(first, second)``? Runtime: O(n), no allocation of a sort."""
-    if len(first) < 2:
-        return True
-    d1 = np.diff(first)
-    return bool((d1 >= 0).all() and ((d1 > 0) | (np.diff(second) >= 0)).all())
-
-
-def _bit_lengths(values: np.ndarray) -> np.ndarray:
-    """``int.bit_length`` of non-negative int64 values, vectorised."""
-    out = np.zeros(len(values), dtype=np.int64)
-    exact = (values > 0) & (values < (1 << 53))  # float64 holds them exactly: frexp's exponent
-    out[exact] = np.frexp(values[exact].astype(np.float64))[1]
-    for i in np.flatnonzero(values >= (1 << 53)).tolist():
-        out[i] = int(values[i]).bit_length()
-    return out
-
-
-def _lookup(fn, values: np.ndarray) -> np.ndarray:
-    """``fn(v)`` for each value, calling ``fn`` once per distinct value."""
-    uniq, inv = np.unique(values, return_inverse=True)
-    return np.array([fn(int(v)) for v in uniq.tolist()], dtype=np.int64)[inv.reshape(-1)]
-
-
 def _indexes_at(occ_c: np.ndarray, seen: np.ndarray, now: np.ndarray, ledger: np.ndarray,
                 entry: np.ndarray, bucket: np.ndarray, start: np.ndarray, k: int, bits: int,
                 costs: IndexCosts) -> np.ndarray:
@@ -148,20 +113,12 @@ def _indexes_at(occ_c: np.ndarray, seen: np.ndarray, now: np.ndarray, ledger: np
     there. Returns a ``5 × k`` array: index bytes, roaring bytes, buckets,
     cells, ledgers (:class:`~nacktracker.pipeline.memory_model.IndexState`;
     a consumer never pending gets an empty index). Runtime: one
-    :func:`~nacktracker.pipeline.memory_model.index_state` per consumer
-    pending at some instant, O(m log m) numpy plus its bitmaps for the m
-    occurrences it saw up to its peak.
+    :func:`~nacktracker.pipeline.memory_model.index_states` over the whole
+    group, O(m log m) numpy plus the bitmaps for the m occurrences seen by
+    the consumers' peaks.
     """
-    out = np.zeros((5, k), dtype=np.int64)
-    out[0] = costs.empty_index
-    rows = np.flatnonzero(seen)
-    if len(rows) == 0:
-        return out
-    heads = np.searchsorted(occ_c[rows], np.arange(k + 1))
-    for c in np.flatnonzero(np.diff(heads)).tolist():
-        r = rows[heads[c]:heads[c + 1]]
-        out[:, c] = index_state(ledger[r], entry[r], bucket[r], start[r], now[r], bits, costs)
-    return out
+    return index_states(occ_c[seen], ledger[seen], entry[seen], bucket[seen], start[seen], now[seen], k, bits,
+                        costs)
 
 
 @dataclass(frozen=True)
@@ -225,6 +182,9 @@ def _sweep(lc: np.ndarray, start: np.ndarray, fire: np.ndarray, k: int, grid: Op
         return peak, at, p_at, p_max
     tmin = int(start.min())
     span = int(fire.max()) - tmin + 1
+    if k * span <= DENSE_SWEEP_FACTOR * len(lc) + (1 << 16):
+        _sweep_dense(lc, start - tmin, fire - tmin, k, tmin, span, grid, peak, at, p_at, p_max)
+        return peak, at, p_at, p_max
     per_slice = max(1, (1 << 62) // span)
     if per_slice >= k:  # one slice: the keys fit
         base = lc * span if k > 1 else 0
@@ -240,6 +200,51 @@ def _sweep(lc: np.ndarray, start: np.ndarray, fire: np.ndarray, k: int, grid: Op
                          peak[c_lo:c_hi], at[c_lo:c_hi], p_at[c_lo:c_hi], p_max[c_lo:c_hi])
         c_lo = c_hi
     return peak, at, p_at, p_max
+
+
+#: :func:`_sweep` counts starts and fires per millisecond (no sort) when the
+#: group's timeline, consumers × span in ms, is at most this many times the
+#: number of occurrences (plus 64k): dense logs, e.g. a few big consumers.
+#: Its two timeline arrays then take at most 32 bytes per occurrence.
+DENSE_SWEEP_FACTOR = 2
+
+
+def _sweep_dense(lc, s, f, k, tmin, span, grid, peak, at, p_at, p_max) -> None:
+    """:func:`_sweep` on a dense timeline: ``value[c × span + t]`` = pending of
+    consumer c at ``tmin + t`` (its starts at or before t minus its fires at or
+    before t: a fire at t ends before t), from two bincounts and one cumsum.
+    Every occurrence fires inside its consumer's block, so consumers before
+    it cancel out of the cumsum. The peak is the block's maximum, first
+    reached at a start (pending only grows at starts), so the first argmax is
+    the instant the sort-based sweep reports. Runtime: O(n + k × span)."""
+    base = lc * span if k > 1 else 0
+    size = k * span
+    value = np.bincount(base + s, minlength=size)
+    value -= np.bincount(base + f, minlength=size)
+    np.cumsum(value, out=value)  # in place: two timeline arrays at most (16 bytes per ms of it)
+    blocks = value.reshape(k, span)
+    has = np.bincount(lc, minlength=k) > 0
+    peak[:] = np.where(has, blocks.max(axis=1), 0)
+    at[:] = np.where(has, blocks.argmax(axis=1) + tmin, -1)
+    if grid is None:
+        return
+    times = grid.times()
+    q = np.clip(times - tmin, 0, span - 1)
+    p_at[:] = np.where(times >= tmin, blocks[:, q], 0)
+    # the maximum within a bin [q_b, q_b+1) (the last bin: to the block's end);
+    # between starts pending only falls, so this is the sort-based sweep's figure
+    lo = np.arange(k)[:, None] * span + q[None, :]
+    hi = np.empty_like(lo)
+    hi[:, :-1] = lo[:, 1:]
+    hi[:, -1] = (np.arange(k) + 1) * span
+    lo, hi = lo.reshape(-1), hi.reshape(-1)
+    filled = hi > lo
+    highs = np.zeros(k * grid.bins, dtype=np.int64)
+    if filled.any():
+        padded = np.append(value, 0)  # reduceat needs a valid index for a slice ending at the end
+        pairs = np.stack([lo[filled], hi[filled]], axis=1).reshape(-1)
+        highs[filled] = np.maximum.reduceat(padded, pairs)[::2]
+    p_max[:] = np.maximum(highs.reshape(k, grid.bins), p_at)
 
 
 def _sweep_slice(lc, start, fire, k, tmin, span, grid, peak, at, p_at, p_max) -> None:
