@@ -52,7 +52,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
     __slots__ = ("precision_bits", "rounding", "_add", "_mask", "_lay", "_wshift", "_oshift", "_omask",
                  "_slot_limit", "_windows", "_wheap", "_by_id", "_ledgers", "_free", "_multi", "_ghosts",
                  "_ghost_copies", "_count", "_live", "_churn", "_compact_at", "_hot_bucket", "_hot_led", "_hot_win", "_hot_off", "_hot_dense",
-                 "_hot_start")
+                 "_hot_start", "_hot_listed")
 
     def __init__(self, precision_bits: int = 8, rounding: str = "floor") -> None:
         self._add, self._mask = check_precision(precision_bits, rounding)
@@ -103,22 +103,47 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         if entry_id >> 32 or led.ghost is not None:
             self._add_again(led, entry_id, bucket)
             return
-        try:
-            self._live.add_checked(led.key | entry_id)
-        except KeyError:  # already pending somewhere
-            self._add_again(led, entry_id, bucket)
-            return
-        self._count += 1
+        live = self._live
+        key = led.key | entry_id
         if bucket == self._hot_bucket and led is self._hot_led:  # a burst into the last cell
-            w = self._hot_win
+            if self._hot_listed:  # a listed dense cell: the id is stored there only
+                if key in live or (entry_id <= led.hi and self._in_listed(led, entry_id)):
+                    self._add_again(led, entry_id, bucket)
+                    return
+                self._hot_dense.add(entry_id)
+                if entry_id > led.hi:
+                    led.hi = entry_id
+                self._count += 1
+                return
+            try:
+                live.add_checked(key)
+            except KeyError:  # already pending somewhere
+                self._add_again(led, entry_id, bucket)
+                return
+            if led.cells is not None and entry_id <= led.hi and self._in_listed(led, entry_id):
+                live.discard(key)  # pending in a listed cell
+                self._add_again(led, entry_id, bucket)
+                return
+            self._count += 1
             cell = self._hot_dense
             if cell is not None:
                 cell.add(entry_id)
                 return
+            w = self._hot_win
             w.packed.append(self._hot_off << self._oshift | led.slot << 32 | entry_id)
             if len(w.packed) - self._hot_start >= PROMOTE:
                 self._promote(w)
             return
+        try:
+            live.add_checked(key)
+        except KeyError:  # already pending somewhere
+            self._add_again(led, entry_id, bucket)
+            return
+        if led.cells is not None and entry_id <= led.hi and self._in_listed(led, entry_id):
+            live.discard(key)  # pending in a listed cell
+            self._add_again(led, entry_id, bucket)
+            return
+        self._count += 1
         w = self._windows.get(bucket >> self._wshift)
         if w is None or w.dense or self._hot_dense is not None or led.slot >= self._slot_limit:
             self._put(led, entry_id, bucket)
@@ -155,7 +180,8 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         led = self._ledger(ledger_id)
         keyed = self._keyed(led, new)
         if led.ghost is not None or keyed.intersect(self._live) or (
-                led.wide is not None and type(new) is BitMap64 and new.intersect(led.wide)):
+                led.wide is not None and type(new) is BitMap64 and new.intersect(led.wide)) or (
+                led.cells is not None and any(new.intersect(c) for c, _, _ in led.cells)):
             for e in new:
                 self.add(ledger_id, e, due_ms)
             return
@@ -173,14 +199,26 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         """Remove every pending occurrence of ``(ledger_id, entry_id)`` (an ack).
 
         Returns whether anything was pending. Runtime complexity: O(1): one
-        bitmap lookup when the message is not pending; when it is, its copies
-        become ghosts (a small record each) dropped when their bucket is taken.
+        bitmap lookup when the message is not pending, plus at most
+        :data:`~._parts.LISTED` for an id not above its ledger's listed dense
+        cells; when it is pending, it leaves the listed cells holding it and
+        its other copies become ghosts (a small record each) dropped when
+        their bucket is taken.
         """
         if type(ledger_id) is not int or type(entry_id) is not int or (ledger_id | entry_id) >> 63:
             ledger_id = check_int("ledger_id", ledger_id)
             entry_id = check_int("entry_id", entry_id)
         led = self._by_id.get(ledger_id)
-        if led is None or not self._has(led, entry_id):
+        if led is None:
+            return False
+        if entry_id >> 32:
+            in_live = led.wide is not None and entry_id in led.wide
+        else:
+            in_live = (led.key | entry_id) in self._live
+        taken = 0  # copies removed from listed cells (no ghost left for them)
+        if led.cells is not None and entry_id <= led.hi:
+            taken = self._drop_listed_id(led, entry_id)
+        if not in_live and not taken:
             return False
         key = (led.slot, entry_id)
         n = 1
@@ -189,18 +227,25 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
             led.multi.discard(entry_id)
             if not led.multi:
                 led.multi = None
-        self._live_discard(led, entry_id)
+        if in_live:
+            self._live_discard(led, entry_id)
         self._count -= n
-        self._ghost_copies += n
-        ghost = self._ghosts.get(key)
-        if ghost is None:
-            self._ghosts[key] = Ghost(n)
-            if led.ghost is None:
-                led.ghost = set()
-            led.ghost.add(entry_id)
-        else:  # its live copies were exactly the revived ones
-            ghost.count += n
-            ghost.revived = None
+        n -= taken
+        if n:
+            self._ghost_copies += n
+            ghost = self._ghosts.get(key)
+            if ghost is None:
+                self._ghosts[key] = Ghost(n)
+                if led.ghost is None:
+                    led.ghost = set()
+                led.ghost.add(entry_id)
+            else:  # its live copies were exactly the revived ones
+                ghost.count += n
+                ghost.revived = None
+        elif key in self._ghosts:  # no live copy left: none of its copies is revived
+            self._ghosts[key].revived = None
+        elif led.ghost is None and not self._has_live(led):
+            self._drop_ledger(led)  # its only copies were in listed cells, now gone
         return True
 
     def pop_due_bitmaps(self, now_ms: int) -> list[tuple[int, int, BitMap | BitMap64]]:
@@ -397,6 +442,8 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
                 total += size(led) + size(led.ledger_id) + size(led.slot) + size(led.key)
                 if led.wide is not None:
                     total += _roaring_bytes(led.wide)
+                if led.cells is not None:  # its bitmaps, windows and keys are counted with the windows
+                    total += size(led.cells) + len(led.cells) * size((None, None, None)) + size(led.hi)
                 for extra in (led.multi, led.ghost):
                     if extra is not None:
                         total += size(extra) + sum(map(size, extra))
