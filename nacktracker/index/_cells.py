@@ -187,6 +187,7 @@ class CellsMixin:
         slot = led.slot
         if cell is None and (entry_id >> 32 or slot >= self._slot_limit):
             cell = self._set_cell(w, off, slot, BitMap64() if entry_id >> 32 else BitMap())
+            self._hot_start = 0
         if cell is not None:
             if entry_id >> 32 and type(cell) is BitMap:
                 cell = self._set_cell(w, off, slot, BitMap64(cell))
@@ -202,11 +203,17 @@ class CellsMixin:
             self._promote(w)
 
     def _make_hot(self, led: Ledger, bucket: int) -> tuple[Window, int, BitMap | BitMap64 | None]:
-        """Switch the fast path to the cell ``(bucket, led)``; compact what it leaves."""
+        """Switch the fast path to the cell ``(bucket, led)``; compact the dense
+        cell it leaves if it grew past a power of two while hot (a run just
+        ended, or its size doubled since: amortised O(1) per add, where
+        compacting at every switch cost O(cell) per add to cells that many
+        streams take turns at)."""
         old_cell = self._hot_dense
-        if old_cell is not None and len(old_cell) >= PROMOTE:
-            old_cell.run_optimize()  # a run just ended: bounded by one bitmap
-            old_cell.shrink_to_fit()
+        if old_cell is not None:
+            n = len(old_cell)
+            if n >= PROMOTE and n.bit_length() > self._hot_start.bit_length():
+                old_cell.run_optimize()
+                old_cell.shrink_to_fit()
         wid = bucket >> self._wshift
         w = self._windows.get(wid)
         if w is None:
@@ -217,7 +224,8 @@ class CellsMixin:
         if w.dense:
             cell = w.dense.get(off << 32 | led.slot)
         self._hot_bucket, self._hot_led, self._hot_win, self._hot_off = bucket, led, w, off
-        self._hot_dense, self._hot_start = cell, len(w.packed)
+        # _hot_start: where the hot run starts in the array, or the dense cell's size
+        self._hot_dense, self._hot_start = cell, len(w.packed) if cell is None else len(cell)
         self._hot_listed = cell is not None and led.cells is not None and any(c is cell for c, _, _ in led.cells)
         return w, off, cell
 
@@ -268,6 +276,7 @@ class CellsMixin:
         cell = BitMap()
         cell.update(ids)
         led, off = self._hot_led, self._hot_off
+        self._hot_start = 0  # now the dense cell's size when the run started
         key = off << 32 | led.slot
         if led.ghost is not None or key in w.dense:
             self._hot_dense = self._set_cell(w, off, led.slot, cell)

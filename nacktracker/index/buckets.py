@@ -52,7 +52,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
     __slots__ = ("precision_bits", "rounding", "_add", "_mask", "_lay", "_wshift", "_oshift", "_omask",
                  "_slot_limit", "_windows", "_wheap", "_by_id", "_ledgers", "_free", "_multi", "_ghosts",
                  "_ghost_copies", "_count", "_live", "_churn", "_compact_at", "_hot_bucket", "_hot_led", "_hot_win", "_hot_off", "_hot_dense",
-                 "_hot_start", "_hot_listed")
+                 "_hot_start", "_hot_listed", "_key_limit")
 
     def __init__(self, precision_bits: int = 8, rounding: str = "floor") -> None:
         self._add, self._mask = check_precision(precision_bits, rounding)
@@ -61,6 +61,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         lay = self._lay = Layout.for_bits(precision_bits)
         self._wshift, self._oshift, self._slot_limit = lay.window_shift, lay.offset_shift, lay.slot_limit
         self._omask = (1 << lay.offset_bits) - 1
+        self._key_limit = lay.slot_limit << 32
         self._windows: dict[int, Window] = {}
         self._wheap: list[int] = []  # window ids; one per window in _windows
         self._by_id: dict[int, Ledger] = {}  # ledger id -> its record
@@ -129,10 +130,10 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
             if cell is not None:
                 cell.add(entry_id)
                 return
-            w = self._hot_win
-            w.packed.append(self._hot_off << self._oshift | led.slot << 32 | entry_id)
-            if len(w.packed) - self._hot_start >= PROMOTE:
-                self._promote(w)
+            packed = self._hot_win.packed
+            packed.append(self._hot_off << self._oshift | key)
+            if len(packed) - self._hot_start >= PROMOTE:
+                self._promote(self._hot_win)
             return
         try:
             live.add_checked(key)
@@ -145,18 +146,19 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
             return
         self._count += 1
         w = self._windows.get(bucket >> self._wshift)
-        if w is None or w.dense or self._hot_dense is not None or led.slot >= self._slot_limit:
+        if w is None or self._hot_dense is not None or key >= self._key_limit:  # key_limit: slot_limit << 32
             self._put(led, entry_id, bucket)
             return
-        # another sparse cell of an existing window (interleaved traffic): inline _make_hot
-        self._churn += 1
-        if self._churn >= self._compact_at:
-            self._compact_live()
         off = (bucket >> self.precision_bits) & self._omask
+        if w.dense and (off << 32 | led.slot) in w.dense:  # the cell is a bitmap
+            self._put(led, entry_id, bucket)
+            return
+        # another sparse cell of an existing window (interleaved traffic): inline
+        # _make_hot. The live bitmap's compaction is paced by pops (adds only grow it).
         packed = w.packed
         self._hot_start = len(packed)
-        packed.append(off << self._oshift | led.slot << 32 | entry_id)
-        if off < w.tail_min and w.upto >= 0:  # an add into a window already open
+        packed.append(off << self._oshift | key)  # key is slot << 32 | entry
+        if w.upto >= 0 and off < w.tail_min:  # an add into a window already open
             w.tail_min = off
         self._hot_bucket, self._hot_led, self._hot_win, self._hot_off = bucket, led, w, off
 
@@ -194,6 +196,8 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         self._count += n
         w, off, cell = self._make_hot(led, bucket)
         self._hot_dense = self._set_cell(w, off, led.slot, new if cell is None else merge_into(cell, new))
+        if cell is None:
+            self._hot_start = 0  # the new cell's size before this batch
 
     def discard(self, ledger_id: int, entry_id: int) -> bool:
         """Remove every pending occurrence of ``(ledger_id, entry_id)`` (an ack).
