@@ -302,6 +302,8 @@ def test_listed_cells_take_64_bit_ids():
             m.add(2, e, 70)
         m.add(2, 2**40, 70)  # widens the listed cell to 64 bits
         m.add(2, 7, 80)
+        m.add_many(2, list(range(100, 140)), 90)  # a 32-bit batch checked against the 64-bit listed cell
+        m.add_many(2, [3, 2**33] + list(range(200, 240)), 70)
     check_listed(idx)
     assert idx.discard(2, 2**40) and (2, 2**40) not in idx and idx.discard(2, 7) == ref.discard(2, 7)
     ref.discard(2, 2**40)

@@ -70,7 +70,7 @@ class CellsMixin:
         most LISTED more for an id not above the ledger's listed ids."""
         if entry_id >> 32:
             return led.wide is not None and entry_id in led.wide
-        return (led.key | entry_id) in self._live or (
+        return (led.slot << 32 | entry_id) in self._live or (
             led.cells is not None and entry_id <= led.hi and self._in_listed(led, entry_id))
 
     @staticmethod
@@ -143,7 +143,7 @@ class CellsMixin:
                 led.wide = BitMap64()
             led.wide.add(entry_id)
         else:
-            self._live.add(led.key | entry_id)
+            self._live.add(led.slot << 32 | entry_id)
 
     def _live_discard(self, led: Ledger, entry_id: int) -> None:
         if entry_id >> 32:
@@ -151,14 +151,15 @@ class CellsMixin:
             if not led.wide:
                 led.wide = None
         else:
-            self._live.discard(led.key | entry_id)
+            self._live.discard(led.slot << 32 | entry_id)
 
     def _has_live(self, led: Ledger) -> bool:
         """Whether the ledger has a live id. Runtime: O(log n) (two ranks)."""
         if led.wide is not None or led.cells is not None:  # listed cells are never empty
             return True
-        below = self._live.rank(led.key - 1) if led.key else 0
-        return self._live.rank(led.key | M32) > below
+        key = led.slot << 32
+        below = self._live.rank(key - 1) if key else 0
+        return self._live.rank(key | M32) > below
 
     @staticmethod
     def _keyed(led: Ledger, ids: BitMap | BitMap64) -> BitMap64:
@@ -166,8 +167,8 @@ class CellsMixin:
         if type(ids) is BitMap64 and ids and ids.max() >> 32:
             ids = BitMap(e for e in ids if not e >> 32)
         if len(ids) < 16:
-            return BitMap64(led.key | e for e in ids)
-        keys = np.asarray(ids.to_array(), dtype=np.uint64) + np.uint64(led.key)
+            return BitMap64(led.slot << 32 | e for e in ids)
+        keys = np.asarray(ids.to_array(), dtype=np.uint64) + np.uint64(led.slot << 32)
         return BitMap64(array.array("Q", keys.tobytes()))
 
     def _compact_live(self) -> None:

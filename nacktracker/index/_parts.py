@@ -124,7 +124,8 @@ class Ledger:
     """What the index knows about one ledger, besides its live ids.
 
     The live ids ("pending anywhere") of every ledger share one index-wide
-    ``BitMap64`` keyed ``slot << 32 | entry`` (``key`` is ``slot << 32``): a
+    ``BitMap64`` keyed ``slot << 32 | entry`` (computed, not stored: an int
+    object per ledger is 32 bytes, the shift a few ns): a
     ledger with a handful of pending ids costs a container, not a bitmap.
     The ledger's pending ids below 2^32 are the live bitmap's plus those of
     its *listed* cells: ``cells`` holds up to :data:`LISTED` of its dense
@@ -141,12 +142,11 @@ class Ledger:
     ledger has no live id and no ghost: no copy of it is left in any cell.
     """
 
-    __slots__ = ("ledger_id", "slot", "key", "wide", "multi", "ghost", "cells", "hi")
+    __slots__ = ("ledger_id", "slot", "wide", "multi", "ghost", "cells", "hi")
 
     def __init__(self, ledger_id: int, slot: int) -> None:
         self.ledger_id = ledger_id
         self.slot = slot
-        self.key = slot << 32
         self.wide: BitMap64 | None = None
         self.multi: set[int] | None = None
         self.ghost: set[int] | None = None
@@ -184,6 +184,14 @@ def common(bm: BitMap | BitMap64, ids: set[int]) -> list[int]:
     if len(ids) <= len(bm):
         return [e for e in ids if has(bm, e)]
     return [e for e in bm if e in ids]
+
+
+def overlaps(a: BitMap | BitMap64, b: BitMap | BitMap64) -> bool:
+    """Whether two bitmaps share an id, widening one when only one is 64-bit
+    (pyroaring refuses to mix them). Runtime: O(containers) in C."""
+    if type(a) is not type(b):
+        a, b = BitMap64(a), BitMap64(b)
+    return a.intersect(b)
 
 
 def bitmap_of(ids: np.ndarray) -> BitMap | BitMap64:

@@ -25,7 +25,7 @@ from .._checks import MAX_DUE, check_int, check_precision, entry_array
 from ._bytes import _roaring_bytes
 from ._cells import CellsMixin
 from ._front import FrontMixin
-from ._parts import COMPACT_CHURN, M32, NO_CELLS, PROMOTE, Ghost, Layout, Ledger, Window, bitmap_of, common, merge_into
+from ._parts import COMPACT_CHURN, M32, NO_CELLS, PROMOTE, Ghost, Layout, Ledger, Window, bitmap_of, common, merge_into, overlaps
 
 __all__ = ["TimeBucketIndex"]
 
@@ -105,7 +105,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
             self._add_again(led, entry_id, bucket)
             return
         live = self._live
-        key = led.key | entry_id
+        key = led.slot << 32 | entry_id
         if bucket == self._hot_bucket and led is self._hot_led:  # a burst into the last cell
             if self._hot_listed:  # a listed dense cell: the id is stored there only
                 if key in live or (entry_id <= led.hi and self._in_listed(led, entry_id)):
@@ -183,7 +183,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         keyed = self._keyed(led, new)
         if led.ghost is not None or keyed.intersect(self._live) or (
                 led.wide is not None and type(new) is BitMap64 and new.intersect(led.wide)) or (
-                led.cells is not None and any(new.intersect(c) for c, _, _ in led.cells)):
+                led.cells is not None and any(overlaps(new, c) for c, _, _ in led.cells)):
             for e in new:
                 self.add(ledger_id, e, due_ms)
             return
@@ -218,7 +218,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         if entry_id >> 32:
             in_live = led.wide is not None and entry_id in led.wide
         else:
-            in_live = (led.key | entry_id) in self._live
+            in_live = (led.slot << 32 | entry_id) in self._live
         taken = 0  # copies removed from listed cells (no ghost left for them)
         if led.cells is not None and entry_id <= led.hi:
             taken = self._drop_listed_id(led, entry_id)
@@ -443,7 +443,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
                 total += sum(map(_roaring_bytes, w.dense.values()))
         for led in self._ledgers:
             if led is not None:
-                total += size(led) + size(led.ledger_id) + size(led.slot) + size(led.key)
+                total += size(led) + size(led.ledger_id) + size(led.slot)
                 if led.wide is not None:
                     total += _roaring_bytes(led.wide)
                 if led.cells is not None:  # its bitmaps, windows and keys are counted with the windows
