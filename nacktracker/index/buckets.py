@@ -8,9 +8,13 @@ dense bursts alike. The pieces are in :mod:`._parts`, placing copies in
 * inside a window, sparse copies packed 8 bytes each in one ``array('Q')``
   (sorted in C when the window comes to the front), and dense cells (one
   Roaring bitmap per (bucket, ledger)) for runs of adds to one cell;
-* per ledger, a "pending anywhere" bitmap: an ack of a message that is not
-  pending is one bitmap lookup, and an ack of a pending one marks its copies
-  as ghosts that are dropped when their bucket is taken (no search).
+* an index-wide "pending anywhere" bitmap of ``slot << 32 | entry``, plus,
+  per ledger, up to ``LISTED`` (8) *listed* dense cells whose ids are not in
+  it (a burst into one cell, seed 000's case, is stored once): an ack of a
+  message that is not pending is one bitmap lookup plus at most 8 (none for
+  an id above the ledger's listed ids), and an ack of a pending one takes it
+  out of the listed cells and marks its other copies as ghosts that are
+  dropped when their bucket is taken (no search).
 """
 
 from __future__ import annotations
@@ -86,9 +90,11 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         else raises ``TypeError``/``ValueError`` and changes nothing.
 
         Runtime complexity: O(1) amortised (an append, or a bitmap add for a
-        cell in a run). A message already pending (or acked while pending)
-        also checks its cell: O(log w + t) for a window of w sparse copies
-        with an unsorted tail of t.
+        cell in a run; the "already pending?" check is one bitmap lookup plus
+        at most ``LISTED`` for an id not above its ledger's listed cells). A
+        message already pending (or acked while pending) also checks its
+        cell: O(log w + t) for a window of w sparse copies with an unsorted
+        tail of t.
         """
         if (type(ledger_id) is not int or type(entry_id) is not int or type(due_ms) is not int
                 or (ledger_id | entry_id) >> 63 or due_ms >> 62):  # negative or too large
@@ -307,7 +313,8 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         return self._count > 0
 
     def __contains__(self, item: object) -> bool:
-        """``(ledger_id, entry_id) in index``. Runtime complexity: O(1)."""
+        """``(ledger_id, entry_id) in index``. Runtime complexity: O(1): a
+        bitmap lookup plus at most ``LISTED`` (the ledger's listed cells)."""
         try:
             ledger_id, entry_id = item  # type: ignore[misc]
         except (TypeError, ValueError):
@@ -318,7 +325,9 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         return led is not None and self._has(led, entry_id)
 
     def has_ledger(self, ledger_id: int) -> bool:
-        """Whether anything of this ledger is pending. Runtime complexity: O(1)."""
+        """Whether anything of this ledger is pending. Runtime complexity:
+        O(1) with listed cells or 64-bit ids, else O(log n) (two ranks of the
+        live bitmap, in C)."""
         led = self._by_id.get(ledger_id)
         return led is not None and self._has_live(led)
 
