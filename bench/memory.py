@@ -3,9 +3,8 @@
 The workloads and the measurement live in ``nacktracker/workloads.py``
 (shared with the Spark ``nacktracker sweep``).
 
-Each configuration is built in a fresh subprocess (after a small throwaway
-build: see :func:`warm_up`) and reports ``nbytes()`` and the growth of the
-process's resident set (RSS) while building, per message.
+Each configuration is built in a fresh subprocess and reports ``nbytes()`` and
+the growth of the process's resident set (RSS) while building, per message.
 
     python bench/memory.py                       # the seed grid, 10M messages
     python bench/memory.py --x 8 --y 10 --json   # one row, machine-readable
@@ -22,32 +21,6 @@ from nacktracker.workloads import JAVA_HEAP_MB, JAVA_MB, measure as measure_one,
 
 INDEXES = ("TimeBucketIndex", "DictIndex", "HeapIndex")
 GRID = [(x, y) for x in (1, 4, 8) for y in (8, 10, 15)]
-
-
-#: Messages of the throwaway build before the measured one: enough to run the
-#: code paths (a promotion, a listed cell), little left for the measured build to reuse.
-WARM_UP = 5_000
-
-
-def warm_up(index: str, kind: str, x: int, y: int, entries_per_ledger: int, share: float) -> None:
-    """Run the index's code paths once on a throwaway build, so the measured
-    RSS growth is the index's memory, not shared-library and interpreter
-    pages touched for the first time (about 0.55 MB for TimeBucketIndex: a
-    fixed 0.055 B/msg at 10M, most of the small rows). What the throwaway
-    leaves free in the allocator (its ~WARM_UP messages' worth) can be reused
-    by the measured build: under 1% of a 10M build."""
-    import gc
-
-    import nacktracker
-
-    idx = getattr(nacktracker, index)(precision_bits=y)
-    for ledger, entry, due in workload(kind, WARM_UP, x, entries_per_ledger, share):
-        idx.add(ledger, entry, due)
-    if hasattr(idx, "compact"):
-        idx.compact()
-    idx.nbytes()
-    del idx
-    gc.collect()
 
 
 def run_fresh(index: str, kind: str, messages: int, x: int, y: int,
@@ -87,7 +60,6 @@ def main(argv=None) -> int:
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.one:
-        warm_up(a.index, a.workload, a.x, a.y, a.entries_per_ledger, a.share)
         print(json.dumps(measure_one(a.index, a.workload, a.messages, a.x, a.y,
                                      a.entries_per_ledger, a.share)))
         return 0
