@@ -112,34 +112,15 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
             return
         live = self._live
         key = led.slot << 32 | entry_id
-        if bucket == self._hot_bucket and led is self._hot_led:  # a burst into the last cell
-            if self._hot_listed:  # a listed dense cell: the id is stored there only
-                if key in live or (entry_id <= led.hi and self._in_listed(led, entry_id)):
-                    self._add_again(led, entry_id, bucket)
-                    return
-                self._hot_dense.add(entry_id)
-                if entry_id > led.hi:
-                    led.hi = entry_id
-                self._count += 1
-                return
-            try:
-                live.add_checked(key)
-            except KeyError:  # already pending somewhere
+        hot = bucket == self._hot_bucket and led is self._hot_led  # a burst into the last cell
+        if hot and self._hot_listed:  # a listed dense cell: the id is stored there only
+            if key in live or (entry_id <= led.hi and self._in_listed(led, entry_id)):
                 self._add_again(led, entry_id, bucket)
                 return
-            if led.cells is not None and entry_id <= led.hi and self._in_listed(led, entry_id):
-                live.discard(key)  # pending in a listed cell
-                self._add_again(led, entry_id, bucket)
-                return
+            self._hot_dense.add(entry_id)
+            if entry_id > led.hi:
+                led.hi = entry_id
             self._count += 1
-            cell = self._hot_dense
-            if cell is not None:
-                cell.add(entry_id)
-                return
-            packed = self._hot_win.packed
-            packed.append(self._hot_off << self._oshift | key)
-            if len(packed) - self._hot_start >= PROMOTE:
-                self._promote(self._hot_win)
             return
         try:
             live.add_checked(key)
@@ -151,6 +132,16 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
             self._add_again(led, entry_id, bucket)
             return
         self._count += 1
+        if hot:
+            cell = self._hot_dense
+            if cell is not None:
+                cell.add(entry_id)
+                return
+            packed = self._hot_win.packed
+            packed.append(self._hot_off << self._oshift | key)
+            if len(packed) - self._hot_start >= PROMOTE:
+                self._promote(self._hot_win)
+            return
         w = self._windows.get(bucket >> self._wshift)
         if w is None or self._hot_dense is not None or key >= self._key_limit:  # key_limit: slot_limit << 32
             self._put(led, entry_id, bucket)
