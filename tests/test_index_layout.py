@@ -14,7 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from pyroaring import BitMap, BitMap64
 
 from nacktracker import DictIndex, TimeBucketIndex
-from nacktracker.index._parts import PROMOTE
+from nacktracker.index._parts import LISTED, PROMOTE
 
 ledgers = st.sampled_from([1, 2, 7, 2**40 + 3])
 entries = st.one_of(st.integers(0, 60), st.integers(2**32 - 3, 2**32 + 3), st.just(2**63 - 1))
@@ -53,6 +53,17 @@ class Differential(RuleBasedStateMachine):
         for e in range(first, first + n * step, step):
             self.both("add", ledger, e, due)
 
+    @rule(ledger=ledgers, first=st.sampled_from([0, 5, 2**32 - 20]), cells=st.integers(1, LISTED + 3),
+          gap=st.sampled_from([1, 300]), overlap=st.booleans())
+    def runs_into_many_buckets(self, ledger, first, cells, gap, overlap):
+        """Runs of adds of one ledger into many buckets: listed dense cells,
+        the ledger crossing LISTED (its list flushed into the live bitmap),
+        overlapping id ranges (an id pending in two listed cells), 64-bit ids."""
+        for c in range(cells):
+            start = first if overlap else first + c * (PROMOTE + 2)
+            for e in range(start, start + PROMOTE + 2):
+                self.both("add", ledger, e, 100 + c * gap)
+
     @rule(ledger=ledgers, ids=st.lists(entries, max_size=40), due=dues)
     def add_many(self, ledger, ids, due):
         self.both("add_many", ledger, ids, due)
@@ -87,12 +98,35 @@ class Differential(RuleBasedStateMachine):
             assert len(self.tb) == len(self.ref)
             assert bool(self.tb) == bool(self.ref)
 
+    @invariant()
+    def listed_cells_are_consistent(self):
+        if self.tb is not None:
+            check_listed(self.tb)
+
     def teardown(self):
         if self.tb is not None:
             snapshot = [(b, ledger, list(bm)) for b, ledger, bm in self.tb.iter_bitmaps()]
             flat = [(ledger, e) for _, ledger, es in snapshot for e in es]
             assert flat == self.ref.pop_due(2**62) == self.tb.pop_due(2**62)
             assert len(self.tb) == 0 and self.tb.next_due_ms() is None
+
+
+def check_listed(idx: TimeBucketIndex) -> None:
+    """The listing's invariants: at most LISTED cells a ledger, each non-empty,
+    still in its window under its key, no id above ``hi``, no ghost copy."""
+    for led in idx._by_id.values():
+        if led.cells is None:
+            assert led.hi == -1
+            continue
+        assert 0 < len(led.cells) <= LISTED
+        for cell, w, key in led.cells:
+            assert cell and w.dense.get(key) is cell and key & 0xFFFFFFFF == led.slot
+            assert cell.max() <= led.hi
+            assert led.ghost is None or not any(e in led.ghost and not idx._ghosts[(led.slot, e)].revived
+                                                for e in cell)
+    hot = idx._hot_led
+    if idx._hot_listed:
+        assert any(c is idx._hot_dense for c, _, _ in hot.cells)
 
 
 TestDifferential = Differential.TestCase
@@ -206,3 +240,71 @@ def test_count_bounds_are_cheap_upper_bounds_of_the_exact_counts(bits):
         few.add(7, e * 5, 5_000)
     few.add(8, 1, 5_000)
     assert (few.bucket_count_bound(), few.bitmap_count_bound()) == (few.bucket_count(), few.bitmap_count()) == (1, 2)
+
+
+def test_a_burst_is_stored_once_in_a_listed_cell():
+    """Seed 000's case: a ledger's run of ids in one bucket sits in its dense
+    cell only, not in the live bitmap too; acks and re-adds still answer
+    exactly, with the non-pending ack one lookup plus the listed cells."""
+    idx = TimeBucketIndex(precision_bits=10)
+    for e in range(0, 20_000, 2):
+        idx.add(9, e, 5_000)
+    led = idx._by_id[9]
+    assert len(led.cells) == 1 and len(idx._live) == 0 and led.hi == 19_998
+    assert (9, 4) in idx and (9, 5) not in idx and (9, 20_000) not in idx
+    idx.add(9, 4, 5_000)  # already pending in that cell
+    idx.add(9, 4, 9_000)  # now pending in two buckets (the second copy sparse, in the live bitmap)
+    assert len(idx) == 10_001 and idx._multi == {(led.slot, 4): 2}
+    assert idx.discard(9, 4) and not idx.discard(9, 4) and not idx.discard(9, 5)
+    assert (9, 4) not in idx and len(idx) == 9_999 and idx._ghost_copies == 1  # the sparse copy
+    check_listed(idx)
+    assert idx.pop_due(6_000) == [(9, e) for e in range(0, 20_000, 2) if e != 4]
+    assert idx.pop_due(10_000) == [] and not idx._by_id  # the ghost copy went when its bucket came to the front
+
+
+def test_a_ledger_crossing_listed_flushes_its_cells_into_the_live_bitmap():
+    idx = TimeBucketIndex(precision_bits=0)
+    ref = DictIndex(precision_bits=0)
+    for c in range(LISTED + 2):  # one run per bucket, disjoint id ranges
+        for e in range(c * 100, c * 100 + PROMOTE + 10):
+            idx.add(3, e, 1_000 + c)
+            ref.add(3, e, 1_000 + c)
+        check_listed(idx)
+    led = idx._by_id[3]
+    assert len(led.cells) == 2  # LISTED flushed, then two more listed
+    assert len(idx._live) == LISTED * (PROMOTE + 10)
+    for e in (5, 105, (LISTED + 1) * 100 + 3, 99, 2**32 + 1):
+        assert ((3, e) in idx) == ((3, e) in ref)
+        assert idx.discard(3, e) == ref.discard(3, e)
+    check_listed(idx)
+    for now in range(1_000, 1_000 + LISTED + 2):  # popped back under LISTED, then empty
+        assert idx.pop_due(now) == ref.pop_due(now)
+        check_listed(idx)
+    assert not idx and not idx._live and not idx._by_id
+
+
+def test_an_ack_emptying_a_listed_cell_removes_it_from_its_window():
+    idx = TimeBucketIndex(precision_bits=0)
+    for e in range(PROMOTE + 1):
+        idx.add(1, e, 50)
+    idx.add(1, 500, 60)
+    for e in range(PROMOTE + 1):
+        assert idx.discard(1, e)
+    check_listed(idx)
+    assert idx._by_id[1].cells is None and idx.next_due_ms() == 60
+    assert idx.pop_due(100) == [(1, 500)] and not idx._by_id
+
+
+def test_listed_cells_take_64_bit_ids():
+    idx, ref = TimeBucketIndex(precision_bits=0), DictIndex(precision_bits=0)
+    for m in (idx, ref):
+        for e in range(PROMOTE + 5):
+            m.add(2, e, 70)
+        m.add(2, 2**40, 70)  # widens the listed cell to 64 bits
+        m.add(2, 7, 80)
+        m.add_many(2, list(range(100, 140)), 90)  # a 32-bit batch checked against the 64-bit listed cell
+        m.add_many(2, [3, 2**33] + list(range(200, 240)), 70)
+    check_listed(idx)
+    assert idx.discard(2, 2**40) and (2, 2**40) not in idx and idx.discard(2, 7) == ref.discard(2, 7)
+    ref.discard(2, 2**40)
+    assert idx.pop_due(100) == ref.pop_due(100)

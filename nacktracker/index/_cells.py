@@ -11,7 +11,7 @@ import heapq
 import numpy as np
 from pyroaring import BitMap, BitMap64
 
-from ._parts import COMPACT_CHURN, M32, NO_CELLS, PROMOTE, Ledger, Window, has
+from ._parts import COMPACT_CHURN, LISTED, M32, NO_CELLS, PROMOTE, Ledger, Window, has
 
 
 class CellsMixin:
@@ -53,20 +53,89 @@ class CellsMixin:
         self._put(led, entry_id, bucket)
 
     def _inc_live(self, led: Ledger, entry_id: int) -> None:
+        """One more live copy. An id pending in two buckets is always in the
+        live bitmap (not only in a listed cell): releasing one copy keeps it
+        there for the other."""
         if self._has(led, entry_id):
             key = (led.slot, entry_id)
             self._multi[key] = self._multi.get(key, 1) + 1
             if led.multi is None:
                 led.multi = set()
             led.multi.add(entry_id)
-        else:
-            self._live_add(led, entry_id)
+        self._live_add(led, entry_id)
         self._count += 1
 
     def _has(self, led: Ledger, entry_id: int) -> bool:
+        """Whether the id is pending. Runtime: O(1): a bitmap lookup, plus at
+        most LISTED more for an id not above the ledger's listed ids."""
         if entry_id >> 32:
             return led.wide is not None and entry_id in led.wide
-        return (led.key | entry_id) in self._live
+        return (led.slot << 32 | entry_id) in self._live or (
+            led.cells is not None and entry_id <= led.hi and self._in_listed(led, entry_id))
+
+    @staticmethod
+    def _in_listed(led: Ledger, entry_id: int) -> bool:
+        """Whether a listed cell of the ledger holds the id (a live copy: listed
+        cells hold no ghost). Runtime: O(LISTED) bitmap lookups."""
+        for cell, _, _ in led.cells:
+            if entry_id in cell:
+                return True
+        return False
+
+    def _list(self, led: Ledger, cell: BitMap | BitMap64, w: Window, key: int) -> None:
+        """List a new dense cell (its later ids skip the live bitmap); a ledger
+        with LISTED cells listed already first flushes them into the live
+        bitmap. Runtime: O(1), or O(ids in the flushed cells) in C."""
+        cells = led.cells
+        if cells is None:
+            cells = led.cells = []
+        elif len(cells) >= LISTED:
+            self._flush_listed(led)
+            cells = led.cells = []
+        cells.append((cell, w, key))
+        if cell:
+            top = cell.max()
+            if top > led.hi:
+                led.hi = top
+        if self._hot_dense is cell:
+            self._hot_listed = True
+
+    def _flush_listed(self, led: Ledger) -> None:
+        """Put the ids of the ledger's listed cells into the live bitmap and
+        unlist them (ids >= 2^32 are in ``wide`` already). Runtime: O(ids) in C."""
+        for cell, _, _ in led.cells:
+            keyed = self._keyed(led, cell)
+            self._live |= keyed
+            self._churn += len(keyed)
+            if self._hot_dense is cell:
+                self._hot_listed = False
+        led.cells, led.hi = None, -1
+
+    def _unlist(self, led: Ledger, cell: BitMap | BitMap64) -> None:
+        """The cell leaves the index (popped or emptied). Runtime: O(LISTED)."""
+        cells = led.cells
+        for i, (c, _, _) in enumerate(cells):
+            if c is cell:
+                del cells[i]
+                break
+        if not cells:
+            led.cells, led.hi = None, -1
+
+    def _drop_listed_id(self, led: Ledger, entry_id: int) -> int:
+        """An ack: remove the id from the ledger's listed cells (a cell emptied
+        leaves its window); return how many held it. Runtime: O(LISTED)."""
+        if entry_id >> 32:
+            held = [t for t in led.cells if has(t[0], entry_id)]
+        else:
+            held = [t for t in led.cells if entry_id in t[0]]
+        for cell, w, key in held:
+            cell.discard(entry_id)
+            if not cell:
+                self._unlist(led, cell)
+                del w.dense[key]  # its key in dense_keys is stale now: skipped there
+                if self._hot_dense is cell:
+                    self._reset_hot()
+        return len(held)
 
     def _live_add(self, led: Ledger, entry_id: int) -> None:
         if entry_id >> 32:
@@ -74,7 +143,7 @@ class CellsMixin:
                 led.wide = BitMap64()
             led.wide.add(entry_id)
         else:
-            self._live.add(led.key | entry_id)
+            self._live.add(led.slot << 32 | entry_id)
 
     def _live_discard(self, led: Ledger, entry_id: int) -> None:
         if entry_id >> 32:
@@ -82,14 +151,15 @@ class CellsMixin:
             if not led.wide:
                 led.wide = None
         else:
-            self._live.discard(led.key | entry_id)
+            self._live.discard(led.slot << 32 | entry_id)
 
     def _has_live(self, led: Ledger) -> bool:
         """Whether the ledger has a live id. Runtime: O(log n) (two ranks)."""
-        if led.wide is not None:
+        if led.wide is not None or led.cells is not None:  # listed cells are never empty
             return True
-        below = self._live.rank(led.key - 1) if led.key else 0
-        return self._live.rank(led.key | M32) > below
+        key = led.slot << 32
+        below = self._live.rank(key - 1) if key else 0
+        return self._live.rank(key | M32) > below
 
     @staticmethod
     def _keyed(led: Ledger, ids: BitMap | BitMap64) -> BitMap64:
@@ -97,8 +167,8 @@ class CellsMixin:
         if type(ids) is BitMap64 and ids and ids.max() >> 32:
             ids = BitMap(e for e in ids if not e >> 32)
         if len(ids) < 16:
-            return BitMap64(led.key | e for e in ids)
-        keys = np.asarray(ids.to_array(), dtype=np.uint64) + np.uint64(led.key)
+            return BitMap64(led.slot << 32 | e for e in ids)
+        keys = np.asarray(ids.to_array(), dtype=np.uint64) + np.uint64(led.slot << 32)
         return BitMap64(array.array("Q", keys.tobytes()))
 
     def _compact_live(self) -> None:
@@ -118,11 +188,14 @@ class CellsMixin:
         slot = led.slot
         if cell is None and (entry_id >> 32 or slot >= self._slot_limit):
             cell = self._set_cell(w, off, slot, BitMap64() if entry_id >> 32 else BitMap())
+            self._hot_start = 0
         if cell is not None:
             if entry_id >> 32 and type(cell) is BitMap:
                 cell = self._set_cell(w, off, slot, BitMap64(cell))
             cell.add(entry_id)
             self._hot_dense = cell
+            if self._hot_listed and entry_id > led.hi:
+                led.hi = entry_id
             return
         w.packed.append(off << self._oshift | slot << 32 | entry_id)
         if off < w.tail_min and w.upto >= 0:
@@ -131,11 +204,17 @@ class CellsMixin:
             self._promote(w)
 
     def _make_hot(self, led: Ledger, bucket: int) -> tuple[Window, int, BitMap | BitMap64 | None]:
-        """Switch the fast path to the cell ``(bucket, led)``; compact what it leaves."""
+        """Switch the fast path to the cell ``(bucket, led)``; compact the dense
+        cell it leaves if it grew past a power of two while hot (a run just
+        ended, or its size doubled since: amortised O(1) per add, where
+        compacting at every switch cost O(cell) per add to cells that many
+        streams take turns at)."""
         old_cell = self._hot_dense
-        if old_cell is not None and len(old_cell) >= PROMOTE:
-            old_cell.run_optimize()  # a run just ended: bounded by one bitmap
-            old_cell.shrink_to_fit()
+        if old_cell is not None:
+            n = len(old_cell)
+            if n >= PROMOTE and n.bit_length() > self._hot_start.bit_length():
+                old_cell.run_optimize()
+                old_cell.shrink_to_fit()
         wid = bucket >> self._wshift
         w = self._windows.get(wid)
         if w is None:
@@ -146,19 +225,36 @@ class CellsMixin:
         if w.dense:
             cell = w.dense.get(off << 32 | led.slot)
         self._hot_bucket, self._hot_led, self._hot_win, self._hot_off = bucket, led, w, off
-        self._hot_dense, self._hot_start = cell, len(w.packed)
+        # _hot_start: where the hot run starts in the array, or the dense cell's size
+        self._hot_dense, self._hot_start = cell, len(w.packed) if cell is None else len(cell)
+        self._hot_listed = cell is not None and led.cells is not None and any(c is cell for c, _, _ in led.cells)
         return w, off, cell
 
     def _reset_hot(self) -> None:
         self._hot_bucket, self._hot_led, self._hot_win, self._hot_off = -1, None, None, -1
-        self._hot_dense, self._hot_start = None, 0
+        self._hot_dense, self._hot_start, self._hot_listed = None, 0, False
 
     def _set_cell(self, w: Window, off: int, slot: int, cell):
+        """Put ``cell`` at ``(off, slot)``; a listed cell replaced by a new
+        object (widened to 64 bits) stays listed, and ``hi`` follows a listed
+        cell's new ids. Runtime: O(log c) (heap push) + O(LISTED)."""
         if w.dense is NO_CELLS:
             w.dense, w.dense_keys = {}, []
         key = off << 32 | slot
-        if key not in w.dense:
+        old = w.dense.get(key)
+        if old is None:
             heapq.heappush(w.dense_keys, key)
+        else:
+            led = self._ledgers[slot]
+            if led.cells is not None:
+                for i, (c, cw, ckey) in enumerate(led.cells):
+                    if c is old:
+                        led.cells[i] = (cell, cw, ckey)
+                        if self._hot_dense is old:
+                            self._hot_listed = True
+                        if cell and cell.max() > led.hi:
+                            led.hi = cell.max()
+                        break
         w.dense[key] = cell
         return cell
 
@@ -180,7 +276,24 @@ class CellsMixin:
         del w.packed[start:]
         cell = BitMap()
         cell.update(ids)
-        self._hot_dense = self._set_cell(w, self._hot_off, self._hot_led.slot, cell)
+        led, off = self._hot_led, self._hot_off
+        self._hot_start = 0  # now the dense cell's size when the run started
+        key = off << 32 | led.slot
+        if led.ghost is not None or key in w.dense:
+            self._hot_dense = self._set_cell(w, off, led.slot, cell)
+            return
+        if w.dense is NO_CELLS:
+            w.dense, w.dense_keys = {}, []
+        heapq.heappush(w.dense_keys, key)
+        w.dense[key] = self._hot_dense = cell
+        # listed: the run's ids leave the live bitmap and its next ids skip it
+        # (stored once); the listing shares the dict's key object. An id also
+        # pending elsewhere (multi) would need its live bit when this cell pops:
+        # a ledger with such ids keeps the run's first ids in the live bitmap.
+        self._list(led, cell, w, key)
+        if led.multi is None:
+            self._live.difference_update(self._keyed(led, cell))
+            self._churn += len(cell)
 
     def _holds(self, led: Ledger, entry_id: int, bucket: int) -> bool:
         """Whether cell ``(bucket, led)`` physically holds a copy of the id."""

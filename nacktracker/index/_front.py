@@ -31,6 +31,8 @@ class FrontMixin:
         n = len(cell)
         self._churn += n
         self._count -= n
+        if led.cells is not None:
+            self._unlist(led, cell)
         gone = cell
         if led.ghost is not None:
             for e in common(cell, led.ghost):
@@ -209,6 +211,8 @@ class FrontMixin:
             else:
                 if self._hot_dense is cell:
                     self._reset_hot()
+                if led.cells is not None:
+                    self._unlist(led, cell)
                 if led.ghost is None and not self._has_live(led):
                     self._drop_ledger(led)
         return bool(w.dense_keys) and w.dense_keys[0] >> 32 == off

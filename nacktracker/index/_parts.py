@@ -31,6 +31,11 @@ PROMOTE = 32
 M32 = (1 << 32) - 1
 #: Changes to a ledger's live bitmap between compactions (at least).
 COMPACT_CHURN = 4096
+#: A ledger keeps up to this many of its dense cells *listed*: their ids stay
+#: out of the live bitmap (stored once, not twice) and a lookup checks them one
+#: by one. The next one flushes the list into the live bitmap, so a lookup
+#: costs at most LISTED bitmap probes however many buckets a ledger spans.
+LISTED = 8
 
 
 @dataclass(frozen=True)
@@ -119,24 +124,34 @@ class Ledger:
     """What the index knows about one ledger, besides its live ids.
 
     The live ids ("pending anywhere") of every ledger share one index-wide
-    ``BitMap64`` keyed ``slot << 32 | entry`` (``key`` is ``slot << 32``): a
+    ``BitMap64`` keyed ``slot << 32 | entry`` (computed, not stored: an int
+    object per ledger is 32 bytes, the shift a few ns): a
     ledger with a handful of pending ids costs a container, not a bitmap.
-    ``wide``: its live ids >= 2^32 (rare); ``multi``: the few ids pending in
-    two or more buckets (their counts live in the index's ``_multi``);
-    ``ghost``: ids acked while pending whose copies still sit in cells
-    (records in ``_ghosts``). The record (and its slot) goes when the ledger
-    has no live id and no ghost: no copy of it is left in any cell.
+    The ledger's pending ids below 2^32 are the live bitmap's plus those of
+    its *listed* cells: ``cells`` holds up to :data:`LISTED` of its dense
+    cells as ``(bitmap, window, key)`` (``key`` the very int object keying
+    the window's ``dense`` dict), whose ids need not be in the live bitmap
+    (a run of adds into a listed cell skips it: seed 000's bursts are stored
+    once); they hold live copies only (an ack takes the id out of them, a
+    cell emptied so leaves its window), and ``hi`` is at least every id in
+    them, so a lookup of a larger id skips them. ``None``/-1 when none.
+    ``wide``: its live ids >= 2^32 (rare, listed or not); ``multi``: the few
+    ids pending in two or more buckets (their counts live in the index's
+    ``_multi``); ``ghost``: ids acked while pending whose copies still sit in
+    cells (records in ``_ghosts``). The record (and its slot) goes when the
+    ledger has no live id and no ghost: no copy of it is left in any cell.
     """
 
-    __slots__ = ("ledger_id", "slot", "key", "wide", "multi", "ghost")
+    __slots__ = ("ledger_id", "slot", "wide", "multi", "ghost", "cells", "hi")
 
     def __init__(self, ledger_id: int, slot: int) -> None:
         self.ledger_id = ledger_id
         self.slot = slot
-        self.key = slot << 32
         self.wide: BitMap64 | None = None
         self.multi: set[int] | None = None
         self.ghost: set[int] | None = None
+        self.cells: list[tuple[BitMap | BitMap64, Window, int]] | None = None
+        self.hi = -1
 
 
 class Ghost:
@@ -169,6 +184,14 @@ def common(bm: BitMap | BitMap64, ids: set[int]) -> list[int]:
     if len(ids) <= len(bm):
         return [e for e in ids if has(bm, e)]
     return [e for e in bm if e in ids]
+
+
+def overlaps(a: BitMap | BitMap64, b: BitMap | BitMap64) -> bool:
+    """Whether two bitmaps share an id, widening one when only one is 64-bit
+    (pyroaring refuses to mix them). Runtime: O(containers) in C."""
+    if type(a) is not type(b):
+        a, b = BitMap64(a), BitMap64(b)
+    return a.intersect(b)
 
 
 def bitmap_of(ids: np.ndarray) -> BitMap | BitMap64:

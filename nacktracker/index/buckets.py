@@ -8,9 +8,13 @@ dense bursts alike. The pieces are in :mod:`._parts`, placing copies in
 * inside a window, sparse copies packed 8 bytes each in one ``array('Q')``
   (sorted in C when the window comes to the front), and dense cells (one
   Roaring bitmap per (bucket, ledger)) for runs of adds to one cell;
-* per ledger, a "pending anywhere" bitmap: an ack of a message that is not
-  pending is one bitmap lookup, and an ack of a pending one marks its copies
-  as ghosts that are dropped when their bucket is taken (no search).
+* an index-wide "pending anywhere" bitmap of ``slot << 32 | entry``, plus,
+  per ledger, up to ``LISTED`` (8) *listed* dense cells whose ids are not in
+  it (a burst into one cell, seed 000's case, is stored once): an ack of a
+  message that is not pending is one bitmap lookup plus at most 8 (none for
+  an id above the ledger's listed ids), and an ack of a pending one takes it
+  out of the listed cells and marks its other copies as ghosts that are
+  dropped when their bucket is taken (no search).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from .._checks import MAX_DUE, check_int, check_precision, entry_array
 from ._bytes import _roaring_bytes
 from ._cells import CellsMixin
 from ._front import FrontMixin
-from ._parts import COMPACT_CHURN, M32, NO_CELLS, PROMOTE, Ghost, Layout, Ledger, Window, bitmap_of, common, merge_into
+from ._parts import COMPACT_CHURN, M32, NO_CELLS, PROMOTE, Ghost, Layout, Ledger, Window, bitmap_of, common, merge_into, overlaps
 
 __all__ = ["TimeBucketIndex"]
 
@@ -52,7 +56,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
     __slots__ = ("precision_bits", "rounding", "_add", "_mask", "_lay", "_wshift", "_oshift", "_omask",
                  "_slot_limit", "_windows", "_wheap", "_by_id", "_ledgers", "_free", "_multi", "_ghosts",
                  "_ghost_copies", "_count", "_live", "_churn", "_compact_at", "_hot_bucket", "_hot_led", "_hot_win", "_hot_off", "_hot_dense",
-                 "_hot_start")
+                 "_hot_start", "_hot_listed", "_key_limit")
 
     def __init__(self, precision_bits: int = 8, rounding: str = "floor") -> None:
         self._add, self._mask = check_precision(precision_bits, rounding)
@@ -61,6 +65,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         lay = self._lay = Layout.for_bits(precision_bits)
         self._wshift, self._oshift, self._slot_limit = lay.window_shift, lay.offset_shift, lay.slot_limit
         self._omask = (1 << lay.offset_bits) - 1
+        self._key_limit = lay.slot_limit << 32
         self._windows: dict[int, Window] = {}
         self._wheap: list[int] = []  # window ids; one per window in _windows
         self._by_id: dict[int, Ledger] = {}  # ledger id -> its record
@@ -85,9 +90,11 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         else raises ``TypeError``/``ValueError`` and changes nothing.
 
         Runtime complexity: O(1) amortised (an append, or a bitmap add for a
-        cell in a run). A message already pending (or acked while pending)
-        also checks its cell: O(log w + t) for a window of w sparse copies
-        with an unsorted tail of t.
+        cell in a run; the "already pending?" check is one bitmap lookup plus
+        at most ``LISTED`` for an id not above its ledger's listed cells). A
+        message already pending (or acked while pending) also checks its
+        cell: O(log w + t) for a window of w sparse copies with an unsorted
+        tail of t.
         """
         if (type(ledger_id) is not int or type(entry_id) is not int or type(due_ms) is not int
                 or (ledger_id | entry_id) >> 63 or due_ms >> 62):  # negative or too large
@@ -103,35 +110,52 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         if entry_id >> 32 or led.ghost is not None:
             self._add_again(led, entry_id, bucket)
             return
+        live = self._live
+        key = led.slot << 32 | entry_id
+        hot = bucket == self._hot_bucket and led is self._hot_led  # a burst into the last cell
+        if hot and self._hot_listed:  # a listed dense cell: the id is stored there only
+            if key in live or (entry_id <= led.hi and self._in_listed(led, entry_id)):
+                self._add_again(led, entry_id, bucket)
+                return
+            self._hot_dense.add(entry_id)
+            if entry_id > led.hi:
+                led.hi = entry_id
+            self._count += 1
+            return
         try:
-            self._live.add_checked(led.key | entry_id)
+            live.add_checked(key)
         except KeyError:  # already pending somewhere
             self._add_again(led, entry_id, bucket)
             return
+        if led.cells is not None and entry_id <= led.hi and self._in_listed(led, entry_id):
+            live.discard(key)  # pending in a listed cell
+            self._add_again(led, entry_id, bucket)
+            return
         self._count += 1
-        if bucket == self._hot_bucket and led is self._hot_led:  # a burst into the last cell
-            w = self._hot_win
+        if hot:
             cell = self._hot_dense
             if cell is not None:
                 cell.add(entry_id)
                 return
-            w.packed.append(self._hot_off << self._oshift | led.slot << 32 | entry_id)
-            if len(w.packed) - self._hot_start >= PROMOTE:
-                self._promote(w)
+            packed = self._hot_win.packed
+            packed.append(self._hot_off << self._oshift | key)
+            if len(packed) - self._hot_start >= PROMOTE:
+                self._promote(self._hot_win)
             return
         w = self._windows.get(bucket >> self._wshift)
-        if w is None or w.dense or self._hot_dense is not None or led.slot >= self._slot_limit:
+        if w is None or self._hot_dense is not None or key >= self._key_limit:  # key_limit: slot_limit << 32
             self._put(led, entry_id, bucket)
             return
-        # another sparse cell of an existing window (interleaved traffic): inline _make_hot
-        self._churn += 1
-        if self._churn >= self._compact_at:
-            self._compact_live()
         off = (bucket >> self.precision_bits) & self._omask
+        if w.dense and (off << 32 | led.slot) in w.dense:  # the cell is a bitmap
+            self._put(led, entry_id, bucket)
+            return
+        # another sparse cell of an existing window (interleaved traffic): inline
+        # _make_hot. The live bitmap's compaction is paced by pops (adds only grow it).
         packed = w.packed
         self._hot_start = len(packed)
-        packed.append(off << self._oshift | led.slot << 32 | entry_id)
-        if off < w.tail_min and w.upto >= 0:  # an add into a window already open
+        packed.append(off << self._oshift | key)  # key is slot << 32 | entry
+        if w.upto >= 0 and off < w.tail_min:  # an add into a window already open
             w.tail_min = off
         self._hot_bucket, self._hot_led, self._hot_win, self._hot_off = bucket, led, w, off
 
@@ -155,7 +179,8 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         led = self._ledger(ledger_id)
         keyed = self._keyed(led, new)
         if led.ghost is not None or keyed.intersect(self._live) or (
-                led.wide is not None and type(new) is BitMap64 and new.intersect(led.wide)):
+                led.wide is not None and type(new) is BitMap64 and new.intersect(led.wide)) or (
+                led.cells is not None and any(overlaps(new, c) for c, _, _ in led.cells)):
             for e in new:
                 self.add(ledger_id, e, due_ms)
             return
@@ -168,19 +193,33 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         self._count += n
         w, off, cell = self._make_hot(led, bucket)
         self._hot_dense = self._set_cell(w, off, led.slot, new if cell is None else merge_into(cell, new))
+        if cell is None:
+            self._hot_start = 0  # the new cell's size before this batch
 
     def discard(self, ledger_id: int, entry_id: int) -> bool:
         """Remove every pending occurrence of ``(ledger_id, entry_id)`` (an ack).
 
         Returns whether anything was pending. Runtime complexity: O(1): one
-        bitmap lookup when the message is not pending; when it is, its copies
-        become ghosts (a small record each) dropped when their bucket is taken.
+        bitmap lookup when the message is not pending, plus at most
+        :data:`~._parts.LISTED` for an id not above its ledger's listed dense
+        cells; when it is pending, it leaves the listed cells holding it and
+        its other copies become ghosts (a small record each) dropped when
+        their bucket is taken.
         """
         if type(ledger_id) is not int or type(entry_id) is not int or (ledger_id | entry_id) >> 63:
             ledger_id = check_int("ledger_id", ledger_id)
             entry_id = check_int("entry_id", entry_id)
         led = self._by_id.get(ledger_id)
-        if led is None or not self._has(led, entry_id):
+        if led is None:
+            return False
+        if entry_id >> 32:
+            in_live = led.wide is not None and entry_id in led.wide
+        else:
+            in_live = (led.slot << 32 | entry_id) in self._live
+        taken = 0  # copies removed from listed cells (no ghost left for them)
+        if led.cells is not None and entry_id <= led.hi:
+            taken = self._drop_listed_id(led, entry_id)
+        if not in_live and not taken:
             return False
         key = (led.slot, entry_id)
         n = 1
@@ -189,18 +228,25 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
             led.multi.discard(entry_id)
             if not led.multi:
                 led.multi = None
-        self._live_discard(led, entry_id)
+        if in_live:
+            self._live_discard(led, entry_id)
         self._count -= n
-        self._ghost_copies += n
-        ghost = self._ghosts.get(key)
-        if ghost is None:
-            self._ghosts[key] = Ghost(n)
-            if led.ghost is None:
-                led.ghost = set()
-            led.ghost.add(entry_id)
-        else:  # its live copies were exactly the revived ones
-            ghost.count += n
-            ghost.revived = None
+        n -= taken
+        if n:
+            self._ghost_copies += n
+            ghost = self._ghosts.get(key)
+            if ghost is None:
+                self._ghosts[key] = Ghost(n)
+                if led.ghost is None:
+                    led.ghost = set()
+                led.ghost.add(entry_id)
+            else:  # its live copies were exactly the revived ones
+                ghost.count += n
+                ghost.revived = None
+        elif key in self._ghosts:  # no live copy left: none of its copies is revived
+            self._ghosts[key].revived = None
+        elif led.ghost is None and not self._has_live(led):
+            self._drop_ledger(led)  # its only copies were in listed cells, now gone
         return True
 
     def pop_due_bitmaps(self, now_ms: int) -> list[tuple[int, int, BitMap | BitMap64]]:
@@ -258,7 +304,8 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         return self._count > 0
 
     def __contains__(self, item: object) -> bool:
-        """``(ledger_id, entry_id) in index``. Runtime complexity: O(1)."""
+        """``(ledger_id, entry_id) in index``. Runtime complexity: O(1): a
+        bitmap lookup plus at most ``LISTED`` (the ledger's listed cells)."""
         try:
             ledger_id, entry_id = item  # type: ignore[misc]
         except (TypeError, ValueError):
@@ -269,7 +316,9 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         return led is not None and self._has(led, entry_id)
 
     def has_ledger(self, ledger_id: int) -> bool:
-        """Whether anything of this ledger is pending. Runtime complexity: O(1)."""
+        """Whether anything of this ledger is pending. Runtime complexity:
+        O(1) with listed cells or 64-bit ids, else O(log n) (two ranks of the
+        live bitmap, in C)."""
         led = self._by_id.get(ledger_id)
         return led is not None and self._has_live(led)
 
@@ -394,9 +443,11 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
                 total += sum(map(_roaring_bytes, w.dense.values()))
         for led in self._ledgers:
             if led is not None:
-                total += size(led) + size(led.ledger_id) + size(led.slot) + size(led.key)
+                total += size(led) + size(led.ledger_id) + size(led.slot)
                 if led.wide is not None:
                     total += _roaring_bytes(led.wide)
+                if led.cells is not None:  # its bitmaps, windows and keys are counted with the windows
+                    total += size(led.cells) + len(led.cells) * size((None, None, None)) + size(led.hi)
                 for extra in (led.multi, led.ghost):
                     if extra is not None:
                         total += size(extra) + sum(map(size, extra))
