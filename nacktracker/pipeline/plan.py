@@ -4,11 +4,14 @@ fleet-wide, for every candidate ``precision_bits``.
 The Spark job, end to end:
 
 1. read the log and check it (:mod:`.load`): one aggregation pass, which also
-   counts events per consumer;
+   counts events per consumer (meanwhile a child Python measures the memory
+   model's constants: :func:`start_measuring_costs`);
 2. keep the ``nack`` rows, number the consumers and spread them over
    partitions by size (largest first onto the emptiest partition), so each
    task gets whole consumers and the tasks weigh about the same;
-3. shuffle once (``repartitionById`` on that number) and sort within each
+3. shuffle once (``repartitionById`` on that number; with more than 64
+   consumers the number comes from a broadcast join on a small table built
+   from Arrow) and sort within each
    partition by the consumer number alone: one int key, which Spark sorts
    with its radix sort, so each consumer's rows arrive together;
 4. ``mapInArrow``: a task streams its rows in groups of whole consumers and
@@ -32,7 +35,10 @@ worker can hold (50 M nacks: ~5 GB) needs a shorter trace window.
 
 from __future__ import annotations
 
-import functools
+import json
+import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
@@ -82,10 +88,46 @@ class PlanResult:
     series_bits: Optional[int] = None
 
 
-@functools.lru_cache(maxsize=1)
+#: The calibration run of :func:`measured_costs`, under way in a child process.
+_costs_proc: Optional[subprocess.Popen] = None
+_costs: Optional[IndexCosts] = None
+_MEASURE = ("import json, sys\n"
+            "from nacktracker.pipeline.memory_model import IndexCosts\n"
+            "json.dump(IndexCosts.measure().as_dict(), sys.stdout)\n")
+
+
+def start_measuring_costs() -> None:
+    """Start :meth:`IndexCosts.measure` (1-3 s of CPU) in a child Python, once
+    per process, so it overlaps the driver's wait for the JVM (its start, the
+    validation scan). A process, not a thread: a thread would hold the GIL
+    that every py4j call of the driver needs, and slowed the validation by more
+    than it saved. The figures are sizes of Python objects (``sys.getsizeof``,
+    ``nbytes()``) with this interpreter and these packages: the same in the
+    child as here."""
+    global _costs_proc
+    if _costs_proc is not None or _costs is not None:
+        return
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    _costs_proc = subprocess.Popen([sys.executable, "-c", _MEASURE], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, env=env, text=True)
+
+
 def measured_costs() -> IndexCosts:
-    """:meth:`IndexCosts.measure`, once per process (about 1-2 s)."""
-    return IndexCosts.measure()
+    """:meth:`IndexCosts.measure`, once per process (about 1-3 s; less if
+    :func:`start_measuring_costs` ran earlier). Raises what ``measure`` raised
+    (as ``RuntimeError`` with its last line)."""
+    global _costs, _costs_proc
+    if _costs is None:
+        start_measuring_costs()
+        assert _costs_proc is not None
+        out, err = _costs_proc.communicate()
+        proc, _costs_proc = _costs_proc, None
+        if proc.returncode != 0:
+            last = next((line for line in reversed(err.splitlines()) if line.strip()), f"exit {proc.returncode}")
+            raise RuntimeError(f"measuring the memory model's constants failed: {last}")
+        _costs = IndexCosts(**json.loads(out))
+    return _costs
 
 
 def recommend(p99_by_bits: dict[int, float], max_early_ms: float) -> Optional[int]:
@@ -200,7 +242,8 @@ def run_plan(spark, trace: str, bits: Sequence[int] = DEFAULT_BITS, *,
 
     Raises :class:`~nacktracker.events.TraceError` for unusable traces.
     Cost: two scans of the log, one shuffle + sort of its nack rows, and the
-    per-consumer kernel (see :mod:`.pending`).
+    per-consumer kernel (see :mod:`.pending`); on the driver, the memory
+    model's constants (:func:`measured_costs`, in a child Python).
     """
     bits = tuple(sorted(set(int(b) for b in bits)))
     if not bits or min(bits) < 0 or max(bits) > 30:
@@ -209,6 +252,7 @@ def run_plan(spark, trace: str, bits: Sequence[int] = DEFAULT_BITS, *,
         raise ValueError(f"rounding must be 'floor' or 'ceil', got {rounding!r}")
     progress = progress or Progress("plan", enabled=False)
     seconds: dict[str, float] = {}
+    start_measuring_costs()  # meanwhile, on the driver (a no-op if the CLI started it already)
     t0 = time.perf_counter()
     with progress.phase("validate", f"checking {trace} (one scan)"):
         events, summary = load_trace(spark, trace, fmt)
@@ -272,16 +316,30 @@ def _sorted_nacks(spark, events, names: list[str], summary: TraceSummary, parts:
                              "ledger_id", "entry_id", "ts_ms", due)
         where = _lookup(F.col("cid"), {cids[n]: pid[cids[n]] for n in names}, "int")
     else:  # a literal map is a linear scan per row: join a broadcast table instead
-        codes = spark.createDataFrame([(n, cids[n], pid[cids[n]]) for n in names],
-                                      "consumer string, cid int, pid int")
-        nacks = (nacks.join(F.broadcast(codes), "consumer")
+        nacks = (nacks.join(F.broadcast(_codes(spark, names, pid)), "consumer")
                  .select("pid", "cid", "ledger_id", "entry_id", "ts_ms", due))
         where = F.col("pid")
     if hasattr(nacks, "repartitionById"):  # Spark >= 4.1: exactly the partition we chose
         nacks = nacks.repartitionById(parts, where)
     else:  # older Spark: hash partitioning, a little less even
         nacks = nacks.repartition(parts, where)
-    return nacks.sortWithinPartitions("cid")
+    # pid has done its work: every column left is one more Arrow column per row to the kernel
+    return nacks.sortWithinPartitions("cid").select("cid", "ledger_id", "entry_id", "ts_ms", "due")
+
+
+def _codes(spark, names: list[str], pid: dict[int, int]):
+    """The ``consumer, cid, pid`` table to join, built from Arrow on the JVM side:
+    a list of Python rows would be a job of its own, run by Python workers
+    (started for it alone, ~2 s on a cold session)."""
+    import pyarrow as pa
+    import pyspark
+
+    table = pa.table({"consumer": pa.array(names, pa.string()),
+                      "cid": pa.array(range(len(names)), pa.int32()),
+                      "pid": pa.array([pid[i] for i in range(len(names))], pa.int32())})
+    if int(pyspark.__version__.split(".")[0]) >= 4:
+        return spark.createDataFrame(table)
+    return spark.createDataFrame(table.to_pandas())  # PySpark 3.5: from pandas, converted with Arrow
 
 
 def _collect_arrow(df):
