@@ -202,23 +202,6 @@ def test_memory_model_constants_are_measured_and_tight(costs):
     assert costs.dict_index_per_entry == pytest.approx(d.nbytes() / len(d), rel=0.25)
 
 
-def test_costs_measured_in_a_child_python_equal_those_measured_here(costs):
-    assert costs == IndexCosts.measure()
-
-
-def test_a_failed_costs_measurement_raises_its_last_line_in_the_caller(monkeypatch):
-    from nacktracker.pipeline import plan
-
-    monkeypatch.setattr(plan, "_costs", None)
-    monkeypatch.setattr(plan, "_costs_proc", None)
-    monkeypatch.setattr(plan, "_MEASURE", "raise RuntimeError('memory model misses nbytes() by 12.0%')\n")
-    with pytest.raises(RuntimeError, match=r"constants failed: RuntimeError: memory model misses nbytes\(\) by 12"):
-        measured_costs()
-    monkeypatch.setattr(plan, "_MEASURE", "import json, sys\njson.dump({'nope': 1}, sys.stdout)\n")
-    with pytest.raises(TypeError):  # fields the dataclass does not have
-        measured_costs()
-
-
 # -- Spark ----------------------------------------------------------------------------
 
 def _spark_available() -> bool:

@@ -153,13 +153,12 @@ def _add_trace(sub) -> None:
 
 def _plan(args: argparse.Namespace) -> int:
     from ..events import TraceError
-    from .plan import run_plan, start_measuring_costs
+    from .plan import run_plan
     from .report import write_outputs
     from .ship import ExecutorCheckError
 
     started = time.perf_counter()
     progress = _progress(args, "plan")
-    start_measuring_costs()  # in a child process, while the JVM starts
     try:
         spark = _session(args, progress)
         result = run_plan(spark, args.trace, args.bits, max_early_ms=args.max_early_ms,

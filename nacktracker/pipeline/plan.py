@@ -4,8 +4,7 @@ fleet-wide, for every candidate ``precision_bits``.
 The Spark job, end to end:
 
 1. read the log and check it (:mod:`.load`): one aggregation pass, which also
-   counts events per consumer (meanwhile a child Python measures the memory
-   model's constants: :func:`start_measuring_costs`);
+   counts events per consumer;
 2. keep the ``nack`` rows, number the consumers and spread them over
    partitions by size (largest first onto the emptiest partition), so each
    task gets whole consumers and the tasks weigh about the same;
@@ -35,10 +34,7 @@ worker can hold (50 M nacks: ~5 GB) needs a shorter trace window.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
@@ -88,46 +84,10 @@ class PlanResult:
     series_bits: Optional[int] = None
 
 
-#: The calibration run of :func:`measured_costs`, under way in a child process.
-_costs_proc: Optional[subprocess.Popen] = None
-_costs: Optional[IndexCosts] = None
-_MEASURE = ("import json, sys\n"
-            "from nacktracker.pipeline.memory_model import IndexCosts\n"
-            "json.dump(IndexCosts.measure().as_dict(), sys.stdout)\n")
-
-
-def start_measuring_costs() -> None:
-    """Start :meth:`IndexCosts.measure` (1-3 s of CPU) in a child Python, once
-    per process, so it overlaps the driver's wait for the JVM (its start, the
-    validation scan). A process, not a thread: a thread would hold the GIL
-    that every py4j call of the driver needs, and slowed the validation by more
-    than it saved. The figures are sizes of Python objects (``sys.getsizeof``,
-    ``nbytes()``) with this interpreter and these packages: the same in the
-    child as here."""
-    global _costs_proc
-    if _costs_proc is not None or _costs is not None:
-        return
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
-    _costs_proc = subprocess.Popen([sys.executable, "-c", _MEASURE], stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, env=env, text=True)
-
-
+@functools.lru_cache(maxsize=1)
 def measured_costs() -> IndexCosts:
-    """:meth:`IndexCosts.measure`, once per process (about 1-3 s; less if
-    :func:`start_measuring_costs` ran earlier). Raises what ``measure`` raised
-    (as ``RuntimeError`` with its last line)."""
-    global _costs, _costs_proc
-    if _costs is None:
-        start_measuring_costs()
-        assert _costs_proc is not None
-        out, err = _costs_proc.communicate()
-        proc, _costs_proc = _costs_proc, None
-        if proc.returncode != 0:
-            last = next((line for line in reversed(err.splitlines()) if line.strip()), f"exit {proc.returncode}")
-            raise RuntimeError(f"measuring the memory model's constants failed: {last}")
-        _costs = IndexCosts(**json.loads(out))
-    return _costs
+    """:meth:`IndexCosts.measure`, once per process (about 1-2 s)."""
+    return IndexCosts.measure()
 
 
 def recommend(p99_by_bits: dict[int, float], max_early_ms: float) -> Optional[int]:
@@ -242,8 +202,7 @@ def run_plan(spark, trace: str, bits: Sequence[int] = DEFAULT_BITS, *,
 
     Raises :class:`~nacktracker.events.TraceError` for unusable traces.
     Cost: two scans of the log, one shuffle + sort of its nack rows, and the
-    per-consumer kernel (see :mod:`.pending`); on the driver, the memory
-    model's constants (:func:`measured_costs`, in a child Python).
+    per-consumer kernel (see :mod:`.pending`).
     """
     bits = tuple(sorted(set(int(b) for b in bits)))
     if not bits or min(bits) < 0 or max(bits) > 30:
@@ -252,7 +211,6 @@ def run_plan(spark, trace: str, bits: Sequence[int] = DEFAULT_BITS, *,
         raise ValueError(f"rounding must be 'floor' or 'ceil', got {rounding!r}")
     progress = progress or Progress("plan", enabled=False)
     seconds: dict[str, float] = {}
-    start_measuring_costs()  # meanwhile, on the driver (a no-op if the CLI started it already)
     t0 = time.perf_counter()
     with progress.phase("validate", f"checking {trace} (one scan)"):
         events, summary = load_trace(spark, trace, fmt)
