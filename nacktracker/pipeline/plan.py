@@ -8,7 +8,9 @@ The Spark job, end to end:
 2. keep the ``nack`` rows, number the consumers and spread them over
    partitions by size (largest first onto the emptiest partition), so each
    task gets whole consumers and the tasks weigh about the same;
-3. shuffle once (``repartitionById`` on that number) and sort within each
+3. shuffle once (``repartitionById`` on that number; with more than 64
+   consumers the number comes from a broadcast join on a small table built
+   from Arrow) and sort within each
    partition by the consumer number alone: one int key, which Spark sorts
    with its radix sort, so each consumer's rows arrive together;
 4. ``mapInArrow``: a task streams its rows in groups of whole consumers and
@@ -272,16 +274,30 @@ def _sorted_nacks(spark, events, names: list[str], summary: TraceSummary, parts:
                              "ledger_id", "entry_id", "ts_ms", due)
         where = _lookup(F.col("cid"), {cids[n]: pid[cids[n]] for n in names}, "int")
     else:  # a literal map is a linear scan per row: join a broadcast table instead
-        codes = spark.createDataFrame([(n, cids[n], pid[cids[n]]) for n in names],
-                                      "consumer string, cid int, pid int")
-        nacks = (nacks.join(F.broadcast(codes), "consumer")
+        nacks = (nacks.join(F.broadcast(_codes(spark, names, pid)), "consumer")
                  .select("pid", "cid", "ledger_id", "entry_id", "ts_ms", due))
         where = F.col("pid")
     if hasattr(nacks, "repartitionById"):  # Spark >= 4.1: exactly the partition we chose
         nacks = nacks.repartitionById(parts, where)
     else:  # older Spark: hash partitioning, a little less even
         nacks = nacks.repartition(parts, where)
-    return nacks.sortWithinPartitions("cid")
+    # pid has done its work: every column left is one more Arrow column per row to the kernel
+    return nacks.sortWithinPartitions("cid").select("cid", "ledger_id", "entry_id", "ts_ms", "due")
+
+
+def _codes(spark, names: list[str], pid: dict[int, int]):
+    """The ``consumer, cid, pid`` table to join, built from Arrow on the JVM side:
+    a list of Python rows would be a job of its own, run by Python workers
+    (started for it alone, ~2 s on a cold session)."""
+    import pyarrow as pa
+    import pyspark
+
+    table = pa.table({"consumer": pa.array(names, pa.string()),
+                      "cid": pa.array(range(len(names)), pa.int32()),
+                      "pid": pa.array([pid[i] for i in range(len(names))], pa.int32())})
+    if int(pyspark.__version__.split(".")[0]) >= 4:
+        return spark.createDataFrame(table)
+    return spark.createDataFrame(table.to_pandas())  # PySpark 3.5: from pandas, converted with Arrow
 
 
 def _collect_arrow(df):
