@@ -98,9 +98,7 @@ def arrival_cells(code: np.ndarray, n_cells: int, owner: np.ndarray, bucket: np.
         dense[np.isin(code, early)] = True
         in_promoting[np.isin(code, early)] = False
     # gathered by the instant (its owner's last add: pops by then came before it)
-    now = np.full(int(owner.max()) + 1 if n else 0, -1, dtype=np.int64)
-    np.maximum.at(now, owner, start)
-    gathered = fires.gathered(c_owner, c_start, c_bucket, now[c_owner])
+    gathered = fires.gathered_by_now(owner, bucket, start, c_owner, c_start, c_bucket)
     return ArrivalCells(code, n_cells, dense, rank, starts, in_promoting, last, reset_after, promoted_at, gathered)
 
 
@@ -115,6 +113,8 @@ class _Fires:
     """The owners' pops (the tracker's timer pops a bucket at its time, then
     ``next_due_ms()`` gathers the next front bucket into dense cells), keyed
     ``owner × span + time rank`` (no overflow), and the buckets by owner."""
+
+    W = 32  # occurrences of a bucket range read at once by front_at
 
     def __init__(self, owner: np.ndarray, bucket: np.ndarray, start: np.ndarray) -> None:
         fire = fire_times(bucket, start)
@@ -139,18 +139,23 @@ class _Fires:
     def front_at(self, owner: np.ndarray, t: np.ndarray, bucket: np.ndarray) -> np.ndarray:
         """Whether ``bucket`` is the owner's earliest pending bucket just after a
         pop at ``t`` (adds at ``t`` come after it): no occurrence with a bucket
-        in ``(t, bucket)`` started before ``t``. Runtime: O(q log n) plus the
-        lengths of the queried bucket ranges (one ``minimum.reduceat``, in C)."""
+        in ``(t, bucket)`` started before ``t``. Runtime: O(q (log n + W)):
+        the first W occurrences of each bucket range are read at once (one
+        that started before the pop settles it, the usual case); only ranges
+        whose first W all came after it are read further (``minimum.reduceat``,
+        in C)."""
         base = owner * self.span
         lo = np.searchsorted(self.by_bucket, base + np.searchsorted(self.ub, t, side="right"))
         hi = np.searchsorted(self.by_bucket, base + np.searchsorted(self.ub, bucket))
-        front = hi <= lo  # nothing with an earlier bucket
-        some = np.flatnonzero(~front)
-        if len(some):
-            bounds = np.empty(2 * len(some), dtype=np.int64)
-            bounds[0::2], bounds[1::2] = lo[some], hi[some]
-            first_start = np.minimum.reduceat(np.append(self.starts, 0), bounds)[0::2]
-            front[some] = first_start >= t[some]
+        starts = np.append(self.starts, np.iinfo(np.int64).max)  # a sentinel past the end
+        at = lo[:, None] + np.arange(self.W)
+        head = np.where(at < hi[:, None], starts[np.minimum(at, len(starts) - 1)], np.iinfo(np.int64).max)
+        front = head.min(axis=1) >= t  # none of the first W started before the pop
+        more = np.flatnonzero(front & (hi > lo + self.W))
+        if len(more):
+            bounds = np.empty(2 * len(more), dtype=np.int64)
+            bounds[0::2], bounds[1::2] = lo[more] + self.W, hi[more]
+            front[more] = np.minimum.reduceat(starts, bounds)[0::2] >= t[more]
         return front
 
     def gathered(self, owner: np.ndarray, first_start: np.ndarray, bucket: np.ndarray,
@@ -160,6 +165,19 @@ class _Fires:
         add and its bucket was the front."""
         t = self.last(owner, by)
         return (t >= 0) & (first_start < t) & self.front_at(owner, t, bucket)
+
+    def gathered_by_now(self, owner: np.ndarray, bucket: np.ndarray, start: np.ndarray, c_owner: np.ndarray,
+                        c_start: np.ndarray, c_bucket: np.ndarray) -> np.ndarray:
+        """:meth:`gathered` for every cell by its owner's instant (its last
+        add), in O(n): one front bucket per owner, after its last pop."""
+        k = int(owner.max()) + 1
+        now = np.full(k, -1, dtype=np.int64)
+        np.maximum.at(now, owner, start)
+        t = self.last(np.arange(k), now)
+        after = (start < t[owner]) & (bucket > t[owner])  # pending just after the pop
+        front = np.full(k, np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(front, owner[after], bucket[after])
+        return (t[c_owner] >= 0) & (c_start < t[c_owner]) & (c_bucket == front[c_owner])
 
 
 class Listing(NamedTuple):

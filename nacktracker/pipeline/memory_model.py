@@ -201,6 +201,57 @@ def _bitmap(ids: np.ndarray, compact: bool) -> BitMap | BitMap64:
     return bm
 
 
+class _MultiHistory(NamedTuple):
+    """Ids pending in two buckets (the index's ``_multi`` dict and the ledgers'
+    ``multi`` sets hold them) over time, by the instant: an id is so from the
+    start of an occurrence while its previous one is pending until the earlier
+    of the two fires."""
+
+    peak: np.ndarray         # per owner: the most at once
+    added: np.ndarray        # per owner: how many times an id became so (dict insertions)
+    ledger_peak: np.ndarray  # per (owner, ledger) of ``ledger_ids``: the most at once
+
+
+def _level_peak(group: np.ndarray, t0: np.ndarray, t1: np.ndarray, g: int, since_empty: bool = False) -> np.ndarray:
+    """The most intervals ``[t0, t1)`` open at once, per group (``since_empty``:
+    since the last time none was; ``t1 < 0``: still open). Runtime: O(m log m)."""
+    out = np.zeros(g, dtype=np.int64)
+    if len(group) == 0:
+        return out
+    closed = t1 >= 0
+    ev_g, ev_t = np.r_[group, group[closed]], np.r_[t0, t1[closed]]
+    step = np.r_[np.ones(len(group), dtype=np.int64), -np.ones(int(closed.sum()), dtype=np.int64)]
+    order = np.lexsort((step, ev_t, ev_g))  # at one time, ends (-1) before starts
+    ev_g, step = ev_g[order], step[order]
+    level = np.cumsum(step)
+    heads = np.flatnonzero(np.r_[True, ev_g[1:] != ev_g[:-1]])
+    level -= np.repeat(level[heads] - step[heads], np.diff(np.append(heads, len(level))))  # per group
+    keep = np.ones(len(level), dtype=bool)
+    if since_empty:
+        pos = np.arange(len(level))
+        last_empty = np.full(g, -1, dtype=np.int64)
+        np.maximum.at(last_empty, ev_g[level == 0], pos[level == 0])
+        keep = pos > last_empty[ev_g]
+    np.maximum.at(out, ev_g[keep], level[keep])
+    return out
+
+
+def _multi_history(owner: np.ndarray, ledger_ids: np.ndarray, n_ledgers: int, entry: np.ndarray,
+                   bucket: np.ndarray, start: np.ndarray, k: int) -> _MultiHistory:
+    """:class:`_MultiHistory` of every occurrence seen (``ledger_ids``: their
+    ``(owner, ledger)`` ids, 0..n_ledgers-1). Runtime: O(n log n)."""
+    order = np.lexsort((start, entry, ledger_ids))
+    led, ent, b, s = ledger_ids[order], entry[order], bucket[order], start[order]
+    again = np.flatnonzero(np.r_[False, (led[1:] == led[:-1]) & (ent[1:] == ent[:-1]) & (s[1:] < b[:-1])])
+    o = owner[order][again]
+    now = np.zeros(k, dtype=np.int64)
+    np.maximum.at(now, owner, start)  # the instant: its owner's last add
+    ends = np.minimum(b[again - 1], b[again])
+    ends = np.where(ends > now[o], -1, ends)  # still pending in two buckets at the instant
+    return _MultiHistory(_level_peak(o, s[again], ends, k), np.bincount(o, minlength=k),
+                         _level_peak(led[again], s[again], ends, n_ledgers, since_empty=True))
+
+
 def _cell_bitmap(ids: np.ndarray, compacted: int) -> BitMap | BitMap64:
     """A dense cell's bitmap: ``ids[:compacted]`` added then compacted (run-optimised
     and shrunk) as the index does when a run into the cell ends, the rest added since."""
@@ -268,14 +319,16 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     # stored in a listed cell only (not in the live bitmap): the promoting run, and later
     # runs into the cell but for their first add
     listed_only = dense & listing.listed[arrival.code] & (arrival.promoting | ~arrival.run_start)
-    o, ledger, entry, bucket, start, dense, by_add, listed_only, run_start, reset_after, rank, last = (
+    seen_lid, n_seen_lid = _tuple_ids(owner, ledger)
+    multi_seen = _multi_history(owner, seen_lid, n_seen_lid, entry, bucket, start, k)
+    o, ledger, entry, bucket, start, dense, by_add, listed_only, run_start, reset_after, rank, last, seen_lid = (
         a[p] for a in (owner, ledger, entry, bucket, start, dense, arrival.dense, listed_only, arrival.run_start,
-                       arrival.reset_after, arrival.rank, arrival.last))
+                       arrival.reset_after, arrival.rank, arrival.last, seen_lid))
     if len(o) > 1 and (np.diff(o) < 0).any():  # rows of one owner together, in input order
         order = np.argsort(o, kind="stable")
-        o, ledger, entry, bucket, start, dense, by_add, listed_only, run_start, reset_after, rank, last = (
+        o, ledger, entry, bucket, start, dense, by_add, listed_only, run_start, reset_after, rank, last, seen_lid = (
             a[order] for a in (o, ledger, entry, bucket, start, dense, by_add, listed_only, run_start, reset_after,
-                               rank, last))
+                               rank, last, seen_lid))
     n = len(o)
     heads = np.searchsorted(o, np.arange(k + 1))
     counts = np.diff(heads)
@@ -331,11 +384,19 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
         np.minimum.at(pid_first, pid, np.arange(n))
         rows = pid_first[multi]
         m = np.bincount(o[rows], minlength=k)
-        total += np.where(m > 0, _table("empty", m) + m * costs.multi_entry_bytes, 0)
+        # the dict never shrinks on deletion: grown for the most ids it held at once;
+        # once its insertions outrun that table's room, CPython resizes it (on an
+        # insert) to room for 3x the ids it holds then: as a dict grown to 2m
+        grown = np.maximum(m, multi_seen.peak)
+        room = (1 << np.ceil(np.log2(np.maximum(8, 1.5 * grown))).astype(np.int64)) * 2 // 3
+        size_for = np.where(multi_seen.added > room, np.maximum(grown, 2 * m), grown)
+        total += np.where(m > 0, _table("empty", size_for) + m * costs.multi_entry_bytes, 0)
         per_ledger = np.bincount(lid[rows], minlength=n_lid)
         used = np.flatnonzero(per_ledger)
         kl = per_ledger[used]
-        total += _per_owner(lid_owner[used], _table("set", kl) + kl * costs.int_bytes, k)
+        # a set never shrinks either: sized for the most it held (while it was not emptied)
+        held = np.maximum(kl, multi_seen.ledger_peak[seen_lid[lid_first[used]]])
+        total += _per_owner(lid_owner[used], _table("set", held) + kl * costs.int_bytes, k)
 
     # windows: object, id, dict and heap slots, and an array of the sparse copies
     cid, n_cid = _tuple_ids(o, bucket, ledger)  # (owner, bucket, ledger): the cells
@@ -399,7 +460,7 @@ class IndexCosts:
     ledger_bytes: int          # a Ledger record and its two ints (ledger id, slot)
     listed_cell_bytes: int     # a (bitmap, window, key) tuple in a ledger's list of listed cells
     cell_key_bytes: int        # the int key of a dense cell
-    multi_entry_bytes: int     # a (slot, entry) tuple and its count
+    multi_entry_bytes: int     # a (slot, entry) tuple and its count (nbytes() counts the tuple, not its ints)
     int_bytes: int             # one int in a per-ledger set
 
     def as_dict(self) -> dict:
@@ -417,7 +478,7 @@ class IndexCosts:
                          - 2 * dict_bytes(0, literal=False) - 2 * list_bytes(0)),  # and sizes these containers
             window_bytes=size(Window()) + size(big), ledger_bytes=size(Ledger(big, 1_000)) + 2 * size(big),
             listed_cell_bytes=size((None, None, None)),
-            cell_key_bytes=size(big << 20), multi_entry_bytes=size((1, 2)) + 2 * size(big), int_bytes=size(big))
+            cell_key_bytes=size(big << 20), multi_entry_bytes=size((1, 2)) + size(2), int_bytes=size(big))
 
     @classmethod
     def measure(cls) -> "IndexCosts":
