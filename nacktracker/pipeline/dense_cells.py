@@ -111,30 +111,47 @@ def fire_times(bucket: np.ndarray, start: np.ndarray) -> np.ndarray:
 
 class _Fires:
     """The owners' pops (the tracker's timer pops a bucket at its time, then
-    ``next_due_ms()`` gathers the next front bucket into dense cells), keyed
-    ``owner × span + time rank`` (no overflow), and the buckets by owner."""
+    ``next_due_ms()`` gathers the next front bucket into dense cells) and the
+    buckets by owner, keyed ``owner × span + time offset`` (or, when that
+    would not fit 62 bits, ``owner × span + time rank``)."""
 
     W = 32  # occurrences of a bucket range read at once by front_at
 
     def __init__(self, owner: np.ndarray, bucket: np.ndarray, start: np.ndarray) -> None:
         fire = fire_times(bucket, start)
-        self.ub = np.unique(np.r_[bucket, fire])
-        self.span = len(self.ub) + 1
-        self.keys = np.unique(owner * self.span + np.searchsorted(self.ub, fire))
-        key = owner * self.span + np.searchsorted(self.ub, bucket)
+        self.low = int(min(bucket.min(), start.min()))
+        self.span = int(max(bucket.max(), fire.max())) - self.low + 2
+        self.ub: np.ndarray | None = None
+        if (int(owner.max()) + 1) * self.span >= 1 << 62:  # rank the times instead
+            self.ub = np.unique(np.r_[bucket, fire])
+            self.span = len(self.ub) + 1
+        self.keys = np.unique(owner * self.span + self._at(fire))
+        key = owner * self.span + self._at(bucket)
         order = np.argsort(key, kind="stable")
         self.by_bucket, self.starts = key[order], start[order]
 
+    def _at(self, t: np.ndarray) -> np.ndarray:
+        """The key offset of times that occur (bucket or fire times)."""
+        return t - self.low if self.ub is None else np.searchsorted(self.ub, t)
+
+    def _after(self, t: np.ndarray) -> np.ndarray:
+        """An offset above every time <= t and none later (any t)."""
+        if self.ub is None:
+            return np.clip(t - self.low + 1, 0, self.span - 1)
+        return np.searchsorted(self.ub, t, side="right")
+
     def upto(self, owner: np.ndarray, t: np.ndarray) -> np.ndarray:
         """Position after the owner's last bucket time <= t (in ``keys``)."""
-        return np.searchsorted(self.keys, owner * self.span + np.searchsorted(self.ub, t, side="right"))
+        return np.searchsorted(self.keys, owner * self.span + self._after(t))
 
     def last(self, owner: np.ndarray, t: np.ndarray) -> np.ndarray:
         """The owner's last bucket time <= t (a pop), or -1."""
         i = self.upto(owner, t) - 1
         key = self.keys[np.maximum(i, 0)] if len(self.keys) else np.zeros(len(i), dtype=np.int64)
         ok = (i >= 0) & (key // self.span == owner)
-        return np.where(ok, self.ub[np.minimum(key % self.span, len(self.ub) - 1)], -1)
+        off = key % self.span
+        when = off + self.low if self.ub is None else self.ub[np.minimum(off, len(self.ub) - 1)]
+        return np.where(ok, when, -1)
 
     def front_at(self, owner: np.ndarray, t: np.ndarray, bucket: np.ndarray) -> np.ndarray:
         """Whether ``bucket`` is the owner's earliest pending bucket just after a
@@ -145,8 +162,8 @@ class _Fires:
         whose first W all came after it are read further (``minimum.reduceat``,
         in C)."""
         base = owner * self.span
-        lo = np.searchsorted(self.by_bucket, base + np.searchsorted(self.ub, t, side="right"))
-        hi = np.searchsorted(self.by_bucket, base + np.searchsorted(self.ub, bucket))
+        lo = np.searchsorted(self.by_bucket, base + self._after(t))
+        hi = np.searchsorted(self.by_bucket, base + self._at(bucket))
         starts = np.append(self.starts, np.iinfo(np.int64).max)  # a sentinel past the end
         at = lo[:, None] + np.arange(self.W)
         head = np.where(at < hi[:, None], starts[np.minimum(at, len(starts) - 1)], np.iinfo(np.int64).max)

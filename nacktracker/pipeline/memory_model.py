@@ -240,7 +240,16 @@ def _multi_history(owner: np.ndarray, ledger_ids: np.ndarray, n_ledgers: int, en
                    bucket: np.ndarray, start: np.ndarray, k: int) -> _MultiHistory:
     """:class:`_MultiHistory` of every occurrence seen (``ledger_ids``: their
     ``(owner, ledger)`` ids, 0..n_ledgers-1). Runtime: O(n log n)."""
-    order = np.lexsort((start, entry, ledger_ids))
+    span = int(entry.max()) + 1
+    if n_ledgers * span < 1 << 62:  # first the ids nacked more than once (often none): one sort
+        key = ledger_ids * span + entry
+        by_key = np.argsort(key, kind="stable")
+        sk = key[by_key]
+        dup = np.r_[sk[1:] == sk[:-1], False] | np.r_[False, sk[1:] == sk[:-1]]
+        rows = by_key[dup]
+    else:
+        rows = np.arange(len(entry))
+    order = rows[np.lexsort((start[rows], entry[rows], ledger_ids[rows]))]
     led, ent, b, s = ledger_ids[order], entry[order], bucket[order], start[order]
     again = np.flatnonzero(np.r_[False, (led[1:] == led[:-1]) & (ent[1:] == ent[:-1]) & (s[1:] < b[:-1])])
     o = owner[order][again]
