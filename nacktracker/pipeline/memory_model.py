@@ -208,7 +208,6 @@ class _MultiHistory(NamedTuple):
     of the two fires."""
 
     peak: np.ndarray         # per owner: the most at once
-    added: np.ndarray        # per owner: how many times an id became so (dict insertions)
     ledger_peak: np.ndarray  # per (owner, ledger) of ``ledger_ids``: the most at once
 
 
@@ -257,8 +256,8 @@ def _multi_history(owner: np.ndarray, ledger_ids: np.ndarray, n_ledgers: int, en
     np.maximum.at(now, owner, start)  # the instant: its owner's last add
     ends = np.minimum(b[again - 1], b[again])
     ends = np.where(ends > now[o], -1, ends)  # still pending in two buckets at the instant
-    return _MultiHistory(_level_peak(o, s[again], ends, k), np.bincount(o, minlength=k),
-                         _level_peak(led[again], s[again], ends, n_ledgers, since_empty=True))
+    return _MultiHistory(_level_peak(o, s[again], ends, k), _level_peak(led[again], s[again], ends, n_ledgers,
+                                                                       since_empty=True))
 
 
 def _cell_bitmap(ids: np.ndarray, compacted: int) -> BitMap | BitMap64:
@@ -393,13 +392,11 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
         np.minimum.at(pid_first, pid, np.arange(n))
         rows = pid_first[multi]
         m = np.bincount(o[rows], minlength=k)
-        # the dict never shrinks on deletion: grown for the most ids it held at once;
-        # once its insertions outrun that table's room, CPython resizes it (on an
-        # insert) to room for 3x the ids it holds then: as a dict grown to 2m
+        # the dict never shrinks on deletion: grown for the most ids it held at once
+        # (a resize on an insert after many deletions, to 3x the ids held then, is
+        # not modelled: how many it held then is not known here)
         grown = np.maximum(m, multi_seen.peak)
-        room = (1 << np.ceil(np.log2(np.maximum(8, 1.5 * grown))).astype(np.int64)) * 2 // 3
-        size_for = np.where(multi_seen.added > room, np.maximum(grown, 2 * m), grown)
-        total += np.where(m > 0, _table("empty", size_for) + m * costs.multi_entry_bytes, 0)
+        total += np.where(m > 0, _table("empty", grown) + m * costs.multi_entry_bytes, 0)
         per_ledger = np.bincount(lid[rows], minlength=n_lid)
         used = np.flatnonzero(per_ledger)
         kl = per_ledger[used]
