@@ -13,17 +13,26 @@ from nacktracker import TimeBucketIndex
 
 def replay(rows, bits, rounding="floor", stop_at=None):
     """Feed ``(ts, ledger, entry, due)`` nacks to a TimeBucketIndex in time order,
-    firing every bucket whose time has come. Returns ``(peak, first instant,
-    index)``; with ``stop_at`` the index is the state at that instant."""
+    firing every bucket whose time has come as a tracker's timer does: armed
+    at the earliest bucket added, it pops what is due and re-arms at
+    ``next_due_ms()`` (which gathers the front bucket into dense cells: only
+    then, not after every add). Returns ``(peak, first instant, index)``;
+    with ``stop_at`` the index is the state at that instant."""
     idx = TimeBucketIndex(precision_bits=bits, rounding=rounding)
-    peak, at = 0, None
+    peak, at, timer = 0, None, None
     for ts, group in itertools.groupby(sorted(rows), key=lambda r: r[0]):
         if stop_at is not None and ts > stop_at:
             break
-        idx.pop_due(ts)
+        if timer is not None and timer <= ts:
+            idx.pop_due(ts)
+            timer = idx.next_due_ms()
         for _, ledger, entry, due in group:
             idx.add(ledger, entry, due)
-        idx.pop_due(ts)  # a bucket already in the past fires at once
+            bucket = idx.bucket_of(due)
+            timer = bucket if timer is None else min(timer, bucket)
+        if timer is not None and timer <= ts:  # a bucket already in the past fires at once
+            idx.pop_due(ts)
+            timer = idx.next_due_ms()
         if len(idx) > peak:
             peak, at = len(idx), ts
     return peak, at, idx

@@ -9,22 +9,30 @@ counts for it, piece by piece:
   ``array('Q')`` with 8 bytes per *sparse* copy (grown by appends:
   :func:`array_bytes`);
 * *dense* cells: a ``(bucket, ledger)`` cell turns into a Roaring bitmap when
-  a run of :data:`PROMOTE` adds in a row (arrival order, other cells' adds
-  break a run) reaches it; the run's copies and every later add to that cell
-  go there. Wide ids (>= 2^32) are always dense. Each dense cell costs its
-  bitmap (built for real here: compacted, except the cell the last add went
-  to, which a live tracker leaves filling), a dict slot, a key and a heap slot;
-* the earliest bucket: the timer's ``next_due_ms()`` has gathered all its
-  copies into dense cells (not compacted: they fire next);
-* the index-wide live bitmap (``slot << 32 | entry`` of every live id, a
-  ``BitMap64``, built for real) and one small record per ledger;
+  a run of :data:`~nacktracker.index._parts.PROMOTE` adds in a row reaches
+  it (arrival order; another cell's add or a pop ends a run), or when the
+  timer's ``next_due_ms()`` gathers the front bucket after a pop; wide ids
+  (>= 2^32) are always dense. Each costs its bitmap (built for real: the ids
+  up to its last compaction compacted, the rest added since), a dict slot,
+  a key and a heap slot. Which cells are dense, listed and compacted is
+  replayed from arrival order by :mod:`.dense_cells`;
+* the index-wide live bitmap (``slot << 32 | entry``, a ``BitMap64`` built
+  for real, not run-optimised: see :func:`index_states`) holds every live id
+  but those stored in a *listed* cell only: a ledger lists the cells its
+  runs promote (up to ``LISTED``; the next promotion moves the listed ids
+  into the live bitmap), and a listed cell's ids skip the live bitmap but
+  the first add of each later run into it; ids pending in two buckets stay;
+* per ledger, its record (:class:`~nacktracker.index._parts.Ledger`, its
+  ledger id and slot) and, with listed cells, their list, a tuple each and
+  the int ``hi``;
 * the ids pending in two buckets (``_multi`` and per-ledger sets);
 * the fixed part of an empty index.
 
 :func:`index_states` is that accounting, for the indexes of many consumers
 at once (a numpy pass over all of them; :func:`index_state` is the same for
 one). :meth:`IndexCosts.measure` checks the model against ``nbytes()`` of indexes
-built *live* (adds and pops in time order) at bits 0, 8, 12 and 15 and
+built *live* (adds in time order, pops as a tracker's timer does them:
+:func:`live_replay`) at bits 0, 8, 12 and 15 and
 raises if it misses one by more than 10%, so a layout change cannot silently
 skew the plan. DictIndex bytes per pending message are measured the same
 way: one in-process build, ``nbytes() / len()``, scaled by the pending count.
@@ -41,7 +49,8 @@ import numpy as np
 from pyroaring import BitMap, BitMap64
 
 from ..index import DictIndex, TimeBucketIndex, _roaring_bytes
-from ..index._parts import PROMOTE, Layout, Ledger, Window
+from ..index._parts import Layout, Ledger, Window
+from .dense_cells import arrival_cells, compacted_prefix, list_cells
 
 __all__ = ["IndexCosts", "IndexState", "index_state", "index_states", "array_bytes", "dict_bytes", "dict_bytes_many",
            "set_bytes", "list_bytes"]
@@ -180,29 +189,6 @@ def _prefix_ids(fine: np.ndarray, n_fine: int, *prefix: np.ndarray) -> tuple[np.
     return coarse[fine], int(coarse[-1]) + 1
 
 
-def _dense_in_arrival_order(owner: np.ndarray, ledger: np.ndarray, bucket: np.ndarray,
-                            start: np.ndarray) -> np.ndarray:
-    """Which occurrences sit in a dense cell (see the module docstring), for
-    many indexes at once: ``owner`` says whose index each occurrence is in;
-    arrival order is ``start``, ties in input order. Runtime: O(n log n)."""
-    n = len(ledger)
-    if n == 0:
-        return np.zeros(0, dtype=bool)
-    order = np.lexsort((start, owner))  # stable: equal starts stay in input order
-    code, cells = _tuple_ids(owner, bucket, ledger)
-    code = code[order]
-    new_run = np.ones(n, dtype=bool)
-    new_run[1:] = code[1:] != code[:-1]
-    run_start = np.flatnonzero(new_run)
-    run_len = np.diff(np.append(run_start, n))
-    promoting = run_len >= PROMOTE
-    first = np.full(cells, n, dtype=np.int64)  # position where each cell turns dense
-    np.minimum.at(first, code[run_start[promoting]], run_start[promoting])
-    dense = np.empty(n, dtype=bool)
-    dense[order] = np.arange(n) >= first[code]
-    return dense
-
-
 def _bitmap(ids: np.ndarray, compact: bool) -> BitMap | BitMap64:
     if int(ids.max()) >> 32:
         bm: BitMap | BitMap64 = BitMap64(array.array("Q", ids.astype(np.uint64).tobytes()))
@@ -212,6 +198,76 @@ def _bitmap(ids: np.ndarray, compact: bool) -> BitMap | BitMap64:
     if compact:
         bm.run_optimize()
         bm.shrink_to_fit()
+    return bm
+
+
+class _MultiHistory(NamedTuple):
+    """Ids pending in two buckets (the index's ``_multi`` dict and the ledgers'
+    ``multi`` sets hold them) over time, by the instant: an id is so from the
+    start of an occurrence while its previous one is pending until the earlier
+    of the two fires."""
+
+    peak: np.ndarray         # per owner: the most at once
+    ledger_peak: np.ndarray  # per (owner, ledger) of ``ledger_ids``: the most at once
+
+
+def _level_peak(group: np.ndarray, t0: np.ndarray, t1: np.ndarray, g: int, since_empty: bool = False) -> np.ndarray:
+    """The most intervals ``[t0, t1)`` open at once, per group (``since_empty``:
+    since the last time none was; ``t1 < 0``: still open). Runtime: O(m log m)."""
+    out = np.zeros(g, dtype=np.int64)
+    if len(group) == 0:
+        return out
+    closed = t1 >= 0
+    ev_g, ev_t = np.r_[group, group[closed]], np.r_[t0, t1[closed]]
+    step = np.r_[np.ones(len(group), dtype=np.int64), -np.ones(int(closed.sum()), dtype=np.int64)]
+    order = np.lexsort((step, ev_t, ev_g))  # at one time, ends (-1) before starts
+    ev_g, step = ev_g[order], step[order]
+    level = np.cumsum(step)
+    heads = np.flatnonzero(np.r_[True, ev_g[1:] != ev_g[:-1]])
+    level -= np.repeat(level[heads] - step[heads], np.diff(np.append(heads, len(level))))  # per group
+    keep = np.ones(len(level), dtype=bool)
+    if since_empty:
+        pos = np.arange(len(level))
+        last_empty = np.full(g, -1, dtype=np.int64)
+        np.maximum.at(last_empty, ev_g[level == 0], pos[level == 0])
+        keep = pos > last_empty[ev_g]
+    np.maximum.at(out, ev_g[keep], level[keep])
+    return out
+
+
+def _multi_history(owner: np.ndarray, ledger_ids: np.ndarray, n_ledgers: int, entry: np.ndarray,
+                   bucket: np.ndarray, start: np.ndarray, k: int) -> _MultiHistory:
+    """:class:`_MultiHistory` of every occurrence seen (``ledger_ids``: their
+    ``(owner, ledger)`` ids, 0..n_ledgers-1). Runtime: O(n log n)."""
+    span = int(entry.max()) + 1
+    if n_ledgers * span < 1 << 62:  # first the ids nacked more than once (often none): one sort
+        key = ledger_ids * span + entry
+        by_key = np.argsort(key, kind="stable")
+        sk = key[by_key]
+        dup = np.r_[sk[1:] == sk[:-1], False] | np.r_[False, sk[1:] == sk[:-1]]
+        rows = by_key[dup]
+    else:
+        rows = np.arange(len(entry))
+    order = rows[np.lexsort((start[rows], entry[rows], ledger_ids[rows]))]
+    led, ent, b, s = ledger_ids[order], entry[order], bucket[order], start[order]
+    again = np.flatnonzero(np.r_[False, (led[1:] == led[:-1]) & (ent[1:] == ent[:-1]) & (s[1:] < b[:-1])])
+    o = owner[order][again]
+    now = np.zeros(k, dtype=np.int64)
+    np.maximum.at(now, owner, start)  # the instant: its owner's last add
+    ends = np.minimum(b[again - 1], b[again])
+    ends = np.where(ends > now[o], -1, ends)  # still pending in two buckets at the instant
+    return _MultiHistory(_level_peak(o, s[again], ends, k), _level_peak(led[again], s[again], ends, n_ledgers,
+                                                                       since_empty=True))
+
+
+def _cell_bitmap(ids: np.ndarray, compacted: int) -> BitMap | BitMap64:
+    """A dense cell's bitmap: ``ids[:compacted]`` added then compacted (run-optimised
+    and shrunk) as the index does when a run into the cell ends, the rest added since."""
+    if compacted == 0 or int(ids.max()) >> 32:
+        return _bitmap(ids, compact=compacted == len(ids))
+    bm = _bitmap(ids[:compacted], compact=True)
+    if compacted < len(ids):
+        bm.update(array.array("I", ids[compacted:].astype(np.uint32).tobytes()))
     return bm
 
 
@@ -233,9 +289,10 @@ def index_state(ledger: np.ndarray, entry: np.ndarray, bucket: np.ndarray, start
                 pending: np.ndarray, bits: int, costs: "IndexCosts") -> IndexState:
     """Bytes of a live index at one instant: :func:`index_states` for one index.
 
-    Arrays: every occurrence that was ever pending up to that instant (in any
-    order), its first nack time ``start`` (arrival order decides dense cells)
-    and whether it is ``pending`` at the instant.
+    Arrays: every occurrence added up to that instant (in any order; those
+    whose bucket had passed too: the timer's pop they cause gathers the front
+    bucket), its first nack time ``start`` (arrival order decides dense and
+    listed cells) and whether it is ``pending`` at the instant.
     """
     owner = np.zeros(len(np.asarray(ledger)), dtype=np.int64)
     out = index_states(owner, ledger, entry, bucket, start, pending, 1, bits, costs)
@@ -252,30 +309,38 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     ties of arrival and orders ledger slots). Returns a ``5 × k`` int64 array,
     the :class:`IndexState` fields as rows (an owner with nothing pending gets
     an empty index). Runtime: O(n log n) numpy over all owners together, plus
-    building the bitmaps (C): one live ``BitMap64`` per owner with pending
-    occurrences and one per dense cell.
+    a sequential pass over the promoted cells (each ledger's list,
+    :func:`~.dense_cells.list_cells`) and building the bitmaps (C): one live
+    ``BitMap64`` per owner with pending occurrences and one per dense cell.
     """
     owner, ledger, entry, bucket, start = (np.asarray(a, dtype=np.int64)
                                            for a in (owner, ledger, entry, bucket, start))
     out = np.zeros((5, k), dtype=np.int64)
     out[0] = costs.empty_index
-    dense = _dense_in_arrival_order(owner, ledger, bucket, start) | (entry >> 32 > 0)
     p = np.asarray(pending, dtype=bool)
-    o, ledger, entry, bucket, start, dense = owner[p], ledger[p], entry[p], bucket[p], start[p], dense[p]
-    if len(o) == 0:
+    if not p.any():
         return out
+    # dense cells and the ledgers' lists, replayed over every occurrence seen (popped ones too)
+    arrival = arrival_cells(*_tuple_ids(owner, bucket, ledger), owner, bucket, start, p)
+    listing = list_cells(arrival, owner, ledger, bucket, entry, p, start)
+    dense = arrival.dense | arrival.gathered[arrival.code] | (entry >> 32 > 0)
+    # stored in a listed cell only (not in the live bitmap): the promoting run, and later
+    # runs into the cell but for their first add
+    listed_only = dense & listing.listed[arrival.code] & (arrival.promoting | ~arrival.run_start)
+    seen_lid, n_seen_lid = _tuple_ids(owner, ledger)
+    multi_seen = _multi_history(owner, seen_lid, n_seen_lid, entry, bucket, start, k)
+    o, ledger, entry, bucket, start, dense, by_add, listed_only, run_start, reset_after, rank, last, seen_lid = (
+        a[p] for a in (owner, ledger, entry, bucket, start, dense, arrival.dense, listed_only, arrival.run_start,
+                       arrival.reset_after, arrival.rank, arrival.last, seen_lid))
     if len(o) > 1 and (np.diff(o) < 0).any():  # rows of one owner together, in input order
         order = np.argsort(o, kind="stable")
-        o, ledger, entry, bucket, start, dense = o[order], ledger[order], entry[order], bucket[order], \
-            start[order], dense[order]
+        o, ledger, entry, bucket, start, dense, by_add, listed_only, run_start, reset_after, rank, last, seen_lid = (
+            a[order] for a in (o, ledger, entry, bucket, start, dense, by_add, listed_only, run_start, reset_after,
+                               rank, last, seen_lid))
     n = len(o)
     heads = np.searchsorted(o, np.arange(k + 1))
     counts = np.diff(heads)
     has = counts > 0
-    segs = heads[:-1][has]
-    front_bucket = np.zeros(k, dtype=np.int64)
-    front_bucket[has] = np.minimum.reduceat(bucket, segs)
-    dense |= bucket == front_bucket[o]  # the timer's next_due_ms() gathers the earliest bucket into cells
     lay = Layout.for_bits(bits)
     total = np.zeros(k, dtype=np.int64)
     total[has] = costs.index_fixed
@@ -293,37 +358,51 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     slot[by_arrival] = np.arange(n_lid) - lid_heads[lid_owner[by_arrival]]
     n_led = np.bincount(lid_owner, minlength=k)
     total += n_led * costs.ledger_bytes + np.where(has, _table("empty", n_led) + _table("list", n_led), 0)
-    narrow = entry >> 32 == 0
+    # a ledger's listed cells: its list, a (bitmap, window, key) tuple each, and its hi
+    total += _per_owner(listing.owner, listing.list_bytes + listing.n * costs.listed_cell_bytes
+                        + listing.hi_bytes, k)
+    pid_rows = np.bincount(pid, minlength=n_pid)
+    # the live bitmap: every narrow id but those stored in a listed cell only (an id
+    # pending in two buckets is in it whatever its cells)
+    in_live = (entry >> 32 == 0) & ~(listed_only & (pid_rows[pid] == 1))
     keys = (slot[lid].astype(np.uint64) << np.uint64(32)) | entry.astype(np.uint64)
-    keys, key_owner = keys[narrow], o[narrow]
+    keys, key_owner = keys[in_live], o[in_live]
     order = np.lexsort((keys, key_owner))  # sorted and distinct per owner, as np.unique gives them
     keys, key_owner = keys[order], key_owner[order]
-    distinct = np.r_[True, (keys[1:] != keys[:-1]) | (key_owner[1:] != key_owner[:-1])]
+    distinct = np.r_[True, (keys[1:] != keys[:-1]) | (key_owner[1:] != key_owner[:-1])][:len(keys)]
     keys, key_owner = keys[distinct], key_owner[distinct]
     key_heads = np.searchsorted(key_owner, np.arange(k + 1))
-    for c in np.flatnonzero(np.diff(key_heads)).tolist():
-        live = BitMap64(array.array("Q", keys[key_heads[c]:key_heads[c + 1]].tobytes()))
-        live.run_optimize()
-        live.shrink_to_fit()
+    for c in np.flatnonzero(has).tolist():  # every index has one, empty when all is listed
+        # not run-optimised: the index compacts it every few thousand changes, but each
+        # pop and promotion takes ids out of it (difference_update), which turns the run
+        # containers it touches back into arrays; and not BitMap64(values), which run-optimises
+        live = BitMap64()
+        live.update(array.array("Q", keys[key_heads[c]:key_heads[c + 1]].tobytes()))
         roaring[c] += _roaring_bytes(live)
-    if not narrow.all():  # wide ids: a BitMap64 per ledger
-        wide_lids = np.unique(lid[~narrow])
+    wide = entry >> 32 > 0
+    if wide.any():  # wide ids: a BitMap64 per ledger
+        wide_lids = np.unique(lid[wide])
         for w in wide_lids.tolist():
-            roaring[lid_owner[w]] += _roaring_bytes(_bitmap(np.unique(entry[~narrow & (lid == w)]), True))
+            roaring[lid_owner[w]] += _roaring_bytes(_bitmap(np.unique(entry[wide & (lid == w)]), True))
 
     # ids pending in two or more buckets: a _multi entry each, and per-ledger sets
-    pid_rows = np.bincount(pid, minlength=n_pid)
     multi = np.flatnonzero(pid_rows > 1)
     if len(multi):
         pid_first = np.full(n_pid, n, dtype=np.int64)
         np.minimum.at(pid_first, pid, np.arange(n))
         rows = pid_first[multi]
         m = np.bincount(o[rows], minlength=k)
-        total += np.where(m > 0, _table("empty", m) + m * costs.multi_entry_bytes, 0)
+        # the dict never shrinks on deletion: grown for the most ids it held at once
+        # (a resize on an insert after many deletions, to 3x the ids held then, is
+        # not modelled: how many it held then is not known here)
+        grown = np.maximum(m, multi_seen.peak)
+        total += np.where(m > 0, _table("empty", grown) + m * costs.multi_entry_bytes, 0)
         per_ledger = np.bincount(lid[rows], minlength=n_lid)
         used = np.flatnonzero(per_ledger)
         kl = per_ledger[used]
-        total += _per_owner(lid_owner[used], _table("set", kl) + kl * costs.int_bytes, k)
+        # a set never shrinks either: sized for the most it held (while it was not emptied)
+        held = np.maximum(kl, multi_seen.ledger_peak[seen_lid[lid_first[used]]])
+        total += _per_owner(lid_owner[used], _table("set", held) + kl * costs.int_bytes, k)
 
     # windows: object, id, dict and heap slots, and an array of the sparse copies
     cid, n_cid = _tuple_ids(o, bucket, ledger)  # (owner, bucket, ledger): the cells
@@ -347,28 +426,23 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     out[2] = np.bincount(bid_owner, minlength=k)
     d = np.flatnonzero(dense)
     if len(d):
-        # the last add's cell: the dense occurrence with the latest start, first in input order
-        d_owner = o[d]
-        d_heads = np.flatnonzero(np.r_[True, d_owner[1:] != d_owner[:-1]])
-        latest = np.maximum.reduceat(start[d], d_heads)
-        is_latest = start[d] == np.repeat(latest, np.diff(np.append(d_heads, len(d))))
-        hot_rows = d[is_latest][np.r_[True, d_owner[is_latest][1:] != d_owner[is_latest][:-1]]]
-        hot = np.full(k, -1, dtype=np.int64)
-        hot[o[hot_rows]] = cid[hot_rows]
-        cell_of = cid[d]
-        order = np.lexsort((entry[d], cell_of))
-        cell_sorted, entries = cell_of[order], entry[d][order]
+        # each dense cell's ids in the order they reached it: its own adds by arrival,
+        # then the sparse copies the front gathered into it; compacted up to its
+        # last compaction (dense_cells.compacted_prefix), the rest added since
+        hot = np.zeros(n_cid, dtype=bool)
+        hot[cid[last]] = True  # the index's last add went to this cell: its run goes on
+        gathered = ~by_add[d]
+        order = np.lexsort((rank[d], gathered, cid[d]))
+        rows = d[order]
+        cell_sorted, entries, gathered = cid[rows], entry[rows], gathered[order]
+        cut = compacted_prefix(cell_sorted, run_start[rows], reset_after[rows], ~gathered, hot, n_cid)
         new_cell = np.r_[True, cell_sorted[1:] != cell_sorted[:-1]]
         cuts = np.flatnonzero(new_cell)
         cells = cell_sorted[cuts]
-        cell_owner = cid_owner[cells]
-        filling = (hot[cell_owner] == cells) | (bucket[d][order][cuts] == front_bucket[cell_owner])
-        cells_per_window = np.bincount(wid[d][order][cuts], minlength=n_wid)
-        distinct = new_cell | np.r_[True, entries[1:] != entries[:-1]]  # each cell's ids, sorted and distinct
-        bounds = np.append(np.flatnonzero(new_cell[distinct]), int(distinct.sum())).tolist()
-        entries = entries[distinct]
-        for c, compact, lo, hi in zip(cell_owner.tolist(), (~filling).tolist(), bounds[:-1], bounds[1:]):
-            roaring[c] += _roaring_bytes(_bitmap(entries[lo:hi], compact))
+        cells_per_window = np.bincount(wid[rows[cuts]], minlength=n_wid)
+        bounds = np.append(cuts, len(rows)).tolist()
+        for c, upto, lo, hi in zip(cid_owner[cells].tolist(), cut[cells].tolist(), bounds[:-1], bounds[1:]):
+            roaring[c] += _roaring_bytes(_cell_bitmap(entries[lo:hi], upto))
         used = np.flatnonzero(cells_per_window)
         cw = cells_per_window[used]
         total += _per_owner(wid_owner[used], _table("empty", cw) + _table("list", cw) + cw * costs.cell_key_bytes, k)
@@ -389,9 +463,10 @@ class IndexCosts:
     empty_index: int           # nbytes() of an empty TimeBucketIndex
     index_fixed: int           # the same without its empty live bitmap (the model builds that)
     window_bytes: int          # a Window object and its id
-    ledger_bytes: int          # a Ledger record and its three ints
+    ledger_bytes: int          # a Ledger record and its two ints (ledger id, slot)
+    listed_cell_bytes: int     # a (bitmap, window, key) tuple in a ledger's list of listed cells
     cell_key_bytes: int        # the int key of a dense cell
-    multi_entry_bytes: int     # a (slot, entry) tuple and its count
+    multi_entry_bytes: int     # a (slot, entry) tuple and its count (nbytes() counts the tuple, not its ints)
     int_bytes: int             # one int in a per-ledger set
 
     def as_dict(self) -> dict:
@@ -407,8 +482,9 @@ class IndexCosts:
             dict_index_per_entry=_dict_index_per_entry(), max_model_error=0.0, empty_index=empty.nbytes(),
             index_fixed=(empty.nbytes() - _roaring_bytes(BitMap64())  # the model builds the live bitmap,
                          - 2 * dict_bytes(0, literal=False) - 2 * list_bytes(0)),  # and sizes these containers
-            window_bytes=size(Window()) + size(big), ledger_bytes=size(Ledger(big, 1_000)) + 3 * size(big),
-            cell_key_bytes=size(big << 20), multi_entry_bytes=size((1, 2)) + 2 * size(big), int_bytes=size(big))
+            window_bytes=size(Window()) + size(big), ledger_bytes=size(Ledger(big, 1_000)) + 2 * size(big),
+            listed_cell_bytes=size((None, None, None)),
+            cell_key_bytes=size(big << 20), multi_entry_bytes=size((1, 2)) + size(2), int_bytes=size(big))
 
     @classmethod
     def measure(cls) -> "IndexCosts":
@@ -458,16 +534,27 @@ def calibration_build(bits: int, costs: IndexCosts, nacks=None) -> tuple[int, in
 
 def live_replay(ledger, entry, ts, due, bits: int, stop_at=None, rounding: str = "floor") -> TimeBucketIndex:
     """A TimeBucketIndex fed the nacks in time order, popping due buckets as a
-    tracker's timer would, up to and including instant ``stop_at``."""
+    tracker's timer does, up to and including instant ``stop_at``: the timer
+    is armed at the earliest bucket added; when it fires it pops what is due
+    and re-arms at ``next_due_ms()`` (which gathers the front bucket into
+    dense cells: only then, as in the tracker, not after every add)."""
     idx = TimeBucketIndex(precision_bits=bits, rounding=rounding)
     order = np.argsort(ts, kind="stable")
+    timer = None
     for i in order.tolist():
         t = int(ts[i])
         if stop_at is not None and t > stop_at:
             break
-        idx.pop_due(t)
+        if timer is not None and timer <= t:
+            idx.pop_due(t)
+            timer = idx.next_due_ms()
         idx.add(int(ledger[i]), int(entry[i]), int(due[i]))
-        idx.pop_due(t)  # a bucket already in the past fires at once
+        b = idx.bucket_of(int(due[i]))
+        if b <= t:  # a bucket already in the past fires at once
+            idx.pop_due(t)
+            timer = idx.next_due_ms()
+        elif timer is None or b < timer:
+            timer = b
     return idx
 
 

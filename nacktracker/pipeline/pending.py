@@ -454,7 +454,7 @@ def _group_bits(lcid, k, nacks, ledger, entry, ts, due, new_message, bits, costs
     # up to that instant (dense cells come from runs of adds), so the model
     # gets every occurrence seen by then and which of them are still pending
     at_occ = at[occ_c] if k > 1 else at[0]
-    seen = live & (start <= at_occ)
+    seen = start <= at_occ  # immediate ones too: the timer's pops gather the front bucket
     now = seen & (occ_bucket > at_occ)
     assert np.array_equal(np.bincount(occ_c[now], minlength=k), peak), "pending at the peak instant != peak"
     mem = _indexes_at(occ_c, seen, now, occ_ledger, occ_entry, occ_bucket, start, k, bits, costs)

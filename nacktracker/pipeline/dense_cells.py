@@ -1,0 +1,303 @@
+"""The dense cells of a live :class:`~nacktracker.TimeBucketIndex`, replayed
+from arrival order for the memory model: which cells are dense, which are
+*listed* by their ledger (ids stored once, out of the live bitmap) and how
+much of each was compacted. The rules are those of
+``nacktracker/index/_cells.py`` (``_promote``, ``_list``, ``_make_hot``):
+
+* a ``(bucket, ledger)`` cell becomes a Roaring bitmap (is *promoted*) at the
+  :data:`PROMOTE`-th add of a run of adds in a row to it (arrival order; an
+  add to another cell of the same index ends the run);
+* the promoted cell is listed by its ledger; a ledger lists up to
+  :data:`LISTED` cells, and the next promotion first moves the listed cells'
+  ids into the live bitmap (they stay dense cells, unlisted) and starts a new
+  list; a popped cell leaves the list;
+* a listed cell's ids skip the live bitmap except the first add of each later
+  run back into it (that add goes through the live bitmap's check-and-add);
+* a dense cell is compacted (run-optimised, shrunk) when the run of adds into
+  it ends, if its size crossed a power of two during the run (a promoting run
+  counts from 0); the cell of the index's last add is still in its run.
+
+Not replayed: acks (the plan's logs have none, so no ghost keeps a cell from
+being listed), a pop between two adds ending a run early, and the run of a
+ledger that has ids pending in two buckets keeping its first ids in the live
+bitmap (those ids are counted in it: see ``index_states``).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import NamedTuple
+
+import numpy as np
+
+from ..index._parts import LISTED, PROMOTE
+
+__all__ = ["ArrivalCells", "Listing", "arrival_cells", "list_cells", "compacted_prefix"]
+
+
+class ArrivalCells(NamedTuple):
+    """Per occurrence (input order) unless said per cell."""
+
+    code: np.ndarray         # its (owner, bucket, ledger) cell, 0..n-1
+    n: int                   # cells
+    dense: np.ndarray        # in a bitmap by arrival: added at or after its cell's first run of PROMOTE
+    rank: np.ndarray         # position in arrival order (owners one after another)
+    run_start: np.ndarray    # first add of a run into its cell
+    promoting: np.ndarray    # in the run that promoted its cell
+    last: np.ndarray         # its owner's last add (the cell a live index still has hot)
+    reset_after: np.ndarray  # a pop came before its owner's next add (the hot cell was dropped, not compacted)
+    promoted_at: np.ndarray  # per cell: arrival rank of the add that promoted it (-1: never)
+    gathered: np.ndarray     # per cell: gathered into a bitmap at the front (all its copies dense)
+
+
+def arrival_cells(code: np.ndarray, n_cells: int, owner: np.ndarray, bucket: np.ndarray, start: np.ndarray,
+                  pending: np.ndarray) -> ArrivalCells:
+    """Runs of adds per cell in arrival order (``start``, ties in input order),
+    for many indexes at once. ``code``: each occurrence's cell (0..n_cells-1).
+    Gathering follows the tracker: its timer pops a bucket at its time, then
+    ``next_due_ms()`` gathers the next front bucket's copies into bitmaps; a
+    cell gathered so before its run would promote it is dense from then on,
+    never listed. Runtime: O(n log n), plus :meth:`_Fires.front_at`."""
+    n = len(code)
+    order = np.lexsort((start, owner))  # stable: equal starts stay in input order
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n)
+    sc, so = code[order], owner[order]
+    fires = _Fires(owner, bucket, start)
+    done = fires.upto(so, start[order])  # buckets fired by each add
+    reset = np.r_[False, done[1:] > done[:-1]]  # a pop since the owner's previous add (same owner: same keys)
+    new_run = np.ones(n, dtype=bool)
+    new_run[1:] = (sc[1:] != sc[:-1]) | (so[1:] != so[:-1]) | reset[1:]
+    run_start = np.flatnonzero(new_run)
+    run_len = np.diff(np.append(run_start, n))
+    promoting = run_len >= PROMOTE
+    first = np.full(n_cells, n, dtype=np.int64)  # arrival rank where each cell's promoting run starts
+    np.minimum.at(first, sc[run_start[promoting]], run_start[promoting])
+    dense = np.empty(n, dtype=bool)
+    dense[order] = np.arange(n) >= first[sc]
+    run_id = np.cumsum(new_run) - 1
+    in_promoting = np.zeros(n, dtype=bool)
+    in_promoting[order] = run_start[run_id] == first[sc]
+    starts = np.empty(n, dtype=bool)
+    starts[order] = new_run
+    last = np.zeros(n, dtype=bool)
+    owner_last = np.r_[so[1:] != so[:-1], True]
+    last[order[owner_last]] = True
+    reset_after = np.zeros(n, dtype=bool)  # the owner's next add comes after a pop
+    reset_after[order[:-1]] = reset[1:] & ~owner_last[:-1]
+    promoted_at = np.where(first < n, first + PROMOTE - 1, -1)
+    first_row = np.full(n_cells, n, dtype=np.int64)
+    np.minimum.at(first_row, code, np.arange(n))
+    c_owner, c_start, c_bucket = owner[first_row], start[first_row], bucket[first_row]
+    promo = np.flatnonzero(promoted_at >= 0)
+    if len(promo):
+        # gathered at the front before its run reached PROMOTE: dense since, never listed
+        t_p = start[order[promoted_at[promo]]]
+        early = promo[fires.gathered(c_owner[promo], c_start[promo], c_bucket[promo], t_p)]
+        promoted_at[early] = -1
+        dense[np.isin(code, early)] = True
+        in_promoting[np.isin(code, early)] = False
+    # gathered by the instant (its owner's last add: pops by then came before it)
+    gathered = fires.gathered_by_now(owner, bucket, start, c_owner, c_start, c_bucket)
+    return ArrivalCells(code, n_cells, dense, rank, starts, in_promoting, last, reset_after, promoted_at, gathered)
+
+
+def fire_times(bucket: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """When each occurrence's cell is popped: at its bucket time, or, for a
+    nack whose bucket had passed, by the next add after it (the tracker's
+    timer, armed in the past, fires at the clock's next step)."""
+    return np.where(bucket > start, bucket, start + 1)
+
+
+class _Fires:
+    """The owners' pops (the tracker's timer pops a bucket at its time, then
+    ``next_due_ms()`` gathers the next front bucket into dense cells) and the
+    buckets by owner, keyed ``owner × span + time offset`` (or, when that
+    would not fit 62 bits, ``owner × span + time rank``)."""
+
+    W = 32  # occurrences of a bucket range read at once by front_at
+
+    def __init__(self, owner: np.ndarray, bucket: np.ndarray, start: np.ndarray) -> None:
+        fire = fire_times(bucket, start)
+        self.low = int(min(bucket.min(), start.min()))
+        self.span = int(max(bucket.max(), fire.max())) - self.low + 2
+        self.ub: np.ndarray | None = None
+        if (int(owner.max()) + 1) * self.span >= 1 << 62:  # rank the times instead
+            self.ub = np.unique(np.r_[bucket, fire])
+            self.span = len(self.ub) + 1
+        self.keys = np.unique(owner * self.span + self._at(fire))
+        key = owner * self.span + self._at(bucket)
+        order = np.argsort(key, kind="stable")
+        self.by_bucket, self.starts = key[order], start[order]
+
+    def _at(self, t: np.ndarray) -> np.ndarray:
+        """The key offset of times that occur (bucket or fire times)."""
+        return t - self.low if self.ub is None else np.searchsorted(self.ub, t)
+
+    def _after(self, t: np.ndarray) -> np.ndarray:
+        """An offset above every time <= t and none later (any t)."""
+        if self.ub is None:
+            return np.clip(t - self.low + 1, 0, self.span - 1)
+        return np.searchsorted(self.ub, t, side="right")
+
+    def upto(self, owner: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """Position after the owner's last bucket time <= t (in ``keys``)."""
+        return np.searchsorted(self.keys, owner * self.span + self._after(t))
+
+    def last(self, owner: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """The owner's last bucket time <= t (a pop), or -1."""
+        i = self.upto(owner, t) - 1
+        key = self.keys[np.maximum(i, 0)] if len(self.keys) else np.zeros(len(i), dtype=np.int64)
+        ok = (i >= 0) & (key // self.span == owner)
+        off = key % self.span
+        when = off + self.low if self.ub is None else self.ub[np.minimum(off, len(self.ub) - 1)]
+        return np.where(ok, when, -1)
+
+    def front_at(self, owner: np.ndarray, t: np.ndarray, bucket: np.ndarray) -> np.ndarray:
+        """Whether ``bucket`` is the owner's earliest pending bucket just after a
+        pop at ``t`` (adds at ``t`` come after it): no occurrence with a bucket
+        in ``(t, bucket)`` started before ``t``. Runtime: O(q (log n + W)):
+        the first W occurrences of each bucket range are read at once (one
+        that started before the pop settles it, the usual case); only ranges
+        whose first W all came after it are read further (``minimum.reduceat``,
+        in C)."""
+        base = owner * self.span
+        lo = np.searchsorted(self.by_bucket, base + self._after(t))
+        hi = np.searchsorted(self.by_bucket, base + self._at(bucket))
+        starts = np.append(self.starts, np.iinfo(np.int64).max)  # a sentinel past the end
+        at = lo[:, None] + np.arange(self.W)
+        head = np.where(at < hi[:, None], starts[np.minimum(at, len(starts) - 1)], np.iinfo(np.int64).max)
+        front = head.min(axis=1) >= t  # none of the first W started before the pop
+        more = np.flatnonzero(front & (hi > lo + self.W))
+        if len(more):
+            bounds = np.empty(2 * len(more), dtype=np.int64)
+            bounds[0::2], bounds[1::2] = lo[more] + self.W, hi[more]
+            front[more] = np.minimum.reduceat(starts, bounds)[0::2] >= t[more]
+        return front
+
+    def gathered(self, owner: np.ndarray, first_start: np.ndarray, bucket: np.ndarray,
+                 by: np.ndarray) -> np.ndarray:
+        """Whether a cell (its owner, first add, bucket) was gathered at the
+        front by time ``by``: at the owner's last pop by then, the cell had an
+        add and its bucket was the front."""
+        t = self.last(owner, by)
+        return (t >= 0) & (first_start < t) & self.front_at(owner, t, bucket)
+
+    def gathered_by_now(self, owner: np.ndarray, bucket: np.ndarray, start: np.ndarray, c_owner: np.ndarray,
+                        c_start: np.ndarray, c_bucket: np.ndarray) -> np.ndarray:
+        """:meth:`gathered` for every cell by its owner's instant (its last
+        add), in O(n): one front bucket per owner, after its last pop."""
+        k = int(owner.max()) + 1
+        now = np.full(k, -1, dtype=np.int64)
+        np.maximum.at(now, owner, start)
+        t = self.last(np.arange(k), now)
+        after = (start < t[owner]) & (bucket > t[owner])  # pending just after the pop
+        front = np.full(k, np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(front, owner[after], bucket[after])
+        return (t[c_owner] >= 0) & (c_start < t[c_owner]) & (c_bucket == front[c_owner])
+
+
+class Listing(NamedTuple):
+    """The ledgers' lists of dense cells at the instant."""
+
+    listed: np.ndarray      # per cell: listed by its ledger at the instant
+    owner: np.ndarray       # per ledger with a list: its owner
+    list_bytes: np.ndarray  # ``sys.getsizeof`` of that list (appends and removals replayed on a real list)
+    n: np.ndarray           # cells in it
+    hi_bytes: np.ndarray    # ``sys.getsizeof`` of the ledger's ``hi`` (the largest listed id)
+
+
+def list_cells(cells: ArrivalCells, owner: np.ndarray, ledger: np.ndarray, bucket: np.ndarray,
+               entry: np.ndarray, pending: np.ndarray, start: np.ndarray) -> Listing:
+    """Replay each ledger's list over its promotions and the pops of its
+    promoted cells before the instant (a cell's bucket fires before an add at
+    a time >= the bucket), in time order. A sequential pass over promoted
+    cells only: O(c log c) for c promoted cells, no work per message."""
+    code, n_cells = cells.code, cells.n
+    first_row = np.full(n_cells, len(code), dtype=np.int64)
+    np.minimum.at(first_row, code, np.arange(len(code)))
+    promo = np.flatnonzero(cells.promoted_at >= 0)
+    listed = np.zeros(n_cells, dtype=bool)
+    empty = np.zeros(0, dtype=np.int64)
+    if len(promo) == 0:
+        return Listing(listed, empty, empty, empty, empty)
+    rows = first_row[promo]
+    by_rank = np.empty(len(code), dtype=np.int64)
+    by_rank[cells.rank] = np.arange(len(code))
+    promote_row = by_rank[cells.promoted_at[promo]]
+    popped = ~pending[rows]  # every occurrence of a cell shares its bucket: pending together
+    top = np.zeros(n_cells, dtype=np.int64)
+    np.maximum.at(top, code, entry)
+    # events: promotions (kind 1, at the promoting add's start, by rank) and
+    # pops of cells gone by the instant (kind 0, at their bucket: before adds at that time)
+    ev_cell = np.r_[promo, promo[popped]]
+    ev_time = np.r_[start[promote_row], fire_times(bucket[rows[popped]], start[rows[popped]])]
+    ev_kind = np.r_[np.ones(len(promo), dtype=np.int64), np.zeros(int(popped.sum()), dtype=np.int64)]
+    ev_rank = np.r_[cells.promoted_at[promo], np.zeros(int(popped.sum()), dtype=np.int64)]
+    ev_row = first_row[ev_cell]
+    order = np.lexsort((ev_rank, ev_kind, ev_time, ledger[ev_row], owner[ev_row]))
+    ev_cell, ev_kind, ev_row = ev_cell[order], ev_kind[order], ev_row[order]
+    ev_owner, ev_ledger = owner[ev_row], ledger[ev_row]
+    group_end = np.r_[(ev_owner[1:] != ev_owner[:-1]) | (ev_ledger[1:] != ev_ledger[:-1]), True]
+    out_owner, out_list, out_n, out_hi = [], [], [], []
+    cur: list[int] | None = None
+    for c, kind, end, o in zip(ev_cell.tolist(), ev_kind.tolist(), group_end.tolist(), ev_owner.tolist()):
+        if kind:
+            if cur is None:
+                cur = []
+            elif len(cur) >= LISTED:
+                cur = []  # flushed: its cells' ids move to the live bitmap
+            cur.append(c)
+        elif cur is not None and c in cur:
+            cur.remove(c)
+            if not cur:
+                cur = None
+        if end:
+            if cur is not None:
+                listed[cur] = True
+                out_owner.append(o)
+                out_list.append(sys.getsizeof(cur))
+                out_n.append(len(cur))
+                out_hi.append(sys.getsizeof(int(top[cur].max())))
+            cur = None
+    as_array = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
+    return Listing(listed, as_array(out_owner), as_array(out_list), as_array(out_n), as_array(out_hi))
+
+
+def _bit_length(x: np.ndarray) -> np.ndarray:
+    """``int.bit_length`` of non-negative int64 values below 2^53, vectorised."""
+    return np.frexp(x.astype(np.float64))[1].astype(np.int64)
+
+
+def compacted_prefix(cell: np.ndarray, run_start: np.ndarray, reset_after: np.ndarray, arrival: np.ndarray,
+                     hot: np.ndarray, n_cells: int) -> np.ndarray:
+    """How many of each dense cell's ids (in arrival order) were added before
+    its last compaction. Rows: the cell's ids sorted by ``(cell, not arrival,
+    rank)``; ``arrival``: added into the bitmap by adds (the others were
+    gathered into it at the front later: never compacted); ``run_start``: the
+    first add of a run; ``reset_after``: a pop came before the owner's next add
+    (a run ending so is not compacted); ``hot``: per cell, its current run
+    has not ended.
+    Runtime: O(rows) numpy."""
+    cut = np.zeros(n_cells, dtype=np.int64)
+    if len(cell) == 0:
+        return cut
+    new_cell = np.r_[True, cell[1:] != cell[:-1]]
+    heads = np.flatnonzero(new_cell)
+    pos = np.arange(len(cell)) - np.repeat(heads, np.diff(np.append(heads, len(cell))))
+    n_arrival = np.bincount(cell[arrival], minlength=n_cells)
+    starts = np.flatnonzero((new_cell | run_start) & arrival)
+    if len(starts) == 0:
+        return cut
+    sc, s_pos = cell[starts], pos[starts]
+    end = n_arrival[sc].copy()
+    same = sc[1:] == sc[:-1]
+    end[:-1] = np.where(same, s_pos[1:], end[:-1])
+    first_run = new_cell[starts]
+    last_run = np.r_[~same, True]
+    size_before = np.where(first_run, 0, s_pos)  # a promoting run counts from 0 (_promote: _hot_start = 0)
+    ended_by_pop = reset_after[starts + (end - s_pos) - 1]  # the run's last add (arrival rows lead each cell)
+    crossed = ((end >= PROMOTE) & (_bit_length(end) > _bit_length(size_before)) & ~(last_run & hot[sc])
+               & ~ended_by_pop)
+    np.maximum.at(cut, sc[crossed], end[crossed])
+    return cut
