@@ -21,7 +21,7 @@ from nacktracker.adapters import LocalRedeliveryAdapter, PulsarAdapter  # noqa: 
 from nacktracker.consumer import PROPERTY_REAL_TOPIC, ReceiveTimeout  # noqa: E402
 from nacktracker.testing import EmbeddedBroker  # noqa: E402
 
-from broker_helpers import publish_batch  # noqa: E402
+from broker_helpers import publish_batch, redelivery_errors, settle_before_restart  # noqa: E402
 from test_pulsar import expect_nothing  # noqa: E402
 
 Earliest = pulsar.InitialPosition.Earliest
@@ -258,12 +258,7 @@ async def test_restart_on_a_snapshot_holds_the_resent_copies_until_due_then_hand
     await publish_batch(client, t, 4)
     a = await tracked(client, t, kind, snapshot_path=path, precision_bits=0)
     msgs = {m.data(): m for m in await receive_n(a, 7)}
-    due = {}
-    for data, delay in ((b"m0", 2500), (b"m1", 3500), (b"b1", 3000)):
-        await a.negative_acknowledge(msgs[data], delay_ms=delay)
-        due[data] = now_ms() + delay
-    for data in (b"m2", b"b0", b"b3"):
-        await a.acknowledge(msgs[data])
+    due = await settle_before_restart(a, msgs, now_ms)
     assert a.stats()["locally_kept"] == 3
     await asyncio.sleep(0.3)
     await a.close()
@@ -280,13 +275,7 @@ async def test_restart_on_a_snapshot_holds_the_resent_copies_until_due_then_hand
     for m in at_once:
         await b.acknowledge(m)
     assert b.stats()["locally_kept"] == 3  # the broker's copies of m0, m1, b1, held back
-    back = {}
-    while len(back) < 3:
-        msg = await b.receive(timeout_ms=4_000)
-        back[msg.data()] = now_ms()
-        await b.acknowledge(msg)
-    assert set(back) == set(due)
-    errors = {d: round(back[d] - due[d]) for d in due}
+    errors = await redelivery_errors(b, due, now_ms)
     assert all(-EARLY_MS <= e <= LATE_MS for e in errors.values()), errors
     await expect_nothing(b, 600)
     assert settled(b) == (0, 0, 0, 0)

@@ -27,7 +27,7 @@ from nacktracker.consumer import BATCHES_SUFFIX, ReceiveTimeout  # noqa: E402
 from nacktracker.snapshot import decode  # noqa: E402
 from nacktracker.testing import EmbeddedBroker  # noqa: E402
 
-from broker_helpers import publish_batch  # noqa: E402
+from broker_helpers import publish_batch, redelivery_errors, settle_before_restart  # noqa: E402
 
 Earliest = pulsar.InitialPosition.Earliest
 EARLY_MS = 70  # the adapter's path varies 103-166 ms around its 133 ms lead (as in test_pulsar.py)
@@ -211,12 +211,7 @@ async def test_restarted_consumer_holds_restored_nacks_until_their_remaining_del
     await publish_batch(client, t, 4)
     a = await tracked(client, t, snapshot_path=path, snapshot_interval_s=0.2)
     msgs = {m.data(): m for m in [await a.receive(timeout_ms=5000) for _ in range(7)]}
-    due = {}
-    for data, delay in ((b"m0", 2500), (b"m1", 3500), (b"b1", 3000)):
-        await a.negative_acknowledge(msgs[data], delay_ms=delay)
-        due[data] = now_ms() + delay
-    for data in (b"m2", b"b0", b"b3"):
-        await a.acknowledge(msgs[data])
+    due = await settle_before_restart(a, msgs, now_ms)
     await asyncio.sleep(0.5)
     periodic = decode(path.read_bytes())  # what a crash right now would leave
     assert periodic.pending == 3 and a.stats()["snapshots_saved"] >= 1
@@ -229,13 +224,7 @@ async def test_restarted_consumer_holds_restored_nacks_until_their_remaining_del
     assert sorted(m.data() for m in at_once) == [b"b0", b"b2", b"b3"]
     for m in at_once:
         await b.acknowledge(m)
-    back = {}
-    while len(back) < 3:
-        msg = await b.receive(timeout_ms=4000)
-        back[msg.data()] = now_ms()
-        await b.acknowledge(msg)
-    assert set(back) == set(due)
-    errors = {d: round(back[d] - due[d]) for d in due}
+    errors = await redelivery_errors(b, due, now_ms)
     print("restored redelivery error ms:", errors)
     assert all(-EARLY_MS <= e <= LATE_MS for e in errors.values()), errors
     assert b.stats()["early_copies_dropped"] >= 3  # the broker's immediate copies of m0, m1, b1
