@@ -32,6 +32,12 @@ no timer in the process can beat). Like the bench, freezes the start-up heap
 (``--no-gc-freeze``: not).
 
     python bench/precision_diagnose.py [--cpu-hog] [--runs N] [--late-ms 5] [--rows N] [--no-gc-freeze]
+                                       [--only steady|precision] [--overrun-ms N]
+
+``--only`` runs one kind of scenario (the steady stream alone takes ~10 s).
+Per scenario it also prints the arrival slack (due − when the client's
+callback ran, ms: how early the copies reached the process) and the path
+from the tracker's fire to the adapter's burst.
 
 Prints only; nothing is written. Diagnostic instrumentation is applied by
 monkeypatching in this process only.
@@ -72,6 +78,8 @@ FIRE: dict[Any, float] = {}
 BURST: dict[Any, float] = {}
 ROWS: list[dict[str, Any]] = []
 ACKS: list[float] = []
+BURSTS: list[tuple[float, int]] = []
+BUILTIN_ARRIVALS: list[float] = []                        # when the built-in side's redeliveries came                      # each burst's duration (ms) and size
 ROWS_SHOWN = [0]
 GC: list[tuple[float, float, int]] = []
 _gc_start = [0.0]
@@ -182,6 +190,7 @@ def install() -> None:
         for key in keys:
             BURST[key] = t
         await orig_burst(self, keys)
+        BURSTS.append((now() - t, len(keys)))
 
     adapter_mod.PulsarAdapter._burst = burst  # type: ignore[method-assign]
 
@@ -191,6 +200,8 @@ def install() -> None:
         k = _id(msg)
         due = self.due.get(msg.data())
         orig_arrived(self, msg)
+        if not getattr(self, "_diag", False) and due is not None:
+            BUILTIN_ARRIVALS.append(now())
         if getattr(self, "_diag", False) and due is not None:
             t = T.pop(k, {})
             ROWS.append({**t, "due": due, "error": now() - due, "topic": k[0]})
@@ -210,6 +221,17 @@ def install() -> None:
     gc.callbacks.append(on_gc)
 
 
+def flood_start(arrivals: list[float], n: int = 50, within_ms: float = 200) -> float:
+    """The first arrival with ``n`` more within ``within_ms`` after it (the
+    built-in side's end-of-stream flood; a copy its timer let through during
+    the stream, in a lull of nacks, is not it); the last arrival if none."""
+    a = sorted(arrivals)
+    for i, t in enumerate(a):
+        if i + n < len(a) and a[i + n] - t <= within_ms:
+            return t
+    return a[-1]
+
+
 def classify(r: dict[str, Any], late: float) -> str:
     due = r["due"]
     if r.get("admit", due) > due + late / 2 and r.get("verdict") != "park":
@@ -227,7 +249,7 @@ def classify(r: dict[str, Any], late: float) -> str:
     return "c2 receive: queued, application waiting"
 
 
-async def main_async(url: str, late: float) -> dict[str, Any]:
+async def main_async(url: str, late: float, only: str = "", overrun: Any = None) -> dict[str, Any]:
     loads = os.getloadavg()
     cpu0, wall0 = time.process_time(), now()
     stalls: list[tuple[float, float]] = []
@@ -241,9 +263,11 @@ async def main_async(url: str, late: float) -> dict[str, Any]:
                 stalls.append((t, lag))
 
     p = asyncio.create_task(probe())
-    precision = await asyncio.gather(run_precision(url, 1000, 400, per_wave=20, precision_bits=0, seed=1000),
-                                     run_precision(url, 5000, 200, per_wave=20, precision_bits=0, seed=5000))
-    stream = await run_steady_stream(url, delay_ms=200, period_ms=(5, 10), stream_ms=3000, precision_bits=0)
+    precision = [] if only == "steady" else await asyncio.gather(
+        run_precision(url, 1000, 400, per_wave=20, precision_bits=0, seed=1000),
+        run_precision(url, 5000, 200, per_wave=20, precision_bits=0, seed=5000))
+    stream = None if only == "precision" else await run_steady_stream(
+        url, delay_ms=200, period_ms=(5, 10), stream_ms=3000, precision_bits=0, builtin_overrun_ms=overrun)
     p.cancel()
     await asyncio.sleep(0.2)
     threads = []
@@ -263,8 +287,10 @@ def report(res: dict[str, Any], late: float) -> None:
         e = p["tracked"]["error_ms"]
         print(f"  {p['delay_ms']} ms: tracked |err| p99 {e['abs_p99']} max {e['abs_max']} min {e['min']};"
               f" lead_ms {p['tracked']['consumer_stats']['lead_ms']}")
-    e = res["stream"]["tracked"]["error_ms"]
-    print(f"  steady: tracked |err| p99 {e['abs_p99']} max {e['abs_max']} min {e['min']}")
+    if res["stream"] is not None:
+        e = res["stream"]["tracked"]["error_ms"]
+        print(f"  steady: tracked |err| p99 {e['abs_p99']} max {e['abs_max']} min {e['min']};"
+              f" lead_ms {res['stream']['tracked']['consumer_stats']['lead_ms']}")
     by_topic: dict[str, list] = defaultdict(list)
     for r in ROWS:
         by_topic[r["topic"].split("-demo-")[1].rsplit("-", 1)[0]].append(r)
@@ -273,9 +299,25 @@ def report(res: dict[str, Any], late: float) -> None:
         c = Counter(classify(r, late) for r in lates)
         verdicts = Counter(r.get("verdict") for r in rows)
         wake = sorted(r["release"] - r["release_ms"] for r in rows if "release" in r and "release_ms" in r)
+        slack = sorted(r["due"] - r["cb"] for r in rows if "cb" in r)
+        queue = sorted(r["burst"] - r["fire"] for r in rows if "burst" in r and r["burst"] == r["burst"])
+        if slack:
+            print(f"  [{name}] arrival slack (due - client callback, ms): min {slack[0]:.1f} "
+                  f"p1 {slack[int(len(slack) * .01)]:.1f} p50 {slack[len(slack) // 2]:.1f}"
+                  + (f"; fire -> burst: p50 {queue[len(queue) // 2]:.1f} max {queue[-1]:.1f}" if queue else ""))
         if wake:
             print(f"  [{name}] release timer lateness (ms): p50 {wake[len(wake) // 2]:.1f} "
                   f"p90 {wake[int(len(wake) * .9)]:.1f} p99 {wake[int(len(wake) * .99)]:.1f} max {wake[-1]:.1f}")
+        first_due = min(r["due"] for r in rows)  # the precision scenarios' built-in copies came before
+        builtin = [a for a in BUILTIN_ARRIVALS if a > first_due]
+        if name == "steady" and builtin:
+            # the built-in side starves until the stream stops, then all its copies come at once
+            flood = flood_start(builtin)
+            after = [r for r in lates if r["due"] >= flood - 20]
+            print(f"  [{name}] late copies due after the built-in side's flood began (-20 ms): {len(after)} of {len(lates)};"
+                  f" tracked copies due then: {sum(1 for r in rows if r['due'] >= flood - 20)}; worst five"
+                  f" (error @ due - flood start): " + ", ".join(f"{r['error']:+.1f} @ {r['due'] - flood:+.0f}"
+                                                               for r in sorted(lates, key=lambda r: -r["error"])[:5]))
         print(f"  [{name}] {len(rows)} redeliveries, verdicts {dict(verdicts)}; late > {late} ms: {len(lates)} {dict(c)}")
         for r in sorted(lates, key=lambda r: -r["error"])[:ROWS_SHOWN[0]]:
             due = r["due"]
@@ -290,6 +332,10 @@ def report(res: dict[str, Any], late: float) -> None:
     a = sorted(ACKS)
     if a:
         print(f"  tracked ack await: n {len(a)} p50 {a[len(a) // 2]:.2f} p99 {a[int(len(a) * .99)]:.2f} max {a[-1]:.2f} ms")
+    b = sorted(d for d, _ in BURSTS)
+    if b:
+        print(f"  adapter bursts: n {len(b)} duration p50 {b[len(b) // 2]:.2f} p99 {b[int(len(b) * .99)]:.2f} "
+              f"max {b[-1]:.2f} ms; ids per burst max {max(n for _, n in BURSTS)}")
     print(f"  GC pauses >= 1 ms: {len(GC)}" + (f", longest {max(d for _, d, _ in GC):.1f} ms" if GC else ""))
     st = sorted(res["stalls"], key=lambda s: -s[1])[:5]
     print(f"  loop stalls (5 ms sleep overslept > 3 ms): {len(res['stalls'])}; worst: "
@@ -303,6 +349,9 @@ def main() -> int:
     ap.add_argument("--late-ms", type=float, default=5)
     ap.add_argument("--no-gc-freeze", action="store_true", help="do not gc.freeze() after start-up (the bench does)")
     ap.add_argument("--rows", type=int, default=0, help="print this many of the latest rows per scenario")
+    ap.add_argument("--overrun-ms", type=int, default=None,
+                    help="the steady stream's builtin_overrun_ms (0: both sides stop together, as before)")
+    ap.add_argument("--only", choices=("steady", "precision"), default="", help="run only these scenarios")
     a = ap.parse_args()
     install()
     ROWS_SHOWN[0] = a.rows
@@ -313,13 +362,15 @@ def main() -> int:
         for i in range(a.runs):
             ROWS.clear()
             ACKS.clear()
+            BURSTS.clear()
+            BUILTIN_ARRIVALS.clear()
             GC.clear()
             print(f"run {i + 1} ({'cpu-hog' if a.cpu_hog else 'idle'})")
             if a.cpu_hog:
                 with cpu_hog():
-                    res = asyncio.run(main_async(url, a.late_ms))
+                    res = asyncio.run(main_async(url, a.late_ms, a.only, a.overrun_ms))
             else:
-                res = asyncio.run(main_async(url, a.late_ms))
+                res = asyncio.run(main_async(url, a.late_ms, a.only, a.overrun_ms))
             report(res, a.late_ms)
     return 0
 

@@ -82,8 +82,10 @@ def _steady(s: dict[str, Any]) -> Section:
         # "due by its end" can be one or two short of those that came: arrivals may be a few ms early
         return f"{x['redelivered_during_stream']} ({x['due_during_stream']} due by its end)"
 
+    overrun = s.get("builtin_overrun_ms", 0)
     return (["steady stream", f"a nack every {s['period_ms'][0]:g}-{s['period_ms'][1]:g} ms",
-             f"for {s['stream_ms'] / 1000:g} s, delay {s['delay_ms']} ms"], [
+             f"for {s['stream_ms'] / 1000:g} s, delay {s['delay_ms']} ms"]
+            + ([f"(built-in: {overrun} ms longer)"] if overrun else []), [
         ("nacks", str(t["nacks"]), str(b["nacks"])),
         ("redelivered during the stream", during(t), during(b)),
         ("first redelivery", first(t), first(b)),
