@@ -6,9 +6,8 @@ import asyncio
 import random
 from typing import Any, Optional
 
-from .harness import Progress, now_ms, report, stop, wait_until
+from .harness import BUILTIN, Progress, now_ms, report, stop, wait_until
 from .pair import close_all, prefetched, start
-from .harness import BUILTIN
 from .sides import Side, SideOptions, produce, topic_name
 
 __all__ = ["run_steady_stream", "BUILTIN_OVERRUN_EXTRA_MS"]
