@@ -142,13 +142,26 @@ def test_a_second_session_maps_the_first_ones_classes_without_a_word(tmp_path):
         assert "cds" not in done.stderr.lower() and "shared archive" not in done.stderr.lower(), done.stderr
         return done.stdout
 
+    folder = tmp_path / "jvm-classes"
+    try:
+        _dump_then_adopt(run, folder)
+    finally:  # ~185 MB: not left in pytest's kept temporary directories
+        for path in folder.glob("*"):
+            path.unlink()
+
+
+def _head(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(4)
+
+
+def _dump_then_adopt(run, folder: Path) -> None:
     first = run()
     assert "-XX:ArchiveClassesAtExit=" in first and first.strip().endswith("1000")
-    folder = tmp_path / "jvm-classes"
     deadline = time.time() + 120  # the JVM dumps after the Python that started it has exited
     while time.time() < deadline:
         dumps = list(folder.glob(".*.jsa"))
-        if dumps and dumps[0].read_bytes()[:4] == caches._DYNAMIC_MAGIC:
+        if dumps and _head(dumps[0]) == caches._DYNAMIC_MAGIC:
             break
         time.sleep(1)
     else:
