@@ -6,6 +6,11 @@ For each trace (generated once with ``trace generate`` if missing), runs the
 same ``plan`` command with this tree's package and with ``--baseline``'s (a
 checkout of another commit, e.g. ``git archive main | tar -x -C DIR``),
 alternating (baseline, this, baseline, this, ...) so both see the same load;
+before them, one untimed ``plan`` with this tree fills its caches (the memory
+model's constants, the driver JVM's class archive: what every later run on
+this machine finds, :mod:`nacktracker.pipeline.caches`; ``--cold`` skips it
+and clears neither, so a first run's cost can be measured with an empty
+``NACKTRACKER_CACHE_DIR``);
 records each run's wall time (process start to exit: JVM start included),
 the CPU seconds of its process tree (driver, JVM, Python workers: less
 sensitive than wall time to other jobs on a shared machine, though not
@@ -85,6 +90,31 @@ def _run(cmd: list[str], source: Path) -> tuple[float, float, str]:
     return wall, sum(seen.values()), err
 
 
+_ARCHIVE_READY = """
+import sys, time
+from nacktracker.pipeline.caches import class_archive_options, enabled
+deadline = time.time() + float(sys.argv[1])
+while enabled() and time.time() < deadline:
+    if class_archive_options("4g", {}).startswith("-XX:SharedArchiveFile="):
+        sys.exit(0)
+    time.sleep(1)
+sys.exit(1)
+"""
+
+
+def warm_caches(trace: Path, plan: list[str], master: str, out: Path) -> float:
+    """One untimed ``plan`` with this tree, then wait (up to 2 min) for its
+    JVM to finish dumping the class archive after exit: the timed runs start
+    with the caches every run after a first one finds. Returns its wall time."""
+    wall, _, _ = _run([sys.executable, "-m", "nacktracker.cli", "plan", str(trace), *plan, "--master", master,
+                       "--out", str(out), "--quiet"], HERE)
+    env = dict(os.environ, PYTHONPATH=str(HERE))
+    ready = subprocess.run([sys.executable, "-c", _ARCHIVE_READY, "120"], env=env).returncode == 0
+    print(f"warm-up run {wall:.1f} s; class archive {'ready' if ready else 'NOT ready (runs without it)'}",
+          flush=True)
+    return wall
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--baseline", type=Path, required=True, help="source tree of the baseline (holds nacktracker/)")
@@ -93,11 +123,13 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=2, help="runs of each side per trace (default 2)")
     p.add_argument("--master", default="local[2]")
     p.add_argument("--out", type=Path, default=HERE / "bench" / "results" / "plan-speed")
+    p.add_argument("--cold", action="store_true", help="no untimed warm-up run first (see above)")
     args = p.parse_args(argv)
     if not (args.baseline / "nacktracker").is_dir():
         p.error(f"{args.baseline} holds no nacktracker package")
     sides = {"baseline": args.baseline.resolve(), "this": HERE}
     results = []
+    warm_s = None
     for name in args.traces.split(","):
         gen, plan = TRACES[name]
         trace = args.trace_dir / name
@@ -105,6 +137,8 @@ def main(argv=None) -> int:
             wall, _, _ = _run([sys.executable, "-m", "nacktracker.cli", "trace", "generate", "--out", str(trace),
                             *gen, "--master", args.master, "--quiet"], HERE)
             print(f"generated {trace} in {wall:.1f} s", flush=True)
+        if warm_s is None and not args.cold:
+            warm_s = warm_caches(trace, plan, args.master, args.trace_dir / f"out-{name}-warm-up")
         for i in range(args.repeats):
             for side, source in sides.items():
                 out = args.trace_dir / f"out-{name}-{side}"
@@ -121,7 +155,10 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "plan_speed.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
     lines = [f"`python bench/plan_speed.py --baseline {args.baseline} --repeats {args.repeats} "
-             f"--master '{args.master}'` on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}", "",
+             f"--master '{args.master}'{' --cold' if args.cold else ''}` on {os.cpu_count()} cores, "
+             f"{time.strftime('%Y-%m-%d %H:%M')}"
+             + ("" if warm_s is None else f"; after one untimed warm-up run of this tree ({warm_s:.1f} s) "
+                "that filled its caches"), "",
              "| trace | baseline (s) | this (s) | this / baseline | CPU baseline (s) | CPU this (s) "
              "| CPU this / baseline | load average (1 min) |",
              "|---|---:|---:|---:|---:|---:|---:|---|"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
 from typing import Optional
 
@@ -76,6 +77,32 @@ def _session(args: argparse.Namespace, progress, python_on_executors: bool = Tru
     if python_on_executors and not is_local(spark.sparkContext.master):
         prepare_executors(spark, ship_env=not args.no_ship, timeout_s=args.probe_timeout, say=progress.say)
     return spark
+
+
+def _warm_up() -> threading.Thread:
+    """Import what ``plan`` needs after Spark (pandas, pyarrow, matplotlib: ~1.5 s)
+    and load the memory model's constants, in a thread, while the driver JVM
+    starts: this process only waits for the JVM meanwhile. Best effort: a
+    failure here shows again, in the main thread, where the module is used."""
+    def work() -> None:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot  # noqa: F401
+            import pandas  # noqa: F401
+            import pyarrow.compute  # noqa: F401
+            import pyarrow.parquet  # noqa: F401
+
+            from .caches import cached_costs
+
+            cached_costs()
+        except Exception:  # noqa: BLE001  (see the docstring)
+            pass
+
+    thread = threading.Thread(target=work, name="nacktracker-warm-up", daemon=True)
+    thread.start()
+    return thread
 
 
 def _fail(exc: BaseException) -> int:
@@ -159,6 +186,7 @@ def _plan(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     progress = _progress(args, "plan")
+    _warm_up()
     try:
         spark = _session(args, progress)
         result = run_plan(spark, args.trace, args.bits, max_early_ms=args.max_early_ms,

@@ -34,13 +34,13 @@ worker can hold (50 M nacks: ~5 GB) needs a shorter trace window.
 
 from __future__ import annotations
 
-import functools
 import time
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from ..events import EmptyTraceError
 from . import DEFAULT_BITS, DEFAULT_MAX_EARLY_MS
+from .caches import cached_costs
 from .load import TraceSummary, load_trace
 from .memory_model import IndexCosts
 from .pending import LIST_COLUMNS, SCALAR_COLUMNS, Grid
@@ -84,10 +84,11 @@ class PlanResult:
     series_bits: Optional[int] = None
 
 
-@functools.lru_cache(maxsize=1)
 def measured_costs() -> IndexCosts:
-    """:meth:`IndexCosts.measure`, once per process (about 1-2 s)."""
-    return IndexCosts.measure()
+    """:meth:`IndexCosts.measure`, once per process, and read from the cache
+    of an earlier run measured with the same code and libraries
+    (:func:`~.caches.cached_costs`: ~20 ms; measuring is 2-3 s)."""
+    return cached_costs()
 
 
 def recommend(p99_by_bits: dict[int, float], max_early_ms: float) -> Optional[int]:

@@ -277,8 +277,9 @@ def plot_pending(result: PlanResult, path: str | Path) -> Path:
     fleet.set_ylabel("pending nacks")
     fleet.grid(True, alpha=0.3)
     busiest = s.groupby("consumer")["pending_max"].max().sort_values(ascending=False).index[:_LINES]
+    lines = dict(tuple(s[s["consumer"].isin(busiest)].groupby("consumer")))  # one pass, not one per line
     for name in busiest:
-        g = s[s["consumer"] == name]
+        g = lines[name]
         per.step((g["t_ms"] - t0) / 1000, g["pending_max"], where="post", label=name)
     per.set_title(f"Busiest {len(busiest)} consumers: maximum per interval")
     per.set_xlabel("seconds into the trace")

@@ -82,9 +82,9 @@ class ExecutorEnv:
 
 def cache_dir() -> Path:
     """``$NACKTRACKER_CACHE_DIR/executor-env`` or ``~/.cache/nacktracker/executor-env``."""
-    root = os.environ.get("NACKTRACKER_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "nacktracker")
-    return Path(root) / "executor-env"
+    from .caches import cache_root
+
+    return cache_root() / "executor-env"
 
 
 def _keep(rel: str) -> bool:
