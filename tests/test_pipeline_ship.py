@@ -83,3 +83,18 @@ def test_the_archive_is_built_once_per_content_and_holds_what_executors_import(t
     assert not any(t.startswith(("pyspark", "pandas", "py4j")) for t in tops)
     assert "nacktracker/pipeline/pending.py" in names
     assert not any("/tests/" in n or n.endswith(".pyc") for n in names)
+
+
+def test_only_the_most_recently_used_archives_stay(tmp_path):
+    import os
+    names = [f"nacktracker-executor-env-{i:020d}.tar.gz" for i in range(5)]
+    for age, name in enumerate(names):  # names[0] the newest
+        (tmp_path / name).write_bytes(b"x")
+        os.utime(tmp_path / name, (1_000_000 - age, 1_000_000 - age))
+    (tmp_path / "unrelated.txt").write_text("kept")
+    removed = ship.prune_executor_envs(tmp_path, keep=3)
+    assert sorted(p.name for p in removed) == sorted(names[3:])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[:3] + ["unrelated.txt"])
+    # reusing an old archive marks it used, so a later build keeps it over older ones
+    os.utime(tmp_path / names[2])
+    assert [p.name for p in ship.prune_executor_envs(tmp_path, keep=2)] == [names[1]]

@@ -12,7 +12,7 @@ executors, so before the job starts:
    UDFs need only pyarrow), no tests or C headers. It is built once and kept
    under a name made of its content hash (``$NACKTRACKER_CACHE_DIR`` or
    ``~/.cache/nacktracker``): a second run reuses it, a changed file makes a
-   new one.
+   new one, and only the :data:`KEEP_EXECUTOR_ENVS` most recently used stay.
 2. :func:`ship` adds it as a Spark archive (``SparkContext.addArchive``, what
    ``spark.archives`` does): every executor unpacks it into its working
    directory as ``nacktracker-env/``, which goes on the executors' Python path
@@ -47,7 +47,7 @@ from typing import Callable, Iterable, Optional
 
 __all__ = ["EXECUTOR_DISTRIBUTIONS", "PROBE_MODULES", "ALIAS", "ExecutorEnv", "ExecutorCheckError",
            "ProbeReport", "build_executor_env", "ship", "probe_executors", "prepare_executors",
-           "package_fingerprint", "cache_dir"]
+           "package_fingerprint", "cache_dir", "prune_executor_envs", "KEEP_EXECUTOR_ENVS"]
 
 #: Distributions the executors import (with their own requirements). pyspark
 #: is the cluster's; pandas is not needed by mapInArrow or the kernel.
@@ -201,6 +201,7 @@ def build_executor_env(cache: Optional[Path] = None) -> ExecutorEnv:
     path = folder / f"nacktracker-executor-env-{digest[:20]}.tar.gz"
     files = package + [f for d in dists for f in _dist_files(d)]
     if path.exists():
+        os.utime(path)  # marks it used: pruning keeps the most recently used archives
         return ExecutorEnv(path, digest, len(files), path.stat().st_size, False,
                            time.perf_counter() - started)
     folder.mkdir(parents=True, exist_ok=True)
@@ -212,7 +213,32 @@ def build_executor_env(cache: Optional[Path] = None) -> ExecutorEnv:
         os.replace(tmp, path)  # atomic: a concurrent run sees the whole archive or none
     finally:
         tmp.unlink(missing_ok=True)
+    prune_executor_envs(folder, keep=KEEP_EXECUTOR_ENVS)
     return ExecutorEnv(path, digest, len(files), path.stat().st_size, True, time.perf_counter() - started)
+
+
+#: Packed environments kept in the cache (most recently used first): each is
+#: ~80 MB and every package edit makes a new one, so without a bound a
+#: developer's cache grew by ~80 MB per edit (23 of them, 1.8 GB, were seen).
+KEEP_EXECUTOR_ENVS = 3
+
+
+def prune_executor_envs(folder: Path, keep: int = KEEP_EXECUTOR_ENVS) -> list[Path]:
+    """Delete all but the ``keep`` most recently used packed environments in
+    ``folder`` (used = built or reused: :func:`build_executor_env` touches the
+    one it returns). Returns what was deleted. Cost: one ``stat`` per archive.
+    A run that already shipped an archive is unaffected (Spark copied it)."""
+    def used(path: Path) -> float:
+        try:
+            return path.stat().st_mtime
+        except FileNotFoundError:  # another run pruned it first
+            return 0.0
+    archives = sorted(folder.glob("nacktracker-executor-env-*.tar.gz"), key=used, reverse=True)
+    removed = []
+    for old in archives[keep:]:
+        old.unlink(missing_ok=True)
+        removed.append(old)
+    return removed
 
 
 def ship(spark, env: ExecutorEnv) -> None:
