@@ -150,8 +150,31 @@ class Ledger:
         self.wide: BitMap64 | None = None
         self.multi: set[int] | None = None
         self.ghost: set[int] | None = None
-        self.cells: list[tuple[BitMap | BitMap64, Window, int]] | None = None
+        self.cells: list[Listed] | None = None
         self.hi = -1
+
+
+class Listed:
+    """A listed dense cell of a ledger (see :class:`Ledger`): the bitmap, its
+    window, the int keying it in the window's ``dense`` dict, and bounds
+    ``lo <= every id in it <= hi``. Adds widen the bounds; acks only take ids
+    out, so the bounds stay bounds (a lookup in the gap costs one probe)."""
+
+    __slots__ = ("cell", "w", "key", "lo", "hi")
+
+    def __init__(self, cell: BitMap | BitMap64, w: Window, key: int) -> None:
+        self.cell, self.w, self.key = cell, w, key
+        self.lo, self.hi = (cell.min(), cell.max()) if cell else (1 << 64, -1)
+
+    def holds(self, entry_id: int) -> bool:
+        """Whether the cell holds the id; O(1): a range test, then one probe."""
+        return self.lo <= entry_id <= self.hi and has(self.cell, entry_id)
+
+    def widen(self, entry_id: int) -> None:
+        if entry_id > self.hi:
+            self.hi = entry_id
+        if entry_id < self.lo:
+            self.lo = entry_id
 
 
 class Ghost:

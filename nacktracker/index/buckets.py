@@ -56,7 +56,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
     __slots__ = ("precision_bits", "rounding", "_add", "_mask", "_lay", "_wshift", "_oshift", "_omask",
                  "_slot_limit", "_windows", "_wheap", "_by_id", "_ledgers", "_free", "_multi", "_ghosts",
                  "_ghost_copies", "_count", "_live", "_churn", "_compact_at", "_hot_bucket", "_hot_led", "_hot_win", "_hot_off", "_hot_dense",
-                 "_hot_start", "_hot_listed", "_key_limit")
+                 "_hot_start", "_hot_rec", "_key_limit")
 
     def __init__(self, precision_bits: int = 8, rounding: str = "floor") -> None:
         self._add, self._mask = check_precision(precision_bits, rounding)
@@ -113,13 +113,18 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         live = self._live
         key = led.slot << 32 | entry_id
         hot = bucket == self._hot_bucket and led is self._hot_led  # a burst into the last cell
-        if hot and self._hot_listed:  # a listed dense cell: the id is stored there only
+        rec = self._hot_rec
+        if hot and rec is not None:  # a listed dense cell: the id is stored there only
             if key in live or (entry_id <= led.hi and self._in_listed(led, entry_id)):
                 self._add_again(led, entry_id, bucket)
                 return
-            self._hot_dense.add(entry_id)
-            if entry_id > led.hi:
-                led.hi = entry_id
+            rec.cell.add(entry_id)
+            if entry_id > rec.hi:
+                rec.hi = entry_id
+                if entry_id > led.hi:
+                    led.hi = entry_id
+            if entry_id < rec.lo:
+                rec.lo = entry_id
             self._count += 1
             return
         try:
@@ -180,7 +185,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         keyed = self._keyed(led, new)
         if led.ghost is not None or keyed.intersect(self._live) or (
                 led.wide is not None and type(new) is BitMap64 and new.intersect(led.wide)) or (
-                led.cells is not None and any(overlaps(new, c) for c, _, _ in led.cells)):
+                led.cells is not None and any(overlaps(new, rec.cell) for rec in led.cells)):
             for e in new:
                 self.add(ledger_id, e, due_ms)
             return
@@ -447,7 +452,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
                 if led.wide is not None:
                     total += _roaring_bytes(led.wide)
                 if led.cells is not None:  # its bitmaps, windows and keys are counted with the windows
-                    total += size(led.cells) + len(led.cells) * size((None, None, None)) + size(led.hi)
+                    total += size(led.cells) + size(led.hi) + sum(size(r) + size(r.lo) + size(r.hi) for r in led.cells)
                 for extra in (led.multi, led.ghost):
                     if extra is not None:
                         total += size(extra) + sum(map(size, extra))
