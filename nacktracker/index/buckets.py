@@ -112,20 +112,39 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
             return
         live = self._live
         key = led.slot << 32 | entry_id
-        hot = bucket == self._hot_bucket and led is self._hot_led  # a burst into the last cell
-        rec = self._hot_rec
-        if hot and rec is not None:  # a listed dense cell: the id is stored there only
-            if key in live or (entry_id <= led.hi and self._in_listed(led, entry_id)):
+        if bucket == self._hot_bucket and led is self._hot_led:  # a burst into the last cell
+            rec = self._hot_rec
+            if rec is not None:  # a listed dense cell: the id is stored there only
+                if key in live or (entry_id <= led.hi and self._in_listed(led, entry_id)):
+                    self._add_again(led, entry_id, bucket)
+                    return
+                rec.cell.add(entry_id)
+                if entry_id > rec.hi:
+                    rec.hi = entry_id
+                    if entry_id > led.hi:
+                        led.hi = entry_id
+                if entry_id < rec.lo:
+                    rec.lo = entry_id
+                self._count += 1
+                return
+            try:
+                live.add_checked(key)
+            except KeyError:  # already pending somewhere
                 self._add_again(led, entry_id, bucket)
                 return
-            rec.cell.add(entry_id)
-            if entry_id > rec.hi:
-                rec.hi = entry_id
-                if entry_id > led.hi:
-                    led.hi = entry_id
-            if entry_id < rec.lo:
-                rec.lo = entry_id
+            if led.cells is not None and entry_id <= led.hi and self._in_listed(led, entry_id):
+                live.discard(key)  # pending in a listed cell
+                self._add_again(led, entry_id, bucket)
+                return
             self._count += 1
+            cell = self._hot_dense
+            if cell is not None:
+                cell.add(entry_id)
+                return
+            packed = self._hot_win.packed
+            packed.append(self._hot_off << self._oshift | key)
+            if len(packed) - self._hot_start >= PROMOTE:
+                self._promote(self._hot_win)
             return
         try:
             live.add_checked(key)
@@ -137,22 +156,13 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
             self._add_again(led, entry_id, bucket)
             return
         self._count += 1
-        if hot:
-            cell = self._hot_dense
-            if cell is not None:
-                cell.add(entry_id)
-                return
-            packed = self._hot_win.packed
-            packed.append(self._hot_off << self._oshift | key)
-            if len(packed) - self._hot_start >= PROMOTE:
-                self._promote(self._hot_win)
-            return
         w = self._windows.get(bucket >> self._wshift)
         if w is None or self._hot_dense is not None or key >= self._key_limit:  # key_limit: slot_limit << 32
             self._put(led, entry_id, bucket)
             return
         off = (bucket >> self.precision_bits) & self._omask
-        if w.dense and (off << 32 | led.slot) in w.dense:  # the cell is a bitmap
+        dense = w.dense
+        if dense and (off << 32 | led.slot) in dense:  # the cell is a bitmap
             self._put(led, entry_id, bucket)
             return
         # another sparse cell of an existing window (interleaved traffic): inline
@@ -162,7 +172,10 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         packed.append(off << self._oshift | key)  # key is slot << 32 | entry
         if w.upto >= 0 and off < w.tail_min:  # an add into a window already open
             w.tail_min = off
-        self._hot_bucket, self._hot_led, self._hot_win, self._hot_off = bucket, led, w, off
+        self._hot_bucket = bucket
+        self._hot_led = led
+        self._hot_win = w
+        self._hot_off = off
 
     def add_many(self, ledger_id: int, entry_ids: Iterable[int], due_ms: int) -> None:
         """Track many entries of one ledger, all due at ``due_ms``.
