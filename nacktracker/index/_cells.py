@@ -11,7 +11,7 @@ import heapq
 import numpy as np
 from pyroaring import BitMap, BitMap64
 
-from ._parts import COMPACT_CHURN, LISTED, M32, NO_CELLS, PROMOTE, Ledger, Listed, Window, has
+from ._parts import COMPACT_CHURN, LISTED, M32, NO_CELLS, NO_ENTRIES, NO_KEYS, PROMOTE, Ledger, Listed, Window, has
 
 
 class CellsMixin:
@@ -58,6 +58,8 @@ class CellsMixin:
         there for the other."""
         if self._has(led, entry_id):
             key = (led.slot, entry_id)
+            if self._multi is NO_ENTRIES:
+                self._multi = {}
             self._multi[key] = self._multi.get(key, 1) + 1
             if led.multi is None:
                 led.multi = set()
@@ -140,7 +142,10 @@ class CellsMixin:
             cell.discard(entry_id)
             if not cell:
                 self._unlist(led, cell)
-                del rec.w.dense[rec.key]  # its key in dense_keys is stale now: skipped there
+                w = rec.w
+                del w.dense[rec.key]  # its key in dense_keys is stale now: skipped there
+                if not w.dense:  # a dict never shrinks: drop it with its heap of stale keys
+                    w.dense, w.dense_keys = NO_CELLS, NO_KEYS
                 if self._hot_dense is cell:
                     self._reset_hot()
         return len(held)

@@ -12,7 +12,7 @@ from typing import Iterator
 import numpy as np
 from pyroaring import BitMap, BitMap64
 
-from ._parts import M32, Ledger, Window, common, merge_into
+from ._parts import M32, NO_SLOTS, Ledger, Window, common, merge_into
 
 
 class FrontMixin:
@@ -67,6 +67,8 @@ class FrontMixin:
     def _drop_ledger(self, led: Ledger) -> None:
         del self._by_id[led.ledger_id]
         self._ledgers[led.slot] = None
+        if self._free is NO_SLOTS:
+            self._free = []
         self._free.append(led.slot)
         if self._hot_led is led:
             self._reset_hot()

@@ -79,6 +79,11 @@ class Layout:
 
 NO_CELLS: dict = {}
 NO_KEYS: list = []
+#: The index's rarely used containers (ids pending in two buckets, ghosts,
+#: freed ledger slots) start as these shared empties (never written to) and
+#: are made on first use: an index with a few ids does not pay for them.
+NO_ENTRIES: dict = {}
+NO_SLOTS: list = []
 
 
 class Window:

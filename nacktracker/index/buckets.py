@@ -29,7 +29,7 @@ from .._checks import MAX_DUE, check_int, check_precision, entry_array
 from ._bytes import _roaring_bytes
 from ._cells import CellsMixin
 from ._front import FrontMixin
-from ._parts import COMPACT_CHURN, M32, NO_CELLS, PROMOTE, Ghost, Layout, Ledger, Window, bitmap_of, common, merge_into, overlaps
+from ._parts import COMPACT_CHURN, M32, NO_CELLS, NO_ENTRIES, NO_SLOTS, PROMOTE, Ghost, Layout, Ledger, Window, bitmap_of, common, merge_into, overlaps
 
 __all__ = ["TimeBucketIndex"]
 
@@ -70,9 +70,10 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         self._wheap: list[int] = []  # window ids; one per window in _windows
         self._by_id: dict[int, Ledger] = {}  # ledger id -> its record
         self._ledgers: list[Ledger | None] = []  # by slot
-        self._free: list[int] = []  # freed slots
-        self._multi: dict[tuple[int, int], int] = {}  # (slot, entry) -> live occurrences (>= 2)
-        self._ghosts: dict[tuple[int, int], Ghost] = {}  # (slot, entry) -> acked copies still in cells
+        # made on first use (shared empties until then: see NO_ENTRIES)
+        self._free: list[int] = NO_SLOTS  # freed slots
+        self._multi: dict[tuple[int, int], int] = NO_ENTRIES  # (slot, entry) -> live occurrences (>= 2)
+        self._ghosts: dict[tuple[int, int], Ghost] = NO_ENTRIES  # (slot, entry) -> acked copies still in cells
         self._ghost_copies = 0
         self._count = 0  # live occurrences
         self._live = BitMap64()  # slot << 32 | entry of every live id < 2^32 (see Ledger)
@@ -254,6 +255,8 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
             self._ghost_copies += n
             ghost = self._ghosts.get(key)
             if ghost is None:
+                if self._ghosts is NO_ENTRIES:
+                    self._ghosts = {}
                 self._ghosts[key] = Ghost(n)
                 if led.ghost is None:
                     led.ghost = set()
@@ -453,7 +456,8 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         """
         size = sys.getsizeof
         total = _roaring_bytes(self._live) + (size(self) + size(self._windows) + size(self._wheap) + size(self._by_id)
-                 + size(self._ledgers) + size(self._free) + size(self._multi) + size(self._ghosts))
+                 + size(self._ledgers))
+        total += sum(size(c) for c in (self._free, self._multi, self._ghosts) if c is not NO_SLOTS and c is not NO_ENTRIES)
         for wid, w in self._windows.items():
             total += size(wid) + size(w) + size(w.packed)
             if w.dense is not NO_CELLS:
