@@ -347,3 +347,27 @@ def test_listed_cells_keep_id_bounds_and_a_miss_probes_only_cells_whose_range_ho
     assert idx.pop_due(300) == ref.pop_due(300)
     check_listed(idx)
     assert not idx and not idx._by_id
+
+
+def test_distinct_is_numpy_unique():
+    import numpy as np
+
+    from nacktracker.index._parts import distinct
+
+    rng = np.random.default_rng(3)
+    for n in (0, 1, 2, 7, 500):
+        a = rng.integers(0, 40, n).astype(np.uint64)
+        assert distinct(a).tolist() == np.unique(a).tolist()
+
+
+def test_taking_a_big_bucket_does_not_import_numpy_ma():
+    """np.unique imports numpy.ma on first use (over 1 MB of RSS, counted
+    against the index by the grid's RSS growth); the index never needs it."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom nacktracker import TimeBucketIndex\nidx = TimeBucketIndex(precision_bits=8)\n"
+            "for e in range(300):\n    idx.add(e % 7, e, 1000 + e % 3)\n    idx.add(99, e, 5000 + e * 40)\n"
+            "assert len(idx.pop_due(10**6)) == 600 and idx.bucket_count() == 0\n"
+            "assert 'numpy.ma' not in sys.modules, 'numpy.ma imported'\n")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -12,7 +12,7 @@ from typing import Iterator
 import numpy as np
 from pyroaring import BitMap, BitMap64
 
-from ._parts import M32, NO_SLOTS, Ledger, Window, common, merge_into
+from ._parts import M32, NO_SLOTS, Ledger, Window, common, distinct, merge_into
 
 
 class FrontMixin:
@@ -186,7 +186,7 @@ class FrontMixin:
         vals = np.concatenate([np.frombuffer(p, dtype=np.uint64) for p in parts if p])
         slots = (vals >> np.uint64(32)) & np.uint64(smask)
         entries = (vals & np.uint64(M32)).astype(np.uint32)
-        for s in np.unique(slots).tolist():
+        for s in distinct(slots).tolist():
             ids = BitMap()
             ids.update(array.array("I", entries[slots == s].tobytes()))
             yield s, ids

@@ -222,6 +222,19 @@ def overlaps(a: BitMap | BitMap64, b: BitMap | BitMap64) -> bool:
     return a.intersect(b)
 
 
+def distinct(values: np.ndarray) -> np.ndarray:
+    """The sorted distinct values of a 1-d array: ``np.unique`` without its
+    first-call import of ``numpy.ma`` (over 1 MB of RSS that a process using
+    the index never needs). Runtime: O(n log n) in C."""
+    if len(values) < 2:
+        return values.copy()
+    s = np.sort(values)
+    keep = np.empty(len(s), dtype=bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
+
+
 def bitmap_of(ids: np.ndarray) -> BitMap | BitMap64:
     """A bitmap of uint64 entry ids, 32-bit when they all fit. Runtime: O(k) in C."""
     if len(ids) and int(ids.max()) >> 32:

@@ -29,7 +29,7 @@ from .._checks import MAX_DUE, check_int, check_precision, entry_array
 from ._bytes import _roaring_bytes
 from ._cells import CellsMixin
 from ._front import FrontMixin
-from ._parts import COMPACT_CHURN, M32, NO_CELLS, NO_ENTRIES, NO_SLOTS, PROMOTE, Ghost, Layout, Ledger, Window, bitmap_of, common, merge_into, overlaps
+from ._parts import COMPACT_CHURN, M32, NO_CELLS, NO_ENTRIES, NO_SLOTS, PROMOTE, Ghost, Layout, Ledger, Window, bitmap_of, common, distinct, merge_into, overlaps
 
 __all__ = ["TimeBucketIndex"]
 
@@ -393,9 +393,9 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         lay = self._lay
         view = w.view()[w.pos:]
         if buckets_only:
-            found = set(np.unique(lay.offsets(view)).tolist()) if len(view) else set()
+            found = set(distinct(lay.offsets(view)).tolist()) if len(view) else set()
             return found | {key >> 32 for key in w.dense}
-        top = np.unique(view >> np.uint64(32)).tolist() if len(view) else []  # offset | slot
+        top = distinct(view >> np.uint64(32)).tolist() if len(view) else []  # offset | slot
         cut, smask = 32 - lay.offset_bits, self._slot_limit - 1
         return {(t >> cut) << 32 | (t & smask) for t in top} | set(w.dense)
 
