@@ -134,8 +134,8 @@ class Ledger:
     ledger with a handful of pending ids costs a container, not a bitmap.
     The ledger's pending ids below 2^32 are the live bitmap's plus those of
     its *listed* cells: ``cells`` holds up to :data:`LISTED` of its dense
-    cells as ``(bitmap, window, key)`` (``key`` the very int object keying
-    the window's ``dense`` dict), whose ids need not be in the live bitmap
+    cells as :class:`Listed` records (bitmap, window, ``key`` the very int
+    object keying the window's ``dense`` dict, id bounds), whose ids need not be in the live bitmap
     (a run of adds into a listed cell skips it: seed 000's bursts are stored
     once); they hold live copies only (an ack takes the id out of them, a
     cell emptied so leaves its window), and ``hi`` is at least every id in

@@ -23,8 +23,8 @@ counts for it, piece by piece:
   into the live bitmap), and a listed cell's ids skip the live bitmap but
   the first add of each later run into it; ids pending in two buckets stay;
 * per ledger, its record (:class:`~nacktracker.index._parts.Ledger`, its
-  ledger id and slot) and, with listed cells, their list, a tuple each and
-  the int ``hi``;
+  ledger id and slot) and, with listed cells, their list, a ``Listed``
+  record each (with its two bound ints) and the int ``hi``;
 * the ids pending in two buckets (``_multi`` and per-ledger sets);
 * the fixed part of an empty index.
 
