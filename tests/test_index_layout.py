@@ -321,11 +321,11 @@ def test_listed_cells_take_64_bit_ids():
 
 def test_listed_cells_keep_id_bounds_and_a_miss_probes_only_cells_whose_range_holds_it():
     """Each listed cell bounds its ids (lo, hi): adds below or above widen them,
-    a gather merging sparse copies into a listed cell widens them, and a lookup
+    a batch merged into a listed cell widens them, and a lookup
     between two cells' ranges (or in a cell's gap) answers exactly."""
     idx, ref = TimeBucketIndex(precision_bits=0), DictIndex(precision_bits=0)
     for m in (idx, ref):
-        m.add(4, 9, 100)  # a sparse copy in A's bucket before the run: gathered into A at the front
+        m.add(4, 9, 100)  # a sparse copy in A's bucket before the run: gathered into A when taken
         m.add(5, 1, 100)  # another ledger's add: the run below starts afresh
         for e in range(1_000, 1_000 + 2 * PROMOTE, 2):  # listed cell A: even ids 1000..1062 at 100
             m.add(4, e, 100)
@@ -339,9 +339,11 @@ def test_listed_cells_keep_id_bounds_and_a_miss_probes_only_cells_whose_range_ho
         assert ((4, e) in idx) == ((4, e) in ref)
     assert not idx.discard(4, 3_000) and not idx.discard(4, 1_001) and idx.discard(4, 4_000)
     ref.discard(4, 4_000)
-    assert idx.next_due_ms() == 100  # the front gathers the sparse 9 into A: A's bounds widen
+    assert idx.next_due_ms() == 100  # the front bucket is left sparse until it is taken
+    for m in (idx, ref):
+        m.add_many(4, list(range(2, 2 + PROMOTE)), 100)  # merged into listed cell A: its bounds widen
     check_listed(idx)
-    assert idx._by_id[4].cells[0].lo == 9
+    assert idx._by_id[4].cells[0].lo == 2
     assert (4, 9) in idx and idx.discard(4, 9) and ref.discard(4, 9)
     assert idx.discard(4, 2_000) == ref.discard(4, 2_000)  # between A and B after the widening
     assert idx.pop_due(300) == ref.pop_due(300)

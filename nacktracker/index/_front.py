@@ -73,9 +73,12 @@ class FrontMixin:
         if self._hot_led is led:
             self._reset_hot()
 
-    def _front(self) -> tuple[int, Window, int] | None:
+    def _front(self, taking: int = -1) -> tuple[int, Window, int] | None:
         """``(bucket, window, offset)`` of the earliest bucket holding a live
-        copy, gathered into dense cells with its ghosts dropped; None if empty."""
+        copy; None if empty. A bucket at or before ``taking`` (about to be
+        taken) is gathered into dense cells with its ghosts dropped; a later
+        one only when ghosts exist or its offset comes from the tail alone
+        (to know whether it holds a live copy)."""
         heap, windows = self._wheap, self._windows
         while heap:
             wid = heap[0]
@@ -88,9 +91,22 @@ class FrontMixin:
                 continue
             off = self._front_offset(w)
             bucket = wid << self._wshift | off << self.precision_bits
+            if bucket > taking and not self._ghost_copies and self._surely_live(w, off):
+                return bucket, w, off  # not taken now: left sparse (no bitmap per front bucket between pops)
             if self._gather(w, off, bucket):
                 return bucket, w, off
         return None
+
+    def _surely_live(self, w: Window, off: int) -> bool:
+        """With no ghost copy anywhere, whether bucket ``off`` (the window's
+        earliest) holds a live copy without gathering it: the sorted part
+        starts with it or a dense cell holds it (dense cells left in a
+        window are never empty then). Only the tail's ``tail_min`` can be
+        stale (a run promoted out of the tail), so that case is gathered."""
+        if w.pos < w.upto and self._lay.offset_of(w.packed[w.pos]) == off:
+            return True
+        keys = w.dense_keys
+        return bool(keys) and keys[0] >> 32 == off
 
     def _front_offset(self, w: Window) -> int:
         tail = len(w.packed) - w.upto

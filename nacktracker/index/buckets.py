@@ -282,7 +282,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         now_ms = check_int("now_ms", now_ms)
         out: list[tuple[int, int, BitMap | BitMap64]] = []
         while True:
-            front = self._front()
+            front = self._front(now_ms)
             if front is None or front[0] > now_ms:
                 return out
             bucket, w, off = front
@@ -311,8 +311,10 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         """The earliest bucket time, or ``None`` when empty.
 
         Runtime complexity: O(1) amortised; the first call after a window
-        reaches the front sorts it (O(w log w) in C) and each call with a
-        bucket taken since costs O(w) in C to gather the front bucket.
+        reaches the front sorts it (O(w log w) in C). The front bucket is
+        gathered into bitmaps only when taken, or here when acked copies
+        (ghosts) are pending or it is known from the unsorted tail only
+        (O(t) in C for a tail of t).
         """
         front = self._front()
         return None if front is None else front[0]

@@ -10,8 +10,8 @@ counts for it, piece by piece:
   :func:`array_bytes`);
 * *dense* cells: a ``(bucket, ledger)`` cell turns into a Roaring bitmap when
   a run of :data:`~nacktracker.index._parts.PROMOTE` adds in a row reaches
-  it (arrival order; another cell's add or a pop ends a run), or when the
-  timer's ``next_due_ms()`` gathers the front bucket after a pop; wide ids
+  it (arrival order; another cell's add or a pop ends a run; the index
+  gathers a bucket's sparse copies only as it takes it); wide ids
   (>= 2^32) are always dense. Each costs its bitmap (built for real: the ids
   up to its last compaction compacted, the rest added since), a dict slot,
   a key and a heap slot. Which cells are dense, listed and compacted is
@@ -290,8 +290,7 @@ def index_state(ledger: np.ndarray, entry: np.ndarray, bucket: np.ndarray, start
     """Bytes of a live index at one instant: :func:`index_states` for one index.
 
     Arrays: every occurrence added up to that instant (in any order; those
-    whose bucket had passed too: the timer's pop they cause gathers the front
-    bucket), its first nack time ``start`` (arrival order decides dense and
+    whose bucket had passed too: the timer's pop they cause ends runs), its first nack time ``start`` (arrival order decides dense and
     listed cells) and whether it is ``pending`` at the instant.
     """
     owner = np.zeros(len(np.asarray(ledger)), dtype=np.int64)
@@ -323,7 +322,7 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     # dense cells and the ledgers' lists, replayed over every occurrence seen (popped ones too)
     arrival = arrival_cells(*_tuple_ids(owner, bucket, ledger), owner, bucket, start, p)
     listing = list_cells(arrival, owner, ledger, bucket, entry, p, start)
-    dense = arrival.dense | arrival.gathered[arrival.code] | (entry >> 32 > 0)
+    dense = arrival.dense | (entry >> 32 > 0)
     # stored in a listed cell only (not in the live bitmap): the promoting run, and later
     # runs into the cell but for their first add
     listed_only = dense & listing.listed[arrival.code] & (arrival.promoting | ~arrival.run_start)
@@ -536,8 +535,8 @@ def live_replay(ledger, entry, ts, due, bits: int, stop_at=None, rounding: str =
     """A TimeBucketIndex fed the nacks in time order, popping due buckets as a
     tracker's timer does, up to and including instant ``stop_at``: the timer
     is armed at the earliest bucket added; when it fires it pops what is due
-    and re-arms at ``next_due_ms()`` (which gathers the front bucket into
-    dense cells: only then, as in the tracker, not after every add)."""
+    and re-arms at ``next_due_ms()`` (only then, as in the tracker, not after
+    every add)."""
     idx = TimeBucketIndex(precision_bits=bits, rounding=rounding)
     order = np.argsort(ts, kind="stable")
     timer = None
