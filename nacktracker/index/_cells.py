@@ -78,10 +78,10 @@ class CellsMixin:
     @staticmethod
     def _in_listed(led: Ledger, entry_id: int) -> bool:
         """Whether a listed cell of the ledger holds the id (a live copy: listed
-        cells hold no ghost). Runtime: O(LISTED) range tests and a bitmap
-        lookup per cell whose range holds the id (usually none or one)."""
+        cells hold no ghost); the id is below 2^32 (64-bit ids are in ``wide``).
+        Runtime: O(LISTED) bitmap lookups in C."""
         for rec in led.cells:
-            if rec.lo <= entry_id <= rec.hi and entry_id in rec.cell:
+            if entry_id in rec.cell:
                 return True
         return False
 
@@ -97,8 +97,8 @@ class CellsMixin:
             cells = led.cells = []
         rec = Listed(cell, w, key)
         cells.append(rec)
-        if rec.hi > led.hi:
-            led.hi = rec.hi
+        if cell and cell.max() > led.hi:
+            led.hi = cell.max()
         if self._hot_dense is cell:
             self._hot_rec = rec
 
@@ -127,11 +127,11 @@ class CellsMixin:
 
     def _drop_listed_id(self, led: Ledger, entry_id: int) -> int:
         """An ack: remove the id from the ledger's listed cells (a cell emptied
-        leaves its window); return how many held it. Runtime: O(LISTED) range
-        tests and a bitmap probe per cell whose range holds the id."""
+        leaves its window); return how many held it. Runtime: O(LISTED)
+        bitmap lookups in C."""
         held = None
         for rec in led.cells:
-            if rec.lo <= entry_id <= rec.hi and has(rec.cell, entry_id):
+            if has(rec.cell, entry_id):
                 if held is None:
                     held = []
                 held.append(rec)
@@ -207,11 +207,8 @@ class CellsMixin:
                 cell = self._set_cell(w, off, slot, BitMap64(cell))
             cell.add(entry_id)
             self._hot_dense = cell
-            rec = self._hot_rec
-            if rec is not None:
-                rec.widen(entry_id)
-                if entry_id > led.hi:
-                    led.hi = entry_id
+            if self._hot_rec is not None and entry_id > led.hi:
+                led.hi = entry_id
             return
         w.packed.append(off << self._oshift | slot << 32 | entry_id)
         if off < w.tail_min and w.upto >= 0:
@@ -257,9 +254,9 @@ class CellsMixin:
 
     def _set_cell(self, w: Window, off: int, slot: int, cell):
         """Put ``cell`` at ``(off, slot)``; a listed cell replaced by a new
-        object (widened to 64 bits) stays listed, and its bounds and the
-        ledger's ``hi`` follow a listed cell's new ids (merged in by a gather or
-        ``add_many``). Runtime: O(log c) (heap push) + O(LISTED)."""
+        object (widened to 64 bits) stays listed, and the ledger's ``hi``
+        follows a listed cell's new ids (merged in by a gather or ``add_many``).
+        Runtime: O(log c) (heap push) + O(LISTED)."""
         if w.dense is NO_CELLS:
             w.dense, w.dense_keys = {}, []
         key = off << 32 | slot
@@ -274,11 +271,8 @@ class CellsMixin:
                         rec.cell = cell
                         if self._hot_dense is old:
                             self._hot_rec = rec
-                        if cell:
-                            rec.widen(cell.min())
-                            rec.widen(cell.max())
-                            if rec.hi > led.hi:
-                                led.hi = rec.hi
+                        if cell and cell.max() > led.hi:
+                            led.hi = cell.max()
                         break
         w.dense[key] = cell
         return cell

@@ -135,7 +135,7 @@ class Ledger:
     The ledger's pending ids below 2^32 are the live bitmap's plus those of
     its *listed* cells: ``cells`` holds up to :data:`LISTED` of its dense
     cells as :class:`Listed` records (bitmap, window, ``key`` the very int
-    object keying the window's ``dense`` dict, id bounds), whose ids need not be in the live bitmap
+    object keying the window's ``dense`` dict), whose ids need not be in the live bitmap
     (a run of adds into a listed cell skips it: seed 000's bursts are stored
     once); they hold live copies only (an ack takes the id out of them, a
     cell emptied so leaves its window), and ``hi`` is at least every id in
@@ -161,25 +161,15 @@ class Ledger:
 
 class Listed:
     """A listed dense cell of a ledger (see :class:`Ledger`): the bitmap, its
-    window, the int keying it in the window's ``dense`` dict, and bounds
-    ``lo <= every id in it <= hi``. Adds widen the bounds; acks only take ids
-    out, so the bounds stay bounds (a lookup in the gap costs one probe)."""
+    window and the int keying it in the window's ``dense`` dict. No per-cell
+    id bounds: a bitmap probe (``in``, in C) costs less than testing two
+    bounds in Python, and the two bound ints cost ~64 B per listed cell
+    (bench/memory.py: seed 000's x=8 y=10 keeps LISTED cells per ledger)."""
 
-    __slots__ = ("cell", "w", "key", "lo", "hi")
+    __slots__ = ("cell", "w", "key")
 
     def __init__(self, cell: BitMap | BitMap64, w: Window, key: int) -> None:
         self.cell, self.w, self.key = cell, w, key
-        self.lo, self.hi = (cell.min(), cell.max()) if cell else (1 << 64, -1)
-
-    def holds(self, entry_id: int) -> bool:
-        """Whether the cell holds the id; O(1): a range test, then one probe."""
-        return self.lo <= entry_id <= self.hi and has(self.cell, entry_id)
-
-    def widen(self, entry_id: int) -> None:
-        if entry_id > self.hi:
-            self.hi = entry_id
-        if entry_id < self.lo:
-            self.lo = entry_id
 
 
 class Ghost:

@@ -121,12 +121,8 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
                     self._add_again(led, entry_id, bucket)
                     return
                 rec.cell.add(entry_id)
-                if entry_id > rec.hi:
-                    rec.hi = entry_id
-                    if entry_id > led.hi:
-                        led.hi = entry_id
-                if entry_id < rec.lo:
-                    rec.lo = entry_id
+                if entry_id > led.hi:
+                    led.hi = entry_id
                 self._count += 1
                 return
         try:
@@ -463,7 +459,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
                 if led.wide is not None:
                     total += _roaring_bytes(led.wide)
                 if led.cells is not None:  # its bitmaps, windows and keys are counted with the windows
-                    total += size(led.cells) + size(led.hi) + sum(size(r) + size(r.lo) + size(r.hi) for r in led.cells)
+                    total += size(led.cells) + size(led.hi) + sum(map(size, led.cells))
                 for extra in (led.multi, led.ghost):
                     if extra is not None:
                         total += size(extra) + sum(map(size, extra))

@@ -24,7 +24,7 @@ counts for it, piece by piece:
   the first add of each later run into it; ids pending in two buckets stay;
 * per ledger, its record (:class:`~nacktracker.index._parts.Ledger`, its
   ledger id and slot) and, with listed cells, their list, a ``Listed``
-  record each (with its two bound ints) and the int ``hi``;
+  record each and the int ``hi``;
 * the ids pending in two buckets (``_multi`` and per-ledger sets);
 * the fixed part of an empty index.
 
@@ -357,7 +357,7 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     slot[by_arrival] = np.arange(n_lid) - lid_heads[lid_owner[by_arrival]]
     n_led = np.bincount(lid_owner, minlength=k)
     total += n_led * costs.ledger_bytes + np.where(has, _table("empty", n_led) + _table("list", n_led), 0)
-    # a ledger's listed cells: its list, a Listed record each (and its bounds), and its hi
+    # a ledger's listed cells: its list, a Listed record each, and its hi
     total += _per_owner(listing.owner, listing.list_bytes + listing.n * costs.listed_cell_bytes
                         + listing.hi_bytes, k)
     pid_rows = np.bincount(pid, minlength=n_pid)
@@ -463,7 +463,7 @@ class IndexCosts:
     index_fixed: int           # the same without its empty live bitmap (the model builds that)
     window_bytes: int          # a Window object and its id
     ledger_bytes: int          # a Ledger record and its two ints (ledger id, slot)
-    listed_cell_bytes: int     # a Listed record (bitmap, window, key, lo, hi) and its two bound ints
+    listed_cell_bytes: int     # a Listed record (bitmap, window, key)
     cell_key_bytes: int        # the int key of a dense cell
     multi_entry_bytes: int     # a (slot, entry) tuple and its count (nbytes() counts the tuple, not its ints)
     int_bytes: int             # one int in a per-ledger set
@@ -482,7 +482,7 @@ class IndexCosts:
             index_fixed=(empty.nbytes() - _roaring_bytes(BitMap64())  # the model builds the live bitmap,
                          - 2 * dict_bytes(0, literal=False) - 2 * list_bytes(0)),  # and sizes these containers
             window_bytes=size(Window()) + size(big), ledger_bytes=size(Ledger(big, 1_000)) + 2 * size(big),
-            listed_cell_bytes=size(Listed(BitMap([1]), Window(), 0)) + 2 * size(big),  # record, lo, hi
+            listed_cell_bytes=size(Listed(BitMap([1]), Window(), 0)),
             cell_key_bytes=size(big << 20), multi_entry_bytes=size((1, 2)) + size(2), int_bytes=size(big))
 
     @classmethod
