@@ -130,11 +130,14 @@ class CellsMixin:
         leaves its window); return how many held it. Runtime: O(LISTED)
         bitmap lookups in C."""
         held = None
-        for rec in led.cells:
-            if has(rec.cell, entry_id):
-                if held is None:
-                    held = []
-                held.append(rec)
+        if entry_id >> 32:  # a 32-bit cell cannot hold it (and would raise)
+            held = [rec for rec in led.cells if has(rec.cell, entry_id)] or None
+        else:  # the common case: a bare probe per cell, no call
+            for rec in led.cells:
+                if entry_id in rec.cell:
+                    if held is None:
+                        held = []
+                    held.append(rec)
         if held is None:
             return 0
         for rec in held:
