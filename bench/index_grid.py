@@ -21,11 +21,13 @@ DictIndex runs the same cell in its own fresh process, in the same run (its
 memory does not depend on ``bits``: once per cell). Its pops come from a
 scan every 2 s instead of every ms (a scan is O(n)); the end state is the same.
 
-Two scenarios beside the grid:
+Three scenarios beside the grid:
 
 * ``flatness``: discard-miss CPU at 30k, 100k and 300k pending (bits 0);
 * ``parked``: one nack parked for an hour, then 10,000 nacks/s for 90 s:
   the longest single ``add`` and ``pop_due`` (the timer callback's work).
+* ``listed_miss``: one ledger with 8 listed dense cells (seed 000's bursts),
+  discard-miss CPU of ids never nacked (results.json only).
 
     python bench/index_grid.py --out bench/results/index-grid    # full: ~20 min on 2 free cores
     python bench/index_grid.py --quick --out /tmp/grid            # seconds (the test runs it)
@@ -245,6 +247,25 @@ def flatness(sizes=(30_000, 100_000, 300_000), calls: int = 20_000) -> list[dict
     return rows
 
 
+def listed_miss(cells: int = 8, run: int = 8_000, calls: int = 4_000) -> list[dict]:
+    """Seed 000's bursts on one ledger: ``cells`` buckets (bits 10) of ``run``
+    even ids each, so the ledger keeps that many listed dense cells (up to
+    ``LISTED``), then acks of odd ids never nacked, spread over every cell's
+    range and the gaps between them: discard-miss CPU per call, DictIndex beside it."""
+    import nacktracker
+
+    rows = []
+    for index in ("TimeBucketIndex", "DictIndex"):
+        idx = getattr(nacktracker, index)(precision_bits=10)
+        for b in range(cells):
+            for e in range(b * 2 * run, b * 2 * run + run, 2):
+                idx.add(7, e, 100_000 + b * 1024)
+        top = cells * 2 * run
+        misses = [(idx.discard, 7, e) for e in range(1, top, max(3, top // calls) | 1)]
+        rows.append({"index": index, "listed_cells": cells, "discard_miss_ns": _per_call_ns([misses] * REPEATS)})
+    return rows
+
+
 def parked(rate: int = 10_000, seconds: int = 90, bits: int = 0) -> dict:
     """One nack parked for an hour, then ``rate`` nacks/s: the longest single
     ``add`` and ``pop_due`` (as the tracker's timer calls it: pop, then
@@ -327,7 +348,8 @@ def run(quick: bool = False, workers: int = 2, progress=None) -> dict:
 
 def scenarios(quick: bool) -> dict:
     return {"flatness": flatness((3_000, 30_000) if quick else (30_000, 100_000, 300_000)),
-            "parked": parked(seconds=3 if quick else 90)}
+            "parked": parked(seconds=3 if quick else 90),
+            "listed_miss": listed_miss()}
 
 
 if __name__ == "__main__":
