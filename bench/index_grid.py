@@ -9,7 +9,8 @@ a live tracker (adds, then ``pop_due`` whenever ``next_due_ms()`` has come)
 for ``seconds`` of simulated time (60 s of delays fill, then steady state),
 then measures in that process:
 
-* memory: RSS growth since before the index was made, and ``nbytes()``, per
+* memory: RSS growth since before the index was made (the C heap's free
+  pages given back first: ``trim_heap``), and ``nbytes()``, per
   pending message (both indexes hold exactly the same set at the end);
 * CPU per call at that steady state (thread CPU time, best of 5 chunks):
   ``add`` (the stream goes on), ``discard`` of a pending id (hit) and of an
@@ -20,11 +21,13 @@ DictIndex runs the same cell in its own fresh process, in the same run (its
 memory does not depend on ``bits``: once per cell). Its pops come from a
 scan every 2 s instead of every ms (a scan is O(n)); the end state is the same.
 
-Two scenarios beside the grid:
+Three scenarios beside the grid:
 
 * ``flatness``: discard-miss CPU at 30k, 100k and 300k pending (bits 0);
 * ``parked``: one nack parked for an hour, then 10,000 nacks/s for 90 s:
   the longest single ``add`` and ``pop_due`` (the timer callback's work).
+* ``listed_miss``: one ledger with 8 listed dense cells (seed 000's bursts),
+  discard-miss CPU of ids never nacked (results.json only).
 
     python bench/index_grid.py --out bench/results/index-grid    # full: ~20 min on 2 free cores
     python bench/index_grid.py --quick --out /tmp/grid            # seconds (the test runs it)
@@ -96,6 +99,22 @@ class Traffic:
         return (t_ms + 1) * r // 1000 - t_ms * r // 1000
 
 
+def trim_heap() -> None:
+    """Give the C heap's free pages back to the system (glibc ``malloc_trim``)
+    before the RSS baseline. Without it the indexes first reuse pages the
+    warm-up freed, which were resident already: their growth was undercounted
+    by an amount that depends on the heap's layout at import (adding an unused
+    class to the index moved backoff k=3 L=16 10/s bits 0 from 64.5 to 63.0
+    B/pending, dropping two slots of a record it never creates to 70.4; with
+    the trim all three read 74.5-74.7). A no-op where glibc is absent."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -161,6 +180,7 @@ def measure_cell(index: str, cell: Cell, bits: int, target_pending: int = 100_00
     due_at: list = [None] * n
     indexes: list = []
     gc.collect()
+    trim_heap()
     before = rss_bytes()
     indexes.extend(cls(precision_bits=bits) for _ in range(n))
     end = cell.seconds * 1000
@@ -224,6 +244,25 @@ def flatness(sizes=(30_000, 100_000, 300_000), calls: int = 20_000) -> list[dict
             misses = [(idx.discard, lg, e + 1) for lg, e, _ in nacks[:: max(1, n // calls)]]
             best = _per_call_ns([misses] * REPEATS)
             rows.append({"index": index, "pending": len(idx), "discard_miss_ns": best})
+    return rows
+
+
+def listed_miss(cells: int = 8, run: int = 8_000, calls: int = 4_000) -> list[dict]:
+    """Seed 000's bursts on one ledger: ``cells`` buckets (bits 10) of ``run``
+    even ids each, so the ledger keeps that many listed dense cells (up to
+    ``LISTED``), then acks of odd ids never nacked, spread over every cell's
+    range and the gaps between them: discard-miss CPU per call, DictIndex beside it."""
+    import nacktracker
+
+    rows = []
+    for index in ("TimeBucketIndex", "DictIndex"):
+        idx = getattr(nacktracker, index)(precision_bits=10)
+        for b in range(cells):
+            for e in range(b * 2 * run, b * 2 * run + run, 2):
+                idx.add(7, e, 100_000 + b * 1024)
+        top = cells * 2 * run
+        misses = [(idx.discard, 7, e) for e in range(1, top, max(3, top // calls) | 1)]
+        rows.append({"index": index, "listed_cells": cells, "discard_miss_ns": _per_call_ns([misses] * REPEATS)})
     return rows
 
 
@@ -309,7 +348,8 @@ def run(quick: bool = False, workers: int = 2, progress=None) -> dict:
 
 def scenarios(quick: bool) -> dict:
     return {"flatness": flatness((3_000, 30_000) if quick else (30_000, 100_000, 300_000)),
-            "parked": parked(seconds=3 if quick else 90)}
+            "parked": parked(seconds=3 if quick else 90),
+            "listed_miss": listed_miss()}
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from pyroaring import BitMap, BitMap64
 
 from nacktracker import DictIndex, TimeBucketIndex
-from nacktracker.index._parts import LISTED, PROMOTE
+from nacktracker.index._parts import LISTED, NO_CELLS, NO_ENTRIES, NO_KEYS, NO_SLOTS, PROMOTE
 
 ledgers = st.sampled_from([1, 2, 7, 2**40 + 3])
 entries = st.one_of(st.integers(0, 60), st.integers(2**32 - 3, 2**32 + 3), st.just(2**63 - 1))
@@ -47,10 +47,12 @@ class Differential(RuleBasedStateMachine):
         self.both("add", ledger, entry, due)
 
     @rule(ledger=ledgers, first=st.integers(0, 50), n=st.integers(PROMOTE - 2, PROMOTE + 8),
-          step=st.sampled_from([1, 3]), due=dues)
-    def run_of_adds(self, ledger, first, n, step, due):
-        """A burst into one cell: promotes it to a bitmap past PROMOTE."""
-        for e in range(first, first + n * step, step):
+          step=st.sampled_from([1, 3]), due=dues, descending=st.booleans())
+    def run_of_adds(self, ledger, first, n, step, due, descending):
+        """A burst into one cell: promotes it to a bitmap past PROMOTE; a
+        descending one keeps adding below its listed cell's lower bound."""
+        ids = range(first, first + n * step, step)
+        for e in reversed(ids) if descending else ids:
             self.both("add", ledger, e, due)
 
     @rule(ledger=ledgers, first=st.sampled_from([0, 5, 2**32 - 20]), cells=st.integers(1, LISTED + 3),
@@ -103,6 +105,11 @@ class Differential(RuleBasedStateMachine):
         if self.tb is not None:
             check_listed(self.tb)
 
+    @invariant()
+    def shared_empties_stay_empty(self):
+        """The containers made on first use (NO_* placeholders) are never written to."""
+        assert NO_CELLS == {} and NO_KEYS == [] and NO_ENTRIES == {} and NO_SLOTS == []
+
     def teardown(self):
         if self.tb is not None:
             snapshot = [(b, ledger, list(bm)) for b, ledger, bm in self.tb.iter_bitmaps()]
@@ -113,20 +120,21 @@ class Differential(RuleBasedStateMachine):
 
 def check_listed(idx: TimeBucketIndex) -> None:
     """The listing's invariants: at most LISTED cells a ledger, each non-empty,
-    still in its window under its key, no id above ``hi``, no ghost copy."""
+    still in its window under its key, none of its ids above ``hi``, no ghost copy."""
     for led in idx._by_id.values():
         if led.cells is None:
             assert led.hi == -1
             continue
         assert 0 < len(led.cells) <= LISTED
-        for cell, w, key in led.cells:
+        for rec in led.cells:
+            cell, w, key = rec.cell, rec.w, rec.key
             assert cell and w.dense.get(key) is cell and key & 0xFFFFFFFF == led.slot
             assert cell.max() <= led.hi
             assert led.ghost is None or not any(e in led.ghost and not idx._ghosts[(led.slot, e)].revived
                                                 for e in cell)
     hot = idx._hot_led
-    if idx._hot_listed:
-        assert any(c is idx._hot_dense for c, _, _ in hot.cells)
+    if idx._hot_rec is not None:
+        assert idx._hot_rec.cell is idx._hot_dense and any(r is idx._hot_rec for r in hot.cells)
 
 
 TestDifferential = Differential.TestCase
@@ -308,3 +316,60 @@ def test_listed_cells_take_64_bit_ids():
     assert idx.discard(2, 2**40) and (2, 2**40) not in idx and idx.discard(2, 7) == ref.discard(2, 7)
     ref.discard(2, 2**40)
     assert idx.pop_due(100) == ref.pop_due(100)
+
+
+def test_listed_cells_answer_lookups_between_and_inside_their_ranges():
+    """Adds below or above a listed cell's ids, a batch merged into a listed
+    cell, and lookups between two cells' ranges (or in a cell's gap) answer
+    exactly; the ledger's ``hi`` follows the largest listed id."""
+    idx, ref = TimeBucketIndex(precision_bits=0), DictIndex(precision_bits=0)
+    for m in (idx, ref):
+        m.add(4, 9, 100)  # a sparse copy in A's bucket before the run: gathered into A when taken
+        m.add(5, 1, 100)  # another ledger's add: the run below starts afresh
+        for e in range(1_000, 1_000 + 2 * PROMOTE, 2):  # listed cell A: even ids 1000..1062 at 100
+            m.add(4, e, 100)
+        for e in range(5_000, 5_000 + PROMOTE):  # listed cell B at 200
+            m.add(4, e, 200)
+        m.add(4, 4_000, 200)  # hot in B: widens B's lo
+    check_listed(idx)
+    a, b = idx._by_id[4].cells
+    assert (a.cell.min(), a.cell.max(), b.cell.min()) == (1_000, 1_062, 4_000)
+    assert idx._by_id[4].hi == 5_000 + PROMOTE - 1
+    for e in (3_000, 1_001, 4_001, 999, 9, 4_000, 1_062, 6_000):  # between, gaps, ends, above hi
+        assert ((4, e) in idx) == ((4, e) in ref)
+    assert not idx.discard(4, 3_000) and not idx.discard(4, 1_001) and idx.discard(4, 4_000)
+    ref.discard(4, 4_000)
+    assert idx.next_due_ms() == 100  # the front bucket is left sparse until it is taken
+    for m in (idx, ref):
+        m.add_many(4, list(range(2, 2 + PROMOTE)), 100)  # merged into listed cell A: its bounds widen
+    check_listed(idx)
+    assert idx._by_id[4].cells[0].cell.min() == 2
+    assert (4, 9) in idx and idx.discard(4, 9) and ref.discard(4, 9)
+    assert idx.discard(4, 2_000) == ref.discard(4, 2_000)  # between A and B after the widening
+    assert idx.pop_due(300) == ref.pop_due(300)
+    check_listed(idx)
+    assert not idx and not idx._by_id
+
+
+def test_distinct_is_numpy_unique():
+    import numpy as np
+
+    from nacktracker.index._parts import distinct
+
+    rng = np.random.default_rng(3)
+    for n in (0, 1, 2, 7, 500):
+        a = rng.integers(0, 40, n).astype(np.uint64)
+        assert distinct(a).tolist() == np.unique(a).tolist()
+
+
+def test_taking_a_big_bucket_does_not_import_numpy_ma():
+    """np.unique imports numpy.ma on first use (over 1 MB of RSS, counted
+    against the index by the grid's RSS growth); the index never needs it."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom nacktracker import TimeBucketIndex\nidx = TimeBucketIndex(precision_bits=8)\n"
+            "for e in range(300):\n    idx.add(e % 7, e, 1000 + e % 3)\n    idx.add(99, e, 5000 + e * 40)\n"
+            "assert len(idx.pop_due(10**6)) == 600 and idx.bucket_count() == 0\n"
+            "assert 'numpy.ma' not in sys.modules, 'numpy.ma imported'\n")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -103,7 +103,7 @@ def test_the_bursts_trace_crosses_the_listing_limit_with_pops_between():
     its next promotion flushes the list, and listed cells fire in between."""
     def listed(idx):
         led = idx._by_id.get(7)
-        return [] if led is None or led.cells is None else [c for c, _, _ in led.cells]
+        return [] if led is None or led.cells is None else [rec.cell for rec in led.cells]
 
     ledger, entry, ts, due = bursts_past_the_listing_limit()
     idx = TimeBucketIndex(precision_bits=0)

@@ -11,7 +11,7 @@ import heapq
 import numpy as np
 from pyroaring import BitMap, BitMap64
 
-from ._parts import COMPACT_CHURN, LISTED, M32, NO_CELLS, PROMOTE, Ledger, Window, has
+from ._parts import COMPACT_CHURN, LISTED, M32, NO_CELLS, NO_ENTRIES, NO_KEYS, PROMOTE, Ledger, Listed, Window, has
 
 
 class CellsMixin:
@@ -58,6 +58,8 @@ class CellsMixin:
         there for the other."""
         if self._has(led, entry_id):
             key = (led.slot, entry_id)
+            if self._multi is NO_ENTRIES:
+                self._multi = {}
             self._multi[key] = self._multi.get(key, 1) + 1
             if led.multi is None:
                 led.multi = set()
@@ -76,9 +78,10 @@ class CellsMixin:
     @staticmethod
     def _in_listed(led: Ledger, entry_id: int) -> bool:
         """Whether a listed cell of the ledger holds the id (a live copy: listed
-        cells hold no ghost). Runtime: O(LISTED) bitmap lookups."""
-        for cell, _, _ in led.cells:
-            if entry_id in cell:
+        cells hold no ghost); the id is below 2^32 (64-bit ids are in ``wide``).
+        Runtime: O(LISTED) bitmap lookups in C."""
+        for rec in led.cells:
+            if entry_id in rec.cell:
                 return True
         return False
 
@@ -92,47 +95,60 @@ class CellsMixin:
         elif len(cells) >= LISTED:
             self._flush_listed(led)
             cells = led.cells = []
-        cells.append((cell, w, key))
-        if cell:
-            top = cell.max()
-            if top > led.hi:
-                led.hi = top
+        rec = Listed(cell, w, key)
+        cells.append(rec)
+        if cell and cell.max() > led.hi:
+            led.hi = cell.max()
         if self._hot_dense is cell:
-            self._hot_listed = True
+            self._hot_rec = rec
 
     def _flush_listed(self, led: Ledger) -> None:
         """Put the ids of the ledger's listed cells into the live bitmap and
         unlist them (ids >= 2^32 are in ``wide`` already). Runtime: O(ids) in C."""
-        for cell, _, _ in led.cells:
-            keyed = self._keyed(led, cell)
+        for rec in led.cells:
+            keyed = self._keyed(led, rec.cell)
             self._live |= keyed
             self._churn += len(keyed)
-            if self._hot_dense is cell:
-                self._hot_listed = False
+            if self._hot_rec is rec:
+                self._hot_rec = None
         led.cells, led.hi = None, -1
 
     def _unlist(self, led: Ledger, cell: BitMap | BitMap64) -> None:
         """The cell leaves the index (popped or emptied). Runtime: O(LISTED)."""
         cells = led.cells
-        for i, (c, _, _) in enumerate(cells):
-            if c is cell:
+        for i, rec in enumerate(cells):
+            if rec.cell is cell:
                 del cells[i]
+                if self._hot_rec is rec:
+                    self._hot_rec = None
                 break
         if not cells:
             led.cells, led.hi = None, -1
 
     def _drop_listed_id(self, led: Ledger, entry_id: int) -> int:
         """An ack: remove the id from the ledger's listed cells (a cell emptied
-        leaves its window); return how many held it. Runtime: O(LISTED)."""
-        if entry_id >> 32:
-            held = [t for t in led.cells if has(t[0], entry_id)]
-        else:
-            held = [t for t in led.cells if entry_id in t[0]]
-        for cell, w, key in held:
+        leaves its window); return how many held it. Runtime: O(LISTED)
+        bitmap lookups in C."""
+        held = None
+        if entry_id >> 32:  # a 32-bit cell cannot hold it (and would raise)
+            held = [rec for rec in led.cells if has(rec.cell, entry_id)] or None
+        else:  # the common case: a bare probe per cell, no call
+            for rec in led.cells:
+                if entry_id in rec.cell:
+                    if held is None:
+                        held = []
+                    held.append(rec)
+        if held is None:
+            return 0
+        for rec in held:
+            cell = rec.cell
             cell.discard(entry_id)
             if not cell:
                 self._unlist(led, cell)
-                del w.dense[key]  # its key in dense_keys is stale now: skipped there
+                w = rec.w
+                del w.dense[rec.key]  # its key in dense_keys is stale now: skipped there
+                if not w.dense:  # a dict never shrinks: drop it with its heap of stale keys
+                    w.dense, w.dense_keys = NO_CELLS, NO_KEYS
                 if self._hot_dense is cell:
                     self._reset_hot()
         return len(held)
@@ -194,7 +210,7 @@ class CellsMixin:
                 cell = self._set_cell(w, off, slot, BitMap64(cell))
             cell.add(entry_id)
             self._hot_dense = cell
-            if self._hot_listed and entry_id > led.hi:
+            if self._hot_rec is not None and entry_id > led.hi:
                 led.hi = entry_id
             return
         w.packed.append(off << self._oshift | slot << 32 | entry_id)
@@ -227,17 +243,23 @@ class CellsMixin:
         self._hot_bucket, self._hot_led, self._hot_win, self._hot_off = bucket, led, w, off
         # _hot_start: where the hot run starts in the array, or the dense cell's size
         self._hot_dense, self._hot_start = cell, len(w.packed) if cell is None else len(cell)
-        self._hot_listed = cell is not None and led.cells is not None and any(c is cell for c, _, _ in led.cells)
+        self._hot_rec = None
+        if cell is not None and led.cells is not None:
+            for rec in led.cells:
+                if rec.cell is cell:
+                    self._hot_rec = rec
+                    break
         return w, off, cell
 
     def _reset_hot(self) -> None:
         self._hot_bucket, self._hot_led, self._hot_win, self._hot_off = -1, None, None, -1
-        self._hot_dense, self._hot_start, self._hot_listed = None, 0, False
+        self._hot_dense, self._hot_start, self._hot_rec = None, 0, None
 
     def _set_cell(self, w: Window, off: int, slot: int, cell):
         """Put ``cell`` at ``(off, slot)``; a listed cell replaced by a new
-        object (widened to 64 bits) stays listed, and ``hi`` follows a listed
-        cell's new ids. Runtime: O(log c) (heap push) + O(LISTED)."""
+        object (widened to 64 bits) stays listed, and the ledger's ``hi``
+        follows a listed cell's new ids (merged in by a gather or ``add_many``).
+        Runtime: O(log c) (heap push) + O(LISTED)."""
         if w.dense is NO_CELLS:
             w.dense, w.dense_keys = {}, []
         key = off << 32 | slot
@@ -247,11 +269,11 @@ class CellsMixin:
         else:
             led = self._ledgers[slot]
             if led.cells is not None:
-                for i, (c, cw, ckey) in enumerate(led.cells):
-                    if c is old:
-                        led.cells[i] = (cell, cw, ckey)
+                for rec in led.cells:
+                    if rec.cell is old:
+                        rec.cell = cell
                         if self._hot_dense is old:
-                            self._hot_listed = True
+                            self._hot_rec = rec
                         if cell and cell.max() > led.hi:
                             led.hi = cell.max()
                         break

@@ -12,7 +12,7 @@ from typing import Iterator
 import numpy as np
 from pyroaring import BitMap, BitMap64
 
-from ._parts import M32, Ledger, Window, common, merge_into
+from ._parts import M32, NO_SLOTS, Ledger, Window, common, distinct, merge_into
 
 
 class FrontMixin:
@@ -67,13 +67,18 @@ class FrontMixin:
     def _drop_ledger(self, led: Ledger) -> None:
         del self._by_id[led.ledger_id]
         self._ledgers[led.slot] = None
+        if self._free is NO_SLOTS:
+            self._free = []
         self._free.append(led.slot)
         if self._hot_led is led:
             self._reset_hot()
 
-    def _front(self) -> tuple[int, Window, int] | None:
+    def _front(self, taking: int = -1) -> tuple[int, Window, int] | None:
         """``(bucket, window, offset)`` of the earliest bucket holding a live
-        copy, gathered into dense cells with its ghosts dropped; None if empty."""
+        copy; None if empty. A bucket at or before ``taking`` (about to be
+        taken) is gathered into dense cells with its ghosts dropped; a later
+        one only when ghosts exist or its offset comes from the tail alone
+        (to know whether it holds a live copy)."""
         heap, windows = self._wheap, self._windows
         while heap:
             wid = heap[0]
@@ -86,9 +91,22 @@ class FrontMixin:
                 continue
             off = self._front_offset(w)
             bucket = wid << self._wshift | off << self.precision_bits
+            if bucket > taking and not self._ghost_copies and self._surely_live(w, off):
+                return bucket, w, off  # not taken now: left sparse (no bitmap per front bucket between pops)
             if self._gather(w, off, bucket):
                 return bucket, w, off
         return None
+
+    def _surely_live(self, w: Window, off: int) -> bool:
+        """With no ghost copy anywhere, whether bucket ``off`` (the window's
+        earliest) holds a live copy without gathering it: the sorted part
+        starts with it or a dense cell holds it (dense cells left in a
+        window are never empty then). Only the tail's ``tail_min`` can be
+        stale (a run promoted out of the tail), so that case is gathered."""
+        if w.pos < w.upto and self._lay.offset_of(w.packed[w.pos]) == off:
+            return True
+        keys = w.dense_keys
+        return bool(keys) and keys[0] >> 32 == off
 
     def _front_offset(self, w: Window) -> int:
         tail = len(w.packed) - w.upto
@@ -184,7 +202,7 @@ class FrontMixin:
         vals = np.concatenate([np.frombuffer(p, dtype=np.uint64) for p in parts if p])
         slots = (vals >> np.uint64(32)) & np.uint64(smask)
         entries = (vals & np.uint64(M32)).astype(np.uint32)
-        for s in np.unique(slots).tolist():
+        for s in distinct(slots).tolist():
             ids = BitMap()
             ids.update(array.array("I", entries[slots == s].tobytes()))
             yield s, ids

@@ -79,6 +79,11 @@ class Layout:
 
 NO_CELLS: dict = {}
 NO_KEYS: list = []
+#: The index's rarely used containers (ids pending in two buckets, ghosts,
+#: freed ledger slots) start as these shared empties (never written to) and
+#: are made on first use: an index with a few ids does not pay for them.
+NO_ENTRIES: dict = {}
+NO_SLOTS: list = []
 
 
 class Window:
@@ -129,8 +134,8 @@ class Ledger:
     ledger with a handful of pending ids costs a container, not a bitmap.
     The ledger's pending ids below 2^32 are the live bitmap's plus those of
     its *listed* cells: ``cells`` holds up to :data:`LISTED` of its dense
-    cells as ``(bitmap, window, key)`` (``key`` the very int object keying
-    the window's ``dense`` dict), whose ids need not be in the live bitmap
+    cells as :class:`Listed` records (bitmap, window, ``key`` the very int
+    object keying the window's ``dense`` dict), whose ids need not be in the live bitmap
     (a run of adds into a listed cell skips it: seed 000's bursts are stored
     once); they hold live copies only (an ack takes the id out of them, a
     cell emptied so leaves its window), and ``hi`` is at least every id in
@@ -150,8 +155,21 @@ class Ledger:
         self.wide: BitMap64 | None = None
         self.multi: set[int] | None = None
         self.ghost: set[int] | None = None
-        self.cells: list[tuple[BitMap | BitMap64, Window, int]] | None = None
+        self.cells: list[Listed] | None = None
         self.hi = -1
+
+
+class Listed:
+    """A listed dense cell of a ledger (see :class:`Ledger`): the bitmap, its
+    window and the int keying it in the window's ``dense`` dict. No per-cell
+    id bounds: a bitmap probe (``in``, in C) costs less than testing two
+    bounds in Python, and the two bound ints cost ~64 B per listed cell
+    (bench/memory.py: seed 000's x=8 y=10 keeps LISTED cells per ledger)."""
+
+    __slots__ = ("cell", "w", "key")
+
+    def __init__(self, cell: BitMap | BitMap64, w: Window, key: int) -> None:
+        self.cell, self.w, self.key = cell, w, key
 
 
 class Ghost:
@@ -192,6 +210,19 @@ def overlaps(a: BitMap | BitMap64, b: BitMap | BitMap64) -> bool:
     if type(a) is not type(b):
         a, b = BitMap64(a), BitMap64(b)
     return a.intersect(b)
+
+
+def distinct(values: np.ndarray) -> np.ndarray:
+    """The sorted distinct values of a 1-d array: ``np.unique`` without its
+    first-call import of ``numpy.ma`` (over 1 MB of RSS that a process using
+    the index never needs). Runtime: O(n log n) in C."""
+    if len(values) < 2:
+        return values.copy()
+    s = np.sort(values)
+    keep = np.empty(len(s), dtype=bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
 
 
 def bitmap_of(ids: np.ndarray) -> BitMap | BitMap64:

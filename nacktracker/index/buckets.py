@@ -29,7 +29,7 @@ from .._checks import MAX_DUE, check_int, check_precision, entry_array
 from ._bytes import _roaring_bytes
 from ._cells import CellsMixin
 from ._front import FrontMixin
-from ._parts import COMPACT_CHURN, M32, NO_CELLS, PROMOTE, Ghost, Layout, Ledger, Window, bitmap_of, common, merge_into, overlaps
+from ._parts import COMPACT_CHURN, M32, NO_CELLS, NO_ENTRIES, NO_SLOTS, PROMOTE, Ghost, Layout, Ledger, Window, bitmap_of, common, distinct, merge_into, overlaps
 
 __all__ = ["TimeBucketIndex"]
 
@@ -56,7 +56,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
     __slots__ = ("precision_bits", "rounding", "_add", "_mask", "_lay", "_wshift", "_oshift", "_omask",
                  "_slot_limit", "_windows", "_wheap", "_by_id", "_ledgers", "_free", "_multi", "_ghosts",
                  "_ghost_copies", "_count", "_live", "_churn", "_compact_at", "_hot_bucket", "_hot_led", "_hot_win", "_hot_off", "_hot_dense",
-                 "_hot_start", "_hot_listed", "_key_limit")
+                 "_hot_start", "_hot_rec", "_key_limit")
 
     def __init__(self, precision_bits: int = 8, rounding: str = "floor") -> None:
         self._add, self._mask = check_precision(precision_bits, rounding)
@@ -70,9 +70,10 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         self._wheap: list[int] = []  # window ids; one per window in _windows
         self._by_id: dict[int, Ledger] = {}  # ledger id -> its record
         self._ledgers: list[Ledger | None] = []  # by slot
-        self._free: list[int] = []  # freed slots
-        self._multi: dict[tuple[int, int], int] = {}  # (slot, entry) -> live occurrences (>= 2)
-        self._ghosts: dict[tuple[int, int], Ghost] = {}  # (slot, entry) -> acked copies still in cells
+        # made on first use (shared empties until then: see NO_ENTRIES)
+        self._free: list[int] = NO_SLOTS  # freed slots
+        self._multi: dict[tuple[int, int], int] = NO_ENTRIES  # (slot, entry) -> live occurrences (>= 2)
+        self._ghosts: dict[tuple[int, int], Ghost] = NO_ENTRIES  # (slot, entry) -> acked copies still in cells
         self._ghost_copies = 0
         self._count = 0  # live occurrences
         self._live = BitMap64()  # slot << 32 | entry of every live id < 2^32 (see Ledger)
@@ -113,15 +114,17 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         live = self._live
         key = led.slot << 32 | entry_id
         hot = bucket == self._hot_bucket and led is self._hot_led  # a burst into the last cell
-        if hot and self._hot_listed:  # a listed dense cell: the id is stored there only
-            if key in live or (entry_id <= led.hi and self._in_listed(led, entry_id)):
-                self._add_again(led, entry_id, bucket)
+        if hot:
+            rec = self._hot_rec
+            if rec is not None:  # a listed dense cell: the id is stored there only
+                if key in live or (entry_id <= led.hi and self._in_listed(led, entry_id)):
+                    self._add_again(led, entry_id, bucket)
+                    return
+                rec.cell.add(entry_id)
+                if entry_id > led.hi:
+                    led.hi = entry_id
+                self._count += 1
                 return
-            self._hot_dense.add(entry_id)
-            if entry_id > led.hi:
-                led.hi = entry_id
-            self._count += 1
-            return
         try:
             live.add_checked(key)
         except KeyError:  # already pending somewhere
@@ -147,7 +150,8 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
             self._put(led, entry_id, bucket)
             return
         off = (bucket >> self.precision_bits) & self._omask
-        if w.dense and (off << 32 | led.slot) in w.dense:  # the cell is a bitmap
+        dense = w.dense
+        if dense and (off << 32 | led.slot) in dense:  # the cell is a bitmap
             self._put(led, entry_id, bucket)
             return
         # another sparse cell of an existing window (interleaved traffic): inline
@@ -157,7 +161,10 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         packed.append(off << self._oshift | key)  # key is slot << 32 | entry
         if w.upto >= 0 and off < w.tail_min:  # an add into a window already open
             w.tail_min = off
-        self._hot_bucket, self._hot_led, self._hot_win, self._hot_off = bucket, led, w, off
+        self._hot_bucket = bucket
+        self._hot_led = led
+        self._hot_win = w
+        self._hot_off = off
 
     def add_many(self, ledger_id: int, entry_ids: Iterable[int], due_ms: int) -> None:
         """Track many entries of one ledger, all due at ``due_ms``.
@@ -180,7 +187,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         keyed = self._keyed(led, new)
         if led.ghost is not None or keyed.intersect(self._live) or (
                 led.wide is not None and type(new) is BitMap64 and new.intersect(led.wide)) or (
-                led.cells is not None and any(overlaps(new, c) for c, _, _ in led.cells)):
+                led.cells is not None and any(overlaps(new, rec.cell) for rec in led.cells)):
             for e in new:
                 self.add(ledger_id, e, due_ms)
             return
@@ -236,6 +243,8 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
             self._ghost_copies += n
             ghost = self._ghosts.get(key)
             if ghost is None:
+                if self._ghosts is NO_ENTRIES:
+                    self._ghosts = {}
                 self._ghosts[key] = Ghost(n)
                 if led.ghost is None:
                     led.ghost = set()
@@ -261,7 +270,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         now_ms = check_int("now_ms", now_ms)
         out: list[tuple[int, int, BitMap | BitMap64]] = []
         while True:
-            front = self._front()
+            front = self._front(now_ms)
             if front is None or front[0] > now_ms:
                 return out
             bucket, w, off = front
@@ -290,8 +299,10 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         """The earliest bucket time, or ``None`` when empty.
 
         Runtime complexity: O(1) amortised; the first call after a window
-        reaches the front sorts it (O(w log w) in C) and each call with a
-        bucket taken since costs O(w) in C to gather the front bucket.
+        reaches the front sorts it (O(w log w) in C). The front bucket is
+        gathered into bitmaps only when taken, or here when acked copies
+        (ghosts) are pending or it is known from the unsorted tail only
+        (O(t) in C for a tail of t).
         """
         front = self._front()
         return None if front is None else front[0]
@@ -372,9 +383,9 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         lay = self._lay
         view = w.view()[w.pos:]
         if buckets_only:
-            found = set(np.unique(lay.offsets(view)).tolist()) if len(view) else set()
+            found = set(distinct(lay.offsets(view)).tolist()) if len(view) else set()
             return found | {key >> 32 for key in w.dense}
-        top = np.unique(view >> np.uint64(32)).tolist() if len(view) else []  # offset | slot
+        top = distinct(view >> np.uint64(32)).tolist() if len(view) else []  # offset | slot
         cut, smask = 32 - lay.offset_bits, self._slot_limit - 1
         return {(t >> cut) << 32 | (t & smask) for t in top} | set(w.dense)
 
@@ -435,7 +446,8 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         """
         size = sys.getsizeof
         total = _roaring_bytes(self._live) + (size(self) + size(self._windows) + size(self._wheap) + size(self._by_id)
-                 + size(self._ledgers) + size(self._free) + size(self._multi) + size(self._ghosts))
+                 + size(self._ledgers))
+        total += sum(size(c) for c in (self._free, self._multi, self._ghosts) if c is not NO_SLOTS and c is not NO_ENTRIES)
         for wid, w in self._windows.items():
             total += size(wid) + size(w) + size(w.packed)
             if w.dense is not NO_CELLS:
@@ -447,7 +459,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
                 if led.wide is not None:
                     total += _roaring_bytes(led.wide)
                 if led.cells is not None:  # its bitmaps, windows and keys are counted with the windows
-                    total += size(led.cells) + len(led.cells) * size((None, None, None)) + size(led.hi)
+                    total += size(led.cells) + size(led.hi) + sum(map(size, led.cells))
                 for extra in (led.multi, led.ghost):
                     if extra is not None:
                         total += size(extra) + sum(map(size, extra))

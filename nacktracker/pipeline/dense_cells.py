@@ -47,17 +47,14 @@ class ArrivalCells(NamedTuple):
     last: np.ndarray         # its owner's last add (the cell a live index still has hot)
     reset_after: np.ndarray  # a pop came before its owner's next add (the hot cell was dropped, not compacted)
     promoted_at: np.ndarray  # per cell: arrival rank of the add that promoted it (-1: never)
-    gathered: np.ndarray     # per cell: gathered into a bitmap at the front (all its copies dense)
 
 
 def arrival_cells(code: np.ndarray, n_cells: int, owner: np.ndarray, bucket: np.ndarray, start: np.ndarray,
                   pending: np.ndarray) -> ArrivalCells:
     """Runs of adds per cell in arrival order (``start``, ties in input order),
     for many indexes at once. ``code``: each occurrence's cell (0..n_cells-1).
-    Gathering follows the tracker: its timer pops a bucket at its time, then
-    ``next_due_ms()`` gathers the next front bucket's copies into bitmaps; a
-    cell gathered so before its run would promote it is dense from then on,
-    never listed. Runtime: O(n log n), plus :meth:`_Fires.front_at`."""
+    The index gathers a bucket's copies into bitmaps only as it takes it, so
+    no pending cell is gathered. Runtime: O(n log n)."""
     n = len(code)
     order = np.lexsort((start, owner))  # stable: equal starts stay in input order
     rank = np.empty(n, dtype=np.int64)
@@ -86,20 +83,11 @@ def arrival_cells(code: np.ndarray, n_cells: int, owner: np.ndarray, bucket: np.
     reset_after = np.zeros(n, dtype=bool)  # the owner's next add comes after a pop
     reset_after[order[:-1]] = reset[1:] & ~owner_last[:-1]
     promoted_at = np.where(first < n, first + PROMOTE - 1, -1)
-    first_row = np.full(n_cells, n, dtype=np.int64)
-    np.minimum.at(first_row, code, np.arange(n))
-    c_owner, c_start, c_bucket = owner[first_row], start[first_row], bucket[first_row]
-    promo = np.flatnonzero(promoted_at >= 0)
-    if len(promo):
-        # gathered at the front before its run reached PROMOTE: dense since, never listed
-        t_p = start[order[promoted_at[promo]]]
-        early = promo[fires.gathered(c_owner[promo], c_start[promo], c_bucket[promo], t_p)]
-        promoted_at[early] = -1
-        dense[np.isin(code, early)] = True
-        in_promoting[np.isin(code, early)] = False
-    # gathered by the instant (its owner's last add: pops by then came before it)
-    gathered = fires.gathered_by_now(owner, bucket, start, c_owner, c_start, c_bucket)
-    return ArrivalCells(code, n_cells, dense, rank, starts, in_promoting, last, reset_after, promoted_at, gathered)
+    # no pending cell was gathered: the index gathers a bucket's sparse copies
+    # into bitmaps only as it takes it (or, rarely, to check a front bucket
+    # known from an unsorted tail only, or with acked copies pending: neither
+    # is modelled)
+    return ArrivalCells(code, n_cells, dense, rank, starts, in_promoting, last, reset_after, promoted_at)
 
 
 def fire_times(bucket: np.ndarray, start: np.ndarray) -> np.ndarray:
@@ -110,12 +98,9 @@ def fire_times(bucket: np.ndarray, start: np.ndarray) -> np.ndarray:
 
 
 class _Fires:
-    """The owners' pops (the tracker's timer pops a bucket at its time, then
-    ``next_due_ms()`` gathers the next front bucket into dense cells) and the
-    buckets by owner, keyed ``owner × span + time offset`` (or, when that
-    would not fit 62 bits, ``owner × span + time rank``)."""
-
-    W = 32  # occurrences of a bucket range read at once by front_at
+    """The owners' pops (the tracker's timer pops a bucket at its time),
+    keyed ``owner × span + time offset`` (or, when that would not fit 62
+    bits, ``owner × span + time rank``)."""
 
     def __init__(self, owner: np.ndarray, bucket: np.ndarray, start: np.ndarray) -> None:
         fire = fire_times(bucket, start)
@@ -126,9 +111,6 @@ class _Fires:
             self.ub = np.unique(np.r_[bucket, fire])
             self.span = len(self.ub) + 1
         self.keys = np.unique(owner * self.span + self._at(fire))
-        key = owner * self.span + self._at(bucket)
-        order = np.argsort(key, kind="stable")
-        self.by_bucket, self.starts = key[order], start[order]
 
     def _at(self, t: np.ndarray) -> np.ndarray:
         """The key offset of times that occur (bucket or fire times)."""
@@ -143,58 +125,6 @@ class _Fires:
     def upto(self, owner: np.ndarray, t: np.ndarray) -> np.ndarray:
         """Position after the owner's last bucket time <= t (in ``keys``)."""
         return np.searchsorted(self.keys, owner * self.span + self._after(t))
-
-    def last(self, owner: np.ndarray, t: np.ndarray) -> np.ndarray:
-        """The owner's last bucket time <= t (a pop), or -1."""
-        i = self.upto(owner, t) - 1
-        key = self.keys[np.maximum(i, 0)] if len(self.keys) else np.zeros(len(i), dtype=np.int64)
-        ok = (i >= 0) & (key // self.span == owner)
-        off = key % self.span
-        when = off + self.low if self.ub is None else self.ub[np.minimum(off, len(self.ub) - 1)]
-        return np.where(ok, when, -1)
-
-    def front_at(self, owner: np.ndarray, t: np.ndarray, bucket: np.ndarray) -> np.ndarray:
-        """Whether ``bucket`` is the owner's earliest pending bucket just after a
-        pop at ``t`` (adds at ``t`` come after it): no occurrence with a bucket
-        in ``(t, bucket)`` started before ``t``. Runtime: O(q (log n + W)):
-        the first W occurrences of each bucket range are read at once (one
-        that started before the pop settles it, the usual case); only ranges
-        whose first W all came after it are read further (``minimum.reduceat``,
-        in C)."""
-        base = owner * self.span
-        lo = np.searchsorted(self.by_bucket, base + self._after(t))
-        hi = np.searchsorted(self.by_bucket, base + self._at(bucket))
-        starts = np.append(self.starts, np.iinfo(np.int64).max)  # a sentinel past the end
-        at = lo[:, None] + np.arange(self.W)
-        head = np.where(at < hi[:, None], starts[np.minimum(at, len(starts) - 1)], np.iinfo(np.int64).max)
-        front = head.min(axis=1) >= t  # none of the first W started before the pop
-        more = np.flatnonzero(front & (hi > lo + self.W))
-        if len(more):
-            bounds = np.empty(2 * len(more), dtype=np.int64)
-            bounds[0::2], bounds[1::2] = lo[more] + self.W, hi[more]
-            front[more] = np.minimum.reduceat(starts, bounds)[0::2] >= t[more]
-        return front
-
-    def gathered(self, owner: np.ndarray, first_start: np.ndarray, bucket: np.ndarray,
-                 by: np.ndarray) -> np.ndarray:
-        """Whether a cell (its owner, first add, bucket) was gathered at the
-        front by time ``by``: at the owner's last pop by then, the cell had an
-        add and its bucket was the front."""
-        t = self.last(owner, by)
-        return (t >= 0) & (first_start < t) & self.front_at(owner, t, bucket)
-
-    def gathered_by_now(self, owner: np.ndarray, bucket: np.ndarray, start: np.ndarray, c_owner: np.ndarray,
-                        c_start: np.ndarray, c_bucket: np.ndarray) -> np.ndarray:
-        """:meth:`gathered` for every cell by its owner's instant (its last
-        add), in O(n): one front bucket per owner, after its last pop."""
-        k = int(owner.max()) + 1
-        now = np.full(k, -1, dtype=np.int64)
-        np.maximum.at(now, owner, start)
-        t = self.last(np.arange(k), now)
-        after = (start < t[owner]) & (bucket > t[owner])  # pending just after the pop
-        front = np.full(k, np.iinfo(np.int64).max, dtype=np.int64)
-        np.minimum.at(front, owner[after], bucket[after])
-        return (t[c_owner] >= 0) & (c_start < t[c_owner]) & (c_bucket == front[c_owner])
 
 
 class Listing(NamedTuple):

@@ -10,8 +10,8 @@ counts for it, piece by piece:
   :func:`array_bytes`);
 * *dense* cells: a ``(bucket, ledger)`` cell turns into a Roaring bitmap when
   a run of :data:`~nacktracker.index._parts.PROMOTE` adds in a row reaches
-  it (arrival order; another cell's add or a pop ends a run), or when the
-  timer's ``next_due_ms()`` gathers the front bucket after a pop; wide ids
+  it (arrival order; another cell's add or a pop ends a run; the index
+  gathers a bucket's sparse copies only as it takes it); wide ids
   (>= 2^32) are always dense. Each costs its bitmap (built for real: the ids
   up to its last compaction compacted, the rest added since), a dict slot,
   a key and a heap slot. Which cells are dense, listed and compacted is
@@ -23,8 +23,8 @@ counts for it, piece by piece:
   into the live bitmap), and a listed cell's ids skip the live bitmap but
   the first add of each later run into it; ids pending in two buckets stay;
 * per ledger, its record (:class:`~nacktracker.index._parts.Ledger`, its
-  ledger id and slot) and, with listed cells, their list, a tuple each and
-  the int ``hi``;
+  ledger id and slot) and, with listed cells, their list, a ``Listed``
+  record each and the int ``hi``;
 * the ids pending in two buckets (``_multi`` and per-ledger sets);
 * the fixed part of an empty index.
 
@@ -49,7 +49,7 @@ import numpy as np
 from pyroaring import BitMap, BitMap64
 
 from ..index import DictIndex, TimeBucketIndex, _roaring_bytes
-from ..index._parts import Layout, Ledger, Window
+from ..index._parts import Layout, Ledger, Listed, Window
 from .dense_cells import arrival_cells, compacted_prefix, list_cells
 
 __all__ = ["IndexCosts", "IndexState", "index_state", "index_states", "array_bytes", "dict_bytes", "dict_bytes_many",
@@ -290,8 +290,7 @@ def index_state(ledger: np.ndarray, entry: np.ndarray, bucket: np.ndarray, start
     """Bytes of a live index at one instant: :func:`index_states` for one index.
 
     Arrays: every occurrence added up to that instant (in any order; those
-    whose bucket had passed too: the timer's pop they cause gathers the front
-    bucket), its first nack time ``start`` (arrival order decides dense and
+    whose bucket had passed too: the timer's pop they cause ends runs), its first nack time ``start`` (arrival order decides dense and
     listed cells) and whether it is ``pending`` at the instant.
     """
     owner = np.zeros(len(np.asarray(ledger)), dtype=np.int64)
@@ -323,7 +322,7 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     # dense cells and the ledgers' lists, replayed over every occurrence seen (popped ones too)
     arrival = arrival_cells(*_tuple_ids(owner, bucket, ledger), owner, bucket, start, p)
     listing = list_cells(arrival, owner, ledger, bucket, entry, p, start)
-    dense = arrival.dense | arrival.gathered[arrival.code] | (entry >> 32 > 0)
+    dense = arrival.dense | (entry >> 32 > 0)
     # stored in a listed cell only (not in the live bitmap): the promoting run, and later
     # runs into the cell but for their first add
     listed_only = dense & listing.listed[arrival.code] & (arrival.promoting | ~arrival.run_start)
@@ -358,7 +357,7 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     slot[by_arrival] = np.arange(n_lid) - lid_heads[lid_owner[by_arrival]]
     n_led = np.bincount(lid_owner, minlength=k)
     total += n_led * costs.ledger_bytes + np.where(has, _table("empty", n_led) + _table("list", n_led), 0)
-    # a ledger's listed cells: its list, a (bitmap, window, key) tuple each, and its hi
+    # a ledger's listed cells: its list, a Listed record each, and its hi
     total += _per_owner(listing.owner, listing.list_bytes + listing.n * costs.listed_cell_bytes
                         + listing.hi_bytes, k)
     pid_rows = np.bincount(pid, minlength=n_pid)
@@ -464,7 +463,7 @@ class IndexCosts:
     index_fixed: int           # the same without its empty live bitmap (the model builds that)
     window_bytes: int          # a Window object and its id
     ledger_bytes: int          # a Ledger record and its two ints (ledger id, slot)
-    listed_cell_bytes: int     # a (bitmap, window, key) tuple in a ledger's list of listed cells
+    listed_cell_bytes: int     # a Listed record (bitmap, window, key)
     cell_key_bytes: int        # the int key of a dense cell
     multi_entry_bytes: int     # a (slot, entry) tuple and its count (nbytes() counts the tuple, not its ints)
     int_bytes: int             # one int in a per-ledger set
@@ -483,7 +482,7 @@ class IndexCosts:
             index_fixed=(empty.nbytes() - _roaring_bytes(BitMap64())  # the model builds the live bitmap,
                          - 2 * dict_bytes(0, literal=False) - 2 * list_bytes(0)),  # and sizes these containers
             window_bytes=size(Window()) + size(big), ledger_bytes=size(Ledger(big, 1_000)) + 2 * size(big),
-            listed_cell_bytes=size((None, None, None)),
+            listed_cell_bytes=size(Listed(BitMap([1]), Window(), 0)),
             cell_key_bytes=size(big << 20), multi_entry_bytes=size((1, 2)) + size(2), int_bytes=size(big))
 
     @classmethod
@@ -536,8 +535,8 @@ def live_replay(ledger, entry, ts, due, bits: int, stop_at=None, rounding: str =
     """A TimeBucketIndex fed the nacks in time order, popping due buckets as a
     tracker's timer does, up to and including instant ``stop_at``: the timer
     is armed at the earliest bucket added; when it fires it pops what is due
-    and re-arms at ``next_due_ms()`` (which gathers the front bucket into
-    dense cells: only then, as in the tracker, not after every add)."""
+    and re-arms at ``next_due_ms()`` (only then, as in the tracker, not after
+    every add)."""
     idx = TimeBucketIndex(precision_bits=bits, rounding=rounding)
     order = np.argsort(ts, kind="stable")
     timer = None

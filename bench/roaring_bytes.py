@@ -1,0 +1,68 @@
+"""What a Roaring bitmap really takes from malloc, beside what ``nbytes()``
+counts for it (``nacktracker.index._bytes._roaring_bytes``), one structure
+at a time: ``n`` copies built in this process, glibc's ``mallinfo2()`` in-use
+bytes before and after, per copy (CRoaring allocates with malloc; the
+pyroaring object itself is a small Python object, counted apart).
+
+    python bench/roaring_bytes.py
+
+Linux/glibc only (``mallinfo2``). The constant ``BITMAP64_EMPTY`` in
+``_bytes.py`` is the first row's measured figure.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+
+from pyroaring import BitMap, BitMap64
+
+from nacktracker.index._bytes import _roaring_bytes
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+_libc = ctypes.CDLL("libc.so.6")
+_libc.mallinfo2.restype = _MallInfo2
+
+
+def malloc_in_use() -> int:
+    info = _libc.mallinfo2()
+    return info.uordblks + info.hblkhd
+
+
+def measure(make, copies: int = 200) -> tuple[float, int]:
+    """(malloc bytes per copy, what _roaring_bytes counts for its C part)."""
+    gc.collect()
+    before = malloc_in_use()
+    objs = [make() for _ in range(copies)]
+    real = (malloc_in_use() - before) / copies
+    return real, _roaring_bytes(objs[0]) - type(objs[0]).__basicsize__
+
+
+STRUCTURES = [
+    ("BitMap64 empty", BitMap64),
+    ("BitMap64, 1 id", lambda: BitMap64([5])),
+    ("BitMap64, 16 containers (16 ledger slots x 11 ids)", lambda: BitMap64([s << 32 | e * 3 for s in range(16) for e in range(11)])),
+    ("BitMap64, 256 containers", lambda: BitMap64([c << 16 for c in range(256)])),
+    ("BitMap64, 1 container x 176 ids", lambda: BitMap64([e * 3 for e in range(176)])),
+    ("BitMap, 1 id", lambda: BitMap([5])),
+    ("BitMap, 40 ids", lambda: BitMap(range(0, 120, 3))),
+    ("BitMap, run of 1000", lambda: BitMap(range(1000))),
+    ("BitMap, 3 containers", lambda: BitMap([0, 70_000, 140_000])),
+]
+
+
+def main() -> None:
+    print("| structure | malloc B per copy | counted B | counted / malloc |")
+    print("|---|---|---|---|")
+    for name, make in STRUCTURES:
+        real, counted = measure(make)
+        print(f"| {name} | {real:.0f} | {counted} | {counted / real:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
