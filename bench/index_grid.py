@@ -11,7 +11,9 @@ then measures in that process:
 
 * memory: RSS growth since before the index was made (the C heap's free
   pages given back first: ``trim_heap``), and ``nbytes()``, per
-  pending message (both indexes hold exactly the same set at the end);
+  pending message (both indexes hold exactly the same set at the end), and
+  the growth after a second trim at the end (``rss_trimmed_per_pending``: how
+  much of it was free heap the allocator kept);
 * CPU per call at that steady state (thread CPU time, best of 5 chunks):
   ``add`` (the stream goes on), ``discard`` of a pending id (hit) and of an
   id that is not pending (miss: a message between two nacked ones, what
@@ -206,6 +208,8 @@ def measure_cell(index: str, cell: Cell, bits: int, target_pending: int = 100_00
         idx.pop_due(now)  # both indexes now hold exactly the nacks due after `now`
     gc.collect()
     grown = rss_bytes() - before
+    trim_heap()  # what of the growth is free-but-resident heap (not the reading above: a real process holds it)
+    grown_trimmed = rss_bytes() - before
     nbytes, pending = sum(i.nbytes() for i in indexes), sum(map(len, indexes))
     first = indexes[0]
     more = [[(first.add, lg, e, now + d) for lg, e, d in (streams[0].nack() for _ in range(calls))]
@@ -222,6 +226,7 @@ def measure_cell(index: str, cell: Cell, bits: int, target_pending: int = 100_00
         "index": index, **asdict(cell), "bits": bits, "replicas": n, "pending": pending, "nbytes": nbytes,
         "rss_growth": grown, "nbytes_per_pending": nbytes / max(1, pending),
         "rss_per_pending": grown / max(1, pending),
+        "rss_trimmed_per_pending": grown_trimmed / max(1, pending),
         "discard_miss_ns": _per_call_ns([misses] * REPEATS),
         "add_ns": _per_call_ns(more),
         "discard_hit_ns": _per_call_ns([found[i::REPEATS] for i in range(REPEATS)]),
