@@ -131,7 +131,7 @@ def test_a_second_session_maps_the_first_ones_classes_without_a_word(tmp_path):
         from nacktracker.pipeline.spark import get_spark
         spark = get_spark("local[1]", driver_memory="1g")
         print(spark.sparkContext._conf.get("spark.driver.extraJavaOptions"))
-        print(spark.range(1000).count())
+        print(spark.version)  # no job: the archive holds the session's classes (~110 MB, not ~185)
     """)
     env = dict(os.environ, NACKTRACKER_CACHE_DIR=str(tmp_path), PYTHONPATH=os.pathsep.join(sys.path))
     env.pop("NACKTRACKER_CACHE", None)
@@ -157,7 +157,7 @@ def _head(path: Path) -> bytes:
 
 def _dump_then_adopt(run, folder: Path) -> None:
     first = run()
-    assert "-XX:ArchiveClassesAtExit=" in first and first.strip().endswith("1000")
+    assert "-XX:ArchiveClassesAtExit=" in first and first.strip().split()[-1][0].isdigit()
     deadline = time.time() + 120  # the JVM dumps after the Python that started it has exited
     while time.time() < deadline:
         dumps = list(folder.glob(".*.jsa"))
@@ -168,5 +168,5 @@ def _dump_then_adopt(run, folder: Path) -> None:
         pytest.fail(f"no finished dump in {folder}: {list(folder.iterdir())}")
     time.sleep(2.5)  # adopted once its header has been written a moment ago
     second = run()
-    assert "-XX:SharedArchiveFile=" in second and second.strip().endswith("1000")
+    assert "-XX:SharedArchiveFile=" in second and second.strip().split()[-1][0].isdigit()
     assert [p.name for p in folder.iterdir()] == [dumps[0].name.lstrip(".").rsplit(".", 2)[0] + ".jsa"]
