@@ -99,13 +99,16 @@ def recommend(p99_by_bits: dict[int, float], max_early_ms: float) -> Optional[in
 
 
 def _assign_partitions(sizes: dict[int, int], partitions: int) -> dict[int, int]:
-    """Consumer id -> partition: largest first onto the lightest partition (LPT)."""
-    load = [0] * partitions
+    """Consumer id -> partition: largest first onto the lightest partition (LPT;
+    ties to the lowest partition number). Runtime: O(c log c + c log p)."""
+    import heapq
+
+    heap = [(0, p) for p in range(partitions)]
     out = {}
     for cid, n in sorted(sizes.items(), key=lambda kv: (-kv[1], kv[0])):
-        p = min(range(partitions), key=load.__getitem__)
+        load, p = heapq.heappop(heap)
         out[cid] = p
-        load[p] += n
+        heapq.heappush(heap, (load + n, p))
     return out
 
 
@@ -239,7 +242,7 @@ def run_plan(spark, trace: str, bits: Sequence[int] = DEFAULT_BITS, *,
         results = nacks.mapInArrow(_make_kernel(bits, costs, rounding, grid, sorted_rows), _RESULT_SCHEMA)
 
     t1 = time.perf_counter()
-    with progress.phase("analyse", f"{summary.nacks:,} nacks of {len(names):,} consumers: shuffle, sort, "
+    with progress.phase("analyse", f"{summary.nacks:,} nacks of {len(names):,} consumers: shuffle, "
                                    f"{len(bits)} bits per consumer in {parts} tasks"):
         table = _collect_arrow(results)  # one job: everything the report needs comes back at once
     seconds["analyse"] = time.perf_counter() - t1
@@ -296,8 +299,9 @@ def _sorted_nacks(spark, events, names: list[str], summary: TraceSummary, parts:
         where = F.col("pid")
     if hasattr(nacks, "repartitionById"):  # Spark >= 4.1: exactly the partition we chose
         nacks = nacks.repartitionById(parts, where)
-    else:  # older Spark: hash partitioning, a little less even
+    else:  # older Spark: hash partitioning, a little less even (and loads not known: sort)
         nacks = nacks.repartition(parts, where)
+        sort = True
     if sort:
         nacks = nacks.sortWithinPartitions("cid")
     # pid has done its work: every column left is one more Arrow column per row to the kernel
