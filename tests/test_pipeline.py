@@ -279,6 +279,22 @@ def test_peak_pending_equals_an_exact_replay(planned, trace):
 
 @pytest.mark.spark
 @needs_spark
+def test_partitions_sorted_and_streamed_in_groups_give_the_same_tables(spark, planned, trace, monkeypatch):
+    from nacktracker.pipeline import plan
+
+    # small groups: a partition holds two consumers of more than a group's rows, so
+    # Spark sorts it by consumer and the kernel cuts it into groups as it streams
+    monkeypatch.setattr(plan, "GROUP_ROWS", 1000)
+    streamed = plan.run_plan(spark, trace, BITS, max_early_ms=300, partitions=2)
+    assert streamed.partitions == 2
+    drop = lambda t: t.drop(columns=["kernel_s"]).reset_index(drop=True)  # noqa: E731
+    assert drop(streamed.consumers).equals(drop(planned.consumers))
+    assert streamed.fleet_errors.equals(planned.fleet_errors)
+    assert streamed.series.equals(planned.series)
+
+
+@pytest.mark.spark
+@needs_spark
 @pytest.mark.parametrize("bits", [0, 4, 8, 12])
 def test_peak_memory_agrees_with_an_index_built_in_process(planned, trace, bits):
     name = "consumer-001"

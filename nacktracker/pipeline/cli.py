@@ -220,7 +220,8 @@ def _add_plan(sub) -> None:
     p.add_argument("--format", choices=("auto", "parquet", "jsonl"), default="auto")
     p.add_argument("--out", default="nacktracker-plan", help="output directory (default nacktracker-plan)")
     p.add_argument("--partitions", type=int, default=None,
-                   help="tasks for the analysis (default: min(consumers, 4 x cores))")
+                   help="tasks for the analysis (default: at least 4 x cores and about a "
+                        "million nacks each, at most one a consumer)")
     _spark_options(p)
     p.set_defaults(func=_plan)
 

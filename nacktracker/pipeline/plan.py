@@ -10,9 +10,10 @@ The Spark job, end to end:
    task gets whole consumers and the tasks weigh about the same;
 3. shuffle once (``repartitionById`` on that number; with more than 64
    consumers the number comes from a broadcast join on a small table built
-   from Arrow) and sort within each
-   partition by the consumer number alone: one int key, which Spark sorts
-   with its radix sort, so each consumer's rows arrive together;
+   from Arrow); only when a partition holds more than one group of
+   consumers (:data:`GROUP_ROWS` nacks) sort within each partition by the
+   consumer number alone (one int key, Spark's radix sort), so each
+   consumer's rows arrive together; else a partition is one group;
 4. ``mapInArrow``: a task streams its rows in groups of whole consumers and
    runs :func:`~nacktracker.pipeline.pending.analyse_group` on each group for
    every bits value (one numpy sort of the group by ``(consumer, ledger,
@@ -98,13 +99,16 @@ def recommend(p99_by_bits: dict[int, float], max_early_ms: float) -> Optional[in
 
 
 def _assign_partitions(sizes: dict[int, int], partitions: int) -> dict[int, int]:
-    """Consumer id -> partition: largest first onto the lightest partition (LPT)."""
-    load = [0] * partitions
+    """Consumer id -> partition: largest first onto the lightest partition (LPT;
+    ties to the lowest partition number). Runtime: O(c log c + c log p)."""
+    import heapq
+
+    heap = [(0, p) for p in range(partitions)]
     out = {}
     for cid, n in sorted(sizes.items(), key=lambda kv: (-kv[1], kv[0])):
-        p = min(range(partitions), key=load.__getitem__)
+        load, p = heapq.heappop(heap)
         out[cid] = p
-        load[p] += n
+        heapq.heappush(heap, (load + n, p))
     return out
 
 
@@ -118,11 +122,12 @@ def _lookup(key, mapping: dict, type_name: str):
     return F.create_map(*pairs)[key]
 
 
-def _groups(batches, target_rows: int = GROUP_ROWS):
+def _groups(batches, target_rows: Optional[int] = GROUP_ROWS):
     """Gather a partition's Arrow batches, sorted by cid, into groups of whole
     consumers of about ``target_rows`` nacks: yields ``[cid, ledger_id,
     entry_id, ts_ms, due]`` numpy arrays. Holds at most one group plus the
-    consumer being read."""
+    consumer being read. ``target_rows=None``: the whole partition is one
+    group, its rows in any order (the kernel sorts a group itself)."""
     import numpy as np
 
     names = ("cid", "ledger_id", "entry_id", "ts_ms", "due")
@@ -133,7 +138,7 @@ def _groups(batches, target_rows: int = GROUP_ROWS):
             continue
         parts.append([batch.column(c).to_numpy().astype(np.int64, copy=False) for c in names])
         rows += batch.num_rows
-        if rows < target_rows:
+        if target_rows is None or rows < target_rows:
             continue
         cols = [np.concatenate([p[k] for p in parts]) for k in range(len(names))]
         parts.clear()
@@ -179,16 +184,18 @@ def _result_batch(cols: dict, seconds: float):
     return pa.RecordBatch.from_arrays(arrays, names=names)
 
 
-def _make_kernel(bits: Sequence[int], costs: IndexCosts, rounding: str, grid: Grid):
-    """The mapInArrow function: (cid, ledger, entry, ts, due) batches sorted by cid ->
-    one row per (consumer, bits), a group of consumers per kernel call. Runs in
+def _make_kernel(bits: Sequence[int], costs: IndexCosts, rounding: str, grid: Grid, sorted_rows: bool = True):
+    """The mapInArrow function: (cid, ledger, entry, ts, due) batches, sorted by
+    cid unless ``sorted_rows`` is false (then a partition is one group) -> one
+    row per (consumer, bits), a group of consumers per kernel call. Runs in
     the executors' Python workers."""
     bits = tuple(bits)
+    target_rows = GROUP_ROWS if sorted_rows else None
 
     def kernel(batches):
         from nacktracker.pipeline.pending import analyse_group
 
-        for group in _groups(batches):
+        for group in _groups(batches, target_rows):
             started = time.perf_counter()
             cols = analyse_group(*group, bits_list=bits, costs=costs, rounding=rounding, grid=grid)
             yield _result_batch(cols, time.perf_counter() - started)
@@ -202,7 +209,8 @@ def run_plan(spark, trace: str, bits: Sequence[int] = DEFAULT_BITS, *,
     """Run the whole plan job on ``trace``; return the tables for the report.
 
     Raises :class:`~nacktracker.events.TraceError` for unusable traces.
-    Cost: two scans of the log, one shuffle + sort of its nack rows, and the
+    Cost: two scans of the log, one shuffle of its nack rows (+ a sort, see
+    :func:`_sorted_nacks`), and the
     per-consumer kernel (see :mod:`.pending`).
     """
     bits = tuple(sorted(set(int(b) for b in bits)))
@@ -226,13 +234,15 @@ def run_plan(spark, trace: str, bits: Sequence[int] = DEFAULT_BITS, *,
     last = max(summary.consumers[n]["last_due_ms"] for n in names)
     last += (1 << max(bits)) if rounding == "ceil" else 1  # ceil fires up to a bucket after the due time
     grid = Grid.spanning(first, last, SERIES_BINS)
-    parts = partitions or min(len(names), 4 * default_parallelism(spark))
-    nacks = _sorted_nacks(spark, events, names, summary, parts)
+    # at least 4 tasks a core (no core idles long at the end), and tasks of at
+    # most about GROUP_ROWS nacks but for one consumer larger than that alone
+    parts = partitions or min(len(names), max(4 * default_parallelism(spark), -(-summary.nacks // GROUP_ROWS)))
+    nacks, sorted_rows = _sorted_nacks(spark, events, names, summary, parts)
     with quiet_pandas_check():
-        results = nacks.mapInArrow(_make_kernel(bits, costs, rounding, grid), _RESULT_SCHEMA)
+        results = nacks.mapInArrow(_make_kernel(bits, costs, rounding, grid, sorted_rows), _RESULT_SCHEMA)
 
     t1 = time.perf_counter()
-    with progress.phase("analyse", f"{summary.nacks:,} nacks of {len(names):,} consumers: shuffle, sort, "
+    with progress.phase("analyse", f"{summary.nacks:,} nacks of {len(names):,} consumers: shuffle, "
                                    f"{len(bits)} bits per consumer in {parts} tasks"):
         table = _collect_arrow(results)  # one job: everything the report needs comes back at once
     seconds["analyse"] = time.perf_counter() - t1
@@ -261,13 +271,22 @@ def run_plan(spark, trace: str, bits: Sequence[int] = DEFAULT_BITS, *,
 
 def _sorted_nacks(spark, events, names: list[str], summary: TraceSummary, parts: int):
     """The nack rows as ``(cid, ledger_id, entry_id, ts_ms, due)``, each
-    consumer whole in one of ``parts`` partitions, sorted by ``cid`` (a
-    consumer's rows together, in any order: the kernel sorts each group by
-    ``(cid, ledger_id, entry_id, due)`` itself): one shuffle, one radix sort."""
+    consumer whole in one of ``parts`` partitions, and whether they are sorted
+    by ``cid``: one shuffle, and a radix sort (a consumer's rows together, in
+    any order: the kernel sorts each group by ``(cid, ledger_id, entry_id,
+    due)`` itself) only when a partition holds more than one group of whole
+    consumers (:data:`GROUP_ROWS`); else the kernel takes each partition as
+    one group and no row is sorted in Spark."""
     from pyspark.sql import functions as F
 
     cids = {name: i for i, name in enumerate(names)}
-    pid = _assign_partitions({cids[n]: summary.consumers[n]["nacks"] for n in names}, parts)
+    sizes = {cids[n]: summary.consumers[n]["nacks"] for n in names}
+    pid = _assign_partitions(sizes, parts)
+    load, members = [0] * parts, [0] * parts
+    for c, p in pid.items():
+        load[p] += sizes[c]
+        members[p] += 1
+    sort = any(m > 1 and n > GROUP_ROWS for m, n in zip(members, load))
     nacks = events.where(F.col("kind") == "nack")
     due = (F.col("ts_ms") + F.col("delay_ms")).alias("due")
     if len(names) <= 64:  # a literal map lookup per row: no join, no extra column shuffled
@@ -280,10 +299,13 @@ def _sorted_nacks(spark, events, names: list[str], summary: TraceSummary, parts:
         where = F.col("pid")
     if hasattr(nacks, "repartitionById"):  # Spark >= 4.1: exactly the partition we chose
         nacks = nacks.repartitionById(parts, where)
-    else:  # older Spark: hash partitioning, a little less even
+    else:  # older Spark: hash partitioning, a little less even (and loads not known: sort)
         nacks = nacks.repartition(parts, where)
+        sort = True
+    if sort:
+        nacks = nacks.sortWithinPartitions("cid")
     # pid has done its work: every column left is one more Arrow column per row to the kernel
-    return nacks.sortWithinPartitions("cid").select("cid", "ledger_id", "entry_id", "ts_ms", "due")
+    return nacks.select("cid", "ledger_id", "entry_id", "ts_ms", "due"), sort
 
 
 def _codes(spark, names: list[str], pid: dict[int, int]):
