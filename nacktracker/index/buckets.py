@@ -443,7 +443,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
 
         The live structures only: a process that has added and popped for a
         while holds more (allocator fragmentation, bitmap growth slack; RSS growth was
-        1.3-4.6x this, median 2x, in ``bench/index_grid.py``'s cells), so size a host by RSS.
+        1.1-4.1x this, median 1.95x, in ``bench/index_grid.py``'s cells), so size a host by RSS.
 
         Runtime complexity: O(windows + cells + ledgers + ids pending in two
         buckets or acked while pending); never O(messages).
