@@ -215,7 +215,9 @@ def overlaps(a: BitMap | BitMap64, b: BitMap | BitMap64) -> bool:
 def distinct(values: np.ndarray) -> np.ndarray:
     """The sorted distinct values of a 1-d array: ``np.unique`` without its
     first-call import of ``numpy.ma`` (over 1 MB of RSS that a process using
-    the index never needs). Runtime: O(n log n) in C."""
+    the index never needs), and without numpy 2's hashing first, which took
+    ~50x longer than this sort on half a million distinct keys (the planner's
+    fire keys at 1 ms buckets). Runtime: O(n log n) in C."""
     if len(values) < 2:
         return values.copy()
     s = np.sort(values)

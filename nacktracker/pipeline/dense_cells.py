@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..index._parts import LISTED, PROMOTE
+from ..index._parts import LISTED, PROMOTE, distinct
 
 __all__ = ["ArrivalCells", "Listing", "arrival_cells", "list_cells", "compacted_prefix"]
 
@@ -110,20 +110,6 @@ def fire_times(bucket: np.ndarray, start: np.ndarray) -> np.ndarray:
     return np.where(bucket > start, bucket, start + 1)
 
 
-def _distinct(x: np.ndarray) -> np.ndarray:
-    """``np.unique(x)`` by a sort: numpy 2's ``unique`` hashes first, which
-    takes ~50x longer on half a million distinct keys (every key distinct is
-    the common case at 1 ms buckets). Runtime: O(n log n), fast on the
-    nearly sorted keys of owners in order."""
-    s = np.sort(x)
-    if len(s) < 2:
-        return s
-    keep = np.empty(len(s), dtype=bool)
-    keep[0] = True
-    np.not_equal(s[1:], s[:-1], out=keep[1:])
-    return s[keep]
-
-
 class _Fires:
     """The owners' pops (the tracker's timer pops a bucket at its time),
     keyed ``owner × span + time offset`` (or, when that would not fit 62
@@ -135,9 +121,9 @@ class _Fires:
         self.span = int(max(bucket.max(), fire.max())) - self.low + 2
         self.ub: np.ndarray | None = None
         if (int(owner.max()) + 1) * self.span >= 1 << 62:  # rank the times instead
-            self.ub = _distinct(np.r_[bucket, fire])
+            self.ub = distinct(np.r_[bucket, fire])
             self.span = len(self.ub) + 1
-        self.keys = _distinct(owner * self.span + self._at(fire))
+        self.keys = distinct(owner * self.span + self._at(fire))
 
     def _at(self, t: np.ndarray) -> np.ndarray:
         """The key offset of times that occur (bucket or fire times)."""
