@@ -31,7 +31,7 @@ Three scenarios beside the grid:
 * ``listed_miss``: one ledger with 8 listed dense cells (seed 000's bursts),
   discard-miss CPU of ids never nacked (results.json only).
 
-    python bench/index_grid.py --out bench/results/index-grid    # full: ~20 min on 2 free cores
+    python bench/index_grid.py --out bench/results/index-grid    # full: ~10 min on 2 free cores
     python bench/index_grid.py --quick --out /tmp/grid            # seconds (the test runs it)
 """
 

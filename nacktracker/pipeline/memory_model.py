@@ -290,8 +290,9 @@ def index_state(ledger: np.ndarray, entry: np.ndarray, bucket: np.ndarray, start
     """Bytes of a live index at one instant: :func:`index_states` for one index.
 
     Arrays: every occurrence added up to that instant (in any order; those
-    whose bucket had passed too: the timer's pop they cause ends runs), its first nack time ``start`` (arrival order decides dense and
-    listed cells) and whether it is ``pending`` at the instant.
+    whose bucket had passed too: the timer's pop they cause ends runs), its
+    first nack time ``start`` (arrival order decides dense and listed cells)
+    and whether it is ``pending`` at the instant.
     """
     owner = np.zeros(len(np.asarray(ledger)), dtype=np.int64)
     out = index_states(owner, ledger, entry, bucket, start, pending, 1, bits, costs)
