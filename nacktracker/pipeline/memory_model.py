@@ -22,9 +22,11 @@ counts for it, piece by piece:
   runs promote (up to ``LISTED``; the next promotion moves the listed ids
   into the live bitmap), and a listed cell's ids skip the live bitmap but
   the first add of each later run into it; ids pending in two buckets stay;
-* per ledger, its record (:class:`~nacktracker.index._parts.Ledger`, its
-  ledger id and slot) and, with listed cells, their list, a ``Listed``
-  record each and the int ``hi``;
+* per ledger, its id (an int), its slot's int past CPython's shared small
+  ints, a dict slot and two list slots; a ledger with listed cells, wide ids
+  or ids pending in two buckets also has a record
+  (:class:`~nacktracker.index._parts.LedgerExt`), and with listed cells
+  their list, a ``Listed`` record each and the int ``hi``;
 * the ids pending in two buckets (``_multi`` and per-ledger sets);
 * the fixed part of an empty index.
 
@@ -49,7 +51,8 @@ import numpy as np
 from pyroaring import BitMap, BitMap64
 
 from ..index import DictIndex, TimeBucketIndex, _roaring_bytes
-from ..index._parts import Layout, Ledger, Listed, Window
+from ..index._parts import Layout, LedgerExt, Listed, Window
+from ..index.buckets import SMALL_INT
 from .dense_cells import arrival_cells, compacted_prefix, list_cells
 
 __all__ = ["IndexCosts", "IndexState", "index_state", "index_states", "array_bytes", "dict_bytes", "dict_bytes_many",
@@ -357,11 +360,21 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     lid_heads = np.searchsorted(lid_owner[by_arrival], np.arange(k))
     slot[by_arrival] = np.arange(n_lid) - lid_heads[lid_owner[by_arrival]]
     n_led = np.bincount(lid_owner, minlength=k)
-    total += n_led * costs.ledger_bytes + np.where(has, _table("empty", n_led) + _table("list", n_led), 0)
+    # a ledger is its slot: its id's int (a dict key and a list item), the slot's int past
+    # CPython's shared small ints, and the dict and the two per-slot lists sized for them
+    total += n_led * costs.ledger_bytes + np.maximum(n_led - 1 - SMALL_INT, 0) * costs.int_bytes
+    total += np.where(has, _table("empty", n_led) + 2 * _table("list", n_led), 0)
     # a ledger's listed cells: its list, a Listed record each, and its hi
     total += _per_owner(listing.owner, listing.list_bytes + listing.n * costs.listed_cell_bytes
                         + listing.hi_bytes, k)
     pid_rows = np.bincount(pid, minlength=n_pid)
+    # a LedgerExt record for each ledger with listed cells, wide ids or ids pending twice
+    rare = np.zeros(n_lid, dtype=bool)
+    rare[lid[(entry >> 32 > 0) | (pid_rows[pid] > 1)]] = True
+    with_ext = set(zip(listing.owner.tolist(), listing.ledger.tolist()))
+    with_ext.update(zip(lid_owner[rare].tolist(), ledger[lid_first[rare]].tolist()))
+    if with_ext:
+        total += np.bincount(np.fromiter((o_ for o_, _ in with_ext), dtype=np.int64), minlength=k) * costs.ext_bytes
     # the live bitmap: every narrow id but those stored in a listed cell only (an id
     # pending in two buckets is in it whatever its cells)
     in_live = (entry >> 32 == 0) & ~(listed_only & (pid_rows[pid] == 1))
@@ -463,7 +476,8 @@ class IndexCosts:
     empty_index: int           # nbytes() of an empty TimeBucketIndex
     index_fixed: int           # the same without its empty live bitmap (the model builds that)
     window_bytes: int          # a Window object and its id
-    ledger_bytes: int          # a Ledger record and its two ints (ledger id, slot)
+    ledger_bytes: int          # a ledger's id (an int; its slot's int only past SMALL_INT)
+    ext_bytes: int             # a LedgerExt record (a ledger's rare state)
     listed_cell_bytes: int     # a Listed record (bitmap, window, key)
     cell_key_bytes: int        # the int key of a dense cell
     multi_entry_bytes: int     # a (slot, entry) tuple and its count (nbytes() counts the tuple, not its ints)
@@ -482,7 +496,7 @@ class IndexCosts:
             dict_index_per_entry=_dict_index_per_entry(), max_model_error=0.0, empty_index=empty.nbytes(),
             index_fixed=(empty.nbytes() - _roaring_bytes(BitMap64())  # the model builds the live bitmap,
                          - 2 * dict_bytes(0, literal=False) - 2 * list_bytes(0)),  # and sizes these containers
-            window_bytes=size(Window()) + size(big), ledger_bytes=size(Ledger(big, 1_000)) + 2 * size(big),
+            window_bytes=size(Window()) + size(big), ledger_bytes=size(big), ext_bytes=size(LedgerExt()),
             listed_cell_bytes=size(Listed(BitMap([1]), Window(), 0)),
             cell_key_bytes=size(big << 20), multi_entry_bytes=size((1, 2)) + size(2), int_bytes=size(big))
 
