@@ -315,6 +315,8 @@ class CellsMixin:
             cell = dense.pop(key, None)
             if cell is not None:
                 out[key & M32] = cell
+        if not dense:  # a dict never shrinks: drop it (and its heap of stale keys) for the shared empties
+            w.dense, w.dense_keys = NO_CELLS, NO_KEYS
         return out
 
     def _promote(self, w: Window) -> None:
