@@ -288,11 +288,11 @@ class CellsMixin:
         follows a listed cell's new ids (merged in by a gather or ``add_many``).
         Runtime: O(log c) (heap push) + O(LISTED)."""
         if w.dense is NO_CELLS:
-            w.dense, w.dense_keys = {}, []
+            w.dense = {}
         key = off << 32 | slot
         old = w.dense.get(key)
         if old is None:
-            heapq.heappush(w.dense_keys, key)
+            self._push_key(w, key)
         else:
             ext = self._ext[slot]
             if ext is not None and ext.cells is not None:
@@ -306,6 +306,15 @@ class CellsMixin:
                         break
         w.dense[key] = cell
         return cell
+
+    @staticmethod
+    def _push_key(w: Window, key: int) -> None:
+        """A new dense cell's key into the heap of an open window (one at the
+        front: see :class:`~._parts.Window`). Runtime: O(log c)."""
+        if w.upto >= 0:
+            if w.dense_keys is NO_KEYS:
+                w.dense_keys = []
+            heapq.heappush(w.dense_keys, key)
 
     def _take_cells(self, w: Window, off: int) -> dict[int, BitMap | BitMap64]:
         """Remove and return the dense cells of bucket ``off`` by slot. Runtime: O(c log c)."""
@@ -335,8 +344,8 @@ class CellsMixin:
             self._hot_dense = self._set_cell(w, off, slot, cell)
             return
         if w.dense is NO_CELLS:
-            w.dense, w.dense_keys = {}, []
-        heapq.heappush(w.dense_keys, key)
+            w.dense = {}
+        self._push_key(w, key)
         w.dense[key] = self._hot_dense = cell
         # listed: the run's ids leave the live bitmap and its next ids skip it
         # (stored once); the listing shares the dict's key object. An id also

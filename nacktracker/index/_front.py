@@ -135,6 +135,9 @@ class FrontMixin:
     def _sort(self, w: Window) -> None:
         """Sort what is left of the window's array in place, in C. Runtime: O(w log w)."""
         self._reset_hot()  # the hot run's copies no longer sit at the tail
+        if w.upto < 0 and w.dense:  # opened: its dense cells' keys get their heap
+            w.dense_keys = list(w.dense)
+            heapq.heapify(w.dense_keys)
         if w.pos:
             del w.packed[:w.pos]
         if w.packed:

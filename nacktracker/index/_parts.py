@@ -94,13 +94,15 @@ class Window:
     C); then ``packed[pos:upto]`` is the sorted remainder (``pos`` advances as
     buckets are taken; the taken prefix is cut off once it is an eighth of the
     array), ``packed[upto:]`` the unsorted tail of adds since, and
-    ``tail_min`` the smallest offset in that tail. ``dense``: offset -> slot
+    ``tail_min`` the smallest offset in that tail.
     ``dense``: ``offset << 32 | slot`` -> bitmap (one flat dict: a cell costs a
     dict slot and a key, not a dict per bucket); ``dense_keys``: a heap of
-    those keys (stale ones skipped), so the earliest cells come first; both are the shared empty :data:`NO_CELLS`/:data:`NO_KEYS`
-    (never written to) until the window's first dense cell, so a sparse
-    window costs its object and its array only. The window is empty when
-    nothing is left in either.
+    those keys (stale ones skipped), so the earliest cells come first, kept
+    only once the window is open (only the front window takes cells in
+    order: the others would pay ~90 bytes for nothing); both are the shared
+    empties :data:`NO_CELLS`/:data:`NO_KEYS` (never written to) until
+    needed, so a sparse window costs its object and its array only. The
+    window is empty when nothing is left in either.
     """
 
     __slots__ = ("packed", "pos", "upto", "tail_min", "dense", "dense_keys")

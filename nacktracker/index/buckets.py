@@ -29,7 +29,7 @@ from .._checks import MAX_DUE, check_int, check_precision, entry_array
 from ._bytes import _roaring_bytes
 from ._cells import CellsMixin
 from ._front import FrontMixin
-from ._parts import COMPACT_CHURN, M32, NO_CELLS, NO_ENTRIES, NO_SLOTS, PROMOTE, Ghost, Layout, LedgerExt, Window, bitmap_of, common, distinct, merge_into, overlaps
+from ._parts import COMPACT_CHURN, M32, NO_CELLS, NO_ENTRIES, NO_KEYS, NO_SLOTS, PROMOTE, Ghost, Layout, LedgerExt, Window, bitmap_of, common, distinct, merge_into, overlaps
 
 __all__ = ["TimeBucketIndex"]
 
@@ -466,8 +466,10 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         total += sum(size(c) for c in (self._free, self._multi, self._ghosts) if c is not NO_SLOTS and c is not NO_ENTRIES)
         for wid, w in self._windows.items():
             total += size(wid) + size(w) + size(w.packed)
+            if w.dense_keys is not NO_KEYS:
+                total += size(w.dense_keys)
             if w.dense is not NO_CELLS:
-                total += size(w.dense) + size(w.dense_keys) + sum(map(size, w.dense))
+                total += size(w.dense) + sum(map(size, w.dense))
                 total += sum(map(_roaring_bytes, w.dense.values()))
         for slot, lid in enumerate(self._lid):
             if lid is None:

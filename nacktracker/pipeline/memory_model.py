@@ -14,7 +14,7 @@ counts for it, piece by piece:
   gathers a bucket's sparse copies only as it takes it); wide ids
   (>= 2^32) are always dense. Each costs its bitmap (built for real: the ids
   up to its last compaction compacted, the rest added since), a dict slot,
-  a key and a heap slot. Which cells are dense, listed and compacted is
+  a key and, in the front window, a heap slot. Which cells are dense, listed and compacted is
   replayed from arrival order by :mod:`.dense_cells`;
 * the index-wide live bitmap (``slot << 32 | entry``, a ``BitMap64`` built
   for real, not run-optimised: see :func:`index_states`) holds every live id
@@ -430,7 +430,7 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
 
     # cells: (bucket, ledger); the dense ones hold a bitmap each (not compacted
     # while filling: the last add's cell and the front bucket's), plus a dict
-    # slot, a heap slot and a key in their window
+    # slot, a key and (front window) a heap slot in their window
     cid_owner = np.empty(n_cid, dtype=np.int64)
     cid_owner[cid] = o
     out[3] = np.bincount(cid_owner, minlength=k)
@@ -458,7 +458,11 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
             roaring[c] += _roaring_bytes(_cell_bitmap(entries[lo:hi], upto))
         used = np.flatnonzero(cells_per_window)
         cw = cells_per_window[used]
-        total += _per_owner(wid_owner[used], _table("empty", cw) + _table("list", cw) + cw * costs.cell_key_bytes, k)
+        # the heap of keys: the front window's only (the index keeps one once a window is open)
+        front = np.full(k, n_wid, dtype=np.int64)
+        np.minimum.at(front, wid_owner, np.arange(n_wid))
+        heap = np.where(used == front[wid_owner[used]], _table("list", cw), 0)
+        total += _per_owner(wid_owner[used], _table("empty", cw) + heap + cw * costs.cell_key_bytes, k)
     total += roaring
     out[0, has] = total[has]
     out[1] = roaring
