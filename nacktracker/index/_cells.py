@@ -11,7 +11,7 @@ import heapq
 import numpy as np
 from pyroaring import BitMap, BitMap64
 
-from ._parts import COMPACT_CHURN, LISTED, M32, NO_CELLS, NO_ENTRIES, NO_KEYS, PROMOTE, LedgerExt, Listed, Window, has
+from ._parts import COMPACT_CHURN, LISTED, M32, NO_CELLS, NO_ENTRIES, NO_KEYS, NO_PACKED, PROMOTE, LedgerExt, Listed, Window, has
 
 
 class CellsMixin:
@@ -266,6 +266,8 @@ class CellsMixin:
         if w.dense:
             cell = w.dense.get(off << 32 | slot)
         self._hot_bucket, self._hot_slot, self._hot_win, self._hot_off = bucket, slot, w, off
+        if cell is None and w.packed is NO_PACKED:
+            w.packed = array.array("Q")
         self._hot_lid = self._lid[slot]
         # _hot_start: where the hot run starts in the array, or the dense cell's size
         self._hot_dense, self._hot_start = cell, len(w.packed) if cell is None else len(cell)
@@ -334,6 +336,8 @@ class CellsMixin:
         start = self._hot_start
         ids = array.array("I", [v & M32 for v in w.packed[start:]])
         del w.packed[start:]
+        if not w.packed:  # (then pos == upto == 0: the run was the tail)
+            w.packed = NO_PACKED
         cell = BitMap()
         cell.update(ids)
         slot, off = self._hot_slot, self._hot_off

@@ -12,7 +12,7 @@ from typing import Iterator
 import numpy as np
 from pyroaring import BitMap, BitMap64
 
-from ._parts import M32, NO_SLOTS, LedgerExt, Window, common, distinct, merge_into
+from ._parts import M32, NO_PACKED, NO_SLOTS, LedgerExt, Window, common, distinct, merge_into
 
 
 class FrontMixin:
@@ -140,6 +140,8 @@ class FrontMixin:
             heapq.heapify(w.dense_keys)
         if w.pos:
             del w.packed[:w.pos]
+            if not w.packed:
+                w.packed = NO_PACKED
         if w.packed:
             w.view().sort()
         w.pos, w.upto, w.tail_min = 0, len(w.packed), Window.NO_TAIL
@@ -164,6 +166,8 @@ class FrontMixin:
                 del packed[:w.pos]
                 w.upto -= w.pos
                 w.pos = 0
+                if not packed:
+                    w.packed = NO_PACKED
             for s, ids in self._by_slot(parts):
                 cell = w.dense.get(off << 32 | s)
                 self._set_cell(w, off, s, ids if cell is None else merge_into(cell, ids))

@@ -84,6 +84,10 @@ NO_KEYS: list = []
 #: are made on first use: an index with a few ids does not pay for them.
 NO_ENTRIES: dict = {}
 NO_SLOTS: list = []
+#: A window's array until its first sparse copy, and again once emptied
+#: (never written to): a window holding dense cells only (seed 000's bursts)
+#: does not pay for an empty array object.
+NO_PACKED = array.array("Q")
 
 
 class Window:
@@ -110,7 +114,7 @@ class Window:
     NO_TAIL = 1 << 64
 
     def __init__(self) -> None:
-        self.packed = array.array("Q")
+        self.packed = NO_PACKED  # made on the first sparse copy
         self.pos = 0
         self.upto = -1
         self.tail_min = self.NO_TAIL

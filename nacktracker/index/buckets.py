@@ -19,6 +19,7 @@ dense bursts alike. The pieces are in :mod:`._parts`, placing copies in
 
 from __future__ import annotations
 
+import array
 import sys
 from typing import Iterable, Iterator
 
@@ -29,7 +30,7 @@ from .._checks import MAX_DUE, check_int, check_precision, entry_array
 from ._bytes import _roaring_bytes
 from ._cells import CellsMixin
 from ._front import FrontMixin
-from ._parts import COMPACT_CHURN, M32, NO_CELLS, NO_ENTRIES, NO_KEYS, NO_SLOTS, PROMOTE, Ghost, Layout, LedgerExt, Window, bitmap_of, common, distinct, merge_into, overlaps
+from ._parts import COMPACT_CHURN, M32, NO_CELLS, NO_ENTRIES, NO_KEYS, NO_PACKED, NO_SLOTS, PROMOTE, Ghost, Layout, LedgerExt, Window, bitmap_of, common, distinct, merge_into, overlaps
 
 __all__ = ["TimeBucketIndex"]
 
@@ -163,6 +164,8 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         # another sparse cell of an existing window (interleaved traffic): inline
         # _make_hot. The live bitmap's compaction is paced by pops (adds only grow it).
         packed = w.packed
+        if packed is NO_PACKED:
+            packed = w.packed = array.array("Q")
         self._hot_start = len(packed)
         packed.append(off << self._oshift | key)  # key is slot << 32 | entry
         if w.upto >= 0 and off < w.tail_min:  # an add into a window already open
@@ -465,7 +468,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
                  + size(self._lid) + size(self._ext))
         total += sum(size(c) for c in (self._free, self._multi, self._ghosts) if c is not NO_SLOTS and c is not NO_ENTRIES)
         for wid, w in self._windows.items():
-            total += size(wid) + size(w) + size(w.packed)
+            total += size(wid) + size(w) + (size(w.packed) if w.packed is not NO_PACKED else 0)
             if w.dense_keys is not NO_KEYS:
                 total += size(w.dense_keys)
             if w.dense is not NO_CELLS:

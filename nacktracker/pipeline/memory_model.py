@@ -5,9 +5,9 @@ The index's layout (``nacktracker/index/_parts.py``) and what ``nbytes()``
 counts for it, piece by piece:
 
 * per window of ``2^max(bits, 14)`` ms holding pending nacks: the window
-  object, its id, its slot in the windows dict and heap, and one
-  ``array('Q')`` with 8 bytes per *sparse* copy (grown by appends:
-  :func:`array_bytes`);
+  object, its id, its slot in the windows dict and heap, and, while it
+  holds *sparse* copies, one ``array('Q')`` with 8 bytes each (grown by
+  appends: :func:`array_bytes`);
 * *dense* cells: a ``(bucket, ledger)`` cell turns into a Roaring bitmap when
   a run of :data:`~nacktracker.index._parts.PROMOTE` adds in a row reaches
   it (arrival order; another cell's add or a pop ends a run; the index
@@ -426,7 +426,7 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     n_win = np.bincount(wid_owner, minlength=k)
     sparse_per_window = np.bincount(wid[~dense], minlength=n_wid)
     total += n_win * costs.window_bytes + np.where(has, _table("empty", n_win) + _table("list", n_win), 0)
-    total += _per_owner(wid_owner, array_bytes(sparse_per_window), k)
+    total += _per_owner(wid_owner, np.where(sparse_per_window > 0, array_bytes(sparse_per_window), 0), k)
 
     # cells: (bucket, ledger); the dense ones hold a bitmap each (not compacted
     # while filling: the last add's cell and the front bucket's), plus a dict
