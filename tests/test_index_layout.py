@@ -14,7 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from pyroaring import BitMap, BitMap64
 
 from nacktracker import DictIndex, TimeBucketIndex
-from nacktracker.index._parts import LISTED, NO_CELLS, NO_ENTRIES, NO_KEYS, NO_PACKED, NO_SLOTS, PROMOTE
+from nacktracker.index._parts import LISTED, LISTING, NO_CELLS, NO_ENTRIES, NO_KEYS, NO_PACKED, NO_SLOTS, PROMOTE
 
 ledgers = st.sampled_from([1, 2, 7, 2**40 + 3])
 entries = st.one_of(st.integers(0, 60), st.integers(2**32 - 3, 2**32 + 3), st.just(2**63 - 1))
@@ -138,16 +138,16 @@ def check_listed(idx: TimeBucketIndex) -> None:
         if ext.cells is None:
             assert ext.hi == -1
             continue
-        assert 0 < len(ext.cells) <= LISTED
-        for rec in ext.cells:
-            cell, w, key = rec.cell, rec.w, rec.key
+        assert 0 < len(ext.cells) <= LISTED * LISTING and len(ext.cells) % LISTING == 0
+        for i in range(0, len(ext.cells), LISTING):
+            cell, w, key = ext.cells[i:i + LISTING]
             assert cell and w.dense.get(key) is cell and key & 0xFFFFFFFF == slot
             assert cell.max() <= ext.hi
             assert ext.ghost is None or not any(e in ext.ghost and not idx._ghosts[(slot, e)].revived
                                                 for e in cell)
-    if idx._hot_rec is not None:
+    if idx._hot_listed:
         ext = idx._ext[idx._hot_slot]
-        assert idx._hot_rec.cell is idx._hot_dense and any(r is idx._hot_rec for r in ext.cells)
+        assert any(c is idx._hot_dense for c in ext.cells[::LISTING])
     if idx._hot_slot >= 0:
         assert idx._lid[idx._hot_slot] == idx._hot_lid
 
@@ -273,7 +273,7 @@ def test_a_burst_is_stored_once_in_a_listed_cell():
     for e in range(0, 20_000, 2):
         idx.add(9, e, 5_000)
     led = ext_of(idx, 9)
-    assert len(led.cells) == 1 and len(idx._live) == 0 and led.hi == 19_998
+    assert len(led.cells) == LISTING and len(idx._live) == 0 and led.hi == 19_998
     assert (9, 4) in idx and (9, 5) not in idx and (9, 20_000) not in idx
     idx.add(9, 4, 5_000)  # already pending in that cell
     idx.add(9, 4, 9_000)  # now pending in two buckets (the second copy sparse, in the live bitmap)
@@ -293,7 +293,7 @@ def test_a_ledger_crossing_listed_flushes_its_cells_into_the_live_bitmap():
             idx.add(3, e, 1_000 + c)
             ref.add(3, e, 1_000 + c)
         check_listed(idx)
-    assert len(ext_of(idx, 3).cells) == 2  # LISTED flushed, then two more listed
+    assert len(ext_of(idx, 3).cells) == 2 * LISTING  # LISTED flushed, then two more listed
     assert len(idx._live) == LISTED * (PROMOTE + 10)
     for e in (5, 105, (LISTED + 1) * 100 + 3, 99, 2**32 + 1):
         assert ((3, e) in idx) == ((3, e) in ref)
@@ -346,8 +346,8 @@ def test_listed_cells_answer_lookups_between_and_inside_their_ranges():
             m.add(4, e, 200)
         m.add(4, 4_000, 200)  # hot in B: widens B's lo
     check_listed(idx)
-    a, b = ext_of(idx, 4).cells
-    assert (a.cell.min(), a.cell.max(), b.cell.min()) == (1_000, 1_062, 4_000)
+    a, b = ext_of(idx, 4).cells[::LISTING]
+    assert (a.min(), a.max(), b.min()) == (1_000, 1_062, 4_000)
     assert ext_of(idx, 4).hi == 5_000 + PROMOTE - 1
     for e in (3_000, 1_001, 4_001, 999, 9, 4_000, 1_062, 6_000):  # between, gaps, ends, above hi
         assert ((4, e) in idx) == ((4, e) in ref)
@@ -357,7 +357,7 @@ def test_listed_cells_answer_lookups_between_and_inside_their_ranges():
     for m in (idx, ref):
         m.add_many(4, list(range(2, 2 + PROMOTE)), 100)  # merged into listed cell A: its bounds widen
     check_listed(idx)
-    assert ext_of(idx, 4).cells[0].cell.min() == 2
+    assert ext_of(idx, 4).cells[0].min() == 2
     assert (4, 9) in idx and idx.discard(4, 9) and ref.discard(4, 9)
     assert idx.discard(4, 2_000) == ref.discard(4, 2_000)  # between A and B after the widening
     assert idx.pop_due(300) == ref.pop_due(300)

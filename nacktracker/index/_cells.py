@@ -11,7 +11,7 @@ import heapq
 import numpy as np
 from pyroaring import BitMap, BitMap64
 
-from ._parts import COMPACT_CHURN, LISTED, M32, NO_CELLS, NO_ENTRIES, NO_KEYS, NO_PACKED, PROMOTE, LedgerExt, Listed, Window, has
+from ._parts import COMPACT_CHURN, LISTED, M32, NO_CELLS, NO_ENTRIES, NO_KEYS, NO_PACKED, PROMOTE, LISTING, LedgerExt, Window, has
 
 
 class CellsMixin:
@@ -100,8 +100,8 @@ class CellsMixin:
         """Whether a listed cell of the ledger holds the id (a live copy: listed
         cells hold no ghost); the id is below 2^32 (64-bit ids are in ``wide``).
         Runtime: O(LISTED) bitmap lookups in C."""
-        for rec in ext.cells:
-            if entry_id in rec.cell:
+        for cell in ext.cells[::LISTING]:
+            if entry_id in cell:
                 return True
         return False
 
@@ -113,35 +113,34 @@ class CellsMixin:
         cells = ext.cells
         if cells is None:
             cells = ext.cells = []
-        elif len(cells) >= LISTED:
+        elif len(cells) >= LISTED * LISTING:
             self._flush_listed(slot, ext)
             cells = ext.cells = []
-        rec = Listed(cell, w, key)
-        cells.append(rec)
+        cells += (cell, w, key)
         if cell and cell.max() > ext.hi:
             ext.hi = cell.max()
         if self._hot_dense is cell:
-            self._hot_rec = rec
+            self._hot_listed = True
 
     def _flush_listed(self, slot: int, ext: LedgerExt) -> None:
         """Put the ids of the ledger's listed cells into the live bitmap and
         unlist them (ids >= 2^32 are in ``wide`` already). Runtime: O(ids) in C."""
-        for rec in ext.cells:
-            keyed = self._keyed(slot, rec.cell)
+        for cell in ext.cells[::LISTING]:
+            keyed = self._keyed(slot, cell)
             self._live |= keyed
             self._churn += len(keyed)
-            if self._hot_rec is rec:
-                self._hot_rec = None
+            if self._hot_dense is cell:
+                self._hot_listed = False
         ext.cells, ext.hi = None, -1
 
     def _unlist(self, ext: LedgerExt, cell: BitMap | BitMap64) -> None:
         """The cell leaves the index (popped or emptied). Runtime: O(LISTED)."""
         cells = ext.cells
-        for i, rec in enumerate(cells):
-            if rec.cell is cell:
-                del cells[i]
-                if self._hot_rec is rec:
-                    self._hot_rec = None
+        for i in range(0, len(cells), LISTING):
+            if cells[i] is cell:
+                del cells[i:i + LISTING]
+                if self._hot_dense is cell:
+                    self._hot_listed = False
                 break
         if not cells:
             ext.cells, ext.hi = None, -1
@@ -150,28 +149,27 @@ class CellsMixin:
         """An ack: remove the id from the ledger's listed cells (a cell emptied
         leaves its window); return how many held it. Runtime: O(LISTED)
         bitmap lookups in C."""
-        held = None
-        if entry_id >> 32:  # a 32-bit cell cannot hold it (and would raise)
-            held = [rec for rec in ext.cells if has(rec.cell, entry_id)] or None
-        else:  # the common case: a bare probe per cell, no call
-            for rec in ext.cells:
-                if entry_id in rec.cell:
-                    if held is None:
-                        held = []
-                    held.append(rec)
+        cells, held = ext.cells, None
+        narrow = not entry_id >> 32  # a 32-bit cell cannot hold a wider id (and would raise): has()
+        for i in range(0, len(cells), LISTING):
+            if (entry_id in cells[i]) if narrow else has(cells[i], entry_id):
+                if held is None:
+                    held = []
+                held.append(i)
         if held is None:
             return 0
-        for rec in held:
-            cell = rec.cell
+        for i in reversed(held):  # back to front: unlisting shifts the later cells
+            cell, w, key = cells[i], cells[i + 1], cells[i + 2]
             cell.discard(entry_id)
             if not cell:
-                self._unlist(ext, cell)
-                w = rec.w
-                del w.dense[rec.key]  # its key in dense_keys is stale now: skipped there
+                del cells[i:i + LISTING]
+                del w.dense[key]  # its key in dense_keys is stale now: skipped there
                 if not w.dense:  # a dict never shrinks: drop it with its heap of stale keys
                     w.dense, w.dense_keys = NO_CELLS, NO_KEYS
                 if self._hot_dense is cell:
                     self._reset_hot()
+        if not cells:
+            ext.cells, ext.hi = None, -1
         return len(held)
 
     def _live_add(self, slot: int, entry_id: int) -> None:
@@ -233,7 +231,7 @@ class CellsMixin:
                 cell = self._set_cell(w, off, slot, BitMap64(cell))
             cell.add(entry_id)
             self._hot_dense = cell
-            if self._hot_rec is not None:
+            if self._hot_listed:
                 ext = self._ext[slot]
                 if entry_id > ext.hi:
                     ext.hi = entry_id
@@ -271,18 +269,13 @@ class CellsMixin:
         self._hot_lid = self._lid[slot]
         # _hot_start: where the hot run starts in the array, or the dense cell's size
         self._hot_dense, self._hot_start = cell, len(w.packed) if cell is None else len(cell)
-        self._hot_rec = None
         ext = self._ext[slot] if cell is not None else None
-        if ext is not None and ext.cells is not None:
-            for rec in ext.cells:
-                if rec.cell is cell:
-                    self._hot_rec = rec
-                    break
+        self._hot_listed = ext is not None and ext.cells is not None and any(c is cell for c in ext.cells[::LISTING])
         return w, off, cell
 
     def _reset_hot(self) -> None:
         self._hot_bucket, self._hot_slot, self._hot_lid, self._hot_win, self._hot_off = -1, -1, -1, None, -1
-        self._hot_dense, self._hot_start, self._hot_rec = None, 0, None
+        self._hot_dense, self._hot_start, self._hot_listed = None, 0, False
 
     def _set_cell(self, w: Window, off: int, slot: int, cell):
         """Put ``cell`` at ``(off, slot)``; a listed cell replaced by a new
@@ -297,12 +290,13 @@ class CellsMixin:
             self._push_key(w, key)
         else:
             ext = self._ext[slot]
-            if ext is not None and ext.cells is not None:
-                for rec in ext.cells:
-                    if rec.cell is old:
-                        rec.cell = cell
+            cells = ext.cells if ext is not None else None
+            if cells is not None:
+                for i in range(0, len(cells), LISTING):
+                    if cells[i] is old:
+                        cells[i] = cell
                         if self._hot_dense is old:
-                            self._hot_rec = rec
+                            self._hot_listed = True
                         if cell and cell.max() > ext.hi:
                             ext.hi = cell.max()
                         break

@@ -36,6 +36,10 @@ COMPACT_CHURN = 4096
 #: by one. The next one flushes the list into the live bitmap, so a lookup
 #: costs at most LISTED bitmap probes however many buckets a ledger spans.
 LISTED = 8
+#: Items per listed cell in a ledger's flat list: the bitmap, its window and
+#: its key. No per-cell id bounds: a bitmap probe (``in``, in C) costs less
+#: than testing two bounds in Python, and two bound ints cost ~64 bytes.
+LISTING = 3
 
 
 @dataclass(frozen=True)
@@ -142,9 +146,10 @@ class LedgerExt:
     bytes per pending message where a consumer nacks 10/s over 16 ledgers).
     This record, in ``_ext[slot]``, exists only while one of its fields is set:
 
-    * ``cells``/``hi``: up to :data:`LISTED` of the ledger's dense cells as
-      :class:`Listed` records (bitmap, window, ``key`` the very int object
-      keying the window's ``dense`` dict), whose ids need not be in the live
+    * ``cells``/``hi``: up to :data:`LISTED` of the ledger's dense cells, in
+      one flat list of :data:`LISTING` items each (bitmap, window, ``key``
+      the very int object keying the window's ``dense`` dict: no record
+      object, ~48 bytes less per listed cell), whose ids need not be in the live
       bitmap (a run of adds into a listed cell skips it: seed 000's bursts
       are stored once); they hold live copies only (an ack takes the id out
       of them, a cell emptied so leaves its window), and ``hi`` is at least
@@ -165,24 +170,11 @@ class LedgerExt:
         self.wide: BitMap64 | None = None
         self.multi: set[int] | None = None
         self.ghost: set[int] | None = None
-        self.cells: list[Listed] | None = None
+        self.cells: list | None = None  # [bitmap, window, key, bitmap, ...]
         self.hi = -1
 
     def empty(self) -> bool:
         return self.cells is None and self.wide is None and self.multi is None and self.ghost is None
-
-
-class Listed:
-    """A listed dense cell of a ledger (see :class:`LedgerExt`): the bitmap, its
-    window and the int keying it in the window's ``dense`` dict. No per-cell
-    id bounds: a bitmap probe (``in``, in C) costs less than testing two
-    bounds in Python, and the two bound ints cost ~64 B per listed cell
-    (bench/memory.py: seed 000's x=8 y=10 keeps LISTED cells per ledger)."""
-
-    __slots__ = ("cell", "w", "key")
-
-    def __init__(self, cell: BitMap | BitMap64, w: Window, key: int) -> None:
-        self.cell, self.w, self.key = cell, w, key
 
 
 class Ghost:

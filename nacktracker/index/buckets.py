@@ -30,7 +30,7 @@ from .._checks import MAX_DUE, check_int, check_precision, entry_array
 from ._bytes import _roaring_bytes
 from ._cells import CellsMixin
 from ._front import FrontMixin
-from ._parts import COMPACT_CHURN, M32, NO_CELLS, NO_ENTRIES, NO_KEYS, NO_PACKED, NO_SLOTS, PROMOTE, Ghost, Layout, LedgerExt, Window, bitmap_of, common, distinct, merge_into, overlaps
+from ._parts import COMPACT_CHURN, M32, NO_CELLS, NO_ENTRIES, NO_KEYS, NO_PACKED, NO_SLOTS, PROMOTE, Ghost, Layout, LedgerExt, LISTING, Window, bitmap_of, common, distinct, merge_into, overlaps
 
 __all__ = ["TimeBucketIndex"]
 
@@ -60,7 +60,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
     __slots__ = ("precision_bits", "rounding", "_add", "_mask", "_lay", "_wshift", "_oshift", "_omask",
                  "_slot_limit", "_windows", "_wheap", "_by_id", "_lid", "_ext", "_free", "_multi", "_ghosts",
                  "_ghost_copies", "_count", "_live", "_churn", "_compact_at", "_hot_bucket", "_hot_slot", "_hot_lid",
-                 "_hot_win", "_hot_off", "_hot_dense", "_hot_start", "_hot_rec", "_key_limit")
+                 "_hot_win", "_hot_off", "_hot_dense", "_hot_start", "_hot_listed", "_key_limit")
 
     def __init__(self, precision_bits: int = 8, rounding: str = "floor") -> None:
         self._add, self._mask = check_precision(precision_bits, rounding)
@@ -122,12 +122,11 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         key = slot << 32 | entry_id
         hot = bucket == self._hot_bucket and slot == self._hot_slot  # a burst into the last cell
         if hot:
-            rec = self._hot_rec
-            if rec is not None:  # a listed dense cell (so ext is set): the id is stored there only
+            if self._hot_listed:  # a listed dense cell (so ext is set): the id is stored there only
                 if key in live or (entry_id <= ext.hi and self._in_listed(ext, entry_id)):
                     self._add_again(slot, entry_id, bucket)
                     return
-                rec.cell.add(entry_id)
+                self._hot_dense.add(entry_id)
                 if entry_id > ext.hi:
                     ext.hi = entry_id
                 self._count += 1
@@ -198,7 +197,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         keyed = self._keyed(slot, new)
         if keyed.intersect(self._live) or (ext is not None and (ext.ghost is not None or (
                 ext.wide is not None and type(new) is BitMap64 and new.intersect(ext.wide)) or (
-                ext.cells is not None and any(overlaps(new, rec.cell) for rec in ext.cells)))):
+                ext.cells is not None and any(overlaps(new, c) for c in ext.cells[::LISTING])))):
             for e in new:
                 self.add(ledger_id, e, due_ms)
             return
@@ -484,7 +483,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
                 if ext.wide is not None:
                     total += _roaring_bytes(ext.wide)
                 if ext.cells is not None:  # its bitmaps, windows and keys are counted with the windows
-                    total += size(ext.cells) + size(ext.hi) + sum(map(size, ext.cells))
+                    total += size(ext.cells) + size(ext.hi)
                 for extra in (ext.multi, ext.ghost):
                     if extra is not None:
                         total += size(extra) + sum(map(size, extra))

@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..index._parts import LISTED, PROMOTE, distinct
+from ..index._parts import LISTED, LISTING, PROMOTE, distinct
 
 __all__ = ["ArrivalCells", "Listing", "arrival_cells", "list_cells", "compacted_prefix"]
 
@@ -187,24 +187,29 @@ def list_cells(cells: ArrivalCells, owner: np.ndarray, ledger: np.ndarray, bucke
     cur: list[int] | None = None
     for c, kind, end, o, lg in zip(ev_cell.tolist(), ev_kind.tolist(), group_end.tolist(), ev_owner.tolist(),
                                    ev_ledger.tolist()):
+        # cur: the ledger's flat list as the index keeps it (LISTING items a cell: the
+        # cell's id here, then two placeholders for its window and key), so its
+        # getsizeof grows and shrinks as the real one does
         if kind:
             if cur is None:
                 cur = []
-            elif len(cur) >= LISTED:
+            elif len(cur) >= LISTED * LISTING:
                 cur = []  # flushed: its cells' ids move to the live bitmap
-            cur.append(c)
-        elif cur is not None and c in cur:
-            cur.remove(c)
+            cur += (c, -1, -1)
+        elif cur is not None and c in cur[::LISTING]:
+            i = cur[::LISTING].index(c) * LISTING
+            del cur[i:i + LISTING]
             if not cur:
                 cur = None
         if end:
             if cur is not None:
-                listed[cur] = True
+                held = cur[::LISTING]
+                listed[held] = True
                 out_owner.append(o)
                 out_ledger.append(lg)
                 out_list.append(sys.getsizeof(cur))
-                out_n.append(len(cur))
-                out_hi.append(sys.getsizeof(int(top[cur].max())))
+                out_n.append(len(held))
+                out_hi.append(sys.getsizeof(int(top[held].max())))
             cur = None
     as_array = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
     return Listing(listed, as_array(out_owner), as_array(out_ledger), as_array(out_list), as_array(out_n),

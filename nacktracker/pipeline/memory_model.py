@@ -26,7 +26,7 @@ counts for it, piece by piece:
   ints, a dict slot and two list slots; a ledger with listed cells, wide ids
   or ids pending in two buckets also has a record
   (:class:`~nacktracker.index._parts.LedgerExt`), and with listed cells
-  their list, a ``Listed`` record each and the int ``hi``;
+  their flat list (bitmap, window, key per cell) and the int ``hi``;
 * the ids pending in two buckets (``_multi`` and per-ledger sets);
 * the fixed part of an empty index.
 
@@ -51,7 +51,7 @@ import numpy as np
 from pyroaring import BitMap, BitMap64
 
 from ..index import DictIndex, TimeBucketIndex, _roaring_bytes
-from ..index._parts import Layout, LedgerExt, Listed, Window
+from ..index._parts import Layout, LedgerExt, Window
 from ..index.buckets import SMALL_INT
 from .dense_cells import arrival_cells, compacted_prefix, list_cells
 
@@ -364,9 +364,8 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     # CPython's shared small ints, and the dict and the two per-slot lists sized for them
     total += n_led * costs.ledger_bytes + np.maximum(n_led - 1 - SMALL_INT, 0) * costs.int_bytes
     total += np.where(has, _table("empty", n_led) + 2 * _table("list", n_led), 0)
-    # a ledger's listed cells: its list, a Listed record each, and its hi
-    total += _per_owner(listing.owner, listing.list_bytes + listing.n * costs.listed_cell_bytes
-                        + listing.hi_bytes, k)
+    # a ledger's listed cells: its flat list and its hi
+    total += _per_owner(listing.owner, listing.list_bytes + listing.hi_bytes, k)
     pid_rows = np.bincount(pid, minlength=n_pid)
     # a LedgerExt record for each ledger with listed cells, wide ids or ids pending twice
     rare = np.zeros(n_lid, dtype=bool)
@@ -482,7 +481,6 @@ class IndexCosts:
     window_bytes: int          # a Window object and its id
     ledger_bytes: int          # a ledger's id (an int; its slot's int only past SMALL_INT)
     ext_bytes: int             # a LedgerExt record (a ledger's rare state)
-    listed_cell_bytes: int     # a Listed record (bitmap, window, key)
     cell_key_bytes: int        # the int key of a dense cell
     multi_entry_bytes: int     # a (slot, entry) tuple and its count (nbytes() counts the tuple, not its ints)
     int_bytes: int             # one int in a per-ledger set
@@ -501,7 +499,6 @@ class IndexCosts:
             index_fixed=(empty.nbytes() - _roaring_bytes(BitMap64())  # the model builds the live bitmap,
                          - 2 * dict_bytes(0, literal=False) - 2 * list_bytes(0)),  # and sizes these containers
             window_bytes=size(Window()) + size(big), ledger_bytes=size(big), ext_bytes=size(LedgerExt()),
-            listed_cell_bytes=size(Listed(BitMap([1]), Window(), 0)),
             cell_key_bytes=size(big << 20), multi_entry_bytes=size((1, 2)) + size(2), int_bytes=size(big))
 
     @classmethod
