@@ -110,13 +110,11 @@ class CellsMixin:
         with LISTED cells listed already first flushes them into the live
         bitmap. Runtime: O(1), or O(ids in the flushed cells) in C."""
         ext = self._ext_of(slot)
-        cells = ext.cells
-        if cells is None:
-            cells = ext.cells = []
-        elif len(cells) >= LISTED * LISTING:
+        if ext.cells is not None and len(ext.cells) >= LISTED * LISTING:
             self._flush_listed(slot, ext)
-            cells = ext.cells = []
-        cells += (cell, w, key)
+        # a new list of the exact size, not an append: no growth slack (a ledger
+        # lists a cell once per run of adds, and the list holds at most 24 items)
+        ext.cells = [cell, w, key] if ext.cells is None else ext.cells + [cell, w, key]
         if cell and cell.max() > ext.hi:
             ext.hi = cell.max()
         if self._hot_dense is cell:

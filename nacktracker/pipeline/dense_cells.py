@@ -191,11 +191,9 @@ def list_cells(cells: ArrivalCells, owner: np.ndarray, ledger: np.ndarray, bucke
         # cell's id here, then two placeholders for its window and key), so its
         # getsizeof grows and shrinks as the real one does
         if kind:
-            if cur is None:
-                cur = []
-            elif len(cur) >= LISTED * LISTING:
-                cur = []  # flushed: its cells' ids move to the live bitmap
-            cur += (c, -1, -1)
+            if cur is not None and len(cur) >= LISTED * LISTING:
+                cur = None  # flushed: its cells' ids move to the live bitmap
+            cur = [c, -1, -1] if cur is None else cur + [c, -1, -1]  # exact size, as the index makes it
         elif cur is not None and c in cur[::LISTING]:
             i = cur[::LISTING].index(c) * LISTING
             del cur[i:i + LISTING]
