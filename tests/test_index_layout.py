@@ -14,7 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from pyroaring import BitMap, BitMap64
 
 from nacktracker import DictIndex, TimeBucketIndex
-from nacktracker.index._parts import LISTED, NO_CELLS, NO_ENTRIES, NO_KEYS, NO_SLOTS, PROMOTE
+from nacktracker.index._parts import LISTED, LISTING, NO_CELLS, NO_ENTRIES, NO_KEYS, NO_PACKED, NO_SLOTS, PROMOTE
 
 ledgers = st.sampled_from([1, 2, 7, 2**40 + 3])
 entries = st.one_of(st.integers(0, 60), st.integers(2**32 - 3, 2**32 + 3), st.just(2**63 - 1))
@@ -108,7 +108,7 @@ class Differential(RuleBasedStateMachine):
     @invariant()
     def shared_empties_stay_empty(self):
         """The containers made on first use (NO_* placeholders) are never written to."""
-        assert NO_CELLS == {} and NO_KEYS == [] and NO_ENTRIES == {} and NO_SLOTS == []
+        assert NO_CELLS == {} and NO_KEYS == [] and NO_ENTRIES == {} and NO_SLOTS == [] and not NO_PACKED
 
     def teardown(self):
         if self.tb is not None:
@@ -118,23 +118,38 @@ class Differential(RuleBasedStateMachine):
             assert len(self.tb) == 0 and self.tb.next_due_ms() is None
 
 
+def ext_of(idx: TimeBucketIndex, ledger_id: int):
+    """The ledger's rare state (listed cells, wide ids, ...), or None."""
+    return idx._ext[idx._by_id[ledger_id]]
+
+
 def check_listed(idx: TimeBucketIndex) -> None:
     """The listing's invariants: at most LISTED cells a ledger, each non-empty,
-    still in its window under its key, none of its ids above ``hi``, no ghost copy."""
-    for led in idx._by_id.values():
-        if led.cells is None:
-            assert led.hi == -1
+    still in its window under its key, none of its ids above ``hi``, no ghost
+    copy; and the ledger slots: ``_by_id`` and ``_lid`` mirror each other, a
+    ledger's rare state exists only while something is in it."""
+    assert {lid: slot for slot, lid in enumerate(idx._lid) if lid is not None} == idx._by_id
+    for slot, lid in enumerate(idx._lid):
+        ext = idx._ext[slot]
+        if lid is None or ext is None:
+            assert ext is None
             continue
-        assert 0 < len(led.cells) <= LISTED
-        for rec in led.cells:
-            cell, w, key = rec.cell, rec.w, rec.key
-            assert cell and w.dense.get(key) is cell and key & 0xFFFFFFFF == led.slot
-            assert cell.max() <= led.hi
-            assert led.ghost is None or not any(e in led.ghost and not idx._ghosts[(led.slot, e)].revived
+        assert not ext.empty()
+        if ext.cells is None:
+            assert ext.hi == -1
+            continue
+        assert 0 < len(ext.cells) <= LISTED * LISTING and len(ext.cells) % LISTING == 0
+        for i in range(0, len(ext.cells), LISTING):
+            cell, w, key = ext.cells[i:i + LISTING]
+            assert cell and w.dense.get(key) is cell and key & 0xFFFFFFFF == slot
+            assert cell.max() <= ext.hi
+            assert ext.ghost is None or not any(e in ext.ghost and not idx._ghosts[(slot, e)].revived
                                                 for e in cell)
-    hot = idx._hot_led
-    if idx._hot_rec is not None:
-        assert idx._hot_rec.cell is idx._hot_dense and any(r is idx._hot_rec for r in hot.cells)
+    if idx._hot_listed:
+        ext = idx._ext[idx._hot_slot]
+        assert any(c is idx._hot_dense for c in ext.cells[::LISTING])
+    if idx._hot_slot >= 0:
+        assert idx._lid[idx._hot_slot] == idx._hot_lid
 
 
 TestDifferential = Differential.TestCase
@@ -214,7 +229,7 @@ def test_slots_are_recycled_and_state_ends_empty():
             idx.add(10**12 + ledger + round_, ledger, 1000 * round_ + ledger)
         assert len(idx.pop_due(10**6)) == 100
     assert idx.next_due_ms() is None and not idx._windows
-    assert not idx._by_id and len(idx._ledgers) == 100  # three rounds of 100 ledgers, 100 slots
+    assert not idx._by_id and len(idx._lid) == len(idx._ext) == 100  # three rounds of 100 ledgers, 100 slots
 
 
 @pytest.mark.parametrize("ids", [array.array("I", range(100)), list(range(10, 50))])
@@ -257,12 +272,12 @@ def test_a_burst_is_stored_once_in_a_listed_cell():
     idx = TimeBucketIndex(precision_bits=10)
     for e in range(0, 20_000, 2):
         idx.add(9, e, 5_000)
-    led = idx._by_id[9]
-    assert len(led.cells) == 1 and len(idx._live) == 0 and led.hi == 19_998
+    led = ext_of(idx, 9)
+    assert len(led.cells) == LISTING and len(idx._live) == 0 and led.hi == 19_998
     assert (9, 4) in idx and (9, 5) not in idx and (9, 20_000) not in idx
     idx.add(9, 4, 5_000)  # already pending in that cell
     idx.add(9, 4, 9_000)  # now pending in two buckets (the second copy sparse, in the live bitmap)
-    assert len(idx) == 10_001 and idx._multi == {(led.slot, 4): 2}
+    assert len(idx) == 10_001 and idx._multi == {(idx._by_id[9], 4): 2}
     assert idx.discard(9, 4) and not idx.discard(9, 4) and not idx.discard(9, 5)
     assert (9, 4) not in idx and len(idx) == 9_999 and idx._ghost_copies == 1  # the sparse copy
     check_listed(idx)
@@ -278,8 +293,7 @@ def test_a_ledger_crossing_listed_flushes_its_cells_into_the_live_bitmap():
             idx.add(3, e, 1_000 + c)
             ref.add(3, e, 1_000 + c)
         check_listed(idx)
-    led = idx._by_id[3]
-    assert len(led.cells) == 2  # LISTED flushed, then two more listed
+    assert len(ext_of(idx, 3).cells) == 2 * LISTING  # LISTED flushed, then two more listed
     assert len(idx._live) == LISTED * (PROMOTE + 10)
     for e in (5, 105, (LISTED + 1) * 100 + 3, 99, 2**32 + 1):
         assert ((3, e) in idx) == ((3, e) in ref)
@@ -299,7 +313,7 @@ def test_an_ack_emptying_a_listed_cell_removes_it_from_its_window():
     for e in range(PROMOTE + 1):
         assert idx.discard(1, e)
     check_listed(idx)
-    assert idx._by_id[1].cells is None and idx.next_due_ms() == 60
+    assert ext_of(idx, 1) is None and idx.next_due_ms() == 60
     assert idx.pop_due(100) == [(1, 500)] and not idx._by_id
 
 
@@ -332,9 +346,9 @@ def test_listed_cells_answer_lookups_between_and_inside_their_ranges():
             m.add(4, e, 200)
         m.add(4, 4_000, 200)  # hot in B: widens B's lo
     check_listed(idx)
-    a, b = idx._by_id[4].cells
-    assert (a.cell.min(), a.cell.max(), b.cell.min()) == (1_000, 1_062, 4_000)
-    assert idx._by_id[4].hi == 5_000 + PROMOTE - 1
+    a, b = ext_of(idx, 4).cells[::LISTING]
+    assert (a.min(), a.max(), b.min()) == (1_000, 1_062, 4_000)
+    assert ext_of(idx, 4).hi == 5_000 + PROMOTE - 1
     for e in (3_000, 1_001, 4_001, 999, 9, 4_000, 1_062, 6_000):  # between, gaps, ends, above hi
         assert ((4, e) in idx) == ((4, e) in ref)
     assert not idx.discard(4, 3_000) and not idx.discard(4, 1_001) and idx.discard(4, 4_000)
@@ -343,7 +357,7 @@ def test_listed_cells_answer_lookups_between_and_inside_their_ranges():
     for m in (idx, ref):
         m.add_many(4, list(range(2, 2 + PROMOTE)), 100)  # merged into listed cell A: its bounds widen
     check_listed(idx)
-    assert idx._by_id[4].cells[0].cell.min() == 2
+    assert ext_of(idx, 4).cells[0].min() == 2
     assert (4, 9) in idx and idx.discard(4, 9) and ref.discard(4, 9)
     assert idx.discard(4, 2_000) == ref.discard(4, 2_000)  # between A and B after the widening
     assert idx.pop_due(300) == ref.pop_due(300)

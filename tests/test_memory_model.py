@@ -8,7 +8,7 @@ import pytest
 
 from nacktracker import ManualClock, MessageKey, NegativeAcksTracker, TimeBucketIndex
 from nacktracker.adapters import MemoryAdapter
-from nacktracker.index._parts import LISTED
+from nacktracker.index._parts import LISTED, LISTING
 from nacktracker.pipeline.memory_model import (IndexCosts, array_bytes, calibration_build, index_state,
                                                live_replay, synthetic_nacks)
 from nacktracker.pipeline.pending import analyse_consumer
@@ -102,8 +102,9 @@ def test_the_bursts_trace_crosses_the_listing_limit_with_pops_between():
     """What the trace above is for: ledger 7 fills its list (LISTED cells),
     its next promotion flushes the list, and listed cells fire in between."""
     def listed(idx):
-        led = idx._by_id.get(7)
-        return [] if led is None or led.cells is None else [rec.cell for rec in led.cells]
+        slot = idx._by_id.get(7)
+        ext = None if slot is None else idx._ext[slot]
+        return [] if ext is None or ext.cells is None else ext.cells[::LISTING]
 
     ledger, entry, ts, due = bursts_past_the_listing_limit()
     idx = TimeBucketIndex(precision_bits=0)

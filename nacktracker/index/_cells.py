@@ -11,7 +11,7 @@ import heapq
 import numpy as np
 from pyroaring import BitMap, BitMap64
 
-from ._parts import COMPACT_CHURN, LISTED, M32, NO_CELLS, NO_ENTRIES, NO_KEYS, PROMOTE, Ledger, Listed, Window, has
+from ._parts import COMPACT_CHURN, LISTED, M32, NO_CELLS, NO_ENTRIES, NO_KEYS, NO_PACKED, PROMOTE, LISTING, LedgerExt, Window, has
 
 
 class CellsMixin:
@@ -19,24 +19,41 @@ class CellsMixin:
 
     __slots__ = ()
 
-    def _ledger(self, ledger_id: int) -> Ledger:
-        led = self._by_id.get(ledger_id)
-        if led is not None:
-            return led
-        slot = self._free.pop() if self._free else len(self._ledgers)
-        led = Ledger(ledger_id, slot)
-        if slot == len(self._ledgers):
-            self._ledgers.append(led)
+    def _ledger(self, ledger_id: int) -> int:
+        """The ledger's slot, a new one (a freed slot first) if it has none. Runtime: O(1)."""
+        slot = self._by_id.get(ledger_id)
+        if slot is not None:
+            return slot
+        lids = self._lid
+        slot = self._free.pop() if self._free else len(lids)
+        if slot == len(lids):
+            lids.append(ledger_id)
+            self._ext.append(None)
         else:
-            self._ledgers[slot] = led
-        self._by_id[ledger_id] = led
-        return led
+            lids[slot] = ledger_id
+        self._by_id[ledger_id] = slot
+        return slot
 
-    def _add_again(self, led: Ledger, entry_id: int, bucket: int) -> None:
+    def _ext_of(self, slot: int) -> LedgerExt:
+        """The ledger's rare state, made on first use."""
+        ext = self._ext[slot]
+        if ext is None:
+            ext = self._ext[slot] = LedgerExt()
+        return ext
+
+    def _tidy(self, slot: int) -> None:
+        """Drop the ledger's rare state once nothing is left in it (call at the
+        end of an operation: callers may hold the record until then)."""
+        ext = self._ext[slot]
+        if ext is not None and ext.empty():
+            self._ext[slot] = None
+
+    def _add_again(self, slot: int, entry_id: int, bucket: int) -> None:
         """An add that may meet a copy already in its cell (pending, acked or wide)."""
-        key = (led.slot, entry_id)
-        ghost = self._ghosts.get(key) if led.ghost is not None and entry_id in led.ghost else None
-        if (self._has(led, entry_id) or ghost is not None) and self._holds(led, entry_id, bucket):
+        ext = self._ext[slot]
+        key = (slot, entry_id)
+        ghost = self._ghosts.get(key) if ext is not None and ext.ghost is not None and entry_id in ext.ghost else None
+        if (self._has(slot, entry_id) or ghost is not None) and self._holds(slot, entry_id, bucket):
             if ghost is None or ghost.is_live_in(bucket):
                 return  # already pending in this bucket
             ghost.count -= 1  # the acked copy in this cell comes back to life
@@ -44,147 +61,150 @@ class CellsMixin:
             if ghost.count:
                 ghost.revive(bucket)
             else:
-                self._unghost(led, key)
-            self._inc_live(led, entry_id)
+                self._unghost(ext, key)
+            self._inc_live(slot, entry_id)
+            self._tidy(slot)
             return
         if ghost is not None:
             ghost.revive(bucket)
-        self._inc_live(led, entry_id)
-        self._put(led, entry_id, bucket)
+        self._inc_live(slot, entry_id)
+        self._put(slot, entry_id, bucket)
 
-    def _inc_live(self, led: Ledger, entry_id: int) -> None:
+    def _inc_live(self, slot: int, entry_id: int) -> None:
         """One more live copy. An id pending in two buckets is always in the
         live bitmap (not only in a listed cell): releasing one copy keeps it
         there for the other."""
-        if self._has(led, entry_id):
-            key = (led.slot, entry_id)
+        if self._has(slot, entry_id):
+            key = (slot, entry_id)
             if self._multi is NO_ENTRIES:
                 self._multi = {}
             self._multi[key] = self._multi.get(key, 1) + 1
-            if led.multi is None:
-                led.multi = set()
-            led.multi.add(entry_id)
-        self._live_add(led, entry_id)
+            ext = self._ext_of(slot)
+            if ext.multi is None:
+                ext.multi = set()
+            ext.multi.add(entry_id)
+        self._live_add(slot, entry_id)
         self._count += 1
 
-    def _has(self, led: Ledger, entry_id: int) -> bool:
+    def _has(self, slot: int, entry_id: int) -> bool:
         """Whether the id is pending. Runtime: O(1): a bitmap lookup, plus at
         most LISTED more for an id not above the ledger's listed ids."""
+        ext = self._ext[slot]
         if entry_id >> 32:
-            return led.wide is not None and entry_id in led.wide
-        return (led.slot << 32 | entry_id) in self._live or (
-            led.cells is not None and entry_id <= led.hi and self._in_listed(led, entry_id))
+            return ext is not None and ext.wide is not None and entry_id in ext.wide
+        return (slot << 32 | entry_id) in self._live or (
+            ext is not None and ext.cells is not None and entry_id <= ext.hi and self._in_listed(ext, entry_id))
 
     @staticmethod
-    def _in_listed(led: Ledger, entry_id: int) -> bool:
+    def _in_listed(ext: LedgerExt, entry_id: int) -> bool:
         """Whether a listed cell of the ledger holds the id (a live copy: listed
         cells hold no ghost); the id is below 2^32 (64-bit ids are in ``wide``).
         Runtime: O(LISTED) bitmap lookups in C."""
-        for rec in led.cells:
-            if entry_id in rec.cell:
+        for cell in ext.cells[::LISTING]:
+            if entry_id in cell:
                 return True
         return False
 
-    def _list(self, led: Ledger, cell: BitMap | BitMap64, w: Window, key: int) -> None:
+    def _list(self, slot: int, cell: BitMap | BitMap64, w: Window, key: int) -> None:
         """List a new dense cell (its later ids skip the live bitmap); a ledger
         with LISTED cells listed already first flushes them into the live
         bitmap. Runtime: O(1), or O(ids in the flushed cells) in C."""
-        cells = led.cells
-        if cells is None:
-            cells = led.cells = []
-        elif len(cells) >= LISTED:
-            self._flush_listed(led)
-            cells = led.cells = []
-        rec = Listed(cell, w, key)
-        cells.append(rec)
-        if cell and cell.max() > led.hi:
-            led.hi = cell.max()
+        ext = self._ext_of(slot)
+        if ext.cells is not None and len(ext.cells) >= LISTED * LISTING:
+            self._flush_listed(slot, ext)
+        # a new list of the exact size, not an append: no growth slack (a ledger
+        # lists a cell once per run of adds, and the list holds at most 24 items)
+        ext.cells = [cell, w, key] if ext.cells is None else ext.cells + [cell, w, key]
+        if cell and cell.max() > ext.hi:
+            ext.hi = cell.max()
         if self._hot_dense is cell:
-            self._hot_rec = rec
+            self._hot_listed = True
 
-    def _flush_listed(self, led: Ledger) -> None:
+    def _flush_listed(self, slot: int, ext: LedgerExt) -> None:
         """Put the ids of the ledger's listed cells into the live bitmap and
         unlist them (ids >= 2^32 are in ``wide`` already). Runtime: O(ids) in C."""
-        for rec in led.cells:
-            keyed = self._keyed(led, rec.cell)
+        for cell in ext.cells[::LISTING]:
+            keyed = self._keyed(slot, cell)
             self._live |= keyed
             self._churn += len(keyed)
-            if self._hot_rec is rec:
-                self._hot_rec = None
-        led.cells, led.hi = None, -1
+            if self._hot_dense is cell:
+                self._hot_listed = False
+        ext.cells, ext.hi = None, -1
 
-    def _unlist(self, led: Ledger, cell: BitMap | BitMap64) -> None:
+    def _unlist(self, ext: LedgerExt, cell: BitMap | BitMap64) -> None:
         """The cell leaves the index (popped or emptied). Runtime: O(LISTED)."""
-        cells = led.cells
-        for i, rec in enumerate(cells):
-            if rec.cell is cell:
-                del cells[i]
-                if self._hot_rec is rec:
-                    self._hot_rec = None
+        cells = ext.cells
+        for i in range(0, len(cells), LISTING):
+            if cells[i] is cell:
+                del cells[i:i + LISTING]
+                if self._hot_dense is cell:
+                    self._hot_listed = False
                 break
         if not cells:
-            led.cells, led.hi = None, -1
+            ext.cells, ext.hi = None, -1
 
-    def _drop_listed_id(self, led: Ledger, entry_id: int) -> int:
+    def _drop_listed_id(self, ext: LedgerExt, entry_id: int) -> int:
         """An ack: remove the id from the ledger's listed cells (a cell emptied
         leaves its window); return how many held it. Runtime: O(LISTED)
         bitmap lookups in C."""
-        held = None
-        if entry_id >> 32:  # a 32-bit cell cannot hold it (and would raise)
-            held = [rec for rec in led.cells if has(rec.cell, entry_id)] or None
-        else:  # the common case: a bare probe per cell, no call
-            for rec in led.cells:
-                if entry_id in rec.cell:
-                    if held is None:
-                        held = []
-                    held.append(rec)
+        cells, held = ext.cells, None
+        narrow = not entry_id >> 32  # a 32-bit cell cannot hold a wider id (and would raise): has()
+        for i in range(0, len(cells), LISTING):
+            if (entry_id in cells[i]) if narrow else has(cells[i], entry_id):
+                if held is None:
+                    held = []
+                held.append(i)
         if held is None:
             return 0
-        for rec in held:
-            cell = rec.cell
+        for i in reversed(held):  # back to front: unlisting shifts the later cells
+            cell, w, key = cells[i], cells[i + 1], cells[i + 2]
             cell.discard(entry_id)
             if not cell:
-                self._unlist(led, cell)
-                w = rec.w
-                del w.dense[rec.key]  # its key in dense_keys is stale now: skipped there
+                del cells[i:i + LISTING]
+                del w.dense[key]  # its key in dense_keys is stale now: skipped there
                 if not w.dense:  # a dict never shrinks: drop it with its heap of stale keys
                     w.dense, w.dense_keys = NO_CELLS, NO_KEYS
                 if self._hot_dense is cell:
                     self._reset_hot()
+        if not cells:
+            ext.cells, ext.hi = None, -1
         return len(held)
 
-    def _live_add(self, led: Ledger, entry_id: int) -> None:
+    def _live_add(self, slot: int, entry_id: int) -> None:
         if entry_id >> 32:
-            if led.wide is None:
-                led.wide = BitMap64()
-            led.wide.add(entry_id)
+            ext = self._ext_of(slot)
+            if ext.wide is None:
+                ext.wide = BitMap64()
+            ext.wide.add(entry_id)
         else:
-            self._live.add(led.slot << 32 | entry_id)
+            self._live.add(slot << 32 | entry_id)
 
-    def _live_discard(self, led: Ledger, entry_id: int) -> None:
+    def _live_discard(self, slot: int, entry_id: int) -> None:
         if entry_id >> 32:
-            led.wide.discard(entry_id)
-            if not led.wide:
-                led.wide = None
+            ext = self._ext[slot]
+            ext.wide.discard(entry_id)
+            if not ext.wide:
+                ext.wide = None
         else:
-            self._live.discard(led.slot << 32 | entry_id)
+            self._live.discard(slot << 32 | entry_id)
 
-    def _has_live(self, led: Ledger) -> bool:
+    def _has_live(self, slot: int) -> bool:
         """Whether the ledger has a live id. Runtime: O(log n) (two ranks)."""
-        if led.wide is not None or led.cells is not None:  # listed cells are never empty
+        ext = self._ext[slot]
+        if ext is not None and (ext.wide is not None or ext.cells is not None):  # listed cells are never empty
             return True
-        key = led.slot << 32
+        key = slot << 32
         below = self._live.rank(key - 1) if key else 0
         return self._live.rank(key | M32) > below
 
     @staticmethod
-    def _keyed(led: Ledger, ids: BitMap | BitMap64) -> BitMap64:
+    def _keyed(slot: int, ids: BitMap | BitMap64) -> BitMap64:
         """``ids`` below 2^32 as keys of ``_live``. Runtime: O(k) in C."""
         if type(ids) is BitMap64 and ids and ids.max() >> 32:
             ids = BitMap(e for e in ids if not e >> 32)
         if len(ids) < 16:
-            return BitMap64(led.slot << 32 | e for e in ids)
-        keys = np.asarray(ids.to_array(), dtype=np.uint64) + np.uint64(led.slot << 32)
+            return BitMap64(slot << 32 | e for e in ids)
+        keys = np.asarray(ids.to_array(), dtype=np.uint64) + np.uint64(slot << 32)
         return BitMap64(array.array("Q", keys.tobytes()))
 
     def _compact_live(self) -> None:
@@ -194,14 +214,13 @@ class CellsMixin:
         self._live.shrink_to_fit()
         self._churn, self._compact_at = 0, max(COMPACT_CHURN, len(self._live) >> 2)
 
-    def _put(self, led: Ledger, entry_id: int, bucket: int) -> None:
+    def _put(self, slot: int, entry_id: int, bucket: int) -> None:
         """Store one new physical copy (live state already updated)."""
-        if bucket == self._hot_bucket and led is self._hot_led:
+        if bucket == self._hot_bucket and slot == self._hot_slot:
             w, off, cell = self._hot_win, self._hot_off, self._hot_dense
         else:
-            w, off, cell = self._make_hot(led, bucket)
+            w, off, cell = self._make_hot(slot, bucket)
         self._churn += 1
-        slot = led.slot
         if cell is None and (entry_id >> 32 or slot >= self._slot_limit):
             cell = self._set_cell(w, off, slot, BitMap64() if entry_id >> 32 else BitMap())
             self._hot_start = 0
@@ -210,8 +229,10 @@ class CellsMixin:
                 cell = self._set_cell(w, off, slot, BitMap64(cell))
             cell.add(entry_id)
             self._hot_dense = cell
-            if self._hot_rec is not None and entry_id > led.hi:
-                led.hi = entry_id
+            if self._hot_listed:
+                ext = self._ext[slot]
+                if entry_id > ext.hi:
+                    ext.hi = entry_id
             return
         w.packed.append(off << self._oshift | slot << 32 | entry_id)
         if off < w.tail_min and w.upto >= 0:
@@ -219,8 +240,8 @@ class CellsMixin:
         if len(w.packed) - self._hot_start >= PROMOTE:
             self._promote(w)
 
-    def _make_hot(self, led: Ledger, bucket: int) -> tuple[Window, int, BitMap | BitMap64 | None]:
-        """Switch the fast path to the cell ``(bucket, led)``; compact the dense
+    def _make_hot(self, slot: int, bucket: int) -> tuple[Window, int, BitMap | BitMap64 | None]:
+        """Switch the fast path to the cell ``(bucket, slot)``; compact the dense
         cell it leaves if it grew past a power of two while hot (a run just
         ended, or its size doubled since: amortised O(1) per add, where
         compacting at every switch cost O(cell) per add to cells that many
@@ -239,21 +260,20 @@ class CellsMixin:
         off = (bucket >> self.precision_bits) & self._omask
         cell = None
         if w.dense:
-            cell = w.dense.get(off << 32 | led.slot)
-        self._hot_bucket, self._hot_led, self._hot_win, self._hot_off = bucket, led, w, off
+            cell = w.dense.get(off << 32 | slot)
+        self._hot_bucket, self._hot_slot, self._hot_win, self._hot_off = bucket, slot, w, off
+        if cell is None and w.packed is NO_PACKED:
+            w.packed = array.array("Q")
+        self._hot_lid = self._lid[slot]
         # _hot_start: where the hot run starts in the array, or the dense cell's size
         self._hot_dense, self._hot_start = cell, len(w.packed) if cell is None else len(cell)
-        self._hot_rec = None
-        if cell is not None and led.cells is not None:
-            for rec in led.cells:
-                if rec.cell is cell:
-                    self._hot_rec = rec
-                    break
+        ext = self._ext[slot] if cell is not None else None
+        self._hot_listed = ext is not None and ext.cells is not None and any(c is cell for c in ext.cells[::LISTING])
         return w, off, cell
 
     def _reset_hot(self) -> None:
-        self._hot_bucket, self._hot_led, self._hot_win, self._hot_off = -1, None, None, -1
-        self._hot_dense, self._hot_start, self._hot_rec = None, 0, None
+        self._hot_bucket, self._hot_slot, self._hot_lid, self._hot_win, self._hot_off = -1, -1, -1, None, -1
+        self._hot_dense, self._hot_start, self._hot_listed = None, 0, False
 
     def _set_cell(self, w: Window, off: int, slot: int, cell):
         """Put ``cell`` at ``(off, slot)``; a listed cell replaced by a new
@@ -261,24 +281,34 @@ class CellsMixin:
         follows a listed cell's new ids (merged in by a gather or ``add_many``).
         Runtime: O(log c) (heap push) + O(LISTED)."""
         if w.dense is NO_CELLS:
-            w.dense, w.dense_keys = {}, []
+            w.dense = {}
         key = off << 32 | slot
         old = w.dense.get(key)
         if old is None:
-            heapq.heappush(w.dense_keys, key)
+            self._push_key(w, key)
         else:
-            led = self._ledgers[slot]
-            if led.cells is not None:
-                for rec in led.cells:
-                    if rec.cell is old:
-                        rec.cell = cell
+            ext = self._ext[slot]
+            cells = ext.cells if ext is not None else None
+            if cells is not None:
+                for i in range(0, len(cells), LISTING):
+                    if cells[i] is old:
+                        cells[i] = cell
                         if self._hot_dense is old:
-                            self._hot_rec = rec
-                        if cell and cell.max() > led.hi:
-                            led.hi = cell.max()
+                            self._hot_listed = True
+                        if cell and cell.max() > ext.hi:
+                            ext.hi = cell.max()
                         break
         w.dense[key] = cell
         return cell
+
+    @staticmethod
+    def _push_key(w: Window, key: int) -> None:
+        """A new dense cell's key into the heap of an open window (one at the
+        front: see :class:`~._parts.Window`). Runtime: O(log c)."""
+        if w.upto >= 0:
+            if w.dense_keys is NO_KEYS:
+                w.dense_keys = []
+            heapq.heappush(w.dense_keys, key)
 
     def _take_cells(self, w: Window, off: int) -> dict[int, BitMap | BitMap64]:
         """Remove and return the dense cells of bucket ``off`` by slot. Runtime: O(c log c)."""
@@ -288,6 +318,8 @@ class CellsMixin:
             cell = dense.pop(key, None)
             if cell is not None:
                 out[key & M32] = cell
+        if not dense:  # a dict never shrinks: drop it (and its heap of stale keys) for the shared empties
+            w.dense, w.dense_keys = NO_CELLS, NO_KEYS
         return out
 
     def _promote(self, w: Window) -> None:
@@ -296,39 +328,42 @@ class CellsMixin:
         start = self._hot_start
         ids = array.array("I", [v & M32 for v in w.packed[start:]])
         del w.packed[start:]
+        if not w.packed:  # (then pos == upto == 0: the run was the tail)
+            w.packed = NO_PACKED
         cell = BitMap()
         cell.update(ids)
-        led, off = self._hot_led, self._hot_off
+        slot, off = self._hot_slot, self._hot_off
         self._hot_start = 0  # now the dense cell's size when the run started
-        key = off << 32 | led.slot
-        if led.ghost is not None or key in w.dense:
-            self._hot_dense = self._set_cell(w, off, led.slot, cell)
+        key = off << 32 | slot
+        ext = self._ext[slot]
+        if (ext is not None and ext.ghost is not None) or key in w.dense:
+            self._hot_dense = self._set_cell(w, off, slot, cell)
             return
         if w.dense is NO_CELLS:
-            w.dense, w.dense_keys = {}, []
-        heapq.heappush(w.dense_keys, key)
+            w.dense = {}
+        self._push_key(w, key)
         w.dense[key] = self._hot_dense = cell
         # listed: the run's ids leave the live bitmap and its next ids skip it
         # (stored once); the listing shares the dict's key object. An id also
         # pending elsewhere (multi) would need its live bit when this cell pops:
         # a ledger with such ids keeps the run's first ids in the live bitmap.
-        self._list(led, cell, w, key)
-        if led.multi is None:
-            self._live.difference_update(self._keyed(led, cell))
+        self._list(slot, cell, w, key)
+        if self._ext[slot].multi is None:
+            self._live.difference_update(self._keyed(slot, cell))
             self._churn += len(cell)
 
-    def _holds(self, led: Ledger, entry_id: int, bucket: int) -> bool:
-        """Whether cell ``(bucket, led)`` physically holds a copy of the id."""
+    def _holds(self, slot: int, entry_id: int, bucket: int) -> bool:
+        """Whether cell ``(bucket, slot)`` physically holds a copy of the id."""
         w = self._windows.get(bucket >> self._wshift)
         if w is None:
             return False
         off = (bucket >> self.precision_bits) & self._omask
-        cell = w.dense.get(off << 32 | led.slot)
+        cell = w.dense.get(off << 32 | slot)
         if cell is not None and has(cell, entry_id):
             return True
-        if entry_id >> 32 or led.slot >= self._slot_limit or not w.packed:
+        if entry_id >> 32 or slot >= self._slot_limit or not w.packed:
             return False
-        v = off << self._oshift | led.slot << 32 | entry_id
+        v = off << self._oshift | slot << 32 | entry_id
         if w.upto < 0:
             return bool((w.view() == np.uint64(v)).any())
         i = bisect.bisect_left(w.packed, v, w.pos, w.upto)

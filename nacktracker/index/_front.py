@@ -12,7 +12,7 @@ from typing import Iterator
 import numpy as np
 from pyroaring import BitMap, BitMap64
 
-from ._parts import M32, NO_SLOTS, Ledger, Window, common, distinct, merge_into
+from ._parts import M32, NO_PACKED, NO_SLOTS, LedgerExt, Window, common, distinct, merge_into
 
 
 class FrontMixin:
@@ -20,57 +20,69 @@ class FrontMixin:
 
     __slots__ = ()
 
-    def _unghost(self, led: Ledger, key: tuple[int, int]) -> None:
+    def _unghost(self, ext: LedgerExt, key: tuple[int, int]) -> None:
         del self._ghosts[key]
-        led.ghost.discard(key[1])
-        if not led.ghost:
-            led.ghost = None
+        ext.ghost.discard(key[1])
+        if not ext.ghost:
+            ext.ghost = None
 
-    def _release(self, led: Ledger, w: Window, bucket: int, cell: BitMap | BitMap64) -> None:
+    def _release(self, slot: int, w: Window, bucket: int, cell: BitMap | BitMap64) -> None:
         """Account for a popped cell (ghost copies already dropped)."""
         n = len(cell)
         self._churn += n
         self._count -= n
-        if led.cells is not None:
-            self._unlist(led, cell)
         gone = cell
-        if led.ghost is not None:
-            for e in common(cell, led.ghost):
-                self._ghosts[(led.slot, e)].revived.discard(bucket)
-        if led.multi is not None:
-            still = []
-            for e in common(cell, led.multi):
-                key = (led.slot, e)
-                left = self._multi[key] - 1
-                if left == 1:
-                    del self._multi[key]
-                    led.multi.discard(e)
-                else:
-                    self._multi[key] = left
-                still.append(e)
-            if not led.multi:
-                led.multi = None
-            if still:
-                gone = type(cell)(cell)
-                for e in still:
-                    gone.discard(e)
-        self._live.difference_update(self._keyed(led, gone))
-        if led.wide is not None and type(gone) is BitMap64:
-            led.wide.difference_update(gone)
-            if not led.wide:
-                led.wide = None
+        ext = self._ext[slot]
+        if ext is not None:
+            if ext.cells is not None:
+                self._unlist(ext, cell)
+            if ext.ghost is not None:
+                for e in common(cell, ext.ghost):
+                    self._ghosts[(slot, e)].revived.discard(bucket)
+            if ext.multi is not None:
+                gone = self._release_multi(slot, ext, cell)
+            if ext.wide is not None and type(gone) is BitMap64:
+                ext.wide.difference_update(gone)
+                if not ext.wide:
+                    ext.wide = None
+        self._live.difference_update(self._keyed(slot, gone))
         if self._churn >= self._compact_at:
             self._compact_live()
-        if led.ghost is None and not self._has_live(led):
-            self._drop_ledger(led)
+        if (ext is None or ext.ghost is None) and not self._has_live(slot):
+            self._drop_ledger(slot)
+        else:
+            self._tidy(slot)
 
-    def _drop_ledger(self, led: Ledger) -> None:
-        del self._by_id[led.ledger_id]
-        self._ledgers[led.slot] = None
+    def _release_multi(self, slot: int, ext: LedgerExt, cell: BitMap | BitMap64) -> BitMap | BitMap64:
+        """A popped cell's ids also pending in another bucket lose one copy;
+        return the cell's ids that leave the live state (those pending here only)."""
+        still = []
+        for e in common(cell, ext.multi):
+            key = (slot, e)
+            left = self._multi[key] - 1
+            if left == 1:
+                del self._multi[key]
+                ext.multi.discard(e)
+            else:
+                self._multi[key] = left
+            still.append(e)
+        if not ext.multi:
+            ext.multi = None
+        if not still:
+            return cell
+        gone = type(cell)(cell)
+        for e in still:
+            gone.discard(e)
+        return gone
+
+    def _drop_ledger(self, slot: int) -> None:
+        del self._by_id[self._lid[slot]]
+        self._lid[slot] = None
+        self._ext[slot] = None
         if self._free is NO_SLOTS:
             self._free = []
-        self._free.append(led.slot)
-        if self._hot_led is led:
+        self._free.append(slot)
+        if self._hot_slot == slot:
             self._reset_hot()
 
     def _front(self, taking: int = -1) -> tuple[int, Window, int] | None:
@@ -123,8 +135,13 @@ class FrontMixin:
     def _sort(self, w: Window) -> None:
         """Sort what is left of the window's array in place, in C. Runtime: O(w log w)."""
         self._reset_hot()  # the hot run's copies no longer sit at the tail
+        if w.upto < 0 and w.dense:  # opened: its dense cells' keys get their heap
+            w.dense_keys = list(w.dense)
+            heapq.heapify(w.dense_keys)
         if w.pos:
             del w.packed[:w.pos]
+            if not w.packed:
+                w.packed = NO_PACKED
         if w.packed:
             w.view().sort()
         w.pos, w.upto, w.tail_min = 0, len(w.packed), Window.NO_TAIL
@@ -149,6 +166,8 @@ class FrontMixin:
                 del packed[:w.pos]
                 w.upto -= w.pos
                 w.pos = 0
+                if not packed:
+                    w.packed = NO_PACKED
             for s, ids in self._by_slot(parts):
                 cell = w.dense.get(off << 32 | s)
                 self._set_cell(w, off, s, ids if cell is None else merge_into(cell, ids))
@@ -212,9 +231,9 @@ class FrontMixin:
         cells by now); return whether a live copy is left."""
         cells = self._take_cells(w, off)
         for slot, cell in cells.items():
-            led = self._ledgers[slot]
-            if led.ghost is not None:
-                for e in common(cell, led.ghost):
+            ext = self._ext[slot]
+            if ext is not None and ext.ghost is not None:
+                for e in common(cell, ext.ghost):
                     key = (slot, e)
                     ghost = self._ghosts[key]
                     if ghost.is_live_in(bucket):
@@ -223,14 +242,16 @@ class FrontMixin:
                     self._ghost_copies -= 1
                     ghost.count -= 1
                     if not ghost.count:
-                        self._unghost(led, key)
+                        self._unghost(ext, key)
             if cell:
                 self._set_cell(w, off, slot, cell)
             else:
                 if self._hot_dense is cell:
                     self._reset_hot()
-                if led.cells is not None:
-                    self._unlist(led, cell)
-                if led.ghost is None and not self._has_live(led):
-                    self._drop_ledger(led)
+                if ext is not None and ext.cells is not None:
+                    self._unlist(ext, cell)
+                if (ext is None or ext.ghost is None) and not self._has_live(slot):
+                    self._drop_ledger(slot)
+                    continue
+            self._tidy(slot)
         return bool(w.dense_keys) and w.dense_keys[0] >> 32 == off

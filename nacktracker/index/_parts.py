@@ -5,8 +5,8 @@ A *window* covers ``2^max(bits, 12)`` ms of bucket times. It holds the
 (``offset | ledger slot | entry id``, see :class:`Layout`), and the *dense*
 cells — a Roaring bitmap per ``(bucket, ledger)`` — for cells that received a
 run of :data:`PROMOTE` adds in a row, hold 64-bit entry ids, or are being
-fired. A *ledger* record holds the ledger's "pending anywhere" bitmap, which
-makes an ack of a message that is not pending O(1).
+fired. An index-wide "pending anywhere" bitmap of ``ledger slot << 32 |
+entry`` makes an ack of a message that is not pending O(1).
 """
 
 from __future__ import annotations
@@ -36,6 +36,10 @@ COMPACT_CHURN = 4096
 #: by one. The next one flushes the list into the live bitmap, so a lookup
 #: costs at most LISTED bitmap probes however many buckets a ledger spans.
 LISTED = 8
+#: Items per listed cell in a ledger's flat list: the bitmap, its window and
+#: its key. No per-cell id bounds: a bitmap probe (``in``, in C) costs less
+#: than testing two bounds in Python, and two bound ints cost ~64 bytes.
+LISTING = 3
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,10 @@ NO_KEYS: list = []
 #: are made on first use: an index with a few ids does not pay for them.
 NO_ENTRIES: dict = {}
 NO_SLOTS: list = []
+#: A window's array until its first sparse copy, and again once emptied
+#: (never written to): a window holding dense cells only (seed 000's bursts)
+#: does not pay for an empty array object.
+NO_PACKED = array.array("Q")
 
 
 class Window:
@@ -94,13 +102,15 @@ class Window:
     C); then ``packed[pos:upto]`` is the sorted remainder (``pos`` advances as
     buckets are taken; the taken prefix is cut off once it is an eighth of the
     array), ``packed[upto:]`` the unsorted tail of adds since, and
-    ``tail_min`` the smallest offset in that tail. ``dense``: offset -> slot
+    ``tail_min`` the smallest offset in that tail.
     ``dense``: ``offset << 32 | slot`` -> bitmap (one flat dict: a cell costs a
     dict slot and a key, not a dict per bucket); ``dense_keys``: a heap of
-    those keys (stale ones skipped), so the earliest cells come first; both are the shared empty :data:`NO_CELLS`/:data:`NO_KEYS`
-    (never written to) until the window's first dense cell, so a sparse
-    window costs its object and its array only. The window is empty when
-    nothing is left in either.
+    those keys (stale ones skipped), so the earliest cells come first, kept
+    only once the window is open (only the front window takes cells in
+    order: the others would pay ~90 bytes for nothing); both are the shared
+    empties :data:`NO_CELLS`/:data:`NO_KEYS` (never written to) until
+    needed, so a sparse window costs its object and its array only. The
+    window is empty when nothing is left in either.
     """
 
     __slots__ = ("packed", "pos", "upto", "tail_min", "dense", "dense_keys")
@@ -108,7 +118,7 @@ class Window:
     NO_TAIL = 1 << 64
 
     def __init__(self) -> None:
-        self.packed = array.array("Q")
+        self.packed = NO_PACKED  # made on the first sparse copy
         self.pos = 0
         self.upto = -1
         self.tail_min = self.NO_TAIL
@@ -125,51 +135,46 @@ class Window:
         return self.pos == len(self.packed) and not self.dense
 
 
-class Ledger:
-    """What the index knows about one ledger, besides its live ids.
+class LedgerExt:
+    """The rare state of one ledger; most ledgers have none.
 
-    The live ids ("pending anywhere") of every ledger share one index-wide
-    ``BitMap64`` keyed ``slot << 32 | entry`` (computed, not stored: an int
-    object per ledger is 32 bytes, the shift a few ns): a
-    ledger with a handful of pending ids costs a container, not a bitmap.
-    The ledger's pending ids below 2^32 are the live bitmap's plus those of
-    its *listed* cells: ``cells`` holds up to :data:`LISTED` of its dense
-    cells as :class:`Listed` records (bitmap, window, ``key`` the very int
-    object keying the window's ``dense`` dict), whose ids need not be in the live bitmap
-    (a run of adds into a listed cell skips it: seed 000's bursts are stored
-    once); they hold live copies only (an ack takes the id out of them, a
-    cell emptied so leaves its window), and ``hi`` is at least every id in
-    them, so a lookup of a larger id skips them. ``None``/-1 when none.
-    ``wide``: its live ids >= 2^32 (rare, listed or not); ``multi``: the few
-    ids pending in two or more buckets (their counts live in the index's
-    ``_multi``); ``ghost``: ids acked while pending whose copies still sit in
-    cells (records in ``_ghosts``). The record (and its slot) goes when the
-    ledger has no live id and no ghost: no copy of it is left in any cell.
+    A ledger is its slot: the index maps ledger id -> slot (``_by_id``) and
+    slot -> ledger id (``_lid``), and its live ids ("pending anywhere") below
+    2^32 share one index-wide ``BitMap64`` keyed ``slot << 32 | entry``, so a
+    ledger with a handful of pending ids costs a dict slot, a list slot and a
+    bitmap container, not an object (a record per ledger was ~96 bytes: 8-9
+    bytes per pending message where a consumer nacks 10/s over 16 ledgers).
+    This record, in ``_ext[slot]``, exists only while one of its fields is set:
+
+    * ``cells``/``hi``: up to :data:`LISTED` of the ledger's dense cells, in
+      one flat list of :data:`LISTING` items each (bitmap, window, ``key``
+      the very int object keying the window's ``dense`` dict: no record
+      object, ~48 bytes less per listed cell), whose ids need not be in the live
+      bitmap (a run of adds into a listed cell skips it: seed 000's bursts
+      are stored once); they hold live copies only (an ack takes the id out
+      of them, a cell emptied so leaves its window), and ``hi`` is at least
+      every id in them, so a lookup of a larger id skips them;
+    * ``wide``: its live ids >= 2^32 (listed or not);
+    * ``multi``: the few ids pending in two or more buckets (their counts
+      live in the index's ``_multi``);
+    * ``ghost``: ids acked while pending whose copies still sit in cells
+      (records in the index's ``_ghosts``).
+
+    The ledger (its slot) goes when it has no live id and no ghost: no copy
+    of it is left in any cell.
     """
 
-    __slots__ = ("ledger_id", "slot", "wide", "multi", "ghost", "cells", "hi")
+    __slots__ = ("wide", "multi", "ghost", "cells", "hi")
 
-    def __init__(self, ledger_id: int, slot: int) -> None:
-        self.ledger_id = ledger_id
-        self.slot = slot
+    def __init__(self) -> None:
         self.wide: BitMap64 | None = None
         self.multi: set[int] | None = None
         self.ghost: set[int] | None = None
-        self.cells: list[Listed] | None = None
+        self.cells: list | None = None  # [bitmap, window, key, bitmap, ...]
         self.hi = -1
 
-
-class Listed:
-    """A listed dense cell of a ledger (see :class:`Ledger`): the bitmap, its
-    window and the int keying it in the window's ``dense`` dict. No per-cell
-    id bounds: a bitmap probe (``in``, in C) costs less than testing two
-    bounds in Python, and the two bound ints cost ~64 B per listed cell
-    (bench/memory.py: seed 000's x=8 y=10 keeps LISTED cells per ledger)."""
-
-    __slots__ = ("cell", "w", "key")
-
-    def __init__(self, cell: BitMap | BitMap64, w: Window, key: int) -> None:
-        self.cell, self.w, self.key = cell, w, key
+    def empty(self) -> bool:
+        return self.cells is None and self.wide is None and self.multi is None and self.ghost is None
 
 
 class Ghost:

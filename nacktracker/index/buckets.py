@@ -19,6 +19,7 @@ dense bursts alike. The pieces are in :mod:`._parts`, placing copies in
 
 from __future__ import annotations
 
+import array
 import sys
 from typing import Iterable, Iterator
 
@@ -29,9 +30,12 @@ from .._checks import MAX_DUE, check_int, check_precision, entry_array
 from ._bytes import _roaring_bytes
 from ._cells import CellsMixin
 from ._front import FrontMixin
-from ._parts import COMPACT_CHURN, M32, NO_CELLS, NO_ENTRIES, NO_SLOTS, PROMOTE, Ghost, Layout, Ledger, Window, bitmap_of, common, distinct, merge_into, overlaps
+from ._parts import COMPACT_CHURN, M32, NO_CELLS, NO_ENTRIES, NO_KEYS, NO_PACKED, NO_SLOTS, PROMOTE, Ghost, Layout, LedgerExt, LISTING, Window, bitmap_of, common, distinct, merge_into, overlaps
 
 __all__ = ["TimeBucketIndex"]
+
+#: CPython keeps one shared object for each int up to this: a slot below it costs no int object.
+SMALL_INT = 256
 
 
 class TimeBucketIndex(FrontMixin, CellsMixin):
@@ -54,9 +58,9 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
     """
 
     __slots__ = ("precision_bits", "rounding", "_add", "_mask", "_lay", "_wshift", "_oshift", "_omask",
-                 "_slot_limit", "_windows", "_wheap", "_by_id", "_ledgers", "_free", "_multi", "_ghosts",
-                 "_ghost_copies", "_count", "_live", "_churn", "_compact_at", "_hot_bucket", "_hot_led", "_hot_win", "_hot_off", "_hot_dense",
-                 "_hot_start", "_hot_rec", "_key_limit")
+                 "_slot_limit", "_windows", "_wheap", "_by_id", "_lid", "_ext", "_free", "_multi", "_ghosts",
+                 "_ghost_copies", "_count", "_live", "_churn", "_compact_at", "_hot_bucket", "_hot_slot", "_hot_lid",
+                 "_hot_win", "_hot_off", "_hot_dense", "_hot_start", "_hot_listed", "_key_limit")
 
     def __init__(self, precision_bits: int = 8, rounding: str = "floor") -> None:
         self._add, self._mask = check_precision(precision_bits, rounding)
@@ -68,15 +72,16 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         self._key_limit = lay.slot_limit << 32
         self._windows: dict[int, Window] = {}
         self._wheap: list[int] = []  # window ids; one per window in _windows
-        self._by_id: dict[int, Ledger] = {}  # ledger id -> its record
-        self._ledgers: list[Ledger | None] = []  # by slot
+        self._by_id: dict[int, int] = {}  # ledger id -> its slot
+        self._lid: list[int | None] = []  # slot -> ledger id (None: a free slot)
+        self._ext: list[LedgerExt | None] = []  # slot -> the ledger's rare state, if any
         # made on first use (shared empties until then: see NO_ENTRIES)
         self._free: list[int] = NO_SLOTS  # freed slots
         self._multi: dict[tuple[int, int], int] = NO_ENTRIES  # (slot, entry) -> live occurrences (>= 2)
         self._ghosts: dict[tuple[int, int], Ghost] = NO_ENTRIES  # (slot, entry) -> acked copies still in cells
         self._ghost_copies = 0
         self._count = 0  # live occurrences
-        self._live = BitMap64()  # slot << 32 | entry of every live id < 2^32 (see Ledger)
+        self._live = BitMap64()  # slot << 32 | entry of every live id < 2^32 (see LedgerExt)
         self._churn, self._compact_at = 0, COMPACT_CHURN  # changes to _live until its next compaction
         self._reset_hot()
 
@@ -103,36 +108,37 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
             entry_id = check_int("entry_id", entry_id)
             due_ms = check_int("due_ms", due_ms, MAX_DUE)
         bucket = (due_ms + self._add) & self._mask
-        led = self._hot_led
-        if led is None or led.ledger_id != ledger_id:
-            led = self._by_id.get(ledger_id)
-            if led is None:
-                led = self._ledger(ledger_id)
-        if entry_id >> 32 or led.ghost is not None:
-            self._add_again(led, entry_id, bucket)
+        if ledger_id == self._hot_lid:
+            slot = self._hot_slot
+        else:
+            slot = self._by_id.get(ledger_id)
+            if slot is None:
+                slot = self._ledger(ledger_id)
+        ext = self._ext[slot]
+        if entry_id >> 32 or (ext is not None and ext.ghost is not None):
+            self._add_again(slot, entry_id, bucket)
             return
         live = self._live
-        key = led.slot << 32 | entry_id
-        hot = bucket == self._hot_bucket and led is self._hot_led  # a burst into the last cell
+        key = slot << 32 | entry_id
+        hot = bucket == self._hot_bucket and slot == self._hot_slot  # a burst into the last cell
         if hot:
-            rec = self._hot_rec
-            if rec is not None:  # a listed dense cell: the id is stored there only
-                if key in live or (entry_id <= led.hi and self._in_listed(led, entry_id)):
-                    self._add_again(led, entry_id, bucket)
+            if self._hot_listed:  # a listed dense cell (so ext is set): the id is stored there only
+                if key in live or (entry_id <= ext.hi and self._in_listed(ext, entry_id)):
+                    self._add_again(slot, entry_id, bucket)
                     return
-                rec.cell.add(entry_id)
-                if entry_id > led.hi:
-                    led.hi = entry_id
+                self._hot_dense.add(entry_id)
+                if entry_id > ext.hi:
+                    ext.hi = entry_id
                 self._count += 1
                 return
         try:
             live.add_checked(key)
         except KeyError:  # already pending somewhere
-            self._add_again(led, entry_id, bucket)
+            self._add_again(slot, entry_id, bucket)
             return
-        if led.cells is not None and entry_id <= led.hi and self._in_listed(led, entry_id):
+        if ext is not None and ext.cells is not None and entry_id <= ext.hi and self._in_listed(ext, entry_id):
             live.discard(key)  # pending in a listed cell
-            self._add_again(led, entry_id, bucket)
+            self._add_again(slot, entry_id, bucket)
             return
         self._count += 1
         if hot:
@@ -147,22 +153,25 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
             return
         w = self._windows.get(bucket >> self._wshift)
         if w is None or self._hot_dense is not None or key >= self._key_limit:  # key_limit: slot_limit << 32
-            self._put(led, entry_id, bucket)
+            self._put(slot, entry_id, bucket)
             return
         off = (bucket >> self.precision_bits) & self._omask
         dense = w.dense
-        if dense and (off << 32 | led.slot) in dense:  # the cell is a bitmap
-            self._put(led, entry_id, bucket)
+        if dense and (off << 32 | slot) in dense:  # the cell is a bitmap
+            self._put(slot, entry_id, bucket)
             return
         # another sparse cell of an existing window (interleaved traffic): inline
         # _make_hot. The live bitmap's compaction is paced by pops (adds only grow it).
         packed = w.packed
+        if packed is NO_PACKED:
+            packed = w.packed = array.array("Q")
         self._hot_start = len(packed)
         packed.append(off << self._oshift | key)  # key is slot << 32 | entry
         if w.upto >= 0 and off < w.tail_min:  # an add into a window already open
             w.tail_min = off
         self._hot_bucket = bucket
-        self._hot_led = led
+        self._hot_slot = slot
+        self._hot_lid = ledger_id
         self._hot_win = w
         self._hot_off = off
 
@@ -183,23 +192,25 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
                 self.add(ledger_id, e, due_ms)
             return
         new = BitMap(ids) if ids.typecode == "I" else BitMap64(ids)
-        led = self._ledger(ledger_id)
-        keyed = self._keyed(led, new)
-        if led.ghost is not None or keyed.intersect(self._live) or (
-                led.wide is not None and type(new) is BitMap64 and new.intersect(led.wide)) or (
-                led.cells is not None and any(overlaps(new, rec.cell) for rec in led.cells)):
+        slot = self._ledger(ledger_id)
+        ext = self._ext[slot]
+        keyed = self._keyed(slot, new)
+        if keyed.intersect(self._live) or (ext is not None and (ext.ghost is not None or (
+                ext.wide is not None and type(new) is BitMap64 and new.intersect(ext.wide)) or (
+                ext.cells is not None and any(overlaps(new, c) for c in ext.cells[::LISTING])))):
             for e in new:
                 self.add(ledger_id, e, due_ms)
             return
         bucket = (due_ms + self._add) & self._mask
         self._live |= keyed
         if type(new) is BitMap64 and new.max() >> 32:
-            led.wide = merge_into(led.wide or BitMap64(), BitMap64(e for e in new if e >> 32))
+            ext = self._ext_of(slot)
+            ext.wide = merge_into(ext.wide or BitMap64(), BitMap64(e for e in new if e >> 32))
         n = len(new)
         self._churn += n
         self._count += n
-        w, off, cell = self._make_hot(led, bucket)
-        self._hot_dense = self._set_cell(w, off, led.slot, new if cell is None else merge_into(cell, new))
+        w, off, cell = self._make_hot(slot, bucket)
+        self._hot_dense = self._set_cell(w, off, slot, new if cell is None else merge_into(cell, new))
         if cell is None:
             self._hot_start = 0  # the new cell's size before this batch
 
@@ -216,27 +227,28 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         if type(ledger_id) is not int or type(entry_id) is not int or (ledger_id | entry_id) >> 63:
             ledger_id = check_int("ledger_id", ledger_id)
             entry_id = check_int("entry_id", entry_id)
-        led = self._by_id.get(ledger_id)
-        if led is None:
+        slot = self._by_id.get(ledger_id)
+        if slot is None:
             return False
+        ext = self._ext[slot]
         if entry_id >> 32:
-            in_live = led.wide is not None and entry_id in led.wide
+            in_live = ext is not None and ext.wide is not None and entry_id in ext.wide
         else:
-            in_live = (led.slot << 32 | entry_id) in self._live
+            in_live = (slot << 32 | entry_id) in self._live
         taken = 0  # copies removed from listed cells (no ghost left for them)
-        if led.cells is not None and entry_id <= led.hi:
-            taken = self._drop_listed_id(led, entry_id)
+        if ext is not None and ext.cells is not None and entry_id <= ext.hi:
+            taken = self._drop_listed_id(ext, entry_id)
         if not in_live and not taken:
             return False
-        key = (led.slot, entry_id)
+        key = (slot, entry_id)
         n = 1
-        if led.multi is not None and entry_id in led.multi:
+        if ext is not None and ext.multi is not None and entry_id in ext.multi:
             n = self._multi.pop(key)
-            led.multi.discard(entry_id)
-            if not led.multi:
-                led.multi = None
+            ext.multi.discard(entry_id)
+            if not ext.multi:
+                ext.multi = None
         if in_live:
-            self._live_discard(led, entry_id)
+            self._live_discard(slot, entry_id)
         self._count -= n
         n -= taken
         if n:
@@ -246,16 +258,19 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
                 if self._ghosts is NO_ENTRIES:
                     self._ghosts = {}
                 self._ghosts[key] = Ghost(n)
-                if led.ghost is None:
-                    led.ghost = set()
-                led.ghost.add(entry_id)
+                ext = self._ext_of(slot)
+                if ext.ghost is None:
+                    ext.ghost = set()
+                ext.ghost.add(entry_id)
             else:  # its live copies were exactly the revived ones
                 ghost.count += n
                 ghost.revived = None
         elif key in self._ghosts:  # no live copy left: none of its copies is revived
             self._ghosts[key].revived = None
-        elif led.ghost is None and not self._has_live(led):
-            self._drop_ledger(led)  # its only copies were in listed cells, now gone
+        elif (ext is None or ext.ghost is None) and not self._has_live(slot):
+            self._drop_ledger(slot)  # its only copies were in listed cells, now gone
+            return True
+        self._tidy(slot)
         return True
 
     def pop_due_bitmaps(self, now_ms: int) -> list[tuple[int, int, BitMap | BitMap64]]:
@@ -278,9 +293,8 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
                 self._reset_hot()  # its cell leaves the index
             rows = []
             for slot, cell in self._take_cells(w, off).items():
-                led = self._ledgers[slot]
-                self._release(led, w, bucket, cell)
-                rows.append((led.ledger_id, cell))
+                rows.append((self._lid[slot], cell))
+                self._release(slot, w, bucket, cell)
             rows.sort(key=lambda r: r[0])
             out.extend((bucket, ledger, cell) for ledger, cell in rows)
 
@@ -323,15 +337,15 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
             return False
         if type(ledger_id) is not int or type(entry_id) is not int or entry_id < 0:
             return False
-        led = self._by_id.get(ledger_id)
-        return led is not None and self._has(led, entry_id)
+        slot = self._by_id.get(ledger_id)
+        return slot is not None and self._has(slot, entry_id)
 
     def has_ledger(self, ledger_id: int) -> bool:
         """Whether anything of this ledger is pending. Runtime complexity:
         O(1) with listed cells or 64-bit ids, else O(log n) (two ranks of the
         live bitmap, in C)."""
-        led = self._by_id.get(ledger_id)
-        return led is not None and self._has_live(led)
+        slot = self._by_id.get(ledger_id)
+        return slot is not None and self._has_live(slot)
 
     def bucket_count(self) -> int:
         """Distinct bucket times pending. Runtime complexity: O(n log n) in C
@@ -371,7 +385,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         out, which no slot in a window reaches). Exact when each window is
         small or each copy is alone in its ``(bucket, ledger)`` cell.
         Runtime complexity: O(windows), never O(messages)."""
-        cap = (1 << self._lay.offset_bits) * len(self._ledgers)
+        cap = (1 << self._lay.offset_bits) * len(self._lid)
         total = 0
         for w in self._windows.values():
             n = len(w.packed) - w.pos + len(w.dense)
@@ -415,13 +429,13 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
             rows = []
             for (off, slot), cell in cells.items():
                 bucket = wid << self._wshift | off << self.precision_bits
-                led = self._ledgers[slot]
-                if led.ghost is not None:
-                    for e in common(cell, led.ghost):
+                ext = self._ext[slot]
+                if ext is not None and ext.ghost is not None:
+                    for e in common(cell, ext.ghost):
                         if not self._ghosts[(slot, e)].is_live_in(bucket):
                             cell.discard(e)
                 if cell:
-                    rows.append((bucket, led.ledger_id, cell))
+                    rows.append((bucket, self._lid[slot], cell))
             rows.sort(key=lambda r: r[:2])
             yield from rows
 
@@ -450,21 +464,27 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         """
         size = sys.getsizeof
         total = _roaring_bytes(self._live) + (size(self) + size(self._windows) + size(self._wheap) + size(self._by_id)
-                 + size(self._ledgers))
+                 + size(self._lid) + size(self._ext))
         total += sum(size(c) for c in (self._free, self._multi, self._ghosts) if c is not NO_SLOTS and c is not NO_ENTRIES)
         for wid, w in self._windows.items():
-            total += size(wid) + size(w) + size(w.packed)
+            total += size(wid) + size(w) + (size(w.packed) if w.packed is not NO_PACKED else 0)
+            if w.dense_keys is not NO_KEYS:
+                total += size(w.dense_keys)
             if w.dense is not NO_CELLS:
-                total += size(w.dense) + size(w.dense_keys) + sum(map(size, w.dense))
+                total += size(w.dense) + sum(map(size, w.dense))
                 total += sum(map(_roaring_bytes, w.dense.values()))
-        for led in self._ledgers:
-            if led is not None:
-                total += size(led) + size(led.ledger_id) + size(led.slot)
-                if led.wide is not None:
-                    total += _roaring_bytes(led.wide)
-                if led.cells is not None:  # its bitmaps, windows and keys are counted with the windows
-                    total += size(led.cells) + size(led.hi) + sum(map(size, led.cells))
-                for extra in (led.multi, led.ghost):
+        for slot, lid in enumerate(self._lid):
+            if lid is None:
+                continue
+            total += size(lid) + (size(slot) if slot > SMALL_INT else 0)  # CPython shares the ints up to 256
+            ext = self._ext[slot]
+            if ext is not None:
+                total += size(ext)
+                if ext.wide is not None:
+                    total += _roaring_bytes(ext.wide)
+                if ext.cells is not None:  # its bitmaps, windows and keys are counted with the windows
+                    total += size(ext.cells) + size(ext.hi)
+                for extra in (ext.multi, ext.ghost):
                     if extra is not None:
                         total += size(extra) + sum(map(size, extra))
         for key, ghost in self._ghosts.items():

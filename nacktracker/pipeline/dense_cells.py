@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..index._parts import LISTED, PROMOTE, distinct
+from ..index._parts import LISTED, LISTING, PROMOTE, distinct
 
 __all__ = ["ArrivalCells", "Listing", "arrival_cells", "list_cells", "compacted_prefix"]
 
@@ -145,6 +145,7 @@ class Listing(NamedTuple):
 
     listed: np.ndarray      # per cell: listed by its ledger at the instant
     owner: np.ndarray       # per ledger with a list: its owner
+    ledger: np.ndarray      # and its ledger id
     list_bytes: np.ndarray  # ``sys.getsizeof`` of that list (appends and removals replayed on a real list)
     n: np.ndarray           # cells in it
     hi_bytes: np.ndarray    # ``sys.getsizeof`` of the ledger's ``hi`` (the largest listed id)
@@ -163,7 +164,7 @@ def list_cells(cells: ArrivalCells, owner: np.ndarray, ledger: np.ndarray, bucke
     listed = np.zeros(n_cells, dtype=bool)
     empty = np.zeros(0, dtype=np.int64)
     if len(promo) == 0:
-        return Listing(listed, empty, empty, empty, empty)
+        return Listing(listed, empty, empty, empty, empty, empty)
     rows = first_row[promo]
     by_rank = np.empty(len(code), dtype=np.int64)
     by_rank[cells.rank] = np.arange(len(code))
@@ -182,29 +183,35 @@ def list_cells(cells: ArrivalCells, owner: np.ndarray, ledger: np.ndarray, bucke
     ev_cell, ev_kind, ev_row = ev_cell[order], ev_kind[order], ev_row[order]
     ev_owner, ev_ledger = owner[ev_row], ledger[ev_row]
     group_end = np.r_[(ev_owner[1:] != ev_owner[:-1]) | (ev_ledger[1:] != ev_ledger[:-1]), True]
-    out_owner, out_list, out_n, out_hi = [], [], [], []
+    out_owner, out_ledger, out_list, out_n, out_hi = [], [], [], [], []
     cur: list[int] | None = None
-    for c, kind, end, o in zip(ev_cell.tolist(), ev_kind.tolist(), group_end.tolist(), ev_owner.tolist()):
+    for c, kind, end, o, lg in zip(ev_cell.tolist(), ev_kind.tolist(), group_end.tolist(), ev_owner.tolist(),
+                                   ev_ledger.tolist()):
+        # cur: the ledger's flat list as the index keeps it (LISTING items a cell: the
+        # cell's id here, then two placeholders for its window and key), so its
+        # getsizeof grows and shrinks as the real one does
         if kind:
-            if cur is None:
-                cur = []
-            elif len(cur) >= LISTED:
-                cur = []  # flushed: its cells' ids move to the live bitmap
-            cur.append(c)
-        elif cur is not None and c in cur:
-            cur.remove(c)
+            if cur is not None and len(cur) >= LISTED * LISTING:
+                cur = None  # flushed: its cells' ids move to the live bitmap
+            cur = [c, -1, -1] if cur is None else cur + [c, -1, -1]  # exact size, as the index makes it
+        elif cur is not None and c in cur[::LISTING]:
+            i = cur[::LISTING].index(c) * LISTING
+            del cur[i:i + LISTING]
             if not cur:
                 cur = None
         if end:
             if cur is not None:
-                listed[cur] = True
+                held = cur[::LISTING]
+                listed[held] = True
                 out_owner.append(o)
+                out_ledger.append(lg)
                 out_list.append(sys.getsizeof(cur))
-                out_n.append(len(cur))
-                out_hi.append(sys.getsizeof(int(top[cur].max())))
+                out_n.append(len(held))
+                out_hi.append(sys.getsizeof(int(top[held].max())))
             cur = None
     as_array = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
-    return Listing(listed, as_array(out_owner), as_array(out_list), as_array(out_n), as_array(out_hi))
+    return Listing(listed, as_array(out_owner), as_array(out_ledger), as_array(out_list), as_array(out_n),
+                   as_array(out_hi))
 
 
 def _bit_length(x: np.ndarray) -> np.ndarray:

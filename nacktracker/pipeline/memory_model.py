@@ -5,16 +5,16 @@ The index's layout (``nacktracker/index/_parts.py``) and what ``nbytes()``
 counts for it, piece by piece:
 
 * per window of ``2^max(bits, 14)`` ms holding pending nacks: the window
-  object, its id, its slot in the windows dict and heap, and one
-  ``array('Q')`` with 8 bytes per *sparse* copy (grown by appends:
-  :func:`array_bytes`);
+  object, its id, its slot in the windows dict and heap, and, while it
+  holds *sparse* copies, one ``array('Q')`` with 8 bytes each (grown by
+  appends: :func:`array_bytes`);
 * *dense* cells: a ``(bucket, ledger)`` cell turns into a Roaring bitmap when
   a run of :data:`~nacktracker.index._parts.PROMOTE` adds in a row reaches
   it (arrival order; another cell's add or a pop ends a run; the index
   gathers a bucket's sparse copies only as it takes it); wide ids
   (>= 2^32) are always dense. Each costs its bitmap (built for real: the ids
   up to its last compaction compacted, the rest added since), a dict slot,
-  a key and a heap slot. Which cells are dense, listed and compacted is
+  a key and, in the front window, a heap slot. Which cells are dense, listed and compacted is
   replayed from arrival order by :mod:`.dense_cells`;
 * the index-wide live bitmap (``slot << 32 | entry``, a ``BitMap64`` built
   for real, not run-optimised: see :func:`index_states`) holds every live id
@@ -22,9 +22,11 @@ counts for it, piece by piece:
   runs promote (up to ``LISTED``; the next promotion moves the listed ids
   into the live bitmap), and a listed cell's ids skip the live bitmap but
   the first add of each later run into it; ids pending in two buckets stay;
-* per ledger, its record (:class:`~nacktracker.index._parts.Ledger`, its
-  ledger id and slot) and, with listed cells, their list, a ``Listed``
-  record each and the int ``hi``;
+* per ledger, its id (an int), its slot's int past CPython's shared small
+  ints, a dict slot and two list slots; a ledger with listed cells, wide ids
+  or ids pending in two buckets also has a record
+  (:class:`~nacktracker.index._parts.LedgerExt`), and with listed cells
+  their flat list (bitmap, window, key per cell) and the int ``hi``;
 * the ids pending in two buckets (``_multi`` and per-ledger sets);
 * the fixed part of an empty index.
 
@@ -49,7 +51,8 @@ import numpy as np
 from pyroaring import BitMap, BitMap64
 
 from ..index import DictIndex, TimeBucketIndex, _roaring_bytes
-from ..index._parts import Layout, Ledger, Listed, Window
+from ..index._parts import Layout, LedgerExt, Window
+from ..index.buckets import SMALL_INT
 from .dense_cells import arrival_cells, compacted_prefix, list_cells
 
 __all__ = ["IndexCosts", "IndexState", "index_state", "index_states", "array_bytes", "dict_bytes", "dict_bytes_many",
@@ -357,11 +360,20 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     lid_heads = np.searchsorted(lid_owner[by_arrival], np.arange(k))
     slot[by_arrival] = np.arange(n_lid) - lid_heads[lid_owner[by_arrival]]
     n_led = np.bincount(lid_owner, minlength=k)
-    total += n_led * costs.ledger_bytes + np.where(has, _table("empty", n_led) + _table("list", n_led), 0)
-    # a ledger's listed cells: its list, a Listed record each, and its hi
-    total += _per_owner(listing.owner, listing.list_bytes + listing.n * costs.listed_cell_bytes
-                        + listing.hi_bytes, k)
+    # a ledger is its slot: its id's int (a dict key and a list item), the slot's int past
+    # CPython's shared small ints, and the dict and the two per-slot lists sized for them
+    total += n_led * costs.ledger_bytes + np.maximum(n_led - 1 - SMALL_INT, 0) * costs.int_bytes
+    total += np.where(has, _table("empty", n_led) + 2 * _table("list", n_led), 0)
+    # a ledger's listed cells: its flat list and its hi
+    total += _per_owner(listing.owner, listing.list_bytes + listing.hi_bytes, k)
     pid_rows = np.bincount(pid, minlength=n_pid)
+    # a LedgerExt record for each ledger with listed cells, wide ids or ids pending twice
+    rare = np.zeros(n_lid, dtype=bool)
+    rare[lid[(entry >> 32 > 0) | (pid_rows[pid] > 1)]] = True
+    with_ext = set(zip(listing.owner.tolist(), listing.ledger.tolist()))
+    with_ext.update(zip(lid_owner[rare].tolist(), ledger[lid_first[rare]].tolist()))
+    if with_ext:
+        total += np.bincount(np.fromiter((o_ for o_, _ in with_ext), dtype=np.int64), minlength=k) * costs.ext_bytes
     # the live bitmap: every narrow id but those stored in a listed cell only (an id
     # pending in two buckets is in it whatever its cells)
     in_live = (entry >> 32 == 0) & ~(listed_only & (pid_rows[pid] == 1))
@@ -413,11 +425,11 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     n_win = np.bincount(wid_owner, minlength=k)
     sparse_per_window = np.bincount(wid[~dense], minlength=n_wid)
     total += n_win * costs.window_bytes + np.where(has, _table("empty", n_win) + _table("list", n_win), 0)
-    total += _per_owner(wid_owner, array_bytes(sparse_per_window), k)
+    total += _per_owner(wid_owner, np.where(sparse_per_window > 0, array_bytes(sparse_per_window), 0), k)
 
     # cells: (bucket, ledger); the dense ones hold a bitmap each (not compacted
     # while filling: the last add's cell and the front bucket's), plus a dict
-    # slot, a heap slot and a key in their window
+    # slot, a key and (front window) a heap slot in their window
     cid_owner = np.empty(n_cid, dtype=np.int64)
     cid_owner[cid] = o
     out[3] = np.bincount(cid_owner, minlength=k)
@@ -445,7 +457,11 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
             roaring[c] += _roaring_bytes(_cell_bitmap(entries[lo:hi], upto))
         used = np.flatnonzero(cells_per_window)
         cw = cells_per_window[used]
-        total += _per_owner(wid_owner[used], _table("empty", cw) + _table("list", cw) + cw * costs.cell_key_bytes, k)
+        # the heap of keys: the front window's only (the index keeps one once a window is open)
+        front = np.full(k, n_wid, dtype=np.int64)
+        np.minimum.at(front, wid_owner, np.arange(n_wid))
+        heap = np.where(used == front[wid_owner[used]], _table("list", cw), 0)
+        total += _per_owner(wid_owner[used], _table("empty", cw) + heap + cw * costs.cell_key_bytes, k)
     total += roaring
     out[0, has] = total[has]
     out[1] = roaring
@@ -463,8 +479,8 @@ class IndexCosts:
     empty_index: int           # nbytes() of an empty TimeBucketIndex
     index_fixed: int           # the same without its empty live bitmap (the model builds that)
     window_bytes: int          # a Window object and its id
-    ledger_bytes: int          # a Ledger record and its two ints (ledger id, slot)
-    listed_cell_bytes: int     # a Listed record (bitmap, window, key)
+    ledger_bytes: int          # a ledger's id (an int; its slot's int only past SMALL_INT)
+    ext_bytes: int             # a LedgerExt record (a ledger's rare state)
     cell_key_bytes: int        # the int key of a dense cell
     multi_entry_bytes: int     # a (slot, entry) tuple and its count (nbytes() counts the tuple, not its ints)
     int_bytes: int             # one int in a per-ledger set
@@ -482,8 +498,7 @@ class IndexCosts:
             dict_index_per_entry=_dict_index_per_entry(), max_model_error=0.0, empty_index=empty.nbytes(),
             index_fixed=(empty.nbytes() - _roaring_bytes(BitMap64())  # the model builds the live bitmap,
                          - 2 * dict_bytes(0, literal=False) - 2 * list_bytes(0)),  # and sizes these containers
-            window_bytes=size(Window()) + size(big), ledger_bytes=size(Ledger(big, 1_000)) + 2 * size(big),
-            listed_cell_bytes=size(Listed(BitMap([1]), Window(), 0)),
+            window_bytes=size(Window()) + size(big), ledger_bytes=size(big), ext_bytes=size(LedgerExt()),
             cell_key_bytes=size(big << 20), multi_entry_bytes=size((1, 2)) + size(2), int_bytes=size(big))
 
     @classmethod
