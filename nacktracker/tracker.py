@@ -338,8 +338,8 @@ class NegativeAcksTracker:
         Cheap enough for every metrics scrape on the event loop: O(windows +
         ledgers + cells) (the index's ``nbytes()``), never O(messages).
         ``buckets`` and ``bitmaps`` are therefore upper bounds counted per
-        window (exact at ``precision_bits >= 14``, or when each copy sits in
-        its own bucket / cell); the exact counts are the index's
+        window (exact when each copy sits in its own bucket / cell, or a
+        window holds at most 64 copies); the exact counts are the index's
         ``bucket_count()``/``bitmap_count()``, O(n log n)."""
         return {
             "pending": len(self._index), "unsent": sum(map(len, self._outbox)),

@@ -253,8 +253,7 @@ def test_count_bounds_are_cheap_upper_bounds_of_the_exact_counts(bits):
     idx.add_many(500, range(64), 1_050_000)  # a dense cell
     assert idx.bucket_count_bound() >= idx.bucket_count() > 0
     assert idx.bitmap_count_bound() >= idx.bitmap_count() > 0
-    if bits >= 14:
-        assert idx.bucket_count_bound() == idx.bucket_count()
+    assert idx.bucket_count_bound() <= len(idx._windows) << idx._lay.offset_bits  # no more than windows span
     idx.pop_due(1_040_000)
     assert idx.bucket_count_bound() >= idx.bucket_count()
     assert idx.bitmap_count_bound() >= idx.bitmap_count()

@@ -1,6 +1,6 @@
 """The named pieces :class:`~nacktracker.index.TimeBucketIndex` is made of.
 
-A *window* covers ``2^max(bits, 12)`` ms of bucket times. It holds the
+A *window* covers ``2^max(bits + 3, 14)`` ms of bucket times. It holds the
 *sparse* copies of its messages packed 8 bytes each in one ``array('Q')``
 (``offset | ledger slot | entry id``, see :class:`Layout`), and the *dense*
 cells — a Roaring bitmap per ``(bucket, ledger)`` — for cells that received a
@@ -24,6 +24,14 @@ from .._checks import U32
 #: that sorting one window when it comes to the front (in C) stays near a
 #: millisecond at 10,000 nacks/s.
 WINDOW_BITS = 14
+#: ... and at least 2^3 buckets: at coarse precisions (bits >= 12) a window of
+#: one bucket paid its fixed cost (the window object and id, its dict of dense
+#: cells: ~370 bytes) per bucket, where seed 000's bursts fill a bucket with a
+#: handful of bitmaps (``bench/memory.py`` x=1 y=15: 0.029 -> 0.021 B/msg by
+#: ``nbytes()``). The longer window costs a larger sort when it reaches the
+#: front (``index_grid.parked(bits=12)``: the longest ``pop_due`` grows by
+#: about a quarter at 10,000 nacks/s; at bits 15 taking one 32 s bucket dominates).
+MIN_OFFSET_BITS = 3
 #: A (bucket, ledger) cell that gets this many adds in a row becomes a Roaring
 #: bitmap (2 bytes per id or less, runs for consecutive ids) instead of 8 bytes
 #: per id in the window's array.
@@ -57,7 +65,7 @@ class Layout:
 
     @classmethod
     def for_bits(cls, bits: int) -> "Layout":
-        return cls(bits, max(0, WINDOW_BITS - bits))
+        return cls(bits, max(MIN_OFFSET_BITS, WINDOW_BITS - bits))
 
     @property
     def window_shift(self) -> int:

@@ -3,7 +3,7 @@ out to stay small on real client traffic (sparse cells) and on seed 000's
 dense bursts alike. The pieces are in :mod:`._parts`, placing copies in
 :mod:`._cells`, taking buckets off the front in :mod:`._front`; the layout is:
 
-* windows of ``2^max(bits, 14)`` ms in a dict, their ids in a heap (the time
+* windows of ``2^max(bits + 3, 14)`` ms in a dict, their ids in a heap (the time
   order: one entry per window, not per bucket or per (bucket, ledger));
 * inside a window, sparse copies packed 8 bytes each in one ``array('Q')``
   (sorted in C when the window comes to the front), and dense cells (one
@@ -367,8 +367,8 @@ class TimeBucketIndex(FrontMixin, CellsMixin):
         (``NegativeAcksTracker.stats()``, every metrics scrape): a window with
         at most :data:`SMALL_WINDOW` copies left is counted exactly, a larger
         one as the fewer of its copies (sparse copies left plus dense cells)
-        and the buckets one window spans. Exact when each window is small or
-        one bucket (``precision_bits >= 14``); ghosts count as in
+        and the buckets one window spans (at least 8). Exact when each window
+        is small; ghosts count as in
         :meth:`bucket_count`. Runtime complexity: O(windows) (at most
         :data:`SMALL_WINDOW` copies read per window), never O(messages)."""
         span = 1 << self._lay.offset_bits

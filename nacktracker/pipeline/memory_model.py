@@ -4,7 +4,7 @@ at one instant, as a Spark task can compute them (numpy + real bitmaps).
 The index's layout (``nacktracker/index/_parts.py``) and what ``nbytes()``
 counts for it, piece by piece:
 
-* per window of ``2^max(bits, 14)`` ms holding pending nacks: the window
+* per window of ``2^max(bits + 3, 14)`` ms holding pending nacks: the window
   object, its id, its slot in the windows dict and heap, and, while it
   holds *sparse* copies, one ``array('Q')`` with 8 bytes each (grown by
   appends: :func:`array_bytes`);
