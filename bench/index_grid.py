@@ -17,11 +17,14 @@ then measures in that process:
 * CPU per call at that steady state (thread CPU time, best of 5 chunks):
   ``add`` (the stream goes on), ``discard`` of a pending id (hit) and of an
   id that is not pending (miss: a message between two nacked ones, what
-  every ``acknowledge`` does).
+  every ``acknowledge`` does), for the index and, side by side in the same
+  process, a DictIndex copy of its pending set (``dict_*_ns``:
+  :func:`side_by_side`). The ratios the targets check come from there.
 
-DictIndex runs the same cell in its own fresh process, in the same run (its
-memory does not depend on ``bits``: once per cell). Its pops come from a
-scan every 2 s instead of every ms (a scan is O(n)); the end state is the same.
+DictIndex also runs the same cell in its own fresh process, in the same run,
+for its memory (which does not depend on ``bits``: once per cell). Its pops
+come from a scan every 2 s instead of every ms (a scan is O(n)); the end
+state is the same.
 
 Three scenarios beside the grid:
 
@@ -227,27 +230,51 @@ def measure_cell(index: str, cell: Cell, bits: int, target_pending: int = 100_00
     trim_heap()  # what of the growth is free-but-resident heap (not the reading above: a real process holds it)
     grown_trimmed = rss_bytes() - before
     nbytes, pending = sum(i.nbytes() for i in indexes), sum(map(len, indexes))
-    first = indexes[0]
-    more = [[(first.add, lg, e, now + d) for lg, e, d in (streams[0].nack() for _ in range(calls))]
-            for _ in range(REPEATS)]
-    misses = [(first.discard, lg, e + 1 if cell.k > 1 else e + 10**9) for _, lg, e, _ in more[0]]
-    # pending ids for the discard-hit timing: nacked now (after the RSS reading), due in 30 s
-    found = []
-    for j in range(REPEATS * calls):
-        idx = indexes[j % n]
-        lg, e, _ = streams[j % n].nack()
-        idx.add(lg, e, now + 30_000)
-        found.append((idx.discard, lg, e))
+    timing = side_by_side(indexes[0], streams[0], cell, now, calls) if live else {}
     return {
         "index": index, **asdict(cell), "bits": bits, "replicas": n, "pending": pending, "nbytes": nbytes,
         "rss_growth": grown, "nbytes_per_pending": nbytes / max(1, pending),
         "rss_per_pending": grown / max(1, pending),
         "rss_trimmed_per_pending": grown_trimmed / max(1, pending),
-        "discard_miss_ns": _per_call_ns([misses] * REPEATS),
-        "add_ns": _per_call_ns(more),
-        "discard_hit_ns": _per_call_ns([found[i::REPEATS] for i in range(REPEATS)]),
-        "hits": len(found),
+        **timing,
     }
+
+
+def side_by_side(first, stream: Traffic, cell: Cell, now: int, calls: int) -> dict:
+    """CPU per call of ``first`` (replica 0, after the memory reading) and of a
+    DictIndex holding exactly its pending set, in this process, chunks of the
+    two interleaved (index, dict, index, dict, ...): both see the same calls
+    at the same moments, so the ratio does not depend on what else the
+    machine ran (two processes' figures differed up to 3x for one shape).
+    Each gets the same arguments: the stream's next nacks (``add``), ids
+    between two nacked ones, never pending (``discard`` miss), and ids just
+    nacked into both (``discard`` hit)."""
+    import nacktracker
+
+    twin = nacktracker.DictIndex(precision_bits=first.precision_bits)
+    for bucket, ledger, ids in first.iter_bitmaps():
+        for e in ids:
+            twin.add(ledger, e, bucket)  # a bucket time maps to itself
+    if len(twin) != len(first):
+        raise AssertionError(f"DictIndex copy holds {len(twin)} of {len(first)}")
+    pending = len(twin)
+    both = (first, twin)
+    adds = [[lg, e, now + d] for lg, e, d in (stream.nack() for _ in range(REPEATS * calls))]
+    miss = [(lg, e + 1 if cell.k > 1 else e + 10**9) for lg, e, _ in adds[:calls]]
+    hits = [(lg, e) for lg, e, _ in (stream.nack() for _ in range(REPEATS * calls))]
+    out: dict = {"timed_pending": pending}
+    for name, rows, prepare in (("add", adds, None), ("discard_miss", miss, None), ("discard_hit", hits, "add")):
+        best = [float("inf"), float("inf")]
+        for r in range(REPEATS):
+            chunk = rows[r * calls:(r + 1) * calls] if len(rows) > calls else rows
+            for i, idx in enumerate(both):
+                if prepare:
+                    for lg, e in chunk:
+                        idx.add(lg, e, now + 30_000)
+                method = getattr(idx, "add" if name == "add" else "discard")
+                best[i] = min(best[i], _per_call_ns([[(method, *args) for args in chunk]]))
+        out[f"{name}_ns"], out[f"dict_{name}_ns"] = best
+    return out
 
 
 def flatness(sizes=(30_000, 100_000, 300_000), calls: int = 20_000) -> list[dict]:

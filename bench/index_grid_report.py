@@ -55,10 +55,11 @@ def targets(result: dict) -> list[dict]:
               lambda tb, d: d["rss_per_pending"] / max(tb["rss_per_pending"], 1e-9), where="min")
         worst("|nbytes - RSS| / RSS", NBYTES_VS_RSS,
               lambda tb, d: abs(tb["nbytes"] - tb["rss_growth"]) / max(tb["rss_growth"], 1))
+        # CPU: against the DictIndex copy timed side by side in the index's own process
         worst("discard miss ns / max(1500, 3x DictIndex) ", 1.0,
-              lambda tb, d: tb["discard_miss_ns"] / max(MISS_FLOOR_NS, MISS_VS_DICT * d["discard_miss_ns"]))
-        worst("discard hit / DictIndex", HIT_VS_DICT, lambda tb, d: tb["discard_hit_ns"] / d["discard_hit_ns"])
-        worst("add / DictIndex", ADD_VS_DICT, lambda tb, d: tb["add_ns"] / d["add_ns"])
+              lambda tb, d: tb["discard_miss_ns"] / max(MISS_FLOOR_NS, MISS_VS_DICT * tb["dict_discard_miss_ns"]))
+        worst("discard hit / DictIndex", HIT_VS_DICT, lambda tb, d: tb["discard_hit_ns"] / tb["dict_discard_hit_ns"])
+        worst("add / DictIndex", ADD_VS_DICT, lambda tb, d: tb["add_ns"] / tb["dict_add_ns"])
     flat = [r for r in result.get("flatness", []) if r["index"] == "TimeBucketIndex"]
     if flat:
         lo, hi = min(flat, key=lambda r: r["pending"]), max(flat, key=lambda r: r["pending"])
@@ -96,8 +97,9 @@ def grid_table(result: dict) -> str:
             cols.append("—" if t is None else f"{t['rss_per_pending']:.1f} ({t['nbytes_per_pending']:.1f})")
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]:,} | {t0['pending']:,} | {d['rss_per_pending']:.0f} | "
                      + " | ".join(cols)
-                     + f" | {t0['add_ns']:.0f} / {d['add_ns']:.0f} | {t0['discard_miss_ns']:.0f} / {d['discard_miss_ns']:.0f} "
-                     f"| {t0['discard_hit_ns']:.0f} / {d['discard_hit_ns']:.0f} |")
+                     + f" | {t0['add_ns']:.0f} / {t0['dict_add_ns']:.0f} "
+                     f"| {t0['discard_miss_ns']:.0f} / {t0['dict_discard_miss_ns']:.0f} "
+                     f"| {t0['discard_hit_ns']:.0f} / {t0['dict_discard_hit_ns']:.0f} |")
     return "\n".join(lines)
 
 
@@ -122,9 +124,9 @@ def summary(result: dict) -> str:
 
         tbs, ds = [tb for tb, _ in sel], [d for _, d in sel]
         lines.append(f"| {b} | {st.median(rss):.1f} ({max(rss):.1f}) | {med('rss_per_pending', ds):.0f} "
-                     f"| {ok} of {len(sel)} | {med('add_ns', tbs):.0f} ({med('add_ns', ds):.0f}) "
-                     f"| {med('discard_miss_ns', tbs):.0f} ({med('discard_miss_ns', ds):.0f}) "
-                     f"| {med('discard_hit_ns', tbs):.0f} ({med('discard_hit_ns', ds):.0f}) |")
+                     f"| {ok} of {len(sel)} | {med('add_ns', tbs):.0f} ({med('dict_add_ns', tbs):.0f}) "
+                     f"| {med('discard_miss_ns', tbs):.0f} ({med('dict_discard_miss_ns', tbs):.0f}) "
+                     f"| {med('discard_hit_ns', tbs):.0f} ({med('dict_discard_hit_ns', tbs):.0f}) |")
     return "\n".join(lines)
 
 
@@ -141,7 +143,9 @@ def render(result: dict) -> str:
     for t in targets(result):
         out.append(f"| {t['target']} | {t['bound']:g} | {t['worst']:.3g} {'✅' if t['pass'] else '❌'} | {t['cell']} "
                    f"| {t['failing']} of {t['cells']} |")
-    out += ["", "## By precision (medians over the cells; CPU per call)", "", summary(result),
+    out += ["", "## By precision (medians over the cells; CPU per call)", "",
+            "CPU per call: the index and, in parentheses, a DictIndex copy of its pending set timed side by side "
+            "in the same process (chunks interleaved), which is what the targets compare.", "", summary(result),
             "", "## Grid", "", grid_table(result), "", "![grid](grid.png)", "",
             "## Discard of an id that is not pending, by pending count (bits 0)", "",
             "| index | pending | ns per call |", "|---|---|---|"]
@@ -214,5 +218,5 @@ def main(argv: list[str]) -> int:
     for t in targets(result):
         print(f"{'PASS' if t['pass'] else 'FAIL'} {t['target']}: {t['worst']:.3g} (bound {t['bound']:g}; {t['cell']})")
     print(f"wrote {a.out}/RESULTS.md in {result['duration_s']:.0f} s "
-          f"(median add ratio {statistics.median(tb['add_ns'] / d['add_ns'] for tb, d in pairs(result['rows'])):.2f})")
+          f"(median add ratio {statistics.median(tb['add_ns'] / tb['dict_add_ns'] for tb, _ in pairs(result['rows'])):.2f})")
     return 0

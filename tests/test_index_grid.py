@@ -23,7 +23,10 @@ def test_grid_quick_writes_results(tmp_path):
     assert {r["index"] for r in rows} == {"TimeBucketIndex", "DictIndex"}
     assert {r["bits"] for r in rows if r["index"] == "TimeBucketIndex"} == set(result["spec"]["bits"])
     for r in rows:
-        assert r["pending"] > 0 and r["nbytes"] > 0 and r["add_ns"] > 0 and r["hits"] > 0
+        assert r["pending"] > 0 and r["nbytes"] > 0
+    for r in (r for r in rows if r["index"] == "TimeBucketIndex"):  # timed beside a DictIndex copy of its state
+        assert min(r[f"{p}{op}_ns"] for p in ("", "dict_") for op in ("add", "discard_miss", "discard_hit")) > 0
+        assert r["timed_pending"] > 0
     tb = [r for r in rows if r["index"] == "TimeBucketIndex"]
     d = next(r for r in rows if r["index"] == "DictIndex")
     assert all(r["pending"] == d["pending"] for r in tb if r["bits"] == 0)  # same end state
