@@ -52,7 +52,7 @@ from pyroaring import BitMap, BitMap64
 
 from ..index import DictIndex, TimeBucketIndex, _roaring_bytes
 from ..index._parts import Layout, LedgerExt, Window
-from ..index.buckets import SMALL_INT
+from ..index._views import SMALL_INT
 from .dense_cells import arrival_cells, compacted_prefix, list_cells
 
 __all__ = ["IndexCosts", "IndexState", "index_state", "index_states", "array_bytes", "dict_bytes", "dict_bytes_many",
