@@ -21,6 +21,7 @@ chunks), not what the index holds. The DictIndex figure is its own
 from __future__ import annotations
 
 import argparse
+import array
 import gc
 import json
 import os
@@ -45,8 +46,6 @@ def settled(cell: grid.Cell, bits: int, target_pending: int) -> dict:
     t0, arrivals = 1_000_000_000, cell.rate * cell.seconds
     end = t0 + cell.seconds * 1000
     # the pending set, as arrays (no object per message while measuring)
-    import array
-
     bucket_of = cls(precision_bits=bits).bucket_of
     rows = []
     for j in range(n):

@@ -153,4 +153,3 @@ class ViewsMixin:
             total += size(key) + size(ghost) + (size(ghost.revived) if ghost.revived is not None else 0)
         total += sum(size(key) + size(n) for key, n in self._multi.items())
         return total
-
