@@ -41,6 +41,18 @@ def check_int(name: str, value: object, maximum: int = MAX_ID) -> int:
     return value
 
 
+def message_id(item: object) -> tuple[int, int] | None:
+    """``item`` as a ``(ledger_id, entry_id)`` tuple of ids :func:`check_int`
+    accepts, or None when it is not one (what ``in`` answers False for): the
+    indexes' ``__contains__`` agree on ``bool``, numpy integers and negatives."""
+    if not isinstance(item, tuple) or len(item) != 2:
+        return None
+    try:
+        return check_int("ledger_id", item[0]), check_int("entry_id", item[1])
+    except (TypeError, ValueError):
+        return None
+
+
 def check_delay_ms(name: str, value: object) -> int:
     """Return a delay in whole milliseconds (floats are rounded up).
 

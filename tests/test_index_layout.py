@@ -386,3 +386,18 @@ def test_taking_a_big_bucket_does_not_import_numpy_ma():
             "assert len(idx.pop_due(10**6)) == 600 and idx.bucket_count() == 0\n"
             "assert 'numpy.ma' not in sys.modules, 'numpy.ma imported'\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("cls", [TimeBucketIndex, DictIndex])
+def test_membership_takes_the_ids_add_takes_and_nothing_else(cls):
+    """``in`` answers for the ids ``add`` accepts (numpy integers too) and is
+    False for what ``add`` refuses (bool, negative, float, not a pair), the
+    same in the index and its reference model (a fuzz case: (6, True) matched
+    the dict's (6, 1))."""
+    import numpy as np
+
+    idx = cls(precision_bits=0)
+    idx.add(6, 1, 0)
+    assert (6, 1) in idx and (np.int64(6), np.uint32(1)) in idx
+    for item in [(6, True), (True, 1), (6, -1), (6, 1.0), (6,), (6, 1, 0), [6, 1], "ab", None]:
+        assert item not in idx, item

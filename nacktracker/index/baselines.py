@@ -10,7 +10,7 @@ import heapq
 import sys
 from typing import Iterable
 
-from .._checks import MAX_DUE, check_int, check_precision, entry_array
+from .._checks import MAX_DUE, check_int, check_precision, entry_array, message_id
 
 __all__ = ["DictIndex", "HeapIndex"]
 
@@ -94,10 +94,9 @@ class _PerMessageIndex:
         return bool(self._pending)
 
     def __contains__(self, item: object) -> bool:
-        try:
-            return item in self._pending
-        except TypeError:
-            return False
+        """Runtime complexity: O(1). Not an id pair (``bool``, negative, ...): False."""
+        ids = message_id(item)
+        return ids is not None and ids in self._pending
 
     def _nbytes_pending(self) -> int:
         seen: set[int] = set()

@@ -25,7 +25,7 @@ from typing import Iterable
 
 from pyroaring import BitMap, BitMap64
 
-from .._checks import MAX_DUE, check_int, check_precision, entry_array
+from .._checks import MAX_DUE, check_int, check_precision, entry_array, message_id
 from ._cells import CellsMixin
 from ._front import FrontMixin
 from ._parts import COMPACT_CHURN, NO_ENTRIES, NO_PACKED, NO_SLOTS, PROMOTE, Ghost, Layout, LedgerExt, LISTING, Window, merge_into, overlaps
@@ -327,12 +327,10 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
     def __contains__(self, item: object) -> bool:
         """``(ledger_id, entry_id) in index``. Runtime complexity: O(1): a
         bitmap lookup plus at most ``LISTED`` (the ledger's listed cells)."""
-        try:
-            ledger_id, entry_id = item  # type: ignore[misc]
-        except (TypeError, ValueError):
+        ids = message_id(item)
+        if ids is None:
             return False
-        if type(ledger_id) is not int or type(entry_id) is not int or entry_id < 0:
-            return False
+        ledger_id, entry_id = ids
         slot = self._by_id.get(ledger_id)
         return slot is not None and self._has(slot, entry_id)
 
