@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import array
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from pyroaring import BitMap, BitMap64
@@ -78,7 +79,13 @@ class Layout:
 
     @classmethod
     def for_bits(cls, bits: int) -> "Layout":
-        return cls(bits, max(MIN_OFFSET_BITS, WINDOW_BITS - bits))
+        """The layout of a precision, one shared object per precision (with the
+        int objects the index copies from it: an index of a few pending ids
+        does not pay ~150 bytes for its own)."""
+        lay = _LAYOUTS.get(bits)
+        if lay is None:
+            lay = _LAYOUTS[bits] = cls(bits, max(MIN_OFFSET_BITS, WINDOW_BITS - bits))
+        return lay
 
     @property
     def window_shift(self) -> int:
@@ -88,9 +95,13 @@ class Layout:
     def offset_shift(self) -> int:
         return 64 - self.offset_bits
 
-    @property
+    @cached_property
     def slot_limit(self) -> int:
         return 1 << (32 - self.offset_bits)
+
+    @cached_property
+    def offset_mask(self) -> int:
+        return (1 << self.offset_bits) - 1
 
     def offsets(self, values: np.ndarray) -> np.ndarray:
         """The offset of each packed value (vectorised)."""
@@ -102,6 +113,7 @@ class Layout:
         return value >> self.offset_shift if self.offset_bits else 0
 
 
+_LAYOUTS: dict[int, Layout] = {}
 NO_CELLS: dict = {}
 NO_KEYS: list = []
 #: The index's rarely used containers (ids pending in two buckets, ghosts,

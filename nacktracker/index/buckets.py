@@ -33,6 +33,9 @@ from ._parts import COMPACT_CHURN, LIVE_ENTRY_BITS, LIVE_SLOT_BITS, NO_ENTRIES, 
 from ._views import ViewsMixin
 
 __all__ = ["TimeBucketIndex"]
+# add() inlines the narrow bounds of the live bitmap (a literal is ~20 ns
+# cheaper per call than a global name, on a path of ~1.2 us)
+assert LIVE_ENTRY_BITS == 22 and LIVE_SLOT_BITS == 10
 
 
 class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
@@ -65,7 +68,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
         self.rounding: str = rounding
         lay = self._lay = Layout.for_bits(precision_bits)
         self._wshift, self._oshift, self._slot_limit = lay.window_shift, lay.offset_shift, lay.slot_limit
-        self._omask = (1 << lay.offset_bits) - 1
+        self._omask = lay.offset_mask
         self._windows: dict[int, Window] = {}
         self._wheap: list[int] = []  # window ids; one per window in _windows
         self._by_id: dict[int, int] = {}  # ledger id -> its slot
@@ -111,11 +114,11 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
             if slot is None:
                 slot = self._ledger(ledger_id)
         ext = self._ext[slot]
-        if entry_id >> LIVE_ENTRY_BITS or slot >> LIVE_SLOT_BITS or (ext is not None and ext.ghost is not None):
+        if entry_id >> 22 or slot >> 10 or (ext is not None and ext.ghost is not None):
             self._add_again(slot, entry_id, bucket)  # not narrow (its live bit is in ext.wide), or a ghost
             return
         live = self._live
-        key = slot << LIVE_ENTRY_BITS | entry_id  # its live key (narrow: slot < slot_limit, entry < 2^32)
+        key = slot << 22 | entry_id  # its live key (narrow: LIVE_ENTRY_BITS, LIVE_SLOT_BITS)
         hot = bucket == self._hot_bucket and slot == self._hot_slot  # a burst into the last cell
         if hot:
             if self._hot_listed:  # a listed dense cell (so ext is set): the id is stored there only
