@@ -132,7 +132,7 @@ class Differential(RuleBasedStateMachine):
 
 def ext_of(idx: TimeBucketIndex, ledger_id: int):
     """The ledger's rare state (listed cells, wide ids, ...), or None."""
-    return idx._ext[idx._by_id[ledger_id]]
+    return idx._ext.get(idx._by_id[ledger_id])
 
 
 def check_listed(idx: TimeBucketIndex) -> None:
@@ -143,11 +143,12 @@ def check_listed(idx: TimeBucketIndex) -> None:
     assert {lid: slot for slot, lid in enumerate(idx._lid) if lid is not None} == idx._by_id
     # the live bitmap holds narrow ids of ledgers that exist, ``wide`` only the others
     assert all(idx._lid[key >> LIVE_ENTRY_BITS] is not None for key in idx._live)
-    for slot, ext in enumerate(idx._ext):
+    assert all(idx._lid[slot] is not None for slot in idx._ext)  # no record outlives its ledger
+    for slot, ext in idx._ext.items():
         if ext is not None and ext.wide is not None:
             assert ext.wide and (slot >> LIVE_SLOT_BITS or ext.wide.min() >> LIVE_ENTRY_BITS)
     for slot, lid in enumerate(idx._lid):
-        ext = idx._ext[slot]
+        ext = idx._ext.get(slot)
         if lid is None or ext is None:
             assert ext is None
             continue
@@ -246,7 +247,7 @@ def test_slots_are_recycled_and_state_ends_empty():
             idx.add(10**12 + ledger + round_, ledger, 1000 * round_ + ledger)
         assert len(idx.pop_due(10**6)) == 100
     assert idx.next_due_ms() is None and not idx._windows
-    assert not idx._by_id and len(idx._lid) == len(idx._ext) == 100  # three rounds of 100 ledgers, 100 slots
+    assert not idx._by_id and len(idx._lid) == 100 and not idx._ext  # three rounds of 100 ledgers, 100 slots
 
 
 @pytest.mark.parametrize("ids", [array.array("I", range(100)), list(range(10, 50))])

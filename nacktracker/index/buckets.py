@@ -73,7 +73,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
         self._wheap: list[int] = []  # window ids; one per window in _windows
         self._by_id: dict[int, int] = {}  # ledger id -> its slot
         self._lid: list[int | None] = []  # slot -> ledger id (None: a free slot)
-        self._ext: list[LedgerExt | None] = []  # slot -> the ledger's rare state, if any
+        self._ext: dict[int, LedgerExt] = NO_ENTRIES  # slot -> the ledger's rare state, for the few that have one
         # made on first use (shared empties until then: see NO_ENTRIES)
         self._free: list[int] = NO_SLOTS  # freed slots
         self._multi: dict[tuple[int, int], int] = NO_ENTRIES  # (slot, entry) -> live occurrences (>= 2)
@@ -113,7 +113,8 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
             slot = self._by_id.get(ledger_id)
             if slot is None:
                 slot = self._ledger(ledger_id)
-        ext = self._ext[slot]
+        exts = self._ext
+        ext = exts.get(slot) if exts else None
         if entry_id >> 22 or slot >> 10 or (ext is not None and ext.ghost is not None):
             self._add_again(slot, entry_id, bucket)  # not narrow (its live bit is in ext.wide), or a ghost
             return
@@ -192,7 +193,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
             return
         new = BitMap(ids) if ids.typecode == "I" else BitMap64(ids)
         slot = self._ledger(ledger_id)
-        ext = self._ext[slot]
+        ext = self._ext.get(slot)
         keyed = self._keyed(slot, new)
         if keyed.intersect(self._live) or (ext is not None and (ext.ghost is not None or (
                 ext.wide is not None and overlaps(new, ext.wide)) or (
@@ -230,7 +231,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
         slot = self._by_id.get(ledger_id)
         if slot is None:
             return False
-        ext = self._ext[slot]
+        ext = self._ext.get(slot)
         if entry_id >> LIVE_ENTRY_BITS or slot >> LIVE_SLOT_BITS:
             in_live = ext is not None and ext.wide is not None and entry_id in ext.wide
         else:

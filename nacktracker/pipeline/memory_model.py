@@ -363,20 +363,22 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     slot[by_arrival] = np.arange(n_lid) - lid_heads[lid_owner[by_arrival]]
     n_led = np.bincount(lid_owner, minlength=k)
     # a ledger is its slot: its id's int (a dict key and a list item), the slot's int past
-    # CPython's shared small ints, and the dict and the two per-slot lists sized for them
+    # CPython's shared small ints, and the dict and the per-slot list sized for them
     total += n_led * costs.ledger_bytes + np.maximum(n_led - 1 - SMALL_INT, 0) * costs.int_bytes
-    total += np.where(has, _table("empty", n_led) + 2 * _table("list", n_led), 0)
+    total += np.where(has, _table("empty", n_led) + _table("list", n_led), 0)
     # a ledger's listed cells: its flat list and its hi
     total += _per_owner(listing.owner, listing.list_bytes + listing.hi_bytes, k)
     pid_rows = np.bincount(pid, minlength=n_pid)
-    # a LedgerExt record for each ledger with listed cells, wide ids or ids pending twice
+    # a LedgerExt record for each ledger with listed cells, wide ids or ids pending twice,
+    # in a dict by slot (the shared empty, not counted, while no ledger has one)
     rare = np.zeros(n_lid, dtype=bool)
     narrow = (entry >> LIVE_ENTRY_BITS == 0) & (slot[lid] >> LIVE_SLOT_BITS == 0)  # else in the ledger's wide bitmap
     rare[lid[~narrow | (pid_rows[pid] > 1)]] = True
     with_ext = set(zip(listing.owner.tolist(), listing.ledger.tolist()))
     with_ext.update(zip(lid_owner[rare].tolist(), ledger[lid_first[rare]].tolist()))
     if with_ext:
-        total += np.bincount(np.fromiter((o_ for o_, _ in with_ext), dtype=np.int64), minlength=k) * costs.ext_bytes
+        n_ext = np.bincount(np.fromiter((o_ for o_, _ in with_ext), dtype=np.int64), minlength=k)
+        total += n_ext * costs.ext_bytes + np.where(n_ext > 0, _table("empty", n_ext), 0)
     # the live bitmap: every narrow id but those stored in a listed cell only (an id
     # pending in two buckets is in it whatever its cells)
     in_live = narrow & ~(listed_only & (pid_rows[pid] == 1))
