@@ -40,6 +40,7 @@ Three scenarios beside the grid:
 
 from __future__ import annotations
 
+import array
 import gc
 import itertools
 import json
@@ -82,7 +83,10 @@ class Traffic:
     def __init__(self, cell: Cell, seed: int = 1) -> None:
         self.cell = cell
         self.rng = random.Random(seed)
-        self.next_entry = [0] * cell.ledgers
+        # an array, not a list: the next ids grow past CPython's shared small
+        # ints, and a list would hold an int object per ledger that appeared
+        # after the RSS baseline (~3 B per pending message charged to the index)
+        self.next_entry = array.array("q", bytes(8 * cell.ledgers))
         self.i = 0
 
     def delay(self) -> int:

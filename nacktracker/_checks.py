@@ -82,7 +82,11 @@ def check_precision(precision_bits: object, rounding: object) -> tuple[int, int]
     if rounding not in ("floor", "ceil"):
         raise ValueError(f"rounding must be 'floor' or 'ceil', got {rounding!r}")
     width = 1 << bits
-    return (0 if rounding == "floor" else width - 1), ~(width - 1)
+    # one pair per precision and rounding: an index does not hold its own int objects
+    return _PRECISION.setdefault((bits, rounding), ((0 if rounding == "floor" else width - 1), ~(width - 1)))
+
+
+_PRECISION: dict[tuple[int, str], tuple[int, int]] = {}
 
 
 def _from_numpy(ids) -> array.array:

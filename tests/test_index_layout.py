@@ -14,10 +14,12 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from pyroaring import BitMap, BitMap64
 
 from nacktracker import DictIndex, TimeBucketIndex
-from nacktracker.index._parts import LISTED, LISTING, NO_CELLS, NO_ENTRIES, NO_KEYS, NO_PACKED, NO_SLOTS, PROMOTE
+from nacktracker.index._parts import LISTED, LISTING, LIVE_ENTRY_BITS, LIVE_SLOT_BITS, NO_CELLS, NO_ENTRIES, NO_KEYS, NO_PACKED, NO_SLOTS, PROMOTE
 
 ledgers = st.sampled_from([1, 2, 7, 2**40 + 3])
-entries = st.one_of(st.integers(0, 60), st.integers(2**32 - 3, 2**32 + 3), st.just(2**63 - 1))
+# around the live bitmap's narrow bound (2^22) and 32 bits, and the largest id
+entries = st.one_of(st.integers(0, 60), st.integers(2**22 - 3, 2**22 + 3), st.integers(2**32 - 3, 2**32 + 3),
+                    st.just(2**63 - 1))
 dues = st.one_of(st.integers(0, 400), st.integers(4000, 4200), st.integers(60_000, 60_100))
 
 
@@ -28,6 +30,7 @@ class Differential(RuleBasedStateMachine):
         super().__init__()
         self.bits = 0
         self.tb = self.ref = None
+        self.crowded = False
 
     @rule(bits=st.sampled_from([0, 3, 8, 12]), rounding=st.sampled_from(["floor", "ceil"]))
     def start(self, bits, rounding):
@@ -55,7 +58,16 @@ class Differential(RuleBasedStateMachine):
         for e in reversed(ids) if descending else ids:
             self.both("add", ledger, e, due)
 
-    @rule(ledger=ledgers, first=st.sampled_from([0, 5, 2**32 - 20]), cells=st.integers(1, LISTED + 3),
+    @rule(due=dues)
+    def crowd(self, due):
+        """Over 2^LIVE_SLOT_BITS other ledgers, one id each: ledgers first seen
+        after this get slots whose ids all live in their ``wide`` bitmap."""
+        if not self.crowded:
+            self.crowded = True
+            for i in range((1 << LIVE_SLOT_BITS) + 8):
+                self.both("add", 10_000 + i, i, due + i % 7)
+
+    @rule(ledger=ledgers, first=st.sampled_from([0, 5, 2**22 - 20, 2**32 - 20]), cells=st.integers(1, LISTED + 3),
           gap=st.sampled_from([1, 300]), overlap=st.booleans())
     def runs_into_many_buckets(self, ledger, first, cells, gap, overlap):
         """Runs of adds of one ledger into many buckets: listed dense cells,
@@ -120,7 +132,7 @@ class Differential(RuleBasedStateMachine):
 
 def ext_of(idx: TimeBucketIndex, ledger_id: int):
     """The ledger's rare state (listed cells, wide ids, ...), or None."""
-    return idx._ext[idx._by_id[ledger_id]]
+    return idx._ext.get(idx._by_id[ledger_id])
 
 
 def check_listed(idx: TimeBucketIndex) -> None:
@@ -129,8 +141,14 @@ def check_listed(idx: TimeBucketIndex) -> None:
     copy; and the ledger slots: ``_by_id`` and ``_lid`` mirror each other, a
     ledger's rare state exists only while something is in it."""
     assert {lid: slot for slot, lid in enumerate(idx._lid) if lid is not None} == idx._by_id
+    # the live bitmap holds narrow ids of ledgers that exist, ``wide`` only the others
+    assert all(idx._lid[key >> LIVE_ENTRY_BITS] is not None for key in idx._live)
+    assert all(idx._lid[slot] is not None for slot in idx._ext)  # no record outlives its ledger
+    for slot, ext in idx._ext.items():
+        if ext is not None and ext.wide is not None:
+            assert ext.wide and (slot >> LIVE_SLOT_BITS or ext.wide.min() >> LIVE_ENTRY_BITS)
     for slot, lid in enumerate(idx._lid):
-        ext = idx._ext[slot]
+        ext = idx._ext.get(slot)
         if lid is None or ext is None:
             assert ext is None
             continue
@@ -229,7 +247,7 @@ def test_slots_are_recycled_and_state_ends_empty():
             idx.add(10**12 + ledger + round_, ledger, 1000 * round_ + ledger)
         assert len(idx.pop_due(10**6)) == 100
     assert idx.next_due_ms() is None and not idx._windows
-    assert not idx._by_id and len(idx._lid) == len(idx._ext) == 100  # three rounds of 100 ledgers, 100 slots
+    assert not idx._by_id and len(idx._lid) == 100 and not idx._ext  # three rounds of 100 ledgers, 100 slots
 
 
 @pytest.mark.parametrize("ids", [array.array("I", range(100)), list(range(10, 50))])
@@ -401,3 +419,29 @@ def test_membership_takes_the_ids_add_takes_and_nothing_else(cls):
     assert (6, 1) in idx and (np.int64(6), np.uint32(1)) in idx
     for item in [(6, True), (True, 1), (6, -1), (6, 1.0), (6,), (6, 1, 0), [6, 1], "ab", None]:
         assert item not in idx, item
+
+
+def test_ids_outside_the_narrow_live_bitmap_are_tracked_in_wide():
+    """Entry ids from 2^22 and ledgers past slot 2^10 keep their live bit in
+    the ledger's ``wide`` bitmap; adds, acks, pops and membership answer as
+    for any other id."""
+    idx, ref = TimeBucketIndex(precision_bits=0), DictIndex(precision_bits=0)
+    big = (1 << LIVE_ENTRY_BITS) + 5
+    for m in (idx, ref):  # ledger 3: slot 0
+        m.add(3, big, 100)
+        m.add(3, 4, 100)
+        m.add_many(3, range(big - 40, big + 40), 200)  # a dense cell across the bound
+        for i in range(1 << LIVE_SLOT_BITS):  # slots 1 .. 1024
+            m.add(10_000 + i, 1, 500)
+    late = 10_000 + (1 << LIVE_SLOT_BITS) - 1
+    assert idx._by_id[late] >> LIVE_SLOT_BITS
+    for m in (idx, ref):
+        m.add(late, 2, 100)
+    assert ext_of(idx, late).wide == BitMap64([1, 2])
+    assert ext_of(idx, 3).wide == BitMap64(range(1 << LIVE_ENTRY_BITS, big + 40))
+    for probe in [(late, 2), (late, 3), (3, big), (3, 4), (3, big - 41), (3, big + 39)]:
+        assert (probe in idx) == (probe in ref)
+        assert idx.discard(*probe) == ref.discard(*probe)
+    assert idx.pop_due(300) == ref.pop_due(300)
+    assert 3 not in idx._by_id and ext_of(idx, late).wide == BitMap64([1])
+    assert idx.pop_due(600) == ref.pop_due(600) and not idx and not idx._live

@@ -11,7 +11,7 @@ import heapq
 import numpy as np
 from pyroaring import BitMap, BitMap64
 
-from ._parts import COMPACT_CHURN, LISTED, M32, NO_CELLS, NO_ENTRIES, NO_KEYS, NO_PACKED, PROMOTE, LISTING, LedgerExt, Window, has
+from ._parts import COMPACT_CHURN, LISTED, LIVE_ENTRY_BITS, LIVE_ENTRY_MASK, LIVE_SLOT_BITS, M32, NO_CELLS, NO_ENTRIES, NO_KEYS, NO_PACKED, PROMOTE, LISTING, LedgerExt, Window, has, narrow_part
 
 
 class CellsMixin:
@@ -28,7 +28,6 @@ class CellsMixin:
         slot = self._free.pop() if self._free else len(lids)
         if slot == len(lids):
             lids.append(ledger_id)
-            self._ext.append(None)
         else:
             lids[slot] = ledger_id
         self._by_id[ledger_id] = slot
@@ -36,21 +35,25 @@ class CellsMixin:
 
     def _ext_of(self, slot: int) -> LedgerExt:
         """The ledger's rare state, made on first use."""
-        ext = self._ext[slot]
+        ext = self._ext.get(slot)
         if ext is None:
+            if self._ext is NO_ENTRIES:
+                self._ext = {}
             ext = self._ext[slot] = LedgerExt()
         return ext
 
     def _tidy(self, slot: int) -> None:
         """Drop the ledger's rare state once nothing is left in it (call at the
         end of an operation: callers may hold the record until then)."""
-        ext = self._ext[slot]
+        ext = self._ext.get(slot)
         if ext is not None and ext.empty():
-            self._ext[slot] = None
+            del self._ext[slot]
+            if not self._ext:  # a dict never shrinks: back to the shared empty
+                self._ext = NO_ENTRIES
 
     def _add_again(self, slot: int, entry_id: int, bucket: int) -> None:
         """An add that may meet a copy already in its cell (pending, acked or wide)."""
-        ext = self._ext[slot]
+        ext = self._ext.get(slot)
         key = (slot, entry_id)
         ghost = self._ghosts.get(key) if ext is not None and ext.ghost is not None and entry_id in ext.ghost else None
         if (self._has(slot, entry_id) or ghost is not None) and self._holds(slot, entry_id, bucket):
@@ -89,16 +92,16 @@ class CellsMixin:
     def _has(self, slot: int, entry_id: int) -> bool:
         """Whether the id is pending. Runtime: O(1): a bitmap lookup, plus at
         most LISTED more for an id not above the ledger's listed ids."""
-        ext = self._ext[slot]
-        if entry_id >> 32:
+        ext = self._ext.get(slot)
+        if entry_id >> LIVE_ENTRY_BITS or slot >> LIVE_SLOT_BITS:
             return ext is not None and ext.wide is not None and entry_id in ext.wide
-        return (slot << 32 | entry_id) in self._live or (
+        return (slot << LIVE_ENTRY_BITS | entry_id) in self._live or (
             ext is not None and ext.cells is not None and entry_id <= ext.hi and self._in_listed(ext, entry_id))
 
     @staticmethod
     def _in_listed(ext: LedgerExt, entry_id: int) -> bool:
         """Whether a listed cell of the ledger holds the id (a live copy: listed
-        cells hold no ghost); the id is below 2^32 (64-bit ids are in ``wide``).
+        cells hold no ghost); the id is narrow (the others are in ``wide``).
         Runtime: O(LISTED) bitmap lookups in C."""
         for cell in ext.cells[::LISTING]:
             if entry_id in cell:
@@ -122,7 +125,7 @@ class CellsMixin:
 
     def _flush_listed(self, slot: int, ext: LedgerExt) -> None:
         """Put the ids of the ledger's listed cells into the live bitmap and
-        unlist them (ids >= 2^32 are in ``wide`` already). Runtime: O(ids) in C."""
+        unlist them (ids that are not narrow are in ``wide`` already). Runtime: O(ids) in C."""
         for cell in ext.cells[::LISTING]:
             keyed = self._keyed(slot, cell)
             self._live |= keyed
@@ -171,41 +174,54 @@ class CellsMixin:
         return len(held)
 
     def _live_add(self, slot: int, entry_id: int) -> None:
-        if entry_id >> 32:
+        if entry_id >> LIVE_ENTRY_BITS or slot >> LIVE_SLOT_BITS:
             ext = self._ext_of(slot)
             if ext.wide is None:
                 ext.wide = BitMap64()
             ext.wide.add(entry_id)
         else:
-            self._live.add(slot << 32 | entry_id)
+            self._live.add(slot << LIVE_ENTRY_BITS | entry_id)
 
     def _live_discard(self, slot: int, entry_id: int) -> None:
-        if entry_id >> 32:
-            ext = self._ext[slot]
+        if entry_id >> LIVE_ENTRY_BITS or slot >> LIVE_SLOT_BITS:
+            ext = self._ext.get(slot)
             ext.wide.discard(entry_id)
             if not ext.wide:
                 ext.wide = None
         else:
-            self._live.discard(slot << 32 | entry_id)
+            self._live.discard(slot << LIVE_ENTRY_BITS | entry_id)
 
     def _has_live(self, slot: int) -> bool:
         """Whether the ledger has a live id. Runtime: O(log n) (two ranks)."""
-        ext = self._ext[slot]
+        ext = self._ext.get(slot)
         if ext is not None and (ext.wide is not None or ext.cells is not None):  # listed cells are never empty
             return True
-        key = slot << 32
+        if slot >> LIVE_SLOT_BITS:  # all its live ids would be in wide
+            return False
+        key = slot << LIVE_ENTRY_BITS
         below = self._live.rank(key - 1) if key else 0
-        return self._live.rank(key | M32) > below
+        return self._live.rank(key | LIVE_ENTRY_MASK) > below
 
     @staticmethod
-    def _keyed(slot: int, ids: BitMap | BitMap64) -> BitMap64:
-        """``ids`` below 2^32 as keys of ``_live``. Runtime: O(k) in C."""
-        if type(ids) is BitMap64 and ids and ids.max() >> 32:
-            ids = BitMap(e for e in ids if not e >> 32)
-        if len(ids) < 16:
-            return BitMap64(slot << 32 | e for e in ids)
-        keys = np.asarray(ids.to_array(), dtype=np.uint64) + np.uint64(slot << 32)
-        return BitMap64(array.array("Q", keys.tobytes()))
+    def _keyed(slot: int, ids: BitMap | BitMap64) -> BitMap:
+        """The narrow ``ids`` of the ledger as keys of ``_live``. Runtime: O(k)
+        in C (a copy and a shift of its containers)."""
+        if slot >> LIVE_SLOT_BITS or not ids:
+            return BitMap()
+        if ids.max() >> LIVE_ENTRY_BITS or type(ids) is BitMap64:
+            ids = narrow_part(ids)
+        return ids.shift(slot << LIVE_ENTRY_BITS)
+
+    @staticmethod
+    def _wide_part(slot: int, ids: BitMap | BitMap64) -> BitMap64 | None:
+        """The ``ids`` of the ledger that are not narrow (its ``wide`` ones),
+        or None. Runtime: O(1) when there are none, else O(k) in C."""
+        if not ids or not (slot >> LIVE_SLOT_BITS or ids.max() >> LIVE_ENTRY_BITS):
+            return None
+        wide = BitMap64(ids)
+        if not slot >> LIVE_SLOT_BITS:
+            wide.remove_range(0, LIVE_ENTRY_MASK + 1)
+        return wide
 
     def _compact_live(self) -> None:
         """Run-optimise and shrink ``_live``: every quarter of its size in
@@ -230,7 +246,7 @@ class CellsMixin:
             cell.add(entry_id)
             self._hot_dense = cell
             if self._hot_listed:
-                ext = self._ext[slot]
+                ext = self._ext.get(slot)
                 if entry_id > ext.hi:
                     ext.hi = entry_id
             return
@@ -267,7 +283,7 @@ class CellsMixin:
         self._hot_lid = self._lid[slot]
         # _hot_start: where the hot run starts in the array, or the dense cell's size
         self._hot_dense, self._hot_start = cell, len(w.packed) if cell is None else len(cell)
-        ext = self._ext[slot] if cell is not None else None
+        ext = self._ext.get(slot) if cell is not None else None
         self._hot_listed = ext is not None and ext.cells is not None and any(c is cell for c in ext.cells[::LISTING])
         return w, off, cell
 
@@ -287,7 +303,7 @@ class CellsMixin:
         if old is None:
             self._push_key(w, key)
         else:
-            ext = self._ext[slot]
+            ext = self._ext.get(slot)
             cells = ext.cells if ext is not None else None
             if cells is not None:
                 for i in range(0, len(cells), LISTING):
@@ -335,7 +351,7 @@ class CellsMixin:
         slot, off = self._hot_slot, self._hot_off
         self._hot_start = 0  # now the dense cell's size when the run started
         key = off << 32 | slot
-        ext = self._ext[slot]
+        ext = self._ext.get(slot)
         if (ext is not None and ext.ghost is not None) or key in w.dense:
             self._hot_dense = self._set_cell(w, off, slot, cell)
             return
@@ -348,7 +364,7 @@ class CellsMixin:
         # pending elsewhere (multi) would need its live bit when this cell pops:
         # a ledger with such ids keeps the run's first ids in the live bitmap.
         self._list(slot, cell, w, key)
-        if self._ext[slot].multi is None:
+        if self._ext.get(slot).multi is None:
             self._live.difference_update(self._keyed(slot, cell))
             self._churn += len(cell)
 

@@ -12,7 +12,7 @@ from typing import Iterator
 import numpy as np
 from pyroaring import BitMap, BitMap64
 
-from ._parts import M32, NO_PACKED, NO_SLOTS, LedgerExt, Window, common, distinct, merge_into
+from ._parts import M32, NO_ENTRIES, NO_PACKED, NO_SLOTS, LedgerExt, Window, common, distinct, merge_into
 
 
 class FrontMixin:
@@ -32,7 +32,7 @@ class FrontMixin:
         self._churn += n
         self._count -= n
         gone = cell
-        ext = self._ext[slot]
+        ext = self._ext.get(slot)
         if ext is not None:
             if ext.cells is not None:
                 self._unlist(ext, cell)
@@ -41,10 +41,12 @@ class FrontMixin:
                     self._ghosts[(slot, e)].revived.discard(bucket)
             if ext.multi is not None:
                 gone = self._release_multi(slot, ext, cell)
-            if ext.wide is not None and type(gone) is BitMap64:
-                ext.wide.difference_update(gone)
-                if not ext.wide:
-                    ext.wide = None
+            if ext.wide is not None:
+                wide = self._wide_part(slot, gone)
+                if wide is not None:
+                    ext.wide.difference_update(wide)
+                    if not ext.wide:
+                        ext.wide = None
         self._live.difference_update(self._keyed(slot, gone))
         if self._churn >= self._compact_at:
             self._compact_live()
@@ -78,7 +80,8 @@ class FrontMixin:
     def _drop_ledger(self, slot: int) -> None:
         del self._by_id[self._lid[slot]]
         self._lid[slot] = None
-        self._ext[slot] = None
+        if self._ext.pop(slot, None) is not None and not self._ext:
+            self._ext = NO_ENTRIES
         if self._free is NO_SLOTS:
             self._free = []
         self._free.append(slot)
@@ -231,7 +234,7 @@ class FrontMixin:
         cells by now); return whether a live copy is left."""
         cells = self._take_cells(w, off)
         for slot, cell in cells.items():
-            ext = self._ext[slot]
+            ext = self._ext.get(slot)
             if ext is not None and ext.ghost is not None:
                 for e in common(cell, ext.ghost):
                     key = (slot, e)

@@ -104,7 +104,7 @@ class ViewsMixin:
             rows = []
             for (off, slot), cell in cells.items():
                 bucket = wid << self._wshift | off << self.precision_bits
-                ext = self._ext[slot]
+                ext = self._ext.get(slot)
                 if ext is not None and ext.ghost is not None:
                     for e in common(cell, ext.ghost):
                         if not self._ghosts[(slot, e)].is_live_in(bucket):
@@ -126,8 +126,9 @@ class ViewsMixin:
         """
         size = sys.getsizeof
         total = _roaring_bytes(self._live) + (size(self) + size(self._windows) + size(self._wheap) + size(self._by_id)
-                 + size(self._lid) + size(self._ext))
-        total += sum(size(c) for c in (self._free, self._multi, self._ghosts) if c is not NO_SLOTS and c is not NO_ENTRIES)
+                 + size(self._lid))
+        total += sum(size(c) for c in (self._free, self._multi, self._ghosts, self._ext)
+                     if c is not NO_SLOTS and c is not NO_ENTRIES)
         for wid, w in self._windows.items():
             total += size(wid) + size(w) + (size(w.packed) if w.packed is not NO_PACKED else 0)
             if w.dense_keys is not NO_KEYS:
@@ -139,7 +140,7 @@ class ViewsMixin:
             if lid is None:
                 continue
             total += size(lid) + (size(slot) if slot > SMALL_INT else 0)  # CPython shares the ints up to 256
-            ext = self._ext[slot]
+            ext = self._ext.get(slot)
             if ext is not None:
                 total += size(ext)
                 if ext.wide is not None:

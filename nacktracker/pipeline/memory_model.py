@@ -11,14 +11,16 @@ counts for it, piece by piece:
 * *dense* cells: a ``(bucket, ledger)`` cell turns into a Roaring bitmap when
   a run of :data:`~nacktracker.index._parts.PROMOTE` adds in a row reaches
   it (arrival order; another cell's add or a pop ends a run; the index
-  gathers a bucket's sparse copies only as it takes it); wide ids
+  gathers a bucket's sparse copies only as it takes it); 64-bit ids
   (>= 2^32) are always dense. Each costs its bitmap (built for real: the ids
   up to its last compaction compacted, the rest added since), a dict slot,
   a key and, in the front window, a heap slot. Which cells are dense, listed and compacted is
   replayed from arrival order by :mod:`.dense_cells`;
-* the index-wide live bitmap (``slot << 32 | entry``, a ``BitMap64`` built
-  for real, not run-optimised: see :func:`index_states`) holds every live id
-  but those stored in a *listed* cell only: a ledger lists the cells its
+* the index-wide live bitmap (``slot << 22 | entry``, a 32-bit ``BitMap``
+  built for real, not run-optimised: see :func:`index_states`) holds every
+  *narrow* live id (slot < 2^10, entry < 2^22; the others are in a
+  ``BitMap64`` per ledger, its ``wide`` ids) but those stored in a *listed*
+  cell only: a ledger lists the cells its
   runs promote (up to ``LISTED``; the next promotion moves the listed ids
   into the live bitmap), and a listed cell's ids skip the live bitmap but
   the first add of each later run into it; ids pending in two buckets stay;
@@ -51,7 +53,7 @@ import numpy as np
 from pyroaring import BitMap, BitMap64
 
 from ..index import DictIndex, TimeBucketIndex, _roaring_bytes
-from ..index._parts import Layout, LedgerExt, Window
+from ..index._parts import LIVE_ENTRY_BITS, LIVE_SLOT_BITS, Layout, LedgerExt, Window
 from ..index._views import SMALL_INT
 from .dense_cells import arrival_cells, compacted_prefix, list_cells
 
@@ -314,7 +316,7 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     an empty index). Runtime: O(n log n) numpy over all owners together, plus
     a sequential pass over the promoted cells (each ledger's list,
     :func:`~.dense_cells.list_cells`) and building the bitmaps (C): one live
-    ``BitMap64`` per owner with pending occurrences and one per dense cell.
+    ``BitMap`` per owner with pending occurrences and one per dense cell.
     """
     owner, ledger, entry, bucket, start = (np.asarray(a, dtype=np.int64)
                                            for a in (owner, ledger, entry, bucket, start))
@@ -349,7 +351,7 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     total[has] = costs.index_fixed
     roaring = np.zeros(k, dtype=np.int64)
 
-    # ledgers: a record each, slots by first arrival, one live BitMap64 of slot << 32 | entry
+    # ledgers: a record each, slots by first arrival, one live BitMap of slot << 22 | entry
     pid, n_pid = _tuple_ids(o, ledger, entry)  # (owner, ledger, entry): the ids of messages
     lid, n_lid = _prefix_ids(pid, n_pid, o, ledger)
     lid_first = np.full(n_lid, n, dtype=np.int64)
@@ -361,23 +363,26 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     slot[by_arrival] = np.arange(n_lid) - lid_heads[lid_owner[by_arrival]]
     n_led = np.bincount(lid_owner, minlength=k)
     # a ledger is its slot: its id's int (a dict key and a list item), the slot's int past
-    # CPython's shared small ints, and the dict and the two per-slot lists sized for them
+    # CPython's shared small ints, and the dict and the per-slot list sized for them
     total += n_led * costs.ledger_bytes + np.maximum(n_led - 1 - SMALL_INT, 0) * costs.int_bytes
-    total += np.where(has, _table("empty", n_led) + 2 * _table("list", n_led), 0)
+    total += np.where(has, _table("empty", n_led) + _table("list", n_led), 0)
     # a ledger's listed cells: its flat list and its hi
     total += _per_owner(listing.owner, listing.list_bytes + listing.hi_bytes, k)
     pid_rows = np.bincount(pid, minlength=n_pid)
-    # a LedgerExt record for each ledger with listed cells, wide ids or ids pending twice
+    # a LedgerExt record for each ledger with listed cells, wide ids or ids pending twice,
+    # in a dict by slot (the shared empty, not counted, while no ledger has one)
     rare = np.zeros(n_lid, dtype=bool)
-    rare[lid[(entry >> 32 > 0) | (pid_rows[pid] > 1)]] = True
+    narrow = (entry >> LIVE_ENTRY_BITS == 0) & (slot[lid] >> LIVE_SLOT_BITS == 0)  # else in the ledger's wide bitmap
+    rare[lid[~narrow | (pid_rows[pid] > 1)]] = True
     with_ext = set(zip(listing.owner.tolist(), listing.ledger.tolist()))
     with_ext.update(zip(lid_owner[rare].tolist(), ledger[lid_first[rare]].tolist()))
     if with_ext:
-        total += np.bincount(np.fromiter((o_ for o_, _ in with_ext), dtype=np.int64), minlength=k) * costs.ext_bytes
+        n_ext = np.bincount(np.fromiter((o_ for o_, _ in with_ext), dtype=np.int64), minlength=k)
+        total += n_ext * costs.ext_bytes + np.where(n_ext > 0, _table("empty", n_ext), 0)
     # the live bitmap: every narrow id but those stored in a listed cell only (an id
     # pending in two buckets is in it whatever its cells)
-    in_live = (entry >> 32 == 0) & ~(listed_only & (pid_rows[pid] == 1))
-    keys = (slot[lid].astype(np.uint64) << np.uint64(32)) | entry.astype(np.uint64)
+    in_live = narrow & ~(listed_only & (pid_rows[pid] == 1))
+    keys = (slot[lid].astype(np.uint64) << np.uint64(LIVE_ENTRY_BITS)) | entry.astype(np.uint64)
     keys, key_owner = keys[in_live], o[in_live]
     order = np.lexsort((keys, key_owner))  # sorted and distinct per owner, as np.unique gives them
     keys, key_owner = keys[order], key_owner[order]
@@ -387,12 +392,12 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     for c in np.flatnonzero(has).tolist():  # every index has one, empty when all is listed
         # not run-optimised: the index compacts it every few thousand changes, but each
         # pop and promotion takes ids out of it (difference_update), which turns the run
-        # containers it touches back into arrays; and not BitMap64(values), which run-optimises
-        live = BitMap64()
-        live.update(array.array("Q", keys[key_heads[c]:key_heads[c + 1]].tobytes()))
+        # containers it touches back into arrays; and not BitMap(values), which run-optimises
+        live = BitMap()
+        live.update(array.array("I", keys[key_heads[c]:key_heads[c + 1]].astype(np.uint32).tobytes()))
         roaring[c] += _roaring_bytes(live)
-    wide = entry >> 32 > 0
-    if wide.any():  # wide ids: a BitMap64 per ledger
+    wide = ~narrow
+    if wide.any():  # ids that are not narrow: a BitMap64 per ledger
         wide_lids = np.unique(lid[wide])
         for w in wide_lids.tolist():
             roaring[lid_owner[w]] += _roaring_bytes(_bitmap(np.unique(entry[wide & (lid == w)]), True))
@@ -496,7 +501,7 @@ class IndexCosts:
         big = 1_000_003 << 20
         return cls(
             dict_index_per_entry=_dict_index_per_entry(), max_model_error=0.0, empty_index=empty.nbytes(),
-            index_fixed=(empty.nbytes() - _roaring_bytes(BitMap64())  # the model builds the live bitmap,
+            index_fixed=(empty.nbytes() - _roaring_bytes(BitMap())  # the model builds the live bitmap,
                          - 2 * dict_bytes(0, literal=False) - 2 * list_bytes(0)),  # and sizes these containers
             window_bytes=size(Window()) + size(big), ledger_bytes=size(big), ext_bytes=size(LedgerExt()),
             cell_key_bytes=size(big << 20), multi_entry_bytes=size((1, 2)) + size(2), int_bytes=size(big))

@@ -36,7 +36,7 @@ every consumer): the value at each bin start and the maximum within the bin.
 
 Cost per group of n nacks: O(n log n) per bits (numpy sorts, ~0.1 s per
 million), plus building the bitmaps of the occurrences seen by each
-consumer's peak (a live ``BitMap64`` per consumer and one per dense cell),
+consumer's peak (a live ``BitMap`` per consumer and one per dense cell),
 plus O(consumers × bins) for the series. Memory: the 40 bytes per nack of
 the input plus about 60 of temporaries.
 """
