@@ -141,12 +141,13 @@ def check_listed(idx: TimeBucketIndex) -> None:
     copy; and the ledger slots: ``_by_id`` and ``_lid`` mirror each other, a
     ledger's rare state exists only while something is in it."""
     assert {lid: slot for slot, lid in enumerate(idx._lid) if lid is not None} == idx._by_id
-    # the live bitmap holds narrow ids of ledgers that exist, ``wide`` only the others
-    assert all(idx._lid[key >> LIVE_ENTRY_BITS] is not None for key in idx._live)
+    # the live bitmap keys ids of ledgers that exist (32-bit while narrow), ``wide`` those >= 2^32
+    assert all(idx._lid[key >> idx._live_shift] is not None for key in idx._live)
+    assert (type(idx._live) is BitMap) == (idx._live_shift == LIVE_ENTRY_BITS)
     assert all(idx._lid[slot] is not None for slot in idx._ext)  # no record outlives its ledger
-    for slot, ext in idx._ext.items():
-        if ext is not None and ext.wide is not None:
-            assert ext.wide and (slot >> LIVE_SLOT_BITS or ext.wide.min() >> LIVE_ENTRY_BITS)
+    for ext in idx._ext.values():
+        if ext.wide is not None:
+            assert ext.wide and ext.wide.min() >> 32
     for slot, lid in enumerate(idx._lid):
         ext = idx._ext.get(slot)
         if lid is None or ext is None:
@@ -421,27 +422,33 @@ def test_membership_takes_the_ids_add_takes_and_nothing_else(cls):
         assert item not in idx, item
 
 
-def test_ids_outside_the_narrow_live_bitmap_are_tracked_in_wide():
-    """Entry ids from 2^22 and ledgers past slot 2^10 keep their live bit in
-    the ledger's ``wide`` bitmap; adds, acks, pops and membership answer as
-    for any other id."""
-    idx, ref = TimeBucketIndex(precision_bits=0), DictIndex(precision_bits=0)
-    big = (1 << LIVE_ENTRY_BITS) + 5
-    for m in (idx, ref):  # ledger 3: slot 0
-        m.add(3, big, 100)
-        m.add(3, 4, 100)
-        m.add_many(3, range(big - 40, big + 40), 200)  # a dense cell across the bound
-        for i in range(1 << LIVE_SLOT_BITS):  # slots 1 .. 1024
-            m.add(10_000 + i, 1, 500)
-    late = 10_000 + (1 << LIVE_SLOT_BITS) - 1
-    assert idx._by_id[late] >> LIVE_SLOT_BITS
-    for m in (idx, ref):
-        m.add(late, 2, 100)
-    assert ext_of(idx, late).wide == BitMap64([1, 2])
-    assert ext_of(idx, 3).wide == BitMap64(range(1 << LIVE_ENTRY_BITS, big + 40))
-    for probe in [(late, 2), (late, 3), (3, big), (3, 4), (3, big - 41), (3, big + 39)]:
-        assert (probe in idx) == (probe in ref)
-        assert idx.discard(*probe) == ref.discard(*probe)
-    assert idx.pop_due(300) == ref.pop_due(300)
-    assert 3 not in idx._by_id and ext_of(idx, late).wide == BitMap64([1])
-    assert idx.pop_due(600) == ref.pop_due(600) and not idx and not idx._live
+def test_the_live_bitmap_widens_for_ids_it_cannot_key():
+    """The live bitmap starts 32-bit (``slot << 22 | entry``); the first id
+    below 2^32 it cannot key (entry >= 2^22, or a ledger slot >= 2^10)
+    re-keys it as a BitMap64 (``slot << 32 | entry``), and every id keeps
+    answering as in DictIndex across the change; ids >= 2^32 never widen it."""
+    for trigger in ("entry", "slot", "add_many"):
+        idx, ref = TimeBucketIndex(precision_bits=0), DictIndex(precision_bits=0)
+        for m in (idx, ref):
+            m.add(3, 7, 100)
+            m.add_many(3, range(100, 200), 100)  # a listed cell
+            m.add(4, 2**40, 100)  # 64-bit: in ``wide``, the live bitmap stays narrow
+        assert type(idx._live) is BitMap and idx._live_shift == LIVE_ENTRY_BITS
+        assert (4, (1 << LIVE_ENTRY_BITS) + 1) not in idx and (4, 1 << LIVE_SLOT_BITS) not in idx
+        assert not idx.discard(5 << LIVE_ENTRY_BITS, 7)  # no ledger: no key collision either
+        for m in (idx, ref):
+            if trigger == "entry":
+                m.add(3, (1 << LIVE_ENTRY_BITS) + 1, 200)
+            elif trigger == "slot":
+                for i in range(1 << LIVE_SLOT_BITS):  # slots 2 .. 1025
+                    m.add(10_000 + i, 1, 300)
+            else:
+                m.add_many(4, range((1 << LIVE_ENTRY_BITS) - 50, (1 << LIVE_ENTRY_BITS) + 50), 200)
+        assert type(idx._live) is BitMap64 and idx._live_shift == 32
+        for probe in [(3, 7), (3, 150), (3, (1 << LIVE_ENTRY_BITS) + 1), (4, 2**40), (4, (1 << LIVE_ENTRY_BITS) - 1),
+                      (10_000 + 1000, 1), (10_000 + 1000, 2)]:
+            assert (probe in idx) == (probe in ref), (trigger, probe)
+        for probe in [(3, 7), (4, 2**40), (10_000 + 1022, 1)]:
+            assert idx.discard(*probe) == ref.discard(*probe)
+        check_listed(idx)
+        assert idx.pop_due(10**6) == ref.pop_due(10**6) and not idx and not idx._live

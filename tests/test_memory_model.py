@@ -79,8 +79,17 @@ async def _tracker_nbytes(nacks, upto_ms: int, bits: int) -> tuple[int, int]:
     return out
 
 
+def entry_ids_past_the_narrow_live_bitmap(n: int = 20_000):
+    """Sparse nacks over 16 ledgers (0.1-40 s) whose entry ids pass 2^22
+    a tenth of the way in: the index widens its live bitmap to 64 bits."""
+    i = np.arange(n)
+    ts = 1_700_000_000_000 + i
+    return 100 + i % 16, (1 << 22) - 2_000 + i * 3, ts, ts + 100 + (i * 7919) % 40_000
+
+
 TRACES = {"calibration": synthetic_nacks, "random-10%": random_share_nacks,
-          "bursts past LISTED": bursts_past_the_listing_limit}
+          "bursts past LISTED": bursts_past_the_listing_limit,
+          "entry ids past 2^22": entry_ids_past_the_narrow_live_bitmap}
 
 
 @pytest.mark.parametrize("bits", [0, 8, 12, 15])
@@ -89,8 +98,8 @@ async def test_plan_memory_within_10_percent_of_a_tracker_built_live(costs, trac
     """Plan memory within 10% of nbytes() of a tracker built live (add + pops)
     from the same events, at bits 0, 8, 12, 15: on the calibration traffic, on
     seed 000's scattered random-10% bursts (the model overstated them 1.6x
-    before it knew listed cells), and on a ledger listing more than LISTED
-    cells with pops in between."""
+    before it knew listed cells), on a ledger listing more than LISTED
+    cells with pops in between, and on entry ids that widen the live bitmap."""
     nacks = TRACES[trace]()
     (r,) = analyse_consumer(*nacks, [bits], costs)
     pending, nbytes = await _tracker_nbytes(nacks, r.peak_at_ms, bits)

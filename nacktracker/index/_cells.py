@@ -11,7 +11,8 @@ import heapq
 import numpy as np
 from pyroaring import BitMap, BitMap64
 
-from ._parts import COMPACT_CHURN, LISTED, LIVE_ENTRY_BITS, LIVE_ENTRY_MASK, LIVE_SLOT_BITS, M32, NO_CELLS, NO_ENTRIES, NO_KEYS, NO_PACKED, PROMOTE, LISTING, LedgerExt, Window, has, narrow_part
+from ._parts import (COMPACT_CHURN, LISTED, LIVE_ENTRY_BITS, LIVE_SLOT_BITS, M32, NO_CELLS, NO_ENTRIES, NO_KEYS, NO_PACKED,
+                     PROMOTE, WIDE_LIVE_SHIFT, LISTING, LedgerExt, Window, has)
 
 
 class CellsMixin:
@@ -93,15 +94,18 @@ class CellsMixin:
         """Whether the id is pending. Runtime: O(1): a bitmap lookup, plus at
         most LISTED more for an id not above the ledger's listed ids."""
         ext = self._ext.get(slot)
-        if entry_id >> LIVE_ENTRY_BITS or slot >> LIVE_SLOT_BITS:
+        if entry_id >> 32:
             return ext is not None and ext.wide is not None and entry_id in ext.wide
-        return (slot << LIVE_ENTRY_BITS | entry_id) in self._live or (
+        shift = self._live_shift
+        if shift == LIVE_ENTRY_BITS and (entry_id >> LIVE_ENTRY_BITS or slot >> LIVE_SLOT_BITS):
+            return False  # not pending: its first add would have widened the live bitmap
+        return (slot << shift | entry_id) in self._live or (
             ext is not None and ext.cells is not None and entry_id <= ext.hi and self._in_listed(ext, entry_id))
 
     @staticmethod
     def _in_listed(ext: LedgerExt, entry_id: int) -> bool:
         """Whether a listed cell of the ledger holds the id (a live copy: listed
-        cells hold no ghost); the id is narrow (the others are in ``wide``).
+        cells hold no ghost); the id is below 2^32 (64-bit ids are in ``wide``).
         Runtime: O(LISTED) bitmap lookups in C."""
         for cell in ext.cells[::LISTING]:
             if entry_id in cell:
@@ -125,7 +129,7 @@ class CellsMixin:
 
     def _flush_listed(self, slot: int, ext: LedgerExt) -> None:
         """Put the ids of the ledger's listed cells into the live bitmap and
-        unlist them (ids that are not narrow are in ``wide`` already). Runtime: O(ids) in C."""
+        unlist them (ids >= 2^32 are in ``wide`` already). Runtime: O(ids) in C."""
         for cell in ext.cells[::LISTING]:
             keyed = self._keyed(slot, cell)
             self._live |= keyed
@@ -174,54 +178,63 @@ class CellsMixin:
         return len(held)
 
     def _live_add(self, slot: int, entry_id: int) -> None:
-        if entry_id >> LIVE_ENTRY_BITS or slot >> LIVE_SLOT_BITS:
+        if entry_id >> 32:
             ext = self._ext_of(slot)
             if ext.wide is None:
                 ext.wide = BitMap64()
             ext.wide.add(entry_id)
-        else:
-            self._live.add(slot << LIVE_ENTRY_BITS | entry_id)
+            return
+        if self._live_shift == LIVE_ENTRY_BITS and (entry_id >> LIVE_ENTRY_BITS or slot >> LIVE_SLOT_BITS):
+            self._widen_live()
+        self._live.add(slot << self._live_shift | entry_id)
 
     def _live_discard(self, slot: int, entry_id: int) -> None:
-        if entry_id >> LIVE_ENTRY_BITS or slot >> LIVE_SLOT_BITS:
+        if entry_id >> 32:
             ext = self._ext.get(slot)
             ext.wide.discard(entry_id)
             if not ext.wide:
                 ext.wide = None
         else:
-            self._live.discard(slot << LIVE_ENTRY_BITS | entry_id)
+            self._live.discard(slot << self._live_shift | entry_id)
+
+    def _widen_live(self) -> None:
+        """An id below 2^32 that ``slot << 22 | entry`` cannot hold (entry >=
+        2^22 or slot >= 2^10) is about to be live: re-key the live bitmap as
+        a ``BitMap64`` of ``slot << 32 | entry``, for good. Runtime: O(n) in
+        C, once per index."""
+        keys = np.frombuffer(self._live.to_array(), dtype=np.uint32).astype(np.uint64)
+        keys = (keys >> np.uint64(LIVE_ENTRY_BITS)) << np.uint64(WIDE_LIVE_SHIFT) | (
+            keys & np.uint64((1 << LIVE_ENTRY_BITS) - 1))
+        live = BitMap64()
+        live.update(array.array("Q", keys.tobytes()))
+        self._live, self._live_shift = live, WIDE_LIVE_SHIFT
 
     def _has_live(self, slot: int) -> bool:
         """Whether the ledger has a live id. Runtime: O(log n) (two ranks)."""
         ext = self._ext.get(slot)
         if ext is not None and (ext.wide is not None or ext.cells is not None):  # listed cells are never empty
             return True
-        if slot >> LIVE_SLOT_BITS:  # all its live ids would be in wide
-            return False
-        key = slot << LIVE_ENTRY_BITS
+        shift = self._live_shift
+        if shift == LIVE_ENTRY_BITS and slot >> LIVE_SLOT_BITS:
+            return False  # the live bitmap is narrow: none of its ids can be live
+        key = slot << shift
         below = self._live.rank(key - 1) if key else 0
-        return self._live.rank(key | LIVE_ENTRY_MASK) > below
+        return self._live.rank(key | ((1 << shift) - 1)) > below
 
-    @staticmethod
-    def _keyed(slot: int, ids: BitMap | BitMap64) -> BitMap:
-        """The narrow ``ids`` of the ledger as keys of ``_live``. Runtime: O(k)
-        in C (a copy and a shift of its containers)."""
-        if slot >> LIVE_SLOT_BITS or not ids:
-            return BitMap()
-        if ids.max() >> LIVE_ENTRY_BITS or type(ids) is BitMap64:
-            ids = narrow_part(ids)
-        return ids.shift(slot << LIVE_ENTRY_BITS)
-
-    @staticmethod
-    def _wide_part(slot: int, ids: BitMap | BitMap64) -> BitMap64 | None:
-        """The ``ids`` of the ledger that are not narrow (its ``wide`` ones),
-        or None. Runtime: O(1) when there are none, else O(k) in C."""
-        if not ids or not (slot >> LIVE_SLOT_BITS or ids.max() >> LIVE_ENTRY_BITS):
-            return None
-        wide = BitMap64(ids)
-        if not slot >> LIVE_SLOT_BITS:
-            wide.remove_range(0, LIVE_ENTRY_MASK + 1)
-        return wide
+    def _keyed(self, slot: int, ids: BitMap | BitMap64) -> BitMap | BitMap64:
+        """``ids`` below 2^32 as keys of ``_live`` (narrow ones, while it is:
+        every id below 2^32 in a cell went through the live bitmap, which
+        widened for any other). Runtime: O(k) in C."""
+        if type(ids) is BitMap64:  # its ids below 2^32, as a 32-bit bitmap
+            values = np.asarray(ids.to_array(), dtype=np.uint64)
+            ids = BitMap()
+            ids.update(array.array("I", values[:np.searchsorted(values, 1 << 32)].astype(np.uint32).tobytes()))
+        if self._live_shift == LIVE_ENTRY_BITS:
+            return ids.shift(slot << LIVE_ENTRY_BITS) if ids else BitMap()
+        if len(ids) < 16:
+            return BitMap64(slot << WIDE_LIVE_SHIFT | e for e in ids)
+        keys = np.asarray(ids.to_array(), dtype=np.uint64) + np.uint64(slot << WIDE_LIVE_SHIFT)
+        return BitMap64(array.array("Q", keys.tobytes()))
 
     def _compact_live(self) -> None:
         """Run-optimise and shrink ``_live``: every quarter of its size in

@@ -41,12 +41,10 @@ class FrontMixin:
                     self._ghosts[(slot, e)].revived.discard(bucket)
             if ext.multi is not None:
                 gone = self._release_multi(slot, ext, cell)
-            if ext.wide is not None:
-                wide = self._wide_part(slot, gone)
-                if wide is not None:
-                    ext.wide.difference_update(wide)
-                    if not ext.wide:
-                        ext.wide = None
+            if ext.wide is not None and type(gone) is BitMap64:
+                ext.wide.difference_update(gone)
+                if not ext.wide:
+                    ext.wide = None
         self._live.difference_update(self._keyed(slot, gone))
         if self._churn >= self._compact_at:
             self._compact_live()

@@ -5,8 +5,9 @@ A *window* covers ``2^max(bits + 3, 14)`` ms of bucket times. It holds the
 (``offset | ledger slot | entry id``, see :class:`Layout`), and the *dense*
 cells — a Roaring bitmap per ``(bucket, ledger)`` — for cells that received a
 run of :data:`PROMOTE` adds in a row, hold 64-bit entry ids, or are being
-fired. An index-wide 32-bit "pending anywhere" bitmap of ``ledger slot << 22 |
-entry`` makes an ack of a message that is not pending O(1).
+fired. An index-wide "pending anywhere" bitmap of ``ledger slot << 22 |
+entry`` (32-bit; ``slot << 32 | entry`` once widened: :data:`LIVE_ENTRY_BITS`)
+makes an ack of a message that is not pending O(1).
 """
 
 from __future__ import annotations
@@ -38,19 +39,19 @@ MIN_OFFSET_BITS = 3
 #: per id in the window's array.
 PROMOTE = 32
 M32 = (1 << 32) - 1
-#: The live bitmap ("pending anywhere") is a 32-bit ``BitMap`` of ``slot <<
-#: LIVE_ENTRY_BITS | entry`` for the *narrow* ids: a ledger slot below
-#: 2^LIVE_SLOT_BITS (1,024 ledgers pending at once) and an entry id below
+#: The live bitmap ("pending anywhere") starts as a 32-bit ``BitMap`` of
+#: ``slot << LIVE_ENTRY_BITS | entry``: it holds the ids of ledger slots below
+#: 2^LIVE_SLOT_BITS (1,024 ledgers pending at once) with entry ids below
 #: 2^LIVE_ENTRY_BITS (4,194,304; a broker rolls a ledger over at 50,000
-#: entries by default). A ``BitMap64`` keyed ``slot << 32 | entry`` cost ~40
-#: bytes more per ledger (its ART leaf and node) and ~200 for its header:
-#: 2,395 against 1,725 bytes of C heap for 16 ledgers of 11 ids, 3.8 bytes per
-#: pending message where a consumer nacks 10/s over 16 ledgers. Every other id
-#: lives in its ledger's ``wide`` bitmap (a ``BitMap64`` per ledger).
+#: entries by default). The first id below 2^32 that does not fit widens it,
+#: once and for good, to a ``BitMap64`` of ``slot << 32 | entry`` (O(n) in C).
+#: The ``BitMap64`` costs ~40 bytes more per ledger (its ART leaf and node)
+#: and ~200 for its header: 2,395 against 1,725 bytes of C heap for 16 ledgers
+#: of 11 ids, 3.8 bytes per pending message where a consumer nacks 10/s over
+#: 16 ledgers. Ids >= 2^32 are in their ledger's ``wide`` bitmap either way.
 LIVE_ENTRY_BITS = 22
 LIVE_SLOT_BITS = 10
-LIVE_ENTRY_MASK = (1 << LIVE_ENTRY_BITS) - 1
-assert LIVE_SLOT_BITS <= 32 - WINDOW_BITS  # a narrow slot fits a packed value at every precision
+WIDE_LIVE_SHIFT = 32
 #: Changes to a ledger's live bitmap between compactions (at least).
 COMPACT_CHURN = 4096
 #: A ledger keeps up to this many of its dense cells *listed*: their ids stay
@@ -172,9 +173,9 @@ class LedgerExt:
     """The rare state of one ledger; most ledgers have none.
 
     A ledger is its slot: the index maps ledger id -> slot (``_by_id``) and
-    slot -> ledger id (``_lid``), and its narrow live ids ("pending anywhere":
-    see :data:`LIVE_ENTRY_BITS`) share one index-wide ``BitMap`` keyed ``slot <<
-    22 | entry``, so a
+    slot -> ledger id (``_lid``), and its live ids ("pending anywhere") below
+    2^32 share one index-wide bitmap keyed ``slot << 22 | entry`` (or ``slot <<
+    32 | entry``: see :data:`LIVE_ENTRY_BITS`), so a
     ledger with a handful of pending ids costs a dict slot, a list slot and a
     bitmap container, not an object (a record per ledger was ~96 bytes: 8-9
     bytes per pending message where a consumer nacks 10/s over 16 ledgers).
@@ -188,8 +189,7 @@ class LedgerExt:
       are stored once); they hold live copies only (an ack takes the id out
       of them, a cell emptied so leaves its window), and ``hi`` is at least
       every id in them, so a lookup of a larger id skips them;
-    * ``wide``: its live ids that are not narrow (>= 2^22, or all of them for
-      a slot >= 2^10), listed or not;
+    * ``wide``: its live ids >= 2^32 (listed or not);
     * ``multi``: the few ids pending in two or more buckets (their counts
       live in the index's ``_multi``);
     * ``ghost``: ids acked while pending whose copies still sit in cells
@@ -286,16 +286,3 @@ def merge_into(cell: BitMap | BitMap64, other: BitMap | BitMap64) -> BitMap | Bi
     cell |= BitMap64(other)
     return cell
 
-
-def narrow_part(ids: BitMap | BitMap64) -> BitMap:
-    """The ids below 2^:data:`LIVE_ENTRY_BITS`, as a new 32-bit bitmap.
-    Runtime: O(k) in C."""
-    if type(ids) is BitMap:
-        out = ids.copy()
-        out.remove_range(LIVE_ENTRY_MASK + 1, U32)
-        return out
-    big = BitMap64(ids)
-    big.remove_range(LIVE_ENTRY_MASK + 1, 1 << 63)
-    out = BitMap()
-    out.update(array.array("I", np.asarray(big.to_array()).astype(np.uint32).tobytes()))
-    return out

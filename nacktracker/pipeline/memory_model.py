@@ -16,11 +16,12 @@ counts for it, piece by piece:
   up to its last compaction compacted, the rest added since), a dict slot,
   a key and, in the front window, a heap slot. Which cells are dense, listed and compacted is
   replayed from arrival order by :mod:`.dense_cells`;
-* the index-wide live bitmap (``slot << 22 | entry``, a 32-bit ``BitMap``
-  built for real, not run-optimised: see :func:`index_states`) holds every
-  *narrow* live id (slot < 2^10, entry < 2^22; the others are in a
-  ``BitMap64`` per ledger, its ``wide`` ids) but those stored in a *listed*
-  cell only: a ledger lists the cells its
+* the index-wide live bitmap (``slot << 22 | entry`` in a 32-bit ``BitMap``,
+  or ``slot << 32 | entry`` in a ``BitMap64`` for an index that has seen an
+  id below 2^32 the narrow one cannot key; built for real, not run-optimised:
+  see :func:`index_states`) holds every live id below 2^32 (the others: a
+  ``BitMap64`` per ledger) but those stored in a *listed* cell only: a ledger
+  lists the cells its
   runs promote (up to ``LISTED``; the next promotion moves the listed ids
   into the live bitmap), and a listed cell's ids skip the live bitmap but
   the first add of each later run into it; ids pending in two buckets stay;
@@ -53,7 +54,7 @@ import numpy as np
 from pyroaring import BitMap, BitMap64
 
 from ..index import DictIndex, TimeBucketIndex, _roaring_bytes
-from ..index._parts import LIVE_ENTRY_BITS, LIVE_SLOT_BITS, Layout, LedgerExt, Window
+from ..index._parts import LIVE_ENTRY_BITS, LIVE_SLOT_BITS, WIDE_LIVE_SHIFT, Layout, LedgerExt, Window
 from ..index._views import SMALL_INT
 from .dense_cells import arrival_cells, compacted_prefix, list_cells
 
@@ -333,6 +334,7 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     # runs into the cell but for their first add
     listed_only = dense & listing.listed[arrival.code] & (arrival.promoting | ~arrival.run_start)
     seen_lid, n_seen_lid = _tuple_ids(owner, ledger)
+    widened = np.bincount(owner[(entry >> LIVE_ENTRY_BITS > 0) & (entry >> 32 == 0)], minlength=k) > 0
     multi_seen = _multi_history(owner, seen_lid, n_seen_lid, entry, bucket, start, k)
     o, ledger, entry, bucket, start, dense, by_add, listed_only, run_start, reset_after, rank, last, seen_lid = (
         a[p] for a in (owner, ledger, entry, bucket, start, dense, arrival.dense, listed_only, arrival.run_start,
@@ -372,8 +374,7 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     # a LedgerExt record for each ledger with listed cells, wide ids or ids pending twice,
     # in a dict by slot (the shared empty, not counted, while no ledger has one)
     rare = np.zeros(n_lid, dtype=bool)
-    narrow = (entry >> LIVE_ENTRY_BITS == 0) & (slot[lid] >> LIVE_SLOT_BITS == 0)  # else in the ledger's wide bitmap
-    rare[lid[~narrow | (pid_rows[pid] > 1)]] = True
+    rare[lid[(entry >> 32 > 0) | (pid_rows[pid] > 1)]] = True
     with_ext = set(zip(listing.owner.tolist(), listing.ledger.tolist()))
     with_ext.update(zip(lid_owner[rare].tolist(), ledger[lid_first[rare]].tolist()))
     if with_ext:
@@ -381,8 +382,12 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
         total += n_ext * costs.ext_bytes + np.where(n_ext > 0, _table("empty", n_ext), 0)
     # the live bitmap: every narrow id but those stored in a listed cell only (an id
     # pending in two buckets is in it whatever its cells)
-    in_live = narrow & ~(listed_only & (pid_rows[pid] == 1))
-    keys = (slot[lid].astype(np.uint64) << np.uint64(LIVE_ENTRY_BITS)) | entry.astype(np.uint64)
+    in_live = (entry >> 32 == 0) & ~(listed_only & (pid_rows[pid] == 1))
+    # narrow (slot << 22 | entry, a BitMap) unless the index widened it: an id it could not
+    # key seen (popped ones too), or a ledger slot past 2^10 (more ledgers than that now)
+    wide_live = widened | (n_led > 1 << LIVE_SLOT_BITS)
+    shift = np.where(wide_live[o], WIDE_LIVE_SHIFT, LIVE_ENTRY_BITS).astype(np.uint64)
+    keys = (slot[lid].astype(np.uint64) << shift) | entry.astype(np.uint64)
     keys, key_owner = keys[in_live], o[in_live]
     order = np.lexsort((keys, key_owner))  # sorted and distinct per owner, as np.unique gives them
     keys, key_owner = keys[order], key_owner[order]
@@ -393,11 +398,15 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
         # not run-optimised: the index compacts it every few thousand changes, but each
         # pop and promotion takes ids out of it (difference_update), which turns the run
         # containers it touches back into arrays; and not BitMap(values), which run-optimises
-        live = BitMap()
-        live.update(array.array("I", keys[key_heads[c]:key_heads[c + 1]].astype(np.uint32).tobytes()))
+        if wide_live[c]:
+            live = BitMap64()
+            live.update(array.array("Q", keys[key_heads[c]:key_heads[c + 1]].tobytes()))
+        else:
+            live = BitMap()
+            live.update(array.array("I", keys[key_heads[c]:key_heads[c + 1]].astype(np.uint32).tobytes()))
         roaring[c] += _roaring_bytes(live)
-    wide = ~narrow
-    if wide.any():  # ids that are not narrow: a BitMap64 per ledger
+    wide = entry >> 32 > 0
+    if wide.any():  # ids >= 2^32: a BitMap64 per ledger
         wide_lids = np.unique(lid[wide])
         for w in wide_lids.tolist():
             roaring[lid_owner[w]] += _roaring_bytes(_bitmap(np.unique(entry[wide & (lid == w)]), True))
