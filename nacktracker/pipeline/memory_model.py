@@ -395,9 +395,8 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     keys, key_owner = keys[distinct], key_owner[distinct]
     key_heads = np.searchsorted(key_owner, np.arange(k + 1))
     for c in np.flatnonzero(has).tolist():  # every index has one, empty when all is listed
-        # not run-optimised: the index compacts it every few thousand changes, but each
-        # pop and promotion takes ids out of it (difference_update), which turns the run
-        # containers it touches back into arrays; and not BitMap(values), which run-optimises
+        # not run-optimised, as the index never does (its compaction only shrinks it);
+        # and not BitMap(values), which run-optimises
         if wide_live[c]:
             live = BitMap64()
             live.update(array.array("Q", keys[key_heads[c]:key_heads[c + 1]].tobytes()))
