@@ -132,7 +132,7 @@ class Differential(RuleBasedStateMachine):
 
 def ext_of(idx: TimeBucketIndex, ledger_id: int):
     """The ledger's rare state (listed cells, wide ids, ...), or None."""
-    return idx._ext.get(idx._by_id[ledger_id])
+    return idx._ext_at(idx._by_id[ledger_id])
 
 
 def check_listed(idx: TimeBucketIndex) -> None:
@@ -144,12 +144,13 @@ def check_listed(idx: TimeBucketIndex) -> None:
     # the live bitmap keys ids of ledgers that exist (32-bit while narrow), ``wide`` those >= 2^32
     assert all(idx._lid[key >> idx._live_shift] is not None for key in idx._live)
     assert (type(idx._live) is BitMap) == (idx._live_shift == LIVE_ENTRY_BITS)
-    assert all(idx._lid[slot] is not None for slot in idx._ext)  # no record outlives its ledger
-    for ext in idx._ext.values():
-        if ext.wide is not None:
+    assert len(idx._ext) in (0, len(idx._lid))  # made with the first record, then a slot per ledger
+    assert all(idx._lid[slot] is not None for slot, ext in enumerate(idx._ext) if ext is not None)
+    for ext in idx._ext:
+        if ext is not None and ext.wide is not None:
             assert ext.wide and ext.wide.min() >> 32
     for slot, lid in enumerate(idx._lid):
-        ext = idx._ext.get(slot)
+        ext = idx._ext_at(slot)
         if lid is None or ext is None:
             assert ext is None
             continue
@@ -248,7 +249,7 @@ def test_slots_are_recycled_and_state_ends_empty():
             idx.add(10**12 + ledger + round_, ledger, 1000 * round_ + ledger)
         assert len(idx.pop_due(10**6)) == 100
     assert idx.next_due_ms() is None and not idx._windows
-    assert not idx._by_id and len(idx._lid) == 100 and not idx._ext  # three rounds of 100 ledgers, 100 slots
+    assert not idx._by_id and len(idx._lid) == 100  # three rounds of 100 ledgers, 100 slots
 
 
 @pytest.mark.parametrize("ids", [array.array("I", range(100)), list(range(10, 50))])

@@ -112,7 +112,7 @@ def test_the_bursts_trace_crosses_the_listing_limit_with_pops_between():
     its next promotion flushes the list, and listed cells fire in between."""
     def listed(idx):
         slot = idx._by_id.get(7)
-        ext = None if slot is None else idx._ext.get(slot)
+        ext = None if slot is None else idx._ext_at(slot)
         return [] if ext is None or ext.cells is None else ext.cells[::LISTING]
 
     ledger, entry, ts, due = bursts_past_the_listing_limit()

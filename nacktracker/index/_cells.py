@@ -11,7 +11,7 @@ import heapq
 import numpy as np
 from pyroaring import BitMap, BitMap64
 
-from ._parts import (COMPACT_CHURN, LISTED, LIVE_ENTRY_BITS, LIVE_SLOT_BITS, M32, NO_CELLS, NO_ENTRIES, NO_KEYS, NO_PACKED,
+from ._parts import (COMPACT_CHURN, LISTED, LIVE_ENTRY_BITS, LIVE_SLOT_BITS, M32, NO_CELLS, NO_ENTRIES, NO_KEYS, NO_PACKED, NO_SLOTS,
                      PROMOTE, WIDE_LIVE_SHIFT, LISTING, LedgerExt, Window, has)
 
 
@@ -29,6 +29,8 @@ class CellsMixin:
         slot = self._free.pop() if self._free else len(lids)
         if slot == len(lids):
             lids.append(ledger_id)
+            if self._ext is not NO_SLOTS:
+                self._ext.append(None)
         else:
             lids[slot] = ledger_id
         self._by_id[ledger_id] = slot
@@ -36,25 +38,28 @@ class CellsMixin:
 
     def _ext_of(self, slot: int) -> LedgerExt:
         """The ledger's rare state, made on first use."""
-        ext = self._ext.get(slot)
+        ext = self._ext_at(slot)
         if ext is None:
-            if self._ext is NO_ENTRIES:
-                self._ext = {}
+            if self._ext is NO_SLOTS:  # the first record: a list slot per ledger from now on
+                self._ext = [None] * len(self._lid)
             ext = self._ext[slot] = LedgerExt()
         return ext
+
+    def _ext_at(self, slot: int) -> LedgerExt | None:
+        """The ledger's rare state, or None. Runtime: O(1)."""
+        exts = self._ext
+        return exts[slot] if exts else None
 
     def _tidy(self, slot: int) -> None:
         """Drop the ledger's rare state once nothing is left in it (call at the
         end of an operation: callers may hold the record until then)."""
-        ext = self._ext.get(slot)
+        ext = self._ext_at(slot)
         if ext is not None and ext.empty():
-            del self._ext[slot]
-            if not self._ext:  # a dict never shrinks: back to the shared empty
-                self._ext = NO_ENTRIES
+            self._ext[slot] = None
 
     def _add_again(self, slot: int, entry_id: int, bucket: int) -> None:
         """An add that may meet a copy already in its cell (pending, acked or wide)."""
-        ext = self._ext.get(slot)
+        ext = self._ext_at(slot)
         key = (slot, entry_id)
         ghost = self._ghosts.get(key) if ext is not None and ext.ghost is not None and entry_id in ext.ghost else None
         if (self._has(slot, entry_id) or ghost is not None) and self._holds(slot, entry_id, bucket):
@@ -93,7 +98,7 @@ class CellsMixin:
     def _has(self, slot: int, entry_id: int) -> bool:
         """Whether the id is pending. Runtime: O(1): a bitmap lookup, plus at
         most LISTED more for an id not above the ledger's listed ids."""
-        ext = self._ext.get(slot)
+        ext = self._ext_at(slot)
         if entry_id >> 32:
             return ext is not None and ext.wide is not None and entry_id in ext.wide
         shift = self._live_shift
@@ -190,7 +195,7 @@ class CellsMixin:
 
     def _live_discard(self, slot: int, entry_id: int) -> None:
         if entry_id >> 32:
-            ext = self._ext.get(slot)
+            ext = self._ext_at(slot)
             ext.wide.discard(entry_id)
             if not ext.wide:
                 ext.wide = None
@@ -211,7 +216,7 @@ class CellsMixin:
 
     def _has_live(self, slot: int) -> bool:
         """Whether the ledger has a live id. Runtime: O(log n) (two ranks)."""
-        ext = self._ext.get(slot)
+        ext = self._ext_at(slot)
         if ext is not None and (ext.wide is not None or ext.cells is not None):  # listed cells are never empty
             return True
         shift = self._live_shift
@@ -262,7 +267,7 @@ class CellsMixin:
             cell.add(entry_id)
             self._hot_dense = cell
             if self._hot_listed:
-                ext = self._ext.get(slot)
+                ext = self._ext_at(slot)
                 if entry_id > ext.hi:
                     ext.hi = entry_id
             return
@@ -299,7 +304,7 @@ class CellsMixin:
         self._hot_lid = self._lid[slot]
         # _hot_start: where the hot run starts in the array, or the dense cell's size
         self._hot_dense, self._hot_start = cell, len(w.packed) if cell is None else len(cell)
-        ext = self._ext.get(slot) if cell is not None else None
+        ext = self._ext_at(slot) if cell is not None else None
         self._hot_listed = ext is not None and ext.cells is not None and any(c is cell for c in ext.cells[::LISTING])
         return w, off, cell
 
@@ -319,7 +324,7 @@ class CellsMixin:
         if old is None:
             self._push_key(w, key)
         else:
-            ext = self._ext.get(slot)
+            ext = self._ext_at(slot)
             cells = ext.cells if ext is not None else None
             if cells is not None:
                 for i in range(0, len(cells), LISTING):
@@ -367,7 +372,7 @@ class CellsMixin:
         slot, off = self._hot_slot, self._hot_off
         self._hot_start = 0  # now the dense cell's size when the run started
         key = off << 32 | slot
-        ext = self._ext.get(slot)
+        ext = self._ext_at(slot)
         if (ext is not None and ext.ghost is not None) or key in w.dense:
             self._hot_dense = self._set_cell(w, off, slot, cell)
             return
@@ -380,7 +385,7 @@ class CellsMixin:
         # pending elsewhere (multi) would need its live bit when this cell pops:
         # a ledger with such ids keeps the run's first ids in the live bitmap.
         self._list(slot, cell, w, key)
-        if self._ext.get(slot).multi is None:
+        if self._ext_at(slot).multi is None:
             self._live.difference_update(self._keyed(slot, cell))
             self._churn += len(cell)
 

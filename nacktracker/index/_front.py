@@ -12,7 +12,7 @@ from typing import Iterator
 import numpy as np
 from pyroaring import BitMap, BitMap64
 
-from ._parts import M32, NO_ENTRIES, NO_PACKED, NO_SLOTS, LedgerExt, Window, common, distinct, merge_into
+from ._parts import M32, NO_PACKED, NO_SLOTS, LedgerExt, Window, common, distinct, merge_into
 
 
 class FrontMixin:
@@ -32,7 +32,7 @@ class FrontMixin:
         self._churn += n
         self._count -= n
         gone = cell
-        ext = self._ext.get(slot)
+        ext = self._ext_at(slot)
         if ext is not None:
             if ext.cells is not None:
                 self._unlist(ext, cell)
@@ -78,8 +78,8 @@ class FrontMixin:
     def _drop_ledger(self, slot: int) -> None:
         del self._by_id[self._lid[slot]]
         self._lid[slot] = None
-        if self._ext.pop(slot, None) is not None and not self._ext:
-            self._ext = NO_ENTRIES
+        if self._ext:
+            self._ext[slot] = None
         if self._free is NO_SLOTS:
             self._free = []
         self._free.append(slot)
@@ -232,7 +232,7 @@ class FrontMixin:
         cells by now); return whether a live copy is left."""
         cells = self._take_cells(w, off)
         for slot, cell in cells.items():
-            ext = self._ext.get(slot)
+            ext = self._ext_at(slot)
             if ext is not None and ext.ghost is not None:
                 for e in common(cell, ext.ghost):
                     key = (slot, e)

@@ -179,7 +179,8 @@ class LedgerExt:
     ledger with a handful of pending ids costs a dict slot, a list slot and a
     bitmap container, not an object (a record per ledger was ~96 bytes: 8-9
     bytes per pending message where a consumer nacks 10/s over 16 ledgers).
-    This record, in ``_ext`` (a dict by slot), exists only while one of its fields is set:
+    This record, in ``_ext[slot]``, exists only while one of its fields is set
+    (``_ext`` itself, a list by slot, only once some ledger has needed one):
 
     * ``cells``/``hi``: up to :data:`LISTED` of the ledger's dense cells, in
       one flat list of :data:`LISTING` items each (bitmap, window, ``key``

@@ -104,7 +104,7 @@ class ViewsMixin:
             rows = []
             for (off, slot), cell in cells.items():
                 bucket = wid << self._wshift | off << self.precision_bits
-                ext = self._ext.get(slot)
+                ext = self._ext_at(slot)
                 if ext is not None and ext.ghost is not None:
                     for e in common(cell, ext.ghost):
                         if not self._ghosts[(slot, e)].is_live_in(bucket):
@@ -140,7 +140,7 @@ class ViewsMixin:
             if lid is None:
                 continue
             total += size(lid) + (size(slot) if slot > SMALL_INT else 0)  # CPython shares the ints up to 256
-            ext = self._ext.get(slot)
+            ext = self._ext_at(slot)
             if ext is not None:
                 total += size(ext)
                 if ext.wide is not None:

@@ -73,7 +73,8 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
         self._wheap: list[int] = []  # window ids; one per window in _windows
         self._by_id: dict[int, int] = {}  # ledger id -> its slot
         self._lid: list[int | None] = []  # slot -> ledger id (None: a free slot)
-        self._ext: dict[int, LedgerExt] = NO_ENTRIES  # slot -> the ledger's rare state, for the few that have one
+        # slot -> the ledger's rare state or None; the shared empty until a ledger needs one
+        self._ext: list[LedgerExt | None] = NO_SLOTS
         # made on first use (shared empties until then: see NO_ENTRIES)
         self._free: list[int] = NO_SLOTS  # freed slots
         self._multi: dict[tuple[int, int], int] = NO_ENTRIES  # (slot, entry) -> live occurrences (>= 2)
@@ -116,7 +117,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
             if slot is None:
                 slot = self._ledger(ledger_id)
         exts = self._ext
-        ext = exts.get(slot) if exts else None
+        ext = exts[slot] if exts else None
         if entry_id >> 22 or slot >> 10 or (ext is not None and ext.ghost is not None):
             if entry_id >> 32 or (ext is not None and ext.ghost is not None):
                 self._add_again(slot, entry_id, bucket)
@@ -200,7 +201,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
             return
         new = BitMap(ids) if ids.typecode == "I" else BitMap64(ids)
         slot = self._ledger(ledger_id)
-        ext = self._ext.get(slot)
+        ext = self._ext_at(slot)
         if self._live_shift == LIVE_ENTRY_BITS:  # ids below 2^32 the narrow live bitmap cannot key?
             narrow = type(new) is BitMap
             if (new.max() >> LIVE_ENTRY_BITS if narrow else new.range_cardinality(1 << LIVE_ENTRY_BITS, 1 << 32)) or (
@@ -242,7 +243,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
         slot = self._by_id.get(ledger_id)
         if slot is None:
             return False
-        ext = self._ext.get(slot)
+        ext = self._ext_at(slot)
         if entry_id >> 32:
             in_live = ext is not None and ext.wide is not None and entry_id in ext.wide
         elif self._live_shift == LIVE_ENTRY_BITS and (entry_id >> LIVE_ENTRY_BITS or slot >> LIVE_SLOT_BITS):

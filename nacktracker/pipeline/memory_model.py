@@ -372,14 +372,14 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     total += _per_owner(listing.owner, listing.list_bytes + listing.hi_bytes, k)
     pid_rows = np.bincount(pid, minlength=n_pid)
     # a LedgerExt record for each ledger with listed cells, wide ids or ids pending twice,
-    # in a dict by slot (the shared empty, not counted, while no ledger has one)
+    # in a list by slot (made with the first record: an index without one has none)
     rare = np.zeros(n_lid, dtype=bool)
     rare[lid[(entry >> 32 > 0) | (pid_rows[pid] > 1)]] = True
     with_ext = set(zip(listing.owner.tolist(), listing.ledger.tolist()))
     with_ext.update(zip(lid_owner[rare].tolist(), ledger[lid_first[rare]].tolist()))
     if with_ext:
         n_ext = np.bincount(np.fromiter((o_ for o_, _ in with_ext), dtype=np.int64), minlength=k)
-        total += n_ext * costs.ext_bytes + np.where(n_ext > 0, _table("empty", n_ext), 0)
+        total += n_ext * costs.ext_bytes + np.where(n_ext > 0, _table("list", n_led), 0)
     # the live bitmap: every narrow id but those stored in a listed cell only (an id
     # pending in two buckets is in it whatever its cells)
     in_live = (entry >> 32 == 0) & ~(listed_only & (pid_rows[pid] == 1))
