@@ -453,3 +453,21 @@ def test_the_live_bitmap_widens_for_ids_it_cannot_key():
             assert idx.discard(*probe) == ref.discard(*probe)
         check_listed(idx)
         assert idx.pop_due(10**6) == ref.pop_due(10**6) and not idx and not idx._live
+
+
+@pytest.mark.parametrize("first", ["add", "add_many"])
+def test_an_index_whose_first_id_is_past_the_narrow_bound_starts_wide(first):
+    """A ledger past 4,194,304 entries nacked into a fresh index: the empty
+    narrow live bitmap widens before the first id is stored."""
+    idx, ref = TimeBucketIndex(precision_bits=0), DictIndex(precision_bits=0)
+    big = 5_000_000
+    for m in (idx, ref):
+        if first == "add":
+            m.add(1, big, 10)
+        else:
+            m.add_many(1, range(big, big + 100), 10)
+        m.add(1, 3, 20)
+    assert type(idx._live) is BitMap64
+    assert ((1, big) in idx) and ((1, 3) in idx) and (1, big - 1) not in idx
+    assert idx.discard(1, big) == ref.discard(1, big)
+    assert idx.pop_due(20) == ref.pop_due(20) and not idx

@@ -286,4 +286,3 @@ def merge_into(cell: BitMap | BitMap64, other: BitMap | BitMap64) -> BitMap | Bi
         cell = BitMap64(cell)
     cell |= BitMap64(other)
     return cell
-
