@@ -102,7 +102,9 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
         at most ``LISTED`` for an id not above its ledger's listed cells). A
         message already pending (or acked while pending) also checks its
         cell: O(log w + t) for a window of w sparse copies with an unsorted
-        tail of t.
+        tail of t. Once per index, the first entry id in ``[2^22, 2^32)`` (or
+        the first ledger past 1,024 pending at once) re-keys the live bitmap as
+        64-bit: O(n) in C for n live ids (see ``_parts.LIVE_ENTRY_BITS``).
         """
         if (type(ledger_id) is not int or type(entry_id) is not int or type(due_ms) is not int
                 or (ledger_id | entry_id) >> 63 or due_ms >> 62):  # negative or too large
