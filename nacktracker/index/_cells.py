@@ -98,7 +98,8 @@ class CellsMixin:
     def _has(self, slot: int, entry_id: int) -> bool:
         """Whether the id is pending. Runtime: O(1): a bitmap lookup, plus at
         most LISTED more for an id not above the ledger's listed ids."""
-        ext = self._ext_at(slot)
+        exts = self._ext  # _ext_at() inlined (membership tests)
+        ext = exts[slot] if exts else None
         if entry_id >> 32:
             return ext is not None and ext.wide is not None and entry_id in ext.wide
         shift = self._live_shift

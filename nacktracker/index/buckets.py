@@ -245,7 +245,8 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
         slot = self._by_id.get(ledger_id)
         if slot is None:
             return False
-        ext = self._ext_at(slot)
+        exts = self._ext  # _ext_at() inlined: every acknowledge comes here
+        ext = exts[slot] if exts else None
         if entry_id >> 32:
             in_live = ext is not None and ext.wide is not None and entry_id in ext.wide
         elif self._live_shift == LIVE_ENTRY_BITS and (entry_id >> LIVE_ENTRY_BITS or slot >> LIVE_SLOT_BITS):
