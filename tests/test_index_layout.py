@@ -60,8 +60,8 @@ class Differential(RuleBasedStateMachine):
 
     @rule(due=dues)
     def crowd(self, due):
-        """Over 2^LIVE_SLOT_BITS other ledgers, one id each: ledgers first seen
-        after this get slots whose ids all live in their ``wide`` bitmap."""
+        """Over 2^LIVE_SLOT_BITS other ledgers, one id each: a ledger first seen
+        after this gets a slot >= 2^10, and its first id widens the live bitmap."""
         if not self.crowded:
             self.crowded = True
             for i in range((1 << LIVE_SLOT_BITS) + 8):
