@@ -84,8 +84,8 @@ class Traffic:
         self.cell = cell
         self.rng = random.Random(seed)
         # an array, not a list: the next ids grow past CPython's shared small
-        # ints, and a list would hold an int object per ledger that appeared
-        # after the RSS baseline (~3 B per pending message charged to the index)
+        # ints, and a list would hold an int object per ledger made after the
+        # RSS baseline, driver state charged to the index
         self.next_entry = array.array("q", bytes(8 * cell.ledgers))
         self.i = 0
 

@@ -7,16 +7,21 @@ pyroaring object itself is a small Python object, counted apart).
     python bench/roaring_bytes.py
 
 Linux/glibc only (``mallinfo2``). The constant ``BITMAP64_EMPTY`` in
-``_bytes.py`` is the first row's measured figure.
+``_bytes.py`` is the first row's measured figure. Two rows build the index's
+live bitmap as the index does (one add at a time: containers grow by
+doubling), keyed both ways (``_parts.LIVE_ENTRY_BITS``); a last line gives
+the Python heap of an empty ``TimeBucketIndex`` (tracemalloc).
 """
 
 from __future__ import annotations
 
 import ctypes
 import gc
+import tracemalloc
 
 from pyroaring import BitMap, BitMap64
 
+from nacktracker import TimeBucketIndex
 from nacktracker.index._bytes import _roaring_bytes
 
 
@@ -43,6 +48,29 @@ def measure(make, copies: int = 200) -> tuple[float, int]:
     return real, _roaring_bytes(objs[0]) - type(objs[0]).__basicsize__
 
 
+def by_adds(cls, shift: int, slots: int = 16, ids: int = 11):
+    """A live bitmap as the index grows it: ``slot << shift | entry``, one add at a time."""
+    def make():
+        bm = cls()
+        for e in range(ids):
+            for s in range(slots):
+                bm.add(s << shift | e * 3)
+        return bm
+    return make
+
+
+def empty_index_python_bytes(copies: int = 1000) -> float:
+    """Python heap per empty TimeBucketIndex (precision 0), tracemalloc."""
+    TimeBucketIndex(precision_bits=0)  # one-time costs (caches) first
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    keep = [TimeBucketIndex(precision_bits=0) for _ in range(copies)]
+    grown = sum(d.size_diff for d in tracemalloc.take_snapshot().compare_to(before, "filename"))
+    tracemalloc.stop()
+    del keep
+    return grown / copies
+
+
 STRUCTURES = [
     ("BitMap64 empty", BitMap64),
     ("BitMap64, 1 id", lambda: BitMap64([5])),
@@ -53,6 +81,8 @@ STRUCTURES = [
     ("BitMap, 40 ids", lambda: BitMap(range(0, 120, 3))),
     ("BitMap, run of 1000", lambda: BitMap(range(1000))),
     ("BitMap, 3 containers", lambda: BitMap([0, 70_000, 140_000])),
+    ("live bitmap by adds, BitMap64 keyed (slot << 32) + entry, 16 slots x 11 ids", by_adds(BitMap64, 32)),
+    ("live bitmap by adds, BitMap keyed (slot << 22) + entry, 16 slots x 11 ids", by_adds(BitMap, 22)),
 ]
 
 
@@ -62,6 +92,7 @@ def main() -> None:
     for name, make in STRUCTURES:
         real, counted = measure(make)
         print(f"| {name} | {real:.0f} | {counted} | {counted / real:.2f} |")
+    print(f"\nAn empty TimeBucketIndex: {empty_index_python_bytes():.0f} B of Python heap (tracemalloc)")
 
 
 if __name__ == "__main__":

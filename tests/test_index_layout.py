@@ -250,6 +250,7 @@ def test_slots_are_recycled_and_state_ends_empty():
         assert len(idx.pop_due(10**6)) == 100
     assert idx.next_due_ms() is None and not idx._windows
     assert not idx._by_id and len(idx._lid) == 100  # three rounds of 100 ledgers, 100 slots
+    assert idx._ext is NO_SLOTS  # no ledger ever needed rare state: no per-slot list either
 
 
 @pytest.mark.parametrize("ids", [array.array("I", range(100)), list(range(10, 50))])

@@ -317,7 +317,7 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     an empty index). Runtime: O(n log n) numpy over all owners together, plus
     a sequential pass over the promoted cells (each ledger's list,
     :func:`~.dense_cells.list_cells`) and building the bitmaps (C): one live
-    ``BitMap`` per owner with pending occurrences and one per dense cell.
+    bitmap per owner with pending occurrences and one per dense cell.
     """
     owner, ledger, entry, bucket, start = (np.asarray(a, dtype=np.int64)
                                            for a in (owner, ledger, entry, bucket, start))
