@@ -14,7 +14,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from pyroaring import BitMap, BitMap64
 
 from nacktracker import DictIndex, TimeBucketIndex
-from nacktracker.index._parts import LISTED, LISTING, LIVE_ENTRY_BITS, LIVE_SLOT_BITS, NO_CELLS, NO_ENTRIES, NO_KEYS, NO_PACKED, NO_SLOTS, PROMOTE
+from nacktracker.index import _cells, _front, _parts, buckets
+from nacktracker.index._parts import (LISTED, LISTING, LIVE_ENTRY_BITS, LIVE_SLOT_BITS, NO_CELLS, NO_ENTRIES, NO_KEYS, NO_PACKED,
+                                      NO_SEGMENTS, NO_SLOTS, PROMOTE, SEGMENT)
 
 ledgers = st.sampled_from([1, 2, 7, 2**40 + 3])
 # around the live bitmap's narrow bound (2^22) and 32 bits, and the largest id
@@ -121,6 +123,12 @@ class Differential(RuleBasedStateMachine):
     def shared_empties_stay_empty(self):
         """The containers made on first use (NO_* placeholders) are never written to."""
         assert NO_CELLS == {} and NO_KEYS == [] and NO_ENTRIES == {} and NO_SLOTS == [] and not NO_PACKED
+        assert NO_SEGMENTS == []
+
+    @invariant()
+    def segments_are_consistent(self):
+        if self.tb is not None:
+            check_segments(self.tb)
 
     def teardown(self):
         if self.tb is not None:
@@ -128,6 +136,65 @@ class Differential(RuleBasedStateMachine):
             flat = [(ledger, e) for _, ledger, es in snapshot for e in es]
             assert flat == self.ref.pop_due(2**62) == self.tb.pop_due(2**62)
             assert len(self.tb) == 0 and self.tb.next_due_ms() is None
+
+
+class SmallSegments(Differential):
+    """The same with segments of 4 copies: windows roll, open across many
+    segments, take buckets across segment ends and merge long tails."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.saved = [(m, m.SEGMENT) for m in (buckets, _cells, _front, _parts)]
+        for m, _ in self.saved:
+            m.SEGMENT = 4
+
+    def teardown(self):
+        try:
+            super().teardown()
+        finally:
+            for m, value in self.saved:
+                m.SEGMENT = value
+
+
+TestSmallSegments = SmallSegments.TestCase
+TestSmallSegments.settings = settings(max_examples=120, stateful_step_count=60, deadline=None)
+
+
+def check_segments(idx: TimeBucketIndex) -> None:
+    """A window not yet open keeps its copies in arrival order (no position
+    taken); an open one keeps its sorted segments non-empty past ``pos`` and
+    sorted across, its tail's offsets at or above ``tail_min``."""
+    for w in idx._windows.values():
+        if not w.opened:
+            assert w.pos == 0 and w.tail_min == w.NO_TAIL and not w.spill
+            continue
+        if w.full:
+            assert 0 <= w.pos < len(w.full[0]) and all(w.full)
+            flat = [v for i, seg in enumerate(w.full) for v in (seg[w.pos:] if i == 0 else seg)]
+            assert flat == sorted(flat)
+        else:
+            assert w.pos == 0
+        tail = [v for seg in (*w.spill, w.packed) for v in seg]
+        assert all(w.spill) and (min(map(idx._lay.offset_of, tail)) >= w.tail_min if tail else True)
+
+
+def test_a_window_fills_in_segments_and_opens_across_them():
+    """Sparse copies past SEGMENT roll into a new array; opening the window
+    sorts across them in place, and taking its buckets drops whole segments."""
+    idx = TimeBucketIndex(precision_bits=0)
+    n = 3 * SEGMENT + 10
+    for i in range(n):  # one copy per bucket: no run, every add a new sparse cell
+        idx.add(7, i, 1_000 + (i * 7919) % 8000)
+    (w,) = idx._windows.values()
+    assert len(w.full) == 3 and all(len(seg) == SEGMENT for seg in w.full) and len(w.packed) == 10
+    assert idx.next_due_ms() == 1_000
+    assert w.opened and len(w.full) == 4 and not w.packed and w.size() == n
+    check_segments(idx)
+    got = idx.pop_due(1_000 + 4000)
+    assert len(got) == sum(1 for i in range(n) if (i * 7919) % 8000 <= 4000)
+    assert 1 <= len(w.full) < 4  # the segments taken whole were dropped
+    check_segments(idx)
+    assert len(idx.pop_due(10**6)) == n - len(got) and not idx._windows
 
 
 def ext_of(idx: TimeBucketIndex, ledger_id: int):

@@ -28,12 +28,28 @@ def test_measure_checks_itself_on_live_builds(costs):
 
 def test_array_bytes_follows_cpython_growth():
     import array
-    import sys
+
+    from nacktracker.index._bytes import held_size
 
     a = array.array("Q")
     for n in range(200):
-        assert array_bytes(np.array([n]))[0] == sys.getsizeof(a), n
+        assert array_bytes(np.array([n]))[0] == held_size(a), n
         a.append(n)
+
+
+def test_held_size_is_what_the_allocators_take():
+    """Rounded to pymalloc's 16-byte classes (<= 512 bytes) or a malloc chunk;
+    a container's item storage is a second allocation, rounded on its own."""
+    import array
+    import sys
+
+    from nacktracker.index._bytes import held, held_size
+
+    assert [held(n) for n in (1, 16, 17, 512, 513, 1000)] == [16, 16, 32, 512, 528, 1008]
+    assert held_size(7 << 40) == 32  # an int of 34 bytes
+    big = array.array("Q", range(100))
+    assert held_size(big) == held(sys.getsizeof(array.array("Q"))) + held(sys.getsizeof(big) - sys.getsizeof(array.array("Q")))
+    assert held_size(set()) == held(sys.getsizeof(set()))
 
 
 def random_share_nacks(n: int = 40_000, delay_ms: int = 60_000):

@@ -12,7 +12,12 @@ import numpy as np
 from pyroaring import BitMap, BitMap64
 
 from ._parts import (COMPACT_CHURN, LISTED, LIVE_ENTRY_BITS, LIVE_SLOT_BITS, M32, NO_CELLS, NO_ENTRIES, NO_KEYS, NO_PACKED, NO_SLOTS,
-                     PROMOTE, WIDE_LIVE_SHIFT, LISTING, LedgerExt, Window, has)
+                     PROMOTE, SEGMENT, WIDE_LIVE_SHIFT, LISTING, LedgerExt, Window, has)
+
+
+#: Live ids re-keyed per step when the live bitmap widens (``_widen_live``):
+#: temporaries of 64 KB at most, reused from one step to the next.
+WIDEN_SLICE = 8192
 
 
 class CellsMixin:
@@ -206,13 +211,17 @@ class CellsMixin:
     def _widen_live(self) -> None:
         """An id below 2^32 that ``slot << 22 | entry`` cannot hold (entry >=
         2^22 or slot >= 2^10) is about to be live: re-key the live bitmap as
-        a ``BitMap64`` of ``slot << 32 | entry``, for good. Runtime: O(n) in
-        C, once per index."""
-        keys = np.frombuffer(self._live.to_array(), dtype=np.uint32).astype(np.uint64)
-        keys = (keys >> np.uint64(LIVE_ENTRY_BITS)) << np.uint64(WIDE_LIVE_SHIFT) | (
-            keys & np.uint64((1 << LIVE_ENTRY_BITS) - 1))
-        live = BitMap64()
-        live.update(array.array("Q", keys.tobytes()))
+        a ``BitMap64`` of ``slot << 32 | entry``, for good. In slices of
+        WIDEN_SLICE ids (by rank): converting all at once made temporaries of
+        ~40 bytes per live id, which left the heap that much larger for good
+        (a consumer at 10,000 nacks/s, ids 8 apart: RSS 2x ``nbytes()``).
+        Runtime: O(n) in C, once per index."""
+        narrow, live = self._live, BitMap64()
+        low = np.uint64((1 << LIVE_ENTRY_BITS) - 1)
+        for i in range(0, len(narrow), WIDEN_SLICE):
+            keys = np.frombuffer(narrow[i:i + WIDEN_SLICE].to_array(), dtype=np.uint32).astype(np.uint64)
+            keys = (keys >> np.uint64(LIVE_ENTRY_BITS)) << np.uint64(WIDE_LIVE_SHIFT) | (keys & low)
+            live.update(array.array("Q", keys.tobytes()))
         self._live, self._live_shift = live, WIDE_LIVE_SHIFT
 
     def _has_live(self, slot: int) -> bool:
@@ -274,7 +283,7 @@ class CellsMixin:
                     ext.hi = entry_id
             return
         w.packed.append(off << self._oshift | slot << 32 | entry_id)
-        if off < w.tail_min and w.upto >= 0:
+        if off < w.tail_min and w.opened:
             w.tail_min = off
         if len(w.packed) - self._hot_start >= PROMOTE:
             self._promote(w)
@@ -301,8 +310,11 @@ class CellsMixin:
         if w.dense:
             cell = w.dense.get(off << 32 | slot)
         self._hot_bucket, self._hot_slot, self._hot_win, self._hot_off = bucket, slot, w, off
-        if cell is None and w.packed is NO_PACKED:
-            w.packed = array.array("Q")
+        if cell is None:
+            if w.packed is NO_PACKED:
+                w.packed = array.array("Q")
+            elif len(w.packed) >= SEGMENT:
+                w.roll()
         self._hot_lid = self._lid[slot]
         # _hot_start: where the hot run starts in the array, or the dense cell's size
         self._hot_dense, self._hot_start = cell, len(w.packed) if cell is None else len(cell)
@@ -344,7 +356,7 @@ class CellsMixin:
     def _push_key(w: Window, key: int) -> None:
         """A new dense cell's key into the heap of an open window (one at the
         front: see :class:`~._parts.Window`). Runtime: O(log c)."""
-        if w.upto >= 0:
+        if w.opened:
             if w.dense_keys is NO_KEYS:
                 w.dense_keys = []
             heapq.heappush(w.dense_keys, key)
@@ -367,7 +379,7 @@ class CellsMixin:
         start = self._hot_start
         ids = array.array("I", [v & M32 for v in w.packed[start:]])
         del w.packed[start:]
-        if not w.packed:  # (then pos == upto == 0: the run was the tail)
+        if not w.packed:  # the run was all of it
             w.packed = NO_PACKED
         cell = BitMap()
         cell.update(ids)
@@ -400,12 +412,19 @@ class CellsMixin:
         cell = w.dense.get(off << 32 | slot)
         if cell is not None and has(cell, entry_id):
             return True
-        if entry_id >> 32 or slot >= self._slot_limit or not w.packed:
+        if entry_id >> 32 or slot >= self._slot_limit or not (w.packed or w.full or w.spill):
             return False
         v = off << self._oshift | slot << 32 | entry_id
-        if w.upto < 0:
-            return bool((w.view() == np.uint64(v)).any())
-        i = bisect.bisect_left(w.packed, v, w.pos, w.upto)
-        if i < w.upto and w.packed[i] == v:
-            return True
-        return len(w.packed) > w.upto and bool((w.view()[w.upto:] == np.uint64(v)).any())
+        if w.opened and w.full:  # the sorted segments: the one that could hold it
+            i = bisect.bisect_left(w.full, v, key=_last)
+            if i < len(w.full):
+                seg = w.full[i]
+                j = bisect.bisect_left(seg, v, w.pos if i == 0 else 0)
+                if j < len(seg) and seg[j] == v:
+                    return True
+            return any(bool((part == np.uint64(v)).any()) for part in w.tail())
+        return any(bool((part == np.uint64(v)).any()) for part in w.parts())
+
+
+def _last(segment: array.array) -> int:
+    return segment[-1]

@@ -12,7 +12,7 @@ from typing import Iterator
 import numpy as np
 from pyroaring import BitMap, BitMap64
 
-from ._parts import M32, NO_PACKED, NO_SLOTS, LedgerExt, Window, common, distinct, merge_into
+from ._parts import M32, NO_PACKED, NO_SEGMENTS, NO_SLOTS, SEGMENT, LedgerExt, Window, common, distinct, merge_into, sort_across
 
 
 class FrontMixin:
@@ -116,59 +116,61 @@ class FrontMixin:
         starts with it or a dense cell holds it (dense cells left in a
         window are never empty then). Only the tail's ``tail_min`` can be
         stale (a run promoted out of the tail), so that case is gathered."""
-        if w.pos < w.upto and self._lay.offset_of(w.packed[w.pos]) == off:
+        if w.full and self._lay.offset_of(w.full[0][w.pos]) == off:
             return True
         keys = w.dense_keys
         return bool(keys) and keys[0] >> 32 == off
 
     def _front_offset(self, w: Window) -> int:
-        tail = len(w.packed) - w.upto
-        if w.upto < 0 or tail > max(256, (w.upto - w.pos) >> 3):
+        if not w.opened or w.tail_size() > max(SEGMENT, w.sorted_left() >> 5):
             self._sort(w)  # first time at the front, or a long unsorted tail
         best = w.tail_min
-        if w.pos < w.upto:
-            best = min(best, self._lay.offset_of(w.packed[w.pos]))
+        if w.full:
+            best = min(best, self._lay.offset_of(w.full[0][w.pos]))
         keys = w.dense_keys
         while keys and keys[0] not in w.dense:
             heapq.heappop(keys)
         return min(best, keys[0] >> 32) if keys else best
 
     def _sort(self, w: Window) -> None:
-        """Sort what is left of the window's array in place, in C. Runtime: O(w log w)."""
+        """Sort the window's copies not taken yet across its segments, in C
+        (the unsorted tail becomes the last segment). Runtime: O(w log w) in C."""
         self._reset_hot()  # the hot run's copies no longer sit at the tail
-        if w.upto < 0 and w.dense:  # opened: its dense cells' keys get their heap
+        if not w.opened and w.dense:  # opened: its dense cells' keys get their heap
             w.dense_keys = list(w.dense)
             heapq.heapify(w.dense_keys)
-        if w.pos:
-            del w.packed[:w.pos]
-            if not w.packed:
-                w.packed = NO_PACKED
-        if w.packed:
-            w.view().sort()
-        w.pos, w.upto, w.tail_min = 0, len(w.packed), Window.NO_TAIL
+        w.opened = True
+        tail = [*w.spill, w.packed] if w.packed else w.spill
+        if tail:
+            if w.full is NO_SEGMENTS:
+                w.full = []
+            w.full.extend(tail)
+            w.packed, w.spill = NO_PACKED, NO_SEGMENTS
+        w.tail_min = Window.NO_TAIL
+        sort_across(w.parts())
 
     def _gather(self, w: Window, off: int, bucket: int) -> bool:
         """Move the sparse copies of bucket ``off`` into its dense cells and
         drop its ghost copies. Runtime: O(log w + k) for k copies from the
         sorted part; O(t) in C more when the unsorted tail of t has some.
         Returns whether the bucket holds a live copy."""
-        lay, packed = self._lay, w.packed
+        lay, full = self._lay, w.full
         parts: list[array.array] = []  # packed values of this bucket
-        if w.pos < w.upto and lay.offset_of(packed[w.pos]) == off:
-            j = w.upto if off == self._omask else bisect.bisect_left(
-                packed, (off + 1) << lay.offset_shift, w.pos, w.upto)
-            parts.append(packed[w.pos:j])
-            w.pos = j
+        while full and lay.offset_of(full[0][w.pos]) == off:
+            seg = full[0]
+            if lay.offset_of(seg[-1]) == off:  # the rest of the segment: drop it whole
+                parts.append(seg[w.pos:] if w.pos else seg)
+                del full[0]
+                w.pos = 0
+            else:
+                j = bisect.bisect_left(seg, (off + 1) << lay.offset_shift, w.pos)
+                parts.append(seg[w.pos:j])
+                w.pos = j
+                break
         if w.tail_min == off:
             parts.append(self._take_from_tail(w, off))
         if parts:
             self._reset_hot()
-            if w.pos * 8 >= len(packed):  # cut the taken prefix (an eighth): amortised O(1)
-                del packed[:w.pos]
-                w.upto -= w.pos
-                w.pos = 0
-                if not packed:
-                    w.packed = NO_PACKED
             for s, ids in self._by_slot(parts):
                 cell = w.dense.get(off << 32 | s)
                 self._set_cell(w, off, s, ids if cell is None else merge_into(cell, ids))
@@ -181,30 +183,43 @@ class FrontMixin:
         ``tail_min``. Runtime: O(t): a Python loop for a short tail (numpy's
         per-call cost would dominate), numpy for a long one."""
         lay, packed = self._lay, w.packed
-        if len(packed) - w.upto <= 64:
+        if not w.spill and len(packed) <= 64:
             got, keep, low = array.array("Q"), array.array("Q"), Window.NO_TAIL
-            for v in packed[w.upto:]:
+            for v in packed:
                 o = lay.offset_of(v)
                 if o == off:
                     got.append(v)
                 else:
                     keep.append(v)
                     low = min(low, o)
-            del packed[w.upto:]
-            packed.extend(keep)
-            w.tail_min = low
-            return got
-        view = w.view()
-        tail = view[w.upto:]
-        offs = lay.offsets(tail)
-        hit = offs == off
-        got = array.array("Q")
-        got.frombytes(tail[hit].tobytes())
-        rest, rest_offs = tail[~hit], offs[~hit]
-        del view, tail
-        del packed[w.upto:]
-        packed.frombytes(rest.tobytes())
-        w.tail_min = int(rest_offs.min()) if len(rest_offs) else Window.NO_TAIL
+            w.packed = keep if keep else NO_PACKED
+        else:  # compacted in place, into the tail's own arrays (new arrays per take fragmented the heap)
+            arrays = [*w.spill, packed] if packed else list(w.spill)
+            views = w.tail()
+            tail = np.concatenate(views) if len(views) > 1 else views[0]
+            offs = lay.offsets(tail)
+            hit = offs == off
+            got = array.array("Q", tail[hit].tobytes())
+            rest = tail[~hit]
+            low = int(offs[~hit].min()) if len(rest) else Window.NO_TAIL
+            at = 0
+            for part in views:  # refill the arrays in order; the emptied ones at the end go
+                k = min(len(part), len(rest) - at)
+                part[:k] = rest[at:at + k]
+                at += k
+            del views, part, tail, offs, hit, rest  # no view may outlive this: the arrays shrink below
+            keep = []
+            left = len(packed) + sum(map(len, w.spill)) - len(got)
+            for a in arrays:
+                if left <= 0:
+                    break
+                if len(a) > left:
+                    del a[left:]
+                keep.append(a)
+                left -= len(a)
+            w.packed = keep.pop() if keep else NO_PACKED
+            w.spill = keep if keep else NO_SEGMENTS
+        w.tail_min = low
         return got
 
     def _by_slot(self, parts: list[array.array]) -> Iterator[tuple[int, BitMap]]:

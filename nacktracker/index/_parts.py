@@ -13,6 +13,7 @@ makes an ack of a message that is not pending O(1).
 from __future__ import annotations
 
 import array
+import mmap
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -39,6 +40,15 @@ MIN_OFFSET_BITS = 3
 #: per id in the window's array.
 PROMOTE = 32
 M32 = (1 << 32) - 1
+#: A window keeps its sparse copies in segments of about this many (4 KiB):
+#: the array appended to is set aside and a new one started once it holds
+#: SEGMENT when a new run of adds starts (``Window.roll``), and segments are
+#: dropped whole as buckets are taken. Windows fill while earlier ones drain;
+#: with one array per window, grown in small steps and cut from the front,
+#: the C heap was left fragmented (free chunks of every size: RSS growth 2.6x
+#: ``nbytes()`` at uniform k=3 L=1 1,000/s, 1.5x with segments: see
+#: bench/results/index-grid/NOTES.md).
+SEGMENT = 512
 #: The live bitmap ("pending anywhere") starts as a 32-bit ``BitMap`` of
 #: ``slot << LIVE_ENTRY_BITS | entry``: it holds the ids of ledger slots below
 #: 2^LIVE_SLOT_BITS (1,024 ledgers pending at once) with entry ids below
@@ -126,17 +136,29 @@ NO_SLOTS: list = []
 #: (never written to): a window holding dense cells only (seed 000's bursts)
 #: does not pay for an empty array object.
 NO_PACKED = array.array("Q")
+#: A window's list of segments until it has one (never written to).
+NO_SEGMENTS: list = []
 
 
 class Window:
     """One time window: packed sparse copies plus dense cells.
 
-    Before the window reaches the front of the time order ``upto == -1`` and
-    ``packed`` is in arrival order. Opening it sorts ``packed`` in place (in
-    C); then ``packed[pos:upto]`` is the sorted remainder (``pos`` advances as
-    buckets are taken; the taken prefix is cut off once it is an eighth of the
-    array), ``packed[upto:]`` the unsorted tail of adds since, and
-    ``tail_min`` the smallest offset in that tail.
+    Sparse copies sit in *segments*: ``array('Q')`` of about
+    :data:`SEGMENT` values each (``full``), plus ``packed``, the array
+    being appended to. Before the window reaches the front of the time order
+    (``opened`` false) they are in arrival order, and ``packed`` becomes a
+    segment of ``full`` once it holds SEGMENT values when a new run of adds
+    starts (``roll``). Opening the window sorts its copies across its
+    segments (one C sort; the sorted values go back into the same arrays, so
+    nothing of the window's size is allocated and kept); then ``full`` is the
+    sorted remainder, ``pos`` the taken prefix of ``full[0]`` (a segment is
+    dropped whole once taken: no array ever shrinks), ``packed`` the unsorted
+    tail of adds since and ``tail_min`` the smallest offset in it. A window
+    whose copies lived in one growing array, reallocated in small steps and
+    cut from the front as buckets were taken, left the C heap fragmented
+    (free chunks of every size: RSS about twice the bytes held at 1,000
+    nacks/s); segments come and go at one size.
+
     ``dense``: ``offset << 32 | slot`` -> bitmap (one flat dict: a cell costs a
     dict slot and a key, not a dict per bucket); ``dense_keys``: a heap of
     those keys (stale ones skipped), so the earliest cells come first, kept
@@ -147,26 +169,72 @@ class Window:
     window is empty when nothing is left in either.
     """
 
-    __slots__ = ("packed", "pos", "upto", "tail_min", "dense", "dense_keys")
+    __slots__ = ("packed", "full", "spill", "pos", "opened", "tail_min", "dense", "dense_keys")
 
     NO_TAIL = 1 << 64
 
     def __init__(self) -> None:
         self.packed = NO_PACKED  # made on the first sparse copy
+        self.full: list[array.array] = NO_SEGMENTS
+        self.spill: list[array.array] = NO_SEGMENTS
         self.pos = 0
-        self.upto = -1
+        self.opened = False
         self.tail_min = self.NO_TAIL
         self.dense: dict[int, BitMap | BitMap64] = NO_CELLS  # made on the first cell
         self.dense_keys: list[int] = NO_KEYS
 
-    def view(self) -> np.ndarray:
-        """A zero-copy uint64 view of ``packed``; drop it before appending."""
-        if not self.packed:
-            return np.zeros(0, dtype=np.uint64)
-        return np.frombuffer(self.packed, dtype=np.uint64)
+    def tail(self) -> list[np.ndarray]:
+        """Zero-copy uint64 views of the unsorted tail of an open window
+        (``spill`` then ``packed``); drop them before appending."""
+        out = [np.frombuffer(s, dtype=np.uint64) for s in self.spill]
+        if self.packed:
+            out.append(np.frombuffer(self.packed, dtype=np.uint64))
+        return out
+
+    def tail_size(self) -> int:
+        """Copies in the unsorted tail. Runtime: O(segments)."""
+        return sum(map(len, self.spill)) + len(self.packed)
+
+    def parts(self) -> list[np.ndarray]:
+        """Zero-copy uint64 views of every copy not taken yet, in storage
+        order (sorted segments first once opened); drop them before appending."""
+        out = [np.frombuffer(s, dtype=np.uint64) for s in self.full]
+        if out and self.pos:
+            out[0] = out[0][self.pos:]
+        return out + self.tail()
+
+    def values(self) -> np.ndarray:
+        """Every copy not taken yet as one uint64 array (a copy unless one
+        array holds them). Runtime: O(w) in C."""
+        parts = self.parts()
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
+
+    def size(self) -> int:
+        """Sparse copies not taken yet. Runtime: O(segments)."""
+        return sum(map(len, self.full)) - self.pos + self.tail_size()
+
+    def sorted_left(self) -> int:
+        """About how many sorted copies are left: SEGMENT per segment. O(1)."""
+        return len(self.full) * SEGMENT
+
+    def roll(self) -> array.array:
+        """Start a new segment; return it. ``packed`` joins ``full`` (arrival
+        order) or, once the window is open, the tail's ``spill``."""
+        if self.opened:
+            if self.spill is NO_SEGMENTS:
+                self.spill = []
+            self.spill.append(self.packed)
+        else:
+            if self.full is NO_SEGMENTS:
+                self.full = []
+            self.full.append(self.packed)
+        self.packed = array.array("Q")
+        return self.packed
 
     def empty(self) -> bool:
-        return self.pos == len(self.packed) and not self.dense
+        return not self.full and not self.packed and not self.spill and not self.dense
 
 
 class LedgerExt:
@@ -231,6 +299,36 @@ class Ghost:
 
     def is_live_in(self, bucket: int) -> bool:
         return self.revived is not None and bucket in self.revived
+
+
+#: A sort across segments of at least this many bytes uses a scratch array in
+#: its own memory map, given back to the system when done: from the C heap it
+#: would leave a hole of a window's size that later segments split up.
+SCRATCH_MAP = 1 << 16
+
+
+def sort_across(parts: list[np.ndarray]) -> None:
+    """Sort the values of several uint64 arrays as one sequence, in place:
+    into one scratch array, sorted in C, written back (each part keeps its
+    length). numpy's default sort, not its stable one (timsort), which left
+    about a megabyte of RSS behind at 1,000 nacks/s. Runtime: O(n log n) in C."""
+    if len(parts) == 1:
+        parts[0].sort()
+        return
+    n = sum(map(len, parts))
+    if not n:
+        return
+    buf = mmap.mmap(-1, 8 * n) if 8 * n >= SCRATCH_MAP else None
+    scratch = np.frombuffer(buf, dtype=np.uint64) if buf is not None else np.empty(n, dtype=np.uint64)
+    np.concatenate(parts, out=scratch)
+    scratch.sort()
+    at = 0
+    for part in parts:
+        part[:] = scratch[at:at + len(part)]
+        at += len(part)
+    del scratch
+    if buf is not None:
+        buf.close()
 
 
 def has(bm: BitMap | BitMap64, entry_id: int) -> bool:

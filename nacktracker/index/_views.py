@@ -4,14 +4,13 @@ A mixin, state in the index's slots."""
 
 from __future__ import annotations
 
-import sys
 from typing import Iterator
 
 import numpy as np
 from pyroaring import BitMap, BitMap64
 
-from ._bytes import _roaring_bytes
-from ._parts import M32, NO_CELLS, NO_ENTRIES, NO_KEYS, NO_PACKED, NO_SLOTS, bitmap_of, common, distinct, merge_into
+from ._bytes import _roaring_bytes, held_size
+from ._parts import M32, NO_CELLS, NO_ENTRIES, NO_KEYS, NO_PACKED, NO_SEGMENTS, NO_SLOTS, bitmap_of, common, distinct, merge_into
 
 #: CPython keeps one shared object for each int up to this: a slot below it costs no int object.
 SMALL_INT = 256
@@ -49,7 +48,7 @@ class ViewsMixin:
         span = 1 << self._lay.offset_bits
         total = 0
         for w in self._windows.values():
-            n = len(w.packed) - w.pos + len(w.dense)
+            n = w.size() + len(w.dense)
             total += len(self._cells_of(w, buckets_only=True)) if n <= self.SMALL_WINDOW else min(n, span)
         return total
 
@@ -63,14 +62,14 @@ class ViewsMixin:
         cap = (1 << self._lay.offset_bits) * len(self._lid)
         total = 0
         for w in self._windows.values():
-            n = len(w.packed) - w.pos + len(w.dense)
+            n = w.size() + len(w.dense)
             total += len(self._cells_of(w, buckets_only=False)) if n <= self.SMALL_WINDOW else min(n, cap)
         return total
 
     def _cells_of(self, w, buckets_only: bool) -> set[int]:
         """The window's distinct offsets (or ``offset << 32 | slot`` cells)."""
         lay = self._lay
-        view = w.view()[w.pos:]
+        view = w.values()
         if buckets_only:
             found = set(distinct(lay.offsets(view)).tolist()) if len(view) else set()
             return found | {key >> 32 for key in w.dense}
@@ -88,7 +87,7 @@ class ViewsMixin:
             cells: dict[tuple[int, int], BitMap | BitMap64] = {}
             for key, cell in w.dense.items():
                 cells[key >> 32, key & M32] = type(cell)(cell)
-            view = w.view()[w.pos:]
+            view = w.values()
             if len(view):
                 offs = lay.offsets(view)
                 slots = (view >> np.uint64(32)) & np.uint64(self._slot_limit - 1)
@@ -124,13 +123,16 @@ class ViewsMixin:
         Runtime complexity: O(windows + cells + ledgers + ids pending in two
         buckets or acked while pending); never O(messages).
         """
-        size = sys.getsizeof
-        total = _roaring_bytes(self._live) + (size(self) + size(self._windows) + size(self._wheap) + size(self._by_id)
+        size = held_size
+        total = _roaring_bytes(self._live, grown=True) + (size(self) + size(self._windows) + size(self._wheap) + size(self._by_id)
                  + size(self._lid))
         total += sum(size(c) for c in (self._free, self._multi, self._ghosts, self._ext)
                      if c is not NO_SLOTS and c is not NO_ENTRIES)
         for wid, w in self._windows.items():
             total += size(wid) + size(w) + (size(w.packed) if w.packed is not NO_PACKED else 0)
+            for segments in (w.full, w.spill):
+                if segments is not NO_SEGMENTS:
+                    total += size(segments) + sum(map(size, segments))
             if w.dense_keys is not NO_KEYS:
                 total += size(w.dense_keys)
             if w.dense is not NO_CELLS:

@@ -29,7 +29,7 @@ from pyroaring import BitMap, BitMap64
 from .._checks import MAX_DUE, check_int, check_precision, entry_array, message_id
 from ._cells import CellsMixin
 from ._front import FrontMixin
-from ._parts import COMPACT_CHURN, LIVE_ENTRY_BITS, LIVE_SLOT_BITS, WIDE_LIVE_SHIFT, NO_ENTRIES, NO_PACKED, NO_SLOTS, PROMOTE, Ghost, Layout, LedgerExt, LISTING, Window, merge_into, overlaps
+from ._parts import COMPACT_CHURN, LIVE_ENTRY_BITS, LIVE_SLOT_BITS, WIDE_LIVE_SHIFT, NO_ENTRIES, NO_PACKED, NO_SLOTS, PROMOTE, SEGMENT, Ghost, Layout, LedgerExt, LISTING, Window, merge_into, overlaps
 from ._views import ViewsMixin
 
 __all__ = ["TimeBucketIndex"]
@@ -173,11 +173,14 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
         # another sparse cell of an existing window (interleaved traffic): inline
         # _make_hot. The live bitmap's compaction is paced by pops (adds only grow it).
         packed = w.packed
-        if packed is NO_PACKED:
+        n = len(packed)
+        if n >= SEGMENT:
+            packed, n = w.roll(), 0
+        elif packed is NO_PACKED:
             packed = w.packed = array.array("Q")
-        self._hot_start = len(packed)
+        self._hot_start = n
         packed.append(off << self._oshift | slot << 32 | entry_id)
-        if w.upto >= 0 and off < w.tail_min:  # an add into a window already open
+        if w.opened and off < w.tail_min:  # an add into a window already open
             w.tail_min = off
         self._hot_bucket = bucket
         self._hot_slot = slot

@@ -6,8 +6,9 @@ counts for it, piece by piece:
 
 * per window of ``2^max(bits + 3, 14)`` ms holding pending nacks: the window
   object, its id, its slot in the windows dict and heap, and, while it
-  holds *sparse* copies, one ``array('Q')`` with 8 bytes each (grown by
-  appends: :func:`array_bytes`);
+  holds *sparse* copies, ``array('Q')`` segments with 8 bytes each: full
+  ones of :data:`~nacktracker.index._parts.SEGMENT` copies in a list, and
+  the one being grown by appends (:func:`segmented_bytes`);
 * *dense* cells: a ``(bucket, ledger)`` cell turns into a Roaring bitmap when
   a run of :data:`~nacktracker.index._parts.PROMOTE` adds in a row reaches
   it (arrival order; another cell's add or a pop ends a run; the index
@@ -54,18 +55,19 @@ import numpy as np
 from pyroaring import BitMap, BitMap64
 
 from ..index import DictIndex, TimeBucketIndex, _roaring_bytes
-from ..index._parts import LIVE_ENTRY_BITS, LIVE_SLOT_BITS, WIDE_LIVE_SHIFT, Layout, LedgerExt, Window
+from ..index._bytes import held, held_size
+from ..index._parts import LIVE_ENTRY_BITS, LIVE_SLOT_BITS, SEGMENT, WIDE_LIVE_SHIFT, Layout, LedgerExt, Window
 from ..index._views import SMALL_INT
 from .dense_cells import arrival_cells, compacted_prefix, list_cells
 
-__all__ = ["IndexCosts", "IndexState", "index_state", "index_states", "array_bytes", "dict_bytes", "dict_bytes_many",
+__all__ = ["IndexCosts", "IndexState", "index_state", "index_states", "array_bytes", "segmented_bytes", "dict_bytes", "dict_bytes_many",
            "set_bytes", "list_bytes"]
 
 _SIZES: dict[str, list[int]] = {"literal": [], "empty": [], "set": [], "list": []}
 
 
 def _sizes(kind: str, k: int) -> list[int]:
-    """``getsizeof`` of a container after 0..k insertions, measured by growing one.
+    """Bytes of a container after 0..k insertions (:func:`held_size`), measured by growing one.
 
     ``literal``: a dict that starts as ``{key: value}``; ``empty``: a dict
     that starts as ``{}``; ``set``: a set that starts empty; ``list``: a list
@@ -77,23 +79,23 @@ def _sizes(kind: str, k: int) -> list[int]:
     upto = max(k + 1, 2 * len(table), 1024)
     if kind == "literal":
         obj: dict | set | list = {0: None}
-        table[:] = [0, sys.getsizeof(obj)]
+        table[:] = [0, held_size(obj)]
         for i in range(1, upto - 1):
             obj[i] = None
-            table.append(sys.getsizeof(obj))
+            table.append(held_size(obj))
     else:
         obj = {"empty": {}, "set": set(), "list": []}[kind]
-        table[:] = [sys.getsizeof(obj)]
+        table[:] = [held_size(obj)]
         put = {"empty": lambda i: obj.__setitem__(i, None), "set": lambda i: obj.add(i),
                "list": lambda i: obj.append(i)}[kind]
         for i in range(upto - 1):
             put(i)
-            table.append(sys.getsizeof(obj))
+            table.append(held_size(obj))
     return table
 
 
 def dict_bytes(k: int, literal: bool = True) -> int:
-    """``sys.getsizeof`` of an int-keyed dict after ``k`` insertions. Runtime: O(1) amortised."""
+    """Bytes of an int-keyed dict after ``k`` insertions (:func:`held_size`). Runtime: O(1) amortised."""
     return _sizes("literal" if literal else "empty", k)[k]
 
 
@@ -106,12 +108,12 @@ def dict_bytes_many(ks: np.ndarray, literal: bool = True) -> int:
 
 
 def set_bytes(k: int) -> int:
-    """``sys.getsizeof`` of a set after ``k`` adds. Runtime: O(1) amortised."""
+    """Bytes of a set after ``k`` adds (:func:`held_size`). Runtime: O(1) amortised."""
     return _sizes("set", k)[k]
 
 
 def list_bytes(k: int) -> int:
-    """``sys.getsizeof`` of a list after ``k`` appends. Runtime: O(1) amortised."""
+    """Bytes of a list after ``k`` appends (:func:`held_size`). Runtime: O(1) amortised."""
     return _sizes("list", k)[k]
 
 
@@ -130,11 +132,27 @@ def _array_caps(n: int) -> np.ndarray:
 
 
 def array_bytes(n: np.ndarray) -> np.ndarray:
-    """``sys.getsizeof`` of an ``array('Q')`` after ``n`` appends, for an
-    array of counts. Runtime: O(len log) numpy."""
+    """Bytes of an ``array('Q')`` after ``n`` appends (:func:`held_size`:
+    the object and its buffer, each as allocated), for an array of counts.
+    Runtime: O(len log) numpy."""
     n = np.asarray(n, dtype=np.int64)
     caps = _array_caps(int(n.max()) if len(n) else 0)
-    return _ARRAY_EMPTY + 8 * caps[np.searchsorted(caps, n)]
+    buf = 8 * caps[np.searchsorted(caps, n)]
+    held_buf = np.where(buf <= 512, (buf + 15) & ~15, np.maximum(32, (buf + 8 + 15) & ~15))
+    return held(_ARRAY_EMPTY) + np.where(buf > 0, held_buf, 0)
+
+
+def segmented_bytes(n: np.ndarray) -> np.ndarray:
+    """Bytes of a window's ``n`` sparse copies as the index stores them:
+    ``n // SEGMENT`` full segments in a list and the rest in the array being
+    appended to (a window that has not rolled has no list), for an array of
+    counts. Runtime: O(len log) numpy."""
+    n = np.asarray(n, dtype=np.int64)
+    full, rest = n // SEGMENT, n % SEGMENT
+    out = np.where(rest > 0, array_bytes(rest), 0) + full * int(array_bytes(np.asarray([SEGMENT]))[0])
+    if len(n) and full.max() > 0:
+        out += np.where(full > 0, np.asarray(_sizes("list", int(full.max())), dtype=np.int64)[full], 0)
+    return out
 
 
 class IndexState(NamedTuple):
@@ -403,7 +421,7 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
         else:
             live = BitMap()
             live.update(array.array("I", keys[key_heads[c]:key_heads[c + 1]].astype(np.uint32).tobytes()))
-        roaring[c] += _roaring_bytes(live)
+        roaring[c] += _roaring_bytes(live, grown=True)
     wide = entry >> 32 > 0
     if wide.any():  # ids >= 2^32: a BitMap64 per ledger
         wide_lids = np.unique(lid[wide])
@@ -438,7 +456,7 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     n_win = np.bincount(wid_owner, minlength=k)
     sparse_per_window = np.bincount(wid[~dense], minlength=n_wid)
     total += n_win * costs.window_bytes + np.where(has, _table("empty", n_win) + _table("list", n_win), 0)
-    total += _per_owner(wid_owner, np.where(sparse_per_window > 0, array_bytes(sparse_per_window), 0), k)
+    total += _per_owner(wid_owner, np.where(sparse_per_window > 0, segmented_bytes(sparse_per_window), 0), k)
 
     # cells: (bucket, ledger); the dense ones hold a bitmap each (not compacted
     # while filling: the last add's cell and the front bucket's), plus a dict
@@ -484,7 +502,7 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
 
 @dataclass(frozen=True)
 class IndexCosts:
-    """Constants of the memory model (bytes), each measured with ``sys.getsizeof``
+    """Constants of the memory model (bytes), each measured with ``held_size``
     on the real objects, and the model's worst error on live calibration builds."""
 
     dict_index_per_entry: float
@@ -504,12 +522,12 @@ class IndexCosts:
     @classmethod
     def constants(cls) -> "IndexCosts":
         """The measured constants, without the calibration check. Runtime: ~0.1 s."""
-        size = sys.getsizeof
+        size = held_size
         empty = TimeBucketIndex(precision_bits=0)
         big = 1_000_003 << 20
         return cls(
             dict_index_per_entry=_dict_index_per_entry(), max_model_error=0.0, empty_index=empty.nbytes(),
-            index_fixed=(empty.nbytes() - _roaring_bytes(BitMap())  # the model builds the live bitmap,
+            index_fixed=(empty.nbytes() - _roaring_bytes(BitMap(), grown=True)  # the model builds the live bitmap,
                          - 2 * dict_bytes(0, literal=False) - 2 * list_bytes(0)),  # and sizes these containers
             window_bytes=size(Window()) + size(big), ledger_bytes=size(big), ext_bytes=size(LedgerExt()),
             cell_key_bytes=size(big << 20), multi_entry_bytes=size((1, 2)) + size(2), int_bytes=size(big))
