@@ -59,11 +59,11 @@ FULL = dict(delays=("backoff", "uniform"), ks=(1, 3, 8, 20), ledgers=(1, 16),
             rates=(10, 100, 1_000, 10_000), bits=(0, 4, 8, 10), seconds=70)
 QUICK = dict(delays=("uniform",), ks=(3,), ledgers=(16,), rates=(1_000,), bits=(0, 8), seconds=4,
              target_pending=2_000)
-# 200,000 pending per cell (50,000 before): what the allocators keep beside the
-# indexes (free chunks, partly used pages) is partly a fixed amount, and at
-# 50,000 it read as 1-5 B/pending more (backoff k=8 L=1 1000/s: RSS/nbytes 1.44
-# at 52,516 pending, 1.26 at 192,829; NOTES.md)
-FULL["target_pending"] = 200_000
+# 50,000 pending per cell. The RSS per pending message of a cell depends on how
+# many indexes share its process, not only on the index: at 200,000 (4x the
+# replicas) the 1,000/s cells read closer to nbytes() and the 10/s cells
+# further from it (bench/results/index-grid/NOTES.md, "At 200,000 pending")
+FULL["target_pending"] = 50_000
 
 
 @dataclass(frozen=True)

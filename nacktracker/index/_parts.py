@@ -1,8 +1,9 @@
 """The named pieces :class:`~nacktracker.index.TimeBucketIndex` is made of.
 
 A *window* covers ``2^max(bits + 3, 14)`` ms of bucket times. It holds the
-*sparse* copies of its messages packed 8 bytes each in one ``array('Q')``
-(``offset | ledger slot | entry id``, see :class:`Layout`), and the *dense*
+*sparse* copies of its messages packed 8 bytes each in ``array('Q')``
+segments of :data:`SEGMENT` (``offset | ledger slot | entry id``, see
+:class:`Layout`), and the *dense*
 cells — a Roaring bitmap per ``(bucket, ledger)`` — for cells that received a
 run of :data:`PROMOTE` adds in a row, hold 64-bit entry ids, or are being
 fired. An index-wide "pending anywhere" bitmap of ``ledger slot << 22 |
@@ -23,7 +24,7 @@ from pyroaring import BitMap, BitMap64
 from .._checks import U32
 
 #: A window spans at least 2^14 ms (16 s): big enough that sparse traffic
-#: shares one array per window (4 windows cover 60 s of delays), small enough
+#: shares one window's segments (4 windows cover 60 s of delays), small enough
 #: that sorting one window when it comes to the front (in C) stays near a
 #: millisecond at 10,000 nacks/s.
 WINDOW_BITS = 14

@@ -6,8 +6,9 @@ ordered bitmaps and ``nbytes()`` in :mod:`._views`; the layout is:
 
 * windows of ``2^max(bits + 3, 14)`` ms in a dict, their ids in a heap (the time
   order: one entry per window, not per bucket or per (bucket, ledger));
-* inside a window, sparse copies packed 8 bytes each in one ``array('Q')``
-  (sorted in C when the window comes to the front), and dense cells (one
+* inside a window, sparse copies packed 8 bytes each in ``array('Q')``
+  segments of 512 (sorted across them in C when the window comes to the
+  front, dropped whole as its buckets are taken), and dense cells (one
   Roaring bitmap per (bucket, ledger)) for runs of adds to one cell;
 * an index-wide "pending anywhere" bitmap of ``slot << 22 | entry`` (32-bit;
   ``slot << 32 | entry`` in a ``BitMap64`` once an id needs it), plus,
@@ -299,9 +300,10 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
         bitmap)`` triples in ``(bucket, ledger)`` order.
 
         The bulk form of :meth:`pop_due`: no Python object per message.
-        Runtime complexity: O(w) per window reached (one C sort of its array
-        the first time, then an O(w) C rebuild per bucket taken) plus
-        O(c log c) for the c cells taken.
+        Runtime complexity: O(w log w) in C per window reached (one sort
+        across its segments the first time; again, merging its unsorted tail,
+        when that tail grows past max(512, w/32)), then O(log w + k) per
+        bucket taken for its k copies, plus O(c log c) for the c cells taken.
         """
         now_ms = check_int("now_ms", now_ms)
         out: list[tuple[int, int, BitMap | BitMap64]] = []
