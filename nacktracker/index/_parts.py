@@ -46,9 +46,9 @@ M32 = (1 << 32) - 1
 #: SEGMENT when a new run of adds starts (``Window.roll``), and segments are
 #: dropped whole as buckets are taken. Windows fill while earlier ones drain;
 #: with one array per window, grown in small steps and cut from the front,
-#: the C heap was left fragmented (free chunks of every size: RSS growth 2.6x
-#: ``nbytes()`` at uniform k=3 L=1 1,000/s, 1.5x with segments: see
-#: bench/results/index-grid/NOTES.md).
+#: the C heap was left fragmented (free chunks of 10-160 KB: uniform k=3 L=1
+#: 1,000/s bits 0 held 12.5 B/pending free beside 13.1 in use; 0.1 free with
+#: segments, ``mallinfo2``; bench/results/index-grid/NOTES.md).
 SEGMENT = 512
 #: The live bitmap ("pending anywhere") starts as a 32-bit ``BitMap`` of
 #: ``slot << LIVE_ENTRY_BITS | entry``: it holds the ids of ledger slots below

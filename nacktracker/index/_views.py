@@ -114,11 +114,14 @@ class ViewsMixin:
             yield from rows
 
     def nbytes(self) -> int:
-        """Bytes this index holds: Python objects, arrays and CRoaring's C heap.
+        """Bytes this index holds: Python objects, arrays and CRoaring's C heap,
+        each allocation as the allocators take it (pymalloc's 16-byte
+        classes, malloc chunks, the live bitmap's containers at the capacity
+        CRoaring grows them to).
 
-        The live structures only: a process that has added and popped for a
-        while holds more (allocator fragmentation, bitmap growth slack; RSS growth was
-        1.1-4.1x this, median 1.95x, in ``bench/index_grid.py``'s cells), so size a host by RSS.
+        A process that has added and popped for a while holds a little more
+        (free chunks between live ones): anonymous RSS growth was 1.03-1.41x
+        this, median 1.24x, in ``bench/index_grid.py``'s cells.
 
         Runtime complexity: O(windows + cells + ledgers + ids pending in two
         buckets or acked while pending); never O(messages).
