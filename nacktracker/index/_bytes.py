@@ -54,9 +54,7 @@ def _growth(first: int, step, top: int) -> list[int]:
 
 #: Capacities of an array container grown by adds (CRoaring's
 #: ``array_container_grow``: 16, then x2 below 64, x1.5 below 1,024, x1.25, at
-#: most 4,096): 164 bytes of malloc for a container of 1-16 ids, 200 for 17-32,
-#: 262 for 33-64, 330 for 65-96, 424 for 97-144 (one container, 200 bitmaps,
-#: ``mallinfo2``).
+#: most 4,096).
 ARRAY_CAPS = _growth(16, lambda c: c * 2 if c < 64 else c * 3 // 2 if c < 1024 else c * 5 // 4, 4096)
 #: Slots of the container arrays of a bitmap grown one container at a time
 #: (CRoaring's ``extend_array``: twice the size needed below 1,024, then 1.25x).
@@ -71,9 +69,9 @@ def _roaring_bytes(bm: BitMap | BitMap64, grown: bool = False) -> int:
     struct per container, each rounded to a malloc chunk. ``grown``: the
     bitmap was built by adds and only shrunk now and then (the index's live
     bitmap), so its array containers and container arrays have the capacity
-    CRoaring grows them to (the average container's), not their size: 16
-    containers of 11 ids read 1,680 bytes where ``mallinfo2`` sees 1,647, and
-    1,280 without. Runtime: O(1).
+    CRoaring grows them to (the average container's), not their size
+    (``python bench/roaring_bytes.py``, "live bitmap by adds" rows: counted
+    against malloc). Runtime: O(1).
     """
     s = bm.get_statistics()
     n = s["n_containers"]

@@ -201,7 +201,8 @@ class FrontMixin:
             hit = offs == off
             got = array.array("Q", tail[hit].tobytes())
             rest = tail[~hit]
-            low = int(offs[~hit].min()) if len(rest) else Window.NO_TAIL
+            left = len(rest)
+            low = int(offs[~hit].min()) if left else Window.NO_TAIL
             at = 0
             for part in views:  # refill the arrays in order; the emptied ones at the end go
                 k = min(len(part), len(rest) - at)
@@ -209,7 +210,6 @@ class FrontMixin:
                 at += k
             del views, part, tail, offs, hit, rest  # no view may outlive this: the arrays shrink below
             keep = []
-            left = len(packed) + sum(map(len, w.spill)) - len(got)
             for a in arrays:
                 if left <= 0:
                     break

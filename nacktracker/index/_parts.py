@@ -46,9 +46,9 @@ M32 = (1 << 32) - 1
 #: SEGMENT when a new run of adds starts (``Window.roll``), and segments are
 #: dropped whole as buckets are taken. Windows fill while earlier ones drain;
 #: with one array per window, grown in small steps and cut from the front,
-#: the C heap was left fragmented (free chunks of 10-160 KB: uniform k=3 L=1
-#: 1,000/s bits 0 held 12.5 B/pending free beside 13.1 in use; 0.1 free with
-#: segments, ``mallinfo2``; bench/results/index-grid/NOTES.md).
+#: the C heap was left fragmented: uniform k=3 L=1 1,000/s bits 0 grew 5.8
+#: B/pending of free C heap beside 9.8 in use, and with segments none
+#: (``python bench/heap_breakdown.py '<cell>' 0`` here and in a copy of 4bee518).
 SEGMENT = 512
 #: The live bitmap ("pending anywhere") starts as a 32-bit ``BitMap`` of
 #: ``slot << LIVE_ENTRY_BITS | entry``: it holds the ids of ledger slots below
@@ -57,7 +57,7 @@ SEGMENT = 512
 #: entries by default). The first id below 2^32 that does not fit widens it,
 #: once and for good, to a ``BitMap64`` of ``slot << 32 | entry`` (O(n) in C).
 #: The ``BitMap64`` costs ~40 bytes more per ledger (its ART leaf and node)
-#: and ~200 for its header: 2,366 against 1,684 bytes of malloc for 16 ledgers
+#: and ~200 for its header: 2,376 against 1,683 bytes of malloc for 16 ledgers
 #: of 11 ids built by adds (``python bench/roaring_bytes.py``), ~3.9 bytes per
 #: pending message where a consumer nacks 10/s over 16 ledgers. Ids >= 2^32 are in their ledger's ``wide`` bitmap either way.
 LIVE_ENTRY_BITS = 22
@@ -153,12 +153,10 @@ class Window:
     segments (one C sort; the sorted values go back into the same arrays, so
     nothing of the window's size is allocated and kept); then ``full`` is the
     sorted remainder, ``pos`` the taken prefix of ``full[0]`` (a segment is
-    dropped whole once taken: no array ever shrinks), ``packed`` the unsorted
-    tail of adds since and ``tail_min`` the smallest offset in it. A window
-    whose copies lived in one growing array, reallocated in small steps and
-    cut from the front as buckets were taken, left the C heap fragmented
-    (free chunks of every size: RSS about twice the bytes held at 1,000
-    nacks/s); segments come and go at one size.
+    dropped whole once taken), and the unsorted tail of adds since is
+    ``spill`` (its rolled segments) plus ``packed``, ``tail_min`` the smallest
+    offset in it; taking from the tail compacts it in place, and a long tail
+    is sorted into ``full``. Why segments: see :data:`SEGMENT`.
 
     ``dense``: ``offset << 32 | slot`` -> bitmap (one flat dict: a cell costs a
     dict slot and a key, not a dict per bucket); ``dense_keys``: a heap of
@@ -311,8 +309,8 @@ SCRATCH_MAP = 1 << 16
 def sort_across(parts: list[np.ndarray]) -> None:
     """Sort the values of several uint64 arrays as one sequence, in place:
     into one scratch array, sorted in C, written back (each part keeps its
-    length). numpy's default sort, not its stable one (timsort), which left
-    about a megabyte of RSS behind at 1,000 nacks/s. Runtime: O(n log n) in C."""
+    length). numpy's default sort: its stable one (timsort) takes a scratch
+    buffer of its own on every call. Runtime: O(n log n) in C."""
     if len(parts) == 1:
         parts[0].sort()
         return

@@ -137,9 +137,8 @@ def array_bytes(n: np.ndarray) -> np.ndarray:
     Runtime: O(len log) numpy."""
     n = np.asarray(n, dtype=np.int64)
     caps = _array_caps(int(n.max()) if len(n) else 0)
-    buf = 8 * caps[np.searchsorted(caps, n)]
-    held_buf = np.where(buf <= 512, (buf + 15) & ~15, np.maximum(32, (buf + 8 + 15) & ~15))
-    return held(_ARRAY_EMPTY) + np.where(buf > 0, held_buf, 0)
+    held_caps = np.asarray([held(8 * c) if c else 0 for c in caps.tolist()], dtype=np.int64)
+    return held(_ARRAY_EMPTY) + held_caps[np.searchsorted(caps, n)]
 
 
 def segmented_bytes(n: np.ndarray) -> np.ndarray:
