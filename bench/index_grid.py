@@ -322,11 +322,16 @@ def side_by_side(first, stream: Traffic, cell: Cell, now: int, calls: int) -> di
     return out
 
 
-def flatness(sizes=(30_000, 100_000, 300_000), calls: int = 20_000) -> list[dict]:
-    """Discard-miss CPU per call at growing pending counts (bits 0, 16 ledgers, uniform)."""
+def flatness(sizes=(30_000, 100_000, 300_000), calls: int = 20_000, rounds: int = 3 * REPEATS) -> list[dict]:
+    """Discard-miss CPU per call at growing pending counts (bits 0, 16
+    ledgers, uniform). Every index of every size is built first, then their
+    chunks are timed in turn (each index at each size, ``rounds`` times over),
+    the best chunk of each kept: a ratio between sizes is read side by side,
+    so a slow spell of the machine does not land on one size only (timed one
+    size after the other, one run read 1,669 ns at 100k and 814 at 300k)."""
     import nacktracker
 
-    rows = []
+    built = []
     for index in ("TimeBucketIndex", "DictIndex"):
         for n in sizes:
             traffic = Traffic(Cell("uniform", 3, 16, 1000, 0))
@@ -335,9 +340,12 @@ def flatness(sizes=(30_000, 100_000, 300_000), calls: int = 20_000) -> list[dict
             for lg, e, d in nacks:
                 idx.add(lg, e, 1_000_000 + d)
             misses = [(idx.discard, lg, e + 1) for lg, e, _ in nacks[:: max(1, n // calls)]]
-            best = _per_call_ns([misses] * REPEATS)
-            rows.append({"index": index, "pending": len(idx), "discard_miss_ns": best})
-    return rows
+            built.append((index, idx, misses))
+    best = [float("inf")] * len(built)
+    for _ in range(rounds):
+        for i, (_, _, misses) in enumerate(built):
+            best[i] = min(best[i], _per_call_ns([misses]))
+    return [{"index": index, "pending": len(idx), "discard_miss_ns": b} for (index, idx, _), b in zip(built, best)]
 
 
 def listed_miss(cells: int = 8, run: int = 8_000, calls: int = 4_000) -> list[dict]:
