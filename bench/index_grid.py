@@ -9,12 +9,14 @@ a live tracker (adds, then ``pop_due`` whenever ``next_due_ms()`` has come)
 for ``seconds`` of simulated time (60 s of delays fill, then steady state),
 then measures in that process:
 
-* memory: RSS growth since before the index was made (anonymous memory:
+* memory (the median of three fresh processes per cell: ``memory_runs``):
+  RSS growth since before the index was made (anonymous memory:
   ``rss_bytes``; the C heap's free pages given back first: ``trim_heap``), and ``nbytes()``, per
   pending message (both indexes hold exactly the same set at the end), and
   the growth after a second trim at the end (``rss_trimmed_per_pending``: how
   much of it was free heap the allocator kept);
-* CPU per call at that steady state (thread CPU time, best of 5 chunks):
+* CPU per call at that steady state (thread CPU time, best of 5 chunks,
+  timed while no other cell of the run plays: :func:`machine_to_itself`):
   ``add`` (the stream goes on), ``discard`` of a pending id (hit) and of an
   id that is not pending (miss: a message between two nacked ones, what
   every ``acknowledge`` does), for the index and, side by side in the same
@@ -34,13 +36,15 @@ Three scenarios beside the grid:
 * ``listed_miss``: one ledger with 8 listed dense cells (seed 000's bursts),
   discard-miss CPU of ids never nacked (results.json only).
 
-    python bench/index_grid.py --out bench/results/index-grid    # full: ~10 min on 2 free cores
+    python bench/index_grid.py --out bench/results/index-grid    # full: ~30 min on 2 free cores
     python bench/index_grid.py --quick --out /tmp/grid            # seconds (the test runs it)
 """
 
 from __future__ import annotations
 
 import array
+import contextlib
+import fcntl
 import gc
 import itertools
 import json
@@ -48,6 +52,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -64,6 +69,14 @@ QUICK = dict(delays=("uniform",), ks=(3,), ledgers=(16,), rates=(1_000,), bits=(
 # replicas) the 1,000/s cells read closer to nbytes() and the 10/s cells
 # further from it (bench/results/index-grid/NOTES.md, "At 200,000 pending")
 FULL["target_pending"] = 50_000
+# Each cell's memory is the median of this many fresh processes. A cell's RSS
+# growth depends on where the heap's blocks happen to land, and that moves
+# with anything that shifts the process's first allocations, even the length
+# of its argv: backoff k=20 L=1 1000/s bits 4 read 14.91 and 15.30 B/pending
+# from the same code started two ways (RSS/nbytes() 1.29 and 1.33); the three
+# readings are kept in each row (``rss_runs``).
+FULL["memory_runs"] = 3
+QUICK["memory_runs"] = 1
 
 
 @dataclass(frozen=True)
@@ -204,6 +217,30 @@ def _per_call_ns(chunks: list[list[tuple]]) -> float:
     return best
 
 
+#: The grid's lock file (set by :func:`run` for the cells it starts).
+LOCK_ENV = "NACKTRACKER_GRID_LOCK"
+
+
+@contextlib.contextmanager
+def machine_to_itself(exclusive: bool):
+    """Cells of one run play their traffic side by side (shared lock) but
+    time their calls alone (exclusive): with two cells on two cores, the
+    other cell's play slowed the timed calls of the index more than those of
+    its DictIndex copy (the ``add`` ratio of backoff k=20 L=1 100/s bits 10:
+    2.89 in a run, 1.61 and 1.78 alone). A cell's play never waits on a
+    timing for long (a timing is under a second). No lock outside a run."""
+    path = os.environ.get(LOCK_ENV)
+    if not path:
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def _warm_up(cls, cell: Cell, bits: int) -> None:
     """Run every code path once on a throwaway index, so one-time costs
     (numpy's first sort, interpreter caches) are not counted as the index's."""
@@ -227,7 +264,8 @@ def replicas_for(cell: Cell, target_pending: int) -> int:
     return max(1, round(target_pending / (cell.rate * mean_delay_s)))
 
 
-def measure_cell(index: str, cell: Cell, bits: int, target_pending: int = 100_000, calls: int = 3000) -> dict:
+def measure_cell(index: str, cell: Cell, bits: int, target_pending: int = 100_000, calls: int = 3000,
+                 timing: bool = True) -> dict:
     """Play a cell in this process and measure it (run it in a fresh one).
 
     Low-rate cells run ``replicas_for`` independent consumers (each its own
@@ -238,6 +276,20 @@ def measure_cell(index: str, cell: Cell, bits: int, target_pending: int = 100_00
 
     cls = getattr(nacktracker, index)
     n = replicas_for(cell, target_pending)
+    with machine_to_itself(exclusive=False):
+        row = _play(cls, index, cell, bits, n)
+    if timing and index == "TimeBucketIndex":  # pops as its timer would, timed against a DictIndex copy
+        with machine_to_itself(exclusive=True):
+            row.update(side_by_side(row.pop("indexes")[0], row.pop("stream"), cell, row.pop("now"), calls))
+    for key in ("indexes", "stream", "now"):
+        row.pop(key, None)
+    return row
+
+
+def _play(cls, index: str, cell: Cell, bits: int, n: int) -> dict:
+    """Play a cell's traffic into ``n`` fresh indexes; their memory figures,
+    and what :func:`side_by_side` needs (the indexes, replica 0's stream,
+    the end time)."""
     t0 = 1_000_000_000
     _warm_up(cls, cell, bits)
     # the driver's own state (streams, lists) exists before the baseline: only the indexes grow RSS
@@ -275,13 +327,12 @@ def measure_cell(index: str, cell: Cell, bits: int, target_pending: int = 100_00
     trim_heap()  # what of the growth is free-but-resident heap (not the reading above: a real process holds it)
     grown_trimmed = rss_bytes() - before
     nbytes, pending = sum(i.nbytes() for i in indexes), sum(map(len, indexes))
-    timing = side_by_side(indexes[0], streams[0], cell, now, calls) if live else {}
     return {
         "index": index, **asdict(cell), "bits": bits, "replicas": n, "pending": pending, "nbytes": nbytes,
         "rss_growth": grown, "nbytes_per_pending": nbytes / max(1, pending),
         "rss_per_pending": grown / max(1, pending),
         "rss_trimmed_per_pending": grown_trimmed / max(1, pending),
-        **timing,
+        "indexes": indexes, "stream": streams[0], "now": now,
     }
 
 
@@ -435,13 +486,24 @@ def run(quick: bool = False, workers: int = 2, progress=None) -> dict:
 
     def one(cfg):
         index, cell, bits = cfg
-        row = _fresh(["--one", index, json.dumps(asdict(cell)), str(bits), str(spec["target_pending"])])
+        args = ["--one", index, json.dumps(asdict(cell)), str(bits), str(spec["target_pending"])]
+        row = _fresh(args)
+        runs = [row] + [_fresh([*args, "memory"]) for _ in range(spec["memory_runs"] - 1)]
+        mid = sorted(runs, key=lambda r: r["rss_growth"])[len(runs) // 2]
+        for key in ("rss_growth", "rss_per_pending", "rss_trimmed_per_pending"):
+            row[key] = mid[key]
+        row["rss_runs"] = [r["rss_per_pending"] for r in runs]
         if progress:
             progress(f"grid {index} {cell.label()} bits={bits}")
         return row
 
-    with ThreadPoolExecutor(max_workers=workers) as pool:  # each cell is its own process
-        rows = list(pool.map(one, configs))
+    with tempfile.NamedTemporaryFile(prefix="index-grid-", suffix=".lock") as lock:
+        os.environ[LOCK_ENV] = lock.name
+        try:
+            with ThreadPoolExecutor(max_workers=workers) as pool:  # each cell is its own process
+                rows = list(pool.map(one, configs))
+        finally:
+            del os.environ[LOCK_ENV]
     extra = _fresh(["--scenarios", "1" if quick else "0"])
     return {"quick": quick, "spec": spec, "rows": rows, **extra,
             "loadavg_before": load, "loadavg_after": os.getloadavg()}
