@@ -157,7 +157,7 @@ class SmallSegments(Differential):
 
 
 TestSmallSegments = SmallSegments.TestCase
-TestSmallSegments.settings = settings(max_examples=120, stateful_step_count=60, deadline=None)
+TestSmallSegments.settings = settings(max_examples=60, stateful_step_count=60, deadline=None)
 
 
 def check_segments(idx: TimeBucketIndex) -> None:
