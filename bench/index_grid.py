@@ -9,14 +9,13 @@ a live tracker (adds, then ``pop_due`` whenever ``next_due_ms()`` has come)
 for ``seconds`` of simulated time (60 s of delays fill, then steady state),
 then measures in that process:
 
-* memory (the median of three fresh processes per cell: ``memory_runs``):
-  RSS growth since before the index was made (anonymous memory:
+* memory: RSS growth since before the index was made (anonymous memory:
   ``rss_bytes``; the C heap's free pages given back first: ``trim_heap``), and ``nbytes()``, per
   pending message (both indexes hold exactly the same set at the end), and
   the growth after a second trim at the end (``rss_trimmed_per_pending``: how
   much of it was free heap the allocator kept);
-* CPU per call at that steady state (thread CPU time, best of 5 chunks,
-  timed while no other cell of the run plays: :func:`machine_to_itself`):
+* CPU per call at that steady state (thread CPU time, best of 25 chunks of
+  600 calls, timed while no other cell of the run plays: :func:`machine_to_itself`):
   ``add`` (the stream goes on), ``discard`` of a pending id (hit) and of an
   id that is not pending (miss: a message between two nacked ones, what
   every ``acknowledge`` does), for the index and, side by side in the same
@@ -36,7 +35,7 @@ Three scenarios beside the grid:
 * ``listed_miss``: one ledger with 8 listed dense cells (seed 000's bursts),
   discard-miss CPU of ids never nacked (results.json only).
 
-    python bench/index_grid.py --out bench/results/index-grid    # full: ~30 min on 2 free cores
+    python bench/index_grid.py --out bench/results/index-grid    # full: ~11 min on 2 free cores
     python bench/index_grid.py --quick --out /tmp/grid            # seconds (the test runs it)
 """
 
@@ -59,6 +58,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 REPEATS = 5  # per-call timings: best of this many chunks
+#: ``side_by_side``: the index and its DictIndex copy alternate this many
+#: chunks of ``calls`` each (15,000 calls each in all), the best kept. Short
+#: chunks, many times over: five of 3,000 read the index's ``add`` at
+#: 1,257-2,275 ns in three runs of one cell (backoff k=1 L=1 100/s bits 8),
+#: twenty-five of 600 at 1,192-1,203 (``side_by_side`` in one process each).
+SIDE_CHUNKS = 25
 BACKOFF_MS = (1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 60_000)
 FULL = dict(delays=("backoff", "uniform"), ks=(1, 3, 8, 20), ledgers=(1, 16),
             rates=(10, 100, 1_000, 10_000), bits=(0, 4, 8, 10), seconds=70)
@@ -69,14 +74,6 @@ QUICK = dict(delays=("uniform",), ks=(3,), ledgers=(16,), rates=(1_000,), bits=(
 # replicas) the 1,000/s cells read closer to nbytes() and the 10/s cells
 # further from it (bench/results/index-grid/NOTES.md, "At 200,000 pending")
 FULL["target_pending"] = 50_000
-# Each cell's memory is the median of this many fresh processes. A cell's RSS
-# growth depends on where the heap's blocks happen to land, and that moves
-# with anything that shifts the process's first allocations, even the length
-# of its argv: backoff k=20 L=1 1000/s bits 4 read 14.91 and 15.30 B/pending
-# from the same code started two ways (RSS/nbytes() 1.29 and 1.33); the three
-# readings are kept in each row (``rss_runs``).
-FULL["memory_runs"] = 3
-QUICK["memory_runs"] = 1
 
 
 @dataclass(frozen=True)
@@ -264,8 +261,7 @@ def replicas_for(cell: Cell, target_pending: int) -> int:
     return max(1, round(target_pending / (cell.rate * mean_delay_s)))
 
 
-def measure_cell(index: str, cell: Cell, bits: int, target_pending: int = 100_000, calls: int = 3000,
-                 timing: bool = True) -> dict:
+def measure_cell(index: str, cell: Cell, bits: int, target_pending: int = 100_000, calls: int = 600) -> dict:
     """Play a cell in this process and measure it (run it in a fresh one).
 
     Low-rate cells run ``replicas_for`` independent consumers (each its own
@@ -278,7 +274,7 @@ def measure_cell(index: str, cell: Cell, bits: int, target_pending: int = 100_00
     n = replicas_for(cell, target_pending)
     with machine_to_itself(exclusive=False):
         row = _play(cls, index, cell, bits, n)
-    if timing and index == "TimeBucketIndex":  # pops as its timer would, timed against a DictIndex copy
+    if index == "TimeBucketIndex":  # pops as its timer would, timed against a DictIndex copy
         with machine_to_itself(exclusive=True):
             row.update(side_by_side(row.pop("indexes")[0], row.pop("stream"), cell, row.pop("now"), calls))
     for key in ("indexes", "stream", "now"):
@@ -355,13 +351,13 @@ def side_by_side(first, stream: Traffic, cell: Cell, now: int, calls: int) -> di
         raise AssertionError(f"DictIndex copy holds {len(twin)} of {len(first)}")
     pending = len(twin)
     both = (first, twin)
-    adds = [[lg, e, now + d] for lg, e, d in (stream.nack() for _ in range(REPEATS * calls))]
+    adds = [[lg, e, now + d] for lg, e, d in (stream.nack() for _ in range(SIDE_CHUNKS * calls))]
     miss = [(lg, e + 1 if cell.k > 1 else e + 10**9) for lg, e, _ in adds[:calls]]
-    hits = [(lg, e) for lg, e, _ in (stream.nack() for _ in range(REPEATS * calls))]
+    hits = [(lg, e) for lg, e, _ in (stream.nack() for _ in range(SIDE_CHUNKS * calls))]
     out: dict = {"timed_pending": pending}
     for name, rows, prepare in (("add", adds, None), ("discard_miss", miss, None), ("discard_hit", hits, "add")):
         best = [float("inf"), float("inf")]
-        for r in range(REPEATS):
+        for r in range(SIDE_CHUNKS):
             chunk = rows[r * calls:(r + 1) * calls] if len(rows) > calls else rows
             for i, idx in enumerate(both):
                 if prepare:
@@ -486,13 +482,7 @@ def run(quick: bool = False, workers: int = 2, progress=None) -> dict:
 
     def one(cfg):
         index, cell, bits = cfg
-        args = ["--one", index, json.dumps(asdict(cell)), str(bits), str(spec["target_pending"])]
-        row = _fresh(args)
-        runs = [row] + [_fresh([*args, "memory"]) for _ in range(spec["memory_runs"] - 1)]
-        mid = sorted(runs, key=lambda r: r["rss_growth"])[len(runs) // 2]
-        for key in ("rss_growth", "rss_per_pending", "rss_trimmed_per_pending"):
-            row[key] = mid[key]
-        row["rss_runs"] = [r["rss_per_pending"] for r in runs]
+        row = _fresh(["--one", index, json.dumps(asdict(cell)), str(bits), str(spec["target_pending"])])
         if progress:
             progress(f"grid {index} {cell.label()} bits={bits}")
         return row

@@ -134,8 +134,7 @@ def render(result: dict) -> str:
     cmd = "python bench/index_grid.py" + (" --quick" if result["quick"] else "")
     la, lb = result["loadavg_before"], result["loadavg_after"]
     out = ["# TimeBucketIndex on real client traffic (issue 12 grid)", "",
-           f"`{cmd}` — {len(result['rows'])} cells, each's memory the median of "
-           f"{result['spec'].get('memory_runs', 1)} fresh processes, in {result['duration_s']:.0f} s, "
+           f"`{cmd}` — {len(result['rows'])} fresh processes in {result['duration_s']:.0f} s, "
            f"load average {la[0]:.2f} before / {lb[0]:.2f} after ({result['workers']} at a time on "
            f"{result['cores']} cores). Bytes are per pending message at steady state after "
            f"{result['spec']['seconds']} s of traffic; low-rate cells run several consumers per process "
@@ -200,8 +199,7 @@ def write(result: dict, out: Path) -> None:
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "--one":
         index, cell, bits, target = argv[1], grid.Cell(**json.loads(argv[2])), int(argv[3]), int(argv[4])
-        timing = argv[5:] != ["memory"]  # "memory": RSS and nbytes() only
-        print(json.dumps(grid.measure_cell(index, cell, bits, target, timing=timing)))
+        print(json.dumps(grid.measure_cell(index, cell, bits, target)))
         return 0
     if argv and argv[0] == "--scenarios":
         print(json.dumps(grid.scenarios(argv[1] == "1")))
