@@ -224,8 +224,10 @@ def machine_to_itself(exclusive: bool):
     time their calls alone (exclusive): with two cells on two cores, the
     other cell's play slowed the timed calls of the index more than those of
     its DictIndex copy (the ``add`` ratio of backoff k=20 L=1 100/s bits 10:
-    2.89 in a run, 1.61 and 1.78 alone). A cell's play never waits on a
-    timing for long (a timing is under a second). No lock outside a run."""
+    2.89 in a run, 1.61 and 1.78 alone). The shared part covers a cell's
+    imports, and ``--one`` leaves without tearing down (``os._exit``), so
+    what runs unlocked is an interpreter's start. A cell's play never waits
+    on a timing for long (a timing is under a second). No lock outside a run."""
     path = os.environ.get(LOCK_ENV)
     if not path:
         yield
@@ -268,12 +270,11 @@ def measure_cell(index: str, cell: Cell, bits: int, target_pending: int = 100_00
     index and stream) so RSS growth is well above page granularity; figures
     are per pending message over all of them, per-call CPU is replica 0's.
     """
-    import nacktracker
+    with machine_to_itself(exclusive=False):  # imports too: numpy's is most of a process's start
+        import nacktracker
 
-    cls = getattr(nacktracker, index)
-    n = replicas_for(cell, target_pending)
-    with machine_to_itself(exclusive=False):
-        row = _play(cls, index, cell, bits, n)
+        cls = getattr(nacktracker, index)
+        row = _play(cls, index, cell, bits, replicas_for(cell, target_pending))
     if index == "TimeBucketIndex":  # pops as its timer would, timed against a DictIndex copy
         with machine_to_itself(exclusive=True):
             row.update(side_by_side(row.pop("indexes")[0], row.pop("stream"), cell, row.pop("now"), calls))
