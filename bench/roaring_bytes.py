@@ -9,7 +9,8 @@ pyroaring object itself is a small Python object, counted apart).
 Linux/glibc only (``mallinfo2``). The constant ``BITMAP64_EMPTY`` in
 ``_bytes.py`` is the first row's measured figure. Two rows build the index's
 live bitmap as the index does (one add at a time: containers grow by
-doubling), keyed both ways (``_parts.LIVE_ENTRY_BITS``); a last line gives
+doubling), keyed both ways (``_parts.LIVE_ENTRY_BITS``), and one as it is
+after a compaction (``refit``); a last line gives
 the Python heap of an empty ``TimeBucketIndex`` (tracemalloc).
 """
 
@@ -39,14 +40,15 @@ def malloc_in_use() -> int:
     return info.uordblks + info.hblkhd
 
 
-def measure(make, copies: int = 200, grown: bool = False) -> tuple[float, int]:
+def measure(make, copies: int = 200, grown: bool = False, refit: bool = False) -> tuple[float, int]:
     """(malloc bytes per copy, what _roaring_bytes counts for its C part);
-    ``grown``: counted as the index counts its live bitmap (built by adds)."""
+    ``grown``/``refit``: counted as the index counts its live bitmap (built
+    by adds; shrunk to fit since)."""
     gc.collect()
     before = malloc_in_use()
     objs = [make() for _ in range(copies)]
     real = (malloc_in_use() - before) / copies
-    return real, _roaring_bytes(objs[0], grown=grown) - held(type(objs[0]).__basicsize__)
+    return real, _roaring_bytes(objs[0], grown=grown, refit=refit) - held(type(objs[0]).__basicsize__)
 
 
 def by_adds(cls, shift: int, slots: int = 16, ids: int = 11):
@@ -56,6 +58,20 @@ def by_adds(cls, shift: int, slots: int = 16, ids: int = 11):
         for e in range(ids):
             for s in range(slots):
                 bm.add(s << shift | e * 3)
+        return bm
+    return make
+
+
+def refit_then_adds(slots: int = 16, ids: int = 1_000, more: int = 30):
+    """A live bitmap the index has compacted: built by adds, shrunk to fit
+    (``_compact_live``), then ``more`` adds per slot (each container grows
+    once from its size at the shrink)."""
+    def make():
+        bm = by_adds(BitMap, 22, slots, ids)()
+        bm.shrink_to_fit()
+        for e in range(ids, ids + more):
+            for s in range(slots):
+                bm.add(s << 22 | e * 3)
         return bm
     return make
 
@@ -84,6 +100,9 @@ STRUCTURES = [
     ("BitMap, 3 containers", lambda: BitMap([0, 70_000, 140_000])),
     ("live bitmap by adds, BitMap64 keyed (slot << 32) + entry, 16 slots x 11 ids", by_adds(BitMap64, 32)),
     ("live bitmap by adds, BitMap keyed (slot << 22) + entry, 16 slots x 11 ids", by_adds(BitMap, 22)),
+    ("live bitmap by adds, BitMap keyed (slot << 22) + entry, 16 slots x 1,000 ids", by_adds(BitMap, 22, 16, 1_000)),
+    ("live bitmap refit: the row above shrunk to fit, then 30 adds per slot", refit_then_adds()),
+    ("live bitmap refit: 16 slots x 700 ids by adds, shrunk to fit, then 30 adds per slot", refit_then_adds(ids=700)),
 ]
 
 
@@ -91,7 +110,7 @@ def main() -> None:
     print("| structure | malloc B per copy | counted B | counted / malloc |")
     print("|---|---|---|---|")
     for name, make in STRUCTURES:
-        real, counted = measure(make, grown=name.startswith("live bitmap by adds"))
+        real, counted = measure(make, grown=name.startswith("live bitmap"), refit=name.startswith("live bitmap refit"))
         print(f"| {name} | {real:.0f} | {counted} | {counted / real:.2f} |")
     print(f"\nAn empty TimeBucketIndex: {empty_index_python_bytes():.0f} B of Python heap (tracemalloc)")
 

@@ -157,7 +157,7 @@ class SmallSegments(Differential):
 
 
 TestSmallSegments = SmallSegments.TestCase
-TestSmallSegments.settings = settings(max_examples=120, stateful_step_count=60, deadline=None)
+TestSmallSegments.settings = settings(max_examples=60, stateful_step_count=60, deadline=None)
 
 
 def check_segments(idx: TimeBucketIndex) -> None:
@@ -539,3 +539,30 @@ def test_an_index_whose_first_id_is_past_the_narrow_bound_starts_wide(first):
     assert ((1, big) in idx) and ((1, 3) in idx) and (1, big - 1) not in idx
     assert idx.discard(1, big) == ref.discard(1, big)
     assert idx.pop_due(20) == ref.pop_due(20) and not idx
+
+
+def test_widening_and_popping_more_ids_than_one_re_keying_step():
+    """More live ids than one ``KEY_SLICE`` step re-key in several steps (the
+    narrow bitmap emptied as they go); buckets holding more than a step, from
+    sparse copies of several ledgers and from a dense run, leave the wide
+    live bitmap in several; every id answers as in DictIndex throughout."""
+    step = _cells.KEY_SLICE
+    idx, ref = TimeBucketIndex(precision_bits=10), DictIndex(precision_bits=10)
+    n = 3 * step + 17
+    for m in (idx, ref):
+        for i in range(n):  # three ledgers interleaved, ids 3 apart, five buckets
+            m.add(1 + i % 3, 3 * i, 1_000 + (i % 5) * 1_024)
+        m.add_many(5, range(10**6, 10**6 + 2 * step + 1), 2_100)  # a dense cell
+    assert type(idx._live) is BitMap
+    for m in (idx, ref):
+        m.add(2, (1 << LIVE_ENTRY_BITS) + 5, 9_000)
+    assert type(idx._live) is BitMap64 and len(idx) == len(ref)
+    probes = [(1 + i % 3, 3 * i + d) for i in range(0, n, 37) for d in (0, 1)] + [(5, 10**6 + step), (5, 10**6 - 1)]
+    for probe in probes:
+        assert (probe in idx) == (probe in ref), probe
+    for due in (1_000, 2_100, 3_100, 10_000):
+        assert idx.pop_due(due) == ref.pop_due(due)
+        assert len(idx) == len(ref)
+        for probe in probes:
+            assert (probe in idx) == (probe in ref), (due, probe)
+    assert not idx and not idx._live

@@ -12,12 +12,14 @@ import numpy as np
 from pyroaring import BitMap, BitMap64
 
 from ._parts import (COMPACT_CHURN, LISTED, LIVE_ENTRY_BITS, LIVE_SLOT_BITS, M32, NO_CELLS, NO_ENTRIES, NO_KEYS, NO_PACKED, NO_SLOTS,
-                     PROMOTE, SEGMENT, WIDE_LIVE_SHIFT, LISTING, LedgerExt, Window, has)
+                     PROMOTE, SEGMENT, WIDE_LIVE_SHIFT, LISTING, LedgerExt, Window, has, u32_array, u64_array)
 
 
-#: Live ids re-keyed per step when the live bitmap widens (``_widen_live``):
-#: temporaries of 64 KB at most, reused from one step to the next.
-WIDEN_SLICE = 8192
+#: Ids re-keyed per step into the wide live bitmap (``_widen_live``,
+#: ``_keyed``): temporaries of 20 bytes per id, 40 KB a step, below glibc's
+#: 64 KB, so they come from the heap's free chunks and go back to them
+#: instead of growing its top (which the heap keeps).
+KEY_SLICE = 2048
 
 
 class CellsMixin:
@@ -212,16 +214,22 @@ class CellsMixin:
         """An id below 2^32 that ``slot << 22 | entry`` cannot hold (entry >=
         2^22 or slot >= 2^10) is about to be live: re-key the live bitmap as
         a ``BitMap64`` of ``slot << 32 | entry``, for good. In slices of
-        WIDEN_SLICE ids (by rank): converting all at once made temporaries of
+        KEY_SLICE ids (by rank): converting all at once made temporaries of
         ~40 bytes per live id, which left the heap that much larger for good
         (a consumer at 10,000 nacks/s, ids 8 apart: RSS 2x ``nbytes()``).
+        Each slice leaves the narrow bitmap as it joins the wide one, so the
+        containers it frees make room for the wide one's: with the narrow
+        bitmap kept whole until the end, the heap grew by its size at once
+        and kept that as a hole.
         Runtime: O(n) in C, once per index."""
         narrow, live = self._live, BitMap64()
         low = np.uint64((1 << LIVE_ENTRY_BITS) - 1)
-        for i in range(0, len(narrow), WIDEN_SLICE):
-            keys = np.frombuffer(narrow[i:i + WIDEN_SLICE].to_array(), dtype=np.uint32).astype(np.uint64)
+        while narrow:
+            part = narrow[0:KEY_SLICE]
+            keys = np.frombuffer(part.to_array(), dtype=np.uint32).astype(np.uint64)
             keys = (keys >> np.uint64(LIVE_ENTRY_BITS)) << np.uint64(WIDE_LIVE_SHIFT) | (keys & low)
-            live.update(array.array("Q", keys.tobytes()))
+            live.update(u64_array(keys))
+            narrow.remove_range(part.min(), part.max() + 1)
         self._live, self._live_shift = live, WIDE_LIVE_SHIFT
 
     def _has_live(self, slot: int) -> bool:
@@ -243,13 +251,21 @@ class CellsMixin:
         if type(ids) is BitMap64:  # its ids below 2^32, as a 32-bit bitmap
             values = np.asarray(ids.to_array(), dtype=np.uint64)
             ids = BitMap()
-            ids.update(array.array("I", values[:np.searchsorted(values, 1 << 32)].astype(np.uint32).tobytes()))
+            ids.update(u32_array(values[:np.searchsorted(values, 1 << 32)]))
         if self._live_shift == LIVE_ENTRY_BITS:
             return ids.shift(slot << LIVE_ENTRY_BITS) if ids else BitMap()
         if len(ids) < 16:
             return BitMap64(slot << WIDE_LIVE_SHIFT | e for e in ids)
-        keys = np.asarray(ids.to_array(), dtype=np.uint64) + np.uint64(slot << WIDE_LIVE_SHIFT)
-        return BitMap64(array.array("Q", keys.tobytes()))
+        # in slices: a popped bucket of 10,000 ids made ~360 KB of temporaries
+        # at once, freed to the top of the C heap, which keeps what it grew to
+        # (backoff k=20 L=1 10,000/s bits 10: that heap's growth came from pops)
+        out, base = BitMap64(), np.uint64(slot << WIDE_LIVE_SHIFT)
+        for i in range(0, len(ids), KEY_SLICE):
+            keys = np.frombuffer((ids[i:i + KEY_SLICE] if len(ids) > KEY_SLICE else ids).to_array(),
+                                 dtype=np.uint32).astype(np.uint64)
+            keys += base
+            out.update(u64_array(keys))
+        return out
 
     def _compact_live(self) -> None:
         """Shrink ``_live`` to fit: every quarter of its size in changes (at
@@ -260,6 +276,7 @@ class CellsMixin:
         add 2.08x DictIndex with it, 1.67x without. Without it, four k=1 cells
         read 0.4 B per pending more RSS in one, the same in one, 2 B less in two."""
         self._live.shrink_to_fit()
+        self._refitted = True
         self._churn, self._compact_at = 0, max(COMPACT_CHURN, len(self._live) >> 2)
 
     def _put(self, slot: int, entry_id: int, bucket: int) -> None:

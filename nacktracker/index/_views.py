@@ -120,15 +120,17 @@ class ViewsMixin:
         CRoaring grows them to).
 
         A process that has added and popped for a while holds a little more
-        (free chunks between live ones): anonymous RSS growth was 1.03-1.41x
-        this, median 1.24x, in ``bench/index_grid.py``'s cells.
+        (free chunks between live ones): anonymous RSS growth was 0.99-1.31x
+        this, median 1.19x, in ``bench/index_grid.py``'s cells.
 
         Runtime complexity: O(windows + cells + ledgers + ids pending in two
         buckets or acked while pending); never O(messages).
         """
         size = held_size
-        total = _roaring_bytes(self._live, grown=True) + (size(self) + size(self._windows) + size(self._wheap) + size(self._by_id)
-                 + size(self._lid))
+        total = _roaring_bytes(self._live, grown=True, refit=self._refitted) + (
+            size(self) + size(self._windows) + size(self._wheap) + size(self._by_id) + size(self._lid))
+        # its counters and the hot bucket's time: int objects of its own once past CPython's shared small ints
+        total += sum(size(v) for v in (self._count, self._churn, self._hot_bucket) if not -5 <= v <= SMALL_INT)
         total += sum(size(c) for c in (self._free, self._multi, self._ghosts, self._ext)
                      if c is not NO_SLOTS and c is not NO_ENTRIES)
         for wid, w in self._windows.items():

@@ -60,7 +60,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
 
     __slots__ = ("precision_bits", "rounding", "_add", "_mask", "_lay", "_wshift", "_oshift", "_omask",
                  "_slot_limit", "_windows", "_wheap", "_by_id", "_lid", "_ext", "_free", "_multi", "_ghosts",
-                 "_ghost_copies", "_count", "_live", "_live_shift", "_churn", "_compact_at", "_hot_bucket", "_hot_slot", "_hot_lid",
+                 "_ghost_copies", "_count", "_live", "_live_shift", "_churn", "_compact_at", "_refitted", "_hot_bucket", "_hot_slot", "_hot_lid",
                  "_hot_win", "_hot_off", "_hot_dense", "_hot_start", "_hot_listed")
 
     def __init__(self, precision_bits: int = 8, rounding: str = "floor") -> None:
@@ -86,6 +86,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
         self._live: BitMap | BitMap64 = BitMap()
         self._live_shift = LIVE_ENTRY_BITS
         self._churn, self._compact_at = 0, COMPACT_CHURN  # changes to _live until its next compaction
+        self._refitted = False  # _live shrunk to fit at least once (its containers grew back from there)
         self._reset_hot()
 
     def bucket_of(self, due_ms: int) -> int:

@@ -56,7 +56,7 @@ from pyroaring import BitMap, BitMap64
 
 from ..index import DictIndex, TimeBucketIndex, _roaring_bytes
 from ..index._bytes import held, held_size
-from ..index._parts import LIVE_ENTRY_BITS, LIVE_SLOT_BITS, SEGMENT, WIDE_LIVE_SHIFT, Layout, LedgerExt, Window
+from ..index._parts import COMPACT_CHURN, LIVE_ENTRY_BITS, LIVE_SLOT_BITS, SEGMENT, WIDE_LIVE_SHIFT, Layout, LedgerExt, Window
 from ..index._views import SMALL_INT
 from .dense_cells import arrival_cells, compacted_prefix, list_cells
 
@@ -353,6 +353,10 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     seen_lid, n_seen_lid = _tuple_ids(owner, ledger)
     widened = np.bincount(owner[(entry >> LIVE_ENTRY_BITS > 0) & (entry >> 32 == 0)], minlength=k) > 0
     multi_seen = _multi_history(owner, seen_lid, n_seen_lid, entry, bucket, start, k)
+    # the live bitmap is shrunk to fit every few thousand changes, paced by pops
+    # (``_compact_live``): once it has been, its containers grew back from there
+    popped = np.bincount(owner[~p], minlength=k)
+    refit = popped >= COMPACT_CHURN
     o, ledger, entry, bucket, start, dense, by_add, listed_only, run_start, reset_after, rank, last, seen_lid = (
         a[p] for a in (owner, ledger, entry, bucket, start, dense, arrival.dense, listed_only, arrival.run_start,
                        arrival.reset_after, arrival.rank, arrival.last, seen_lid))
@@ -368,6 +372,9 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     lay = Layout.for_bits(bits)
     total = np.zeros(k, dtype=np.int64)
     total[has] = costs.index_fixed
+    # its counters past CPython's shared small ints (pending, changes since the
+    # live bitmap's last shrink, about as many as popped) and the hot bucket's time
+    total += has * costs.int_bytes * (1 + (counts > SMALL_INT) + (popped > SMALL_INT))
     roaring = np.zeros(k, dtype=np.int64)
 
     # ledgers: a record each, slots by first arrival, one live BitMap of slot << 22 | entry
@@ -420,7 +427,7 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
         else:
             live = BitMap()
             live.update(array.array("I", keys[key_heads[c]:key_heads[c + 1]].astype(np.uint32).tobytes()))
-        roaring[c] += _roaring_bytes(live, grown=True)
+        roaring[c] += _roaring_bytes(live, grown=True, refit=bool(refit[c]))
     wide = entry >> 32 > 0
     if wide.any():  # ids >= 2^32: a BitMap64 per ledger
         wide_lids = np.unique(lid[wide])
