@@ -84,8 +84,9 @@ async def test_100_concurrent_dead_letters_make_one_producer_and_100_messages_in
         assert {m.redelivery_count() for m in copies} == {1}
         # all at once: each nack decides a dead letter while the producer is still being made
         await asyncio.gather(*[consumer.negative_acknowledge(m) for m in copies])
-        for _ in range(200):
-            if consumer.stats()["dead_letter_published"] == n:
+        for _ in range(200):  # the tracker counts a dead letter once its hook has returned, a step after publishing
+            stats = consumer.stats()
+            if stats["dead_letter_published"] == n and stats["dead_lettered"] == n:
                 break
             await asyncio.sleep(0.05)
         stats = consumer.stats()
