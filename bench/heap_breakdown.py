@@ -1,7 +1,9 @@
 """Where one grid cell's memory goes: the C heap's bytes in use and free
 (glibc ``mallinfo2``) and pymalloc's bytes in use, grown while the cell's
 traffic played, beside ``nbytes()``; then every index is deleted and the
-bytes that frees (C heap + pymalloc) are what the indexes really held.
+bytes that frees (C heap + pymalloc) are what the indexes really held;
+first their live bitmaps alone ("live_held", beside what ``nbytes()``
+counts for them: "live_nbytes").
 
     python bench/heap_breakdown.py '{"delays": "uniform", "k": 3, "ledgers": 1, "rate": 1000, "seconds": 70}' 0
 
@@ -11,7 +13,6 @@ driver). Linux/glibc only.
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import json
 import os
@@ -22,20 +23,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import index_grid as grid  # noqa: E402
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in
-                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
-
-
-_libc = ctypes.CDLL("libc.so.6")
-_libc.mallinfo2.restype = _MallInfo2
+from roaring_bytes import mallinfo  # noqa: E402
 
 
 def heap() -> tuple[int, int, int]:
     """(C heap bytes in use, C heap bytes free, pymalloc bytes in allocated blocks)."""
-    m = _libc.mallinfo2()
+    m = mallinfo()
     fd, out = os.dup(2), tempfile.TemporaryFile()
     os.dup2(out.fileno(), 2)
     try:
@@ -51,6 +44,7 @@ def heap() -> tuple[int, int, int]:
 
 def main(argv: list[str]) -> int:
     import nacktracker
+    from nacktracker.index._bytes import _roaring_bytes
 
     cell, bits = grid.Cell(**json.loads(argv[0])), int(argv[1])
     target = int(argv[2]) if len(argv) > 2 else grid.FULL["target_pending"]
@@ -77,14 +71,22 @@ def main(argv: list[str]) -> int:
     gc.collect()
     rss1, (used1, free1, py1) = grid.rss_bytes(), heap()
     pending, nbytes = sum(map(len, indexes)), sum(i.nbytes() for i in indexes)
-    del indexes, idx
+    # the live bitmaps alone: counted as nbytes() counts them, and freed
+    live_counted = sum(_roaring_bytes(i._live, grown=True, refit=i._refitted) for i in indexes)
+    for one in indexes:
+        one._live = type(one._live)()
+    gc.collect()
+    used_live, _, py_live = heap()
+    live_counted -= sum(_roaring_bytes(i._live, grown=True, refit=i._refitted) for i in indexes)  # the empty ones
+    del indexes, idx, one
     gc.collect()
     used2, _, py2 = heap()
     per = lambda b: round(b / pending, 2)  # noqa: E731
     print(json.dumps({"cell": cell.label(), "bits": bits, "pending": pending, "rss": per(rss1 - rss0),
                       "nbytes": per(nbytes), "held": per(used1 - used2 + py1 - py2),
                       "c_heap_in_use": per(used1 - used0), "c_heap_free": per(free1 - free0),
-                      "pymalloc_in_use": per(py1 - py0)}))
+                      "pymalloc_in_use": per(py1 - py0),
+                      "live_held": per(used1 - used_live + py1 - py_live), "live_nbytes": per(live_counted)}))
     return 0
 
 

@@ -59,10 +59,9 @@ from pathlib import Path
 
 REPEATS = 5  # per-call timings: best of this many chunks
 #: ``side_by_side``: the index and its DictIndex copy alternate this many
-#: chunks of ``calls`` each (15,000 calls each in all), the best kept. Short
-#: chunks, many times over: five of 3,000 read the index's ``add`` at
-#: 1,257-2,275 ns in three runs of one cell (backoff k=1 L=1 100/s bits 8),
-#: twenty-five of 600 at 1,192-1,203 (``side_by_side`` in one process each).
+#: chunks of ``calls`` each (15,000 calls each in all), the best kept: short
+#: chunks many times over give the minimum more chances to land in a quiet
+#: moment than five of 3,000 did.
 SIDE_CHUNKS = 25
 BACKOFF_MS = (1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 60_000)
 FULL = dict(delays=("backoff", "uniform"), ks=(1, 3, 8, 20), ledgers=(1, 16),

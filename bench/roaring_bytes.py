@@ -35,8 +35,13 @@ _libc = ctypes.CDLL("libc.so.6")
 _libc.mallinfo2.restype = _MallInfo2
 
 
+def mallinfo() -> _MallInfo2:
+    """glibc's ``mallinfo2()``: the C heap's bytes in use and free."""
+    return _libc.mallinfo2()
+
+
 def malloc_in_use() -> int:
-    info = _libc.mallinfo2()
+    info = mallinfo()
     return info.uordblks + info.hblkhd
 
 

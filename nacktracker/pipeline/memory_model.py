@@ -56,7 +56,8 @@ from pyroaring import BitMap, BitMap64
 
 from ..index import DictIndex, TimeBucketIndex, _roaring_bytes
 from ..index._bytes import held, held_size
-from ..index._parts import COMPACT_CHURN, LIVE_ENTRY_BITS, LIVE_SLOT_BITS, SEGMENT, WIDE_LIVE_SHIFT, Layout, LedgerExt, Window
+from ..index._parts import (COMPACT_CHURN, LIVE_ENTRY_BITS, LIVE_SLOT_BITS, SEGMENT, WIDE_LIVE_SHIFT, Layout, LedgerExt, Window, bitmap_of,
+                             u32_array, u64_array)
 from ..index._views import SMALL_INT
 from .dense_cells import arrival_cells, compacted_prefix, list_cells
 
@@ -213,11 +214,7 @@ def _prefix_ids(fine: np.ndarray, n_fine: int, *prefix: np.ndarray) -> tuple[np.
 
 
 def _bitmap(ids: np.ndarray, compact: bool) -> BitMap | BitMap64:
-    if int(ids.max()) >> 32:
-        bm: BitMap | BitMap64 = BitMap64(array.array("Q", ids.astype(np.uint64).tobytes()))
-    else:
-        bm = BitMap()
-        bm.update(array.array("I", ids.astype(np.uint32).tobytes()))
+    bm = bitmap_of(ids)
     if compact:
         bm.run_optimize()
         bm.shrink_to_fit()
@@ -290,7 +287,7 @@ def _cell_bitmap(ids: np.ndarray, compacted: int) -> BitMap | BitMap64:
         return _bitmap(ids, compact=compacted == len(ids))
     bm = _bitmap(ids[:compacted], compact=True)
     if compacted < len(ids):
-        bm.update(array.array("I", ids[compacted:].astype(np.uint32).tobytes()))
+        bm.update(u32_array(ids[compacted:]))
     return bm
 
 
@@ -423,10 +420,10 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
         # and not BitMap(values), which run-optimises
         if wide_live[c]:
             live = BitMap64()
-            live.update(array.array("Q", keys[key_heads[c]:key_heads[c + 1]].tobytes()))
+            live.update(u64_array(keys[key_heads[c]:key_heads[c + 1]]))
         else:
             live = BitMap()
-            live.update(array.array("I", keys[key_heads[c]:key_heads[c + 1]].astype(np.uint32).tobytes()))
+            live.update(u32_array(keys[key_heads[c]:key_heads[c + 1]]))
         roaring[c] += _roaring_bytes(live, grown=True, refit=bool(refit[c]))
     wide = entry >> 32 > 0
     if wide.any():  # ids >= 2^32: a BitMap64 per ledger
