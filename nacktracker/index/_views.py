@@ -14,6 +14,8 @@ from ._parts import M32, NO_CELLS, NO_ENTRIES, NO_KEYS, NO_PACKED, NO_SEGMENTS, 
 
 #: CPython keeps one shared object for each int up to this: a slot below it costs no int object.
 SMALL_INT = 256
+#: Int slots of an index counted by ``nbytes()`` whatever their value (``_count``, ``_churn``, ``_hot_bucket``).
+COUNTER_INTS = 3
 
 
 class ViewsMixin:
@@ -129,8 +131,9 @@ class ViewsMixin:
         size = held_size
         total = _roaring_bytes(self._live, grown=True, refit=self._refitted) + (
             size(self) + size(self._windows) + size(self._wheap) + size(self._by_id) + size(self._lid))
-        # its counters and the hot bucket's time: int objects of its own once past CPython's shared small ints
-        total += sum(size(v) for v in (self._count, self._churn, self._hot_bucket) if not -5 <= v <= SMALL_INT)
+        # its counters and the hot bucket's time, each as an int object of its own whatever its value
+        # (shared small ints below 257: up to 64 B more than held), so an empty index always reads the same
+        total += COUNTER_INTS * size(1 << 40)
         total += sum(size(c) for c in (self._free, self._multi, self._ghosts, self._ext)
                      if c is not NO_SLOTS and c is not NO_ENTRIES)
         for wid, w in self._windows.items():

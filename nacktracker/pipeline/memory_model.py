@@ -368,10 +368,7 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     has = counts > 0
     lay = Layout.for_bits(bits)
     total = np.zeros(k, dtype=np.int64)
-    total[has] = costs.index_fixed
-    # its counters past CPython's shared small ints (pending, changes since the
-    # live bitmap's last shrink, about as many as popped) and the hot bucket's time
-    total += has * costs.int_bytes * (1 + (counts > SMALL_INT) + (popped > SMALL_INT))
+    total[has] = costs.index_fixed  # its counters included (nbytes() counts them whatever their values)
     roaring = np.zeros(k, dtype=np.int64)
 
     # ledgers: a record each, slots by first arrival, one live BitMap of slot << 22 | entry
