@@ -121,7 +121,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
             if bucket == self._hot_bucket:  # a burst into the last cell
                 exts = self._ext
                 ext = exts[slot] if exts else None
-                if entry_id >> 22 or slot >> 10 or (ext is not None and ext.ghost is not None):
+                if entry_id > 4194303 or slot > 1023 or (ext is not None and ext.ghost is not None):
                     if entry_id >> 32 or (ext is not None and ext.ghost is not None):
                         self._add_again(slot, entry_id, bucket)
                         return
@@ -160,11 +160,12 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
                     self._promote(self._hot_win)
                 return
         else:
-            slot = self._by_id.get(ledger_id)
-            if slot is None:
+            try:  # a subscript, not .get(): no method call on the common path
+                slot = self._by_id[ledger_id]
+            except KeyError:
                 slot = self._ledger(ledger_id)
         exts = self._ext
-        if entry_id >> 22 or slot >> 10 or (exts and exts[slot] is not None):
+        if entry_id > 4194303 or slot > 1023 or (exts and exts[slot] is not None):  # compares: specialised for small ints
             if not self._live_add_rare(slot, entry_id, bucket):  # a wide key, or the ledger has rare state
                 return
         else:
@@ -174,8 +175,12 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
                 self._add_again(slot, entry_id, bucket)
                 return
         self._count += 1
-        w = self._windows.get(bucket >> self._wshift)
-        if w is None or self._hot_dense is not None:
+        try:
+            w = self._windows[bucket >> self._wshift]
+        except KeyError:  # a new window
+            self._put(slot, entry_id, bucket)
+            return
+        if self._hot_dense is not None:
             self._put(slot, entry_id, bucket)
             return
         off = (bucket >> self.precision_bits) & self._omask
