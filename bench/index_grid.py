@@ -14,13 +14,15 @@ then measures in that process:
   pending message (both indexes hold exactly the same set at the end), and
   the growth after a second trim at the end (``rss_trimmed_per_pending``: how
   much of it was free heap the allocator kept);
-* CPU per call at that steady state (thread CPU time, best of 25 chunks of
-  600 calls, timed while no other cell of the run plays: :func:`machine_to_itself`):
+* CPU per call at that steady state (thread CPU time, 25 rounds of 600
+  calls, timed while no other cell of the run plays: :func:`machine_to_itself`):
   ``add`` (the stream goes on), ``discard`` of a pending id (hit) and of an
   id that is not pending (miss: a message between two nacked ones, what
   every ``acknowledge`` does), for the index and, side by side in the same
-  process, a DictIndex copy of its pending set (``dict_*_ns``:
-  :func:`side_by_side`). The ratios the targets check come from there.
+  process, a DictIndex copy of its pending set (``dict_*_ns``). Each
+  one's best round is its figure; the ratios the targets check are the
+  median over rounds of the two in the same round (``*_vs_dict``:
+  :func:`side_by_side`).
 
 DictIndex also runs the same cell in its own fresh process, in the same run,
 for its memory (which does not depend on ``bits``: once per cell). Its pops
@@ -49,6 +51,7 @@ import itertools
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -58,10 +61,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 REPEATS = 5  # per-call timings: best of this many chunks
-#: ``side_by_side``: the index and its DictIndex copy alternate this many
-#: chunks of ``calls`` each (15,000 calls each in all), the best kept: short
-#: chunks many times over give the minimum more chances to land in a quiet
-#: moment than five of 3,000 did.
+#: ``side_by_side``: rounds of ``calls`` each on the index and its DictIndex
+#: copy (15,000 calls each in all): many short rounds give the best round
+#: more chances to land in a quiet moment than five of 3,000 did, and the
+#: median of the per-round ratios more rounds to settle on.
 SIDE_CHUNKS = 25
 BACKOFF_MS = (1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 60_000)
 FULL = dict(delays=("backoff", "uniform"), ks=(1, 3, 8, 20), ledgers=(1, 16),
@@ -334,13 +337,22 @@ def _play(cls, index: str, cell: Cell, bits: int, n: int) -> dict:
 
 def side_by_side(first, stream: Traffic, cell: Cell, now: int, calls: int) -> dict:
     """CPU per call of ``first`` (replica 0, after the memory reading) and of a
-    DictIndex holding exactly its pending set, in this process, chunks of the
-    two interleaved (index, dict, index, dict, ...): both see the same calls
-    at the same moments, so the ratio does not depend on what else the
-    machine ran (two processes' figures differed up to 3x for one shape).
-    Each gets the same arguments: the stream's next nacks (``add``), ids
-    between two nacked ones, never pending (``discard`` miss), and ids just
-    nacked into both (``discard`` hit)."""
+    DictIndex holding exactly its pending set, in this process, in rounds:
+    each round times one chunk of calls on both, one right after the other
+    (the index first in even rounds, the dict first in odd ones), so both
+    see the same calls at nearly the same moment. Each gets the same
+    arguments: the stream's next nacks (``add``), ids between two nacked
+    ones, never pending (``discard`` miss), and ids just nacked into both
+    (``discard`` hit).
+
+    Per operation: ``<op>_ns`` and ``dict_<op>_ns``, each one's best round
+    (what a call costs on a quiet machine), and ``<op>_vs_dict``, the median
+    over rounds of the index's time over the dict's in that round: the
+    ratio the targets check. A ratio of the two best rounds is not one: the
+    machine's speed changes by up to 1.8x from moment to moment (one cell read
+    1,335-2,422 ns per index add over six processes, and 1.72-1.89x the
+    dict's), and two bests may come from different moments (a grid run read
+    2.64x in a cell whose rounds, read in turn, are about 1.9x)."""
     import nacktracker
 
     twin = nacktracker.DictIndex(precision_bits=first.precision_bits)
@@ -356,16 +368,18 @@ def side_by_side(first, stream: Traffic, cell: Cell, now: int, calls: int) -> di
     hits = [(lg, e) for lg, e, _ in (stream.nack() for _ in range(SIDE_CHUNKS * calls))]
     out: dict = {"timed_pending": pending}
     for name, rows, prepare in (("add", adds, None), ("discard_miss", miss, None), ("discard_hit", hits, "add")):
-        best = [float("inf"), float("inf")]
+        times: tuple[list[float], list[float]] = ([], [])
         for r in range(SIDE_CHUNKS):
             chunk = rows[r * calls:(r + 1) * calls] if len(rows) > calls else rows
-            for i, idx in enumerate(both):
+            for i in ((0, 1) if r % 2 == 0 else (1, 0)):
+                idx = both[i]
                 if prepare:
                     for lg, e in chunk:
                         idx.add(lg, e, now + 30_000)
                 method = getattr(idx, "add" if name == "add" else "discard")
-                best[i] = min(best[i], _per_call_ns([[(method, *args) for args in chunk]]))
-        out[f"{name}_ns"], out[f"dict_{name}_ns"] = best
+                times[i].append(_per_call_ns([[(method, *args) for args in chunk]]))
+        out[f"{name}_ns"], out[f"dict_{name}_ns"] = min(times[0]), min(times[1])
+        out[f"{name}_vs_dict"] = statistics.median(a / b for a, b in zip(*times))
     return out
 
 

@@ -56,11 +56,12 @@ def targets(result: dict) -> list[dict]:
               lambda tb, d: d["rss_per_pending"] / max(tb["rss_per_pending"], 1e-9), where="min")
         worst("|nbytes - RSS| / RSS", NBYTES_VS_RSS,
               lambda tb, d: abs(tb["nbytes"] - tb["rss_growth"]) / max(tb["rss_growth"], 1))
-        # CPU: against the DictIndex copy timed side by side in the index's own process
-        worst("discard miss ns / max(1500, 3x DictIndex) ", 1.0,
-              lambda tb, d: tb["discard_miss_ns"] / max(MISS_FLOOR_NS, MISS_VS_DICT * tb["dict_discard_miss_ns"]))
-        worst("discard hit / DictIndex", HIT_VS_DICT, lambda tb, d: tb["discard_hit_ns"] / tb["dict_discard_hit_ns"])
-        worst("add / DictIndex", ADD_VS_DICT, lambda tb, d: tb["add_ns"] / tb["dict_add_ns"])
+        # CPU: against the DictIndex copy timed side by side in the index's own process, the
+        # median over rounds of the two in the same round (side_by_side: why not the bests' ratio)
+        worst("discard miss: within max(1500 ns, 3x DictIndex) (<= 1)", 1.0,
+              lambda tb, d: min(tb["discard_miss_ns"] / MISS_FLOOR_NS, tb["discard_miss_vs_dict"] / MISS_VS_DICT))
+        worst("discard hit / DictIndex", HIT_VS_DICT, lambda tb, d: tb["discard_hit_vs_dict"])
+        worst("add / DictIndex", ADD_VS_DICT, lambda tb, d: tb["add_vs_dict"])
     flat = [r for r in result.get("flatness", []) if r["index"] == "TimeBucketIndex"]
     if flat:
         lo, hi = min(flat, key=lambda r: r["pending"]), max(flat, key=lambda r: r["pending"])
@@ -81,7 +82,7 @@ def grid_table(result: dict) -> str:
     """Bytes per pending (RSS growth; nbytes) and per-call CPU, TimeBucketIndex beside DictIndex."""
     bits = result["spec"]["bits"]
     head = ("| delays | k | ledgers | nacks/s | pending | DictIndex B (RSS) | "
-            + " | ".join(f"bits {b}: B RSS (nbytes)" for b in bits) + " | add ns TB/Dict (bits 0) "
+            + " | ".join(f"bits {b}: B RSS (nbytes)" for b in bits) + " | add ns TB/Dict, × (bits 0) "
             "| miss ns TB/Dict | hit ns TB/Dict |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     by = {}
@@ -98,7 +99,7 @@ def grid_table(result: dict) -> str:
             cols.append("—" if t is None else f"{t['rss_per_pending']:.1f} ({t['nbytes_per_pending']:.1f})")
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]:,} | {t0['pending']:,} | {d['rss_per_pending']:.0f} | "
                      + " | ".join(cols)
-                     + f" | {t0['add_ns']:.0f} / {t0['dict_add_ns']:.0f} "
+                     + f" | {t0['add_ns']:.0f} / {t0['dict_add_ns']:.0f}, {t0['add_vs_dict']:.2f}× "
                      f"| {t0['discard_miss_ns']:.0f} / {t0['dict_discard_miss_ns']:.0f} "
                      f"| {t0['discard_hit_ns']:.0f} / {t0['dict_discard_hit_ns']:.0f} |")
     return "\n".join(lines)
@@ -110,8 +111,9 @@ def summary(result: dict) -> str:
     import statistics as st
 
     lines = ["| bits | B/pending RSS: median (worst) | DictIndex B/pending | cells ≤ DictIndex/4 "
-             "| add ns (DictIndex) | ack not pending ns (DictIndex) | ack pending ns (DictIndex) |",
-             "|---|---|---|---|---|---|---|"]
+             "| add ns (DictIndex) | add × DictIndex: median (worst) | ack not pending ns (DictIndex) "
+             "| ack pending ns (DictIndex) |",
+             "|---|---|---|---|---|---|---|---|"]
     ps = pairs(result["rows"])
     for b in result["spec"]["bits"]:
         sel = [(tb, d) for tb, d in ps if tb["bits"] == b]
@@ -126,6 +128,7 @@ def summary(result: dict) -> str:
         tbs, ds = [tb for tb, _ in sel], [d for _, d in sel]
         lines.append(f"| {b} | {st.median(rss):.1f} ({max(rss):.1f}) | {med('rss_per_pending', ds):.0f} "
                      f"| {ok} of {len(sel)} | {med('add_ns', tbs):.0f} ({med('dict_add_ns', tbs):.0f}) "
+                     f"| {med('add_vs_dict', tbs):.2f} ({max(tb['add_vs_dict'] for tb in tbs):.2f}) "
                      f"| {med('discard_miss_ns', tbs):.0f} ({med('dict_discard_miss_ns', tbs):.0f}) "
                      f"| {med('discard_hit_ns', tbs):.0f} ({med('dict_discard_hit_ns', tbs):.0f}) |")
     return "\n".join(lines)
@@ -146,7 +149,8 @@ def render(result: dict) -> str:
                    f"| {t['failing']} of {t['cells']} |")
     out += ["", "## By precision (medians over the cells; CPU per call)", "",
             "CPU per call: the index and, in parentheses, a DictIndex copy of its pending set timed side by side "
-            "in the same process (chunks interleaved), which is what the targets compare.", "", summary(result),
+            "in the same process, each one's best round; × DictIndex: the median over rounds of the index's time "
+            "over the dict's in the same round, which is what the targets compare.", "", summary(result),
             "", "## Grid", "", grid_table(result), "", "![grid](grid.png)", "",
             "## Discard of an id that is not pending, by pending count (bits 0)", "",
             "| index | pending | ns per call |", "|---|---|---|"]
@@ -218,5 +222,5 @@ def main(argv: list[str]) -> int:
     for t in targets(result):
         print(f"{'PASS' if t['pass'] else 'FAIL'} {t['target']}: {t['worst']:.3g} (bound {t['bound']:g}; {t['cell']})")
     print(f"wrote {a.out}/RESULTS.md in {result['duration_s']:.0f} s "
-          f"(median add ratio {statistics.median(tb['add_ns'] / tb['dict_add_ns'] for tb, _ in pairs(result['rows'])):.2f})")
+          f"(median add ratio {statistics.median(tb['add_vs_dict'] for tb, _ in pairs(result['rows'])):.2f})")
     return 0

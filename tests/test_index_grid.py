@@ -27,6 +27,7 @@ def test_grid_quick_writes_results(tmp_path):
     for r in (r for r in rows if r["index"] == "TimeBucketIndex"):  # timed beside a DictIndex copy of its state
         assert min(r[f"{p}{op}_ns"] for p in ("", "dict_") for op in ("add", "discard_miss", "discard_hit")) > 0
         assert r["timed_pending"] > 0
+        assert min(r[f"{op}_vs_dict"] for op in ("add", "discard_miss", "discard_hit")) > 0  # median of paired rounds
     tb = [r for r in rows if r["index"] == "TimeBucketIndex"]
     d = next(r for r in rows if r["index"] == "DictIndex")
     assert all(r["pending"] == d["pending"] for r in tb if r["bits"] == 0)  # same end state

@@ -64,6 +64,33 @@ class CellsMixin:
         if ext is not None and ext.empty():
             self._ext[slot] = None
 
+    def _live_add_rare(self, slot: int, entry_id: int, bucket: int) -> bool:
+        """``add``'s "already pending?" step for an id the narrow live bitmap
+        cannot key, or of a ledger with rare state (ghosts, listed cells, ids
+        pending twice): True if the id was not pending (it is live now and
+        the caller stores its copy), False if this took the add whole.
+        Runtime: as ``add``."""
+        ext = self._ext_at(slot)
+        if entry_id >> 32 or (ext is not None and ext.ghost is not None):
+            self._add_again(slot, entry_id, bucket)
+            return False
+        if entry_id >> LIVE_ENTRY_BITS or slot >> LIVE_SLOT_BITS:
+            if self._live_shift == LIVE_ENTRY_BITS:  # the first id the narrow live bitmap cannot key
+                self._widen_live()
+            key = slot << WIDE_LIVE_SHIFT | entry_id
+        else:
+            key = slot << self._live_shift | entry_id
+        try:
+            self._live.add_checked(key)
+        except KeyError:  # already pending somewhere
+            self._add_again(slot, entry_id, bucket)
+            return False
+        if ext is not None and ext.cells is not None and entry_id <= ext.hi and self._in_listed(ext, entry_id):
+            self._live.discard(key)  # pending in a listed cell
+            self._add_again(slot, entry_id, bucket)
+            return False
+        return True
+
     def _add_again(self, slot: int, entry_id: int, bucket: int) -> None:
         """An add that may meet a copy already in its cell (pending, acked or wide)."""
         ext = self._ext_at(slot)
@@ -299,7 +326,7 @@ class CellsMixin:
                 if entry_id > ext.hi:
                     ext.hi = entry_id
             return
-        w.packed.append(off << self._oshift | slot << 32 | entry_id)
+        w.packed.append((off << self._cshift | slot) << 32 | entry_id)
         if off < w.tail_min and w.opened:
             w.tail_min = off
         if len(w.packed) - self._hot_start >= PROMOTE:
@@ -431,7 +458,7 @@ class CellsMixin:
             return True
         if entry_id >> 32 or slot >= self._slot_limit or not (w.packed or w.full or w.spill):
             return False
-        v = off << self._oshift | slot << 32 | entry_id
+        v = (off << self._cshift | slot) << 32 | entry_id
         if w.opened and w.full:  # the sorted segments: the one that could hold it
             i = bisect.bisect_left(w.full, v, key=_last)
             if i < len(w.full):

@@ -58,7 +58,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
     [(3, 9), (7, 1), (7, 2)]
     """
 
-    __slots__ = ("precision_bits", "rounding", "_add", "_mask", "_lay", "_wshift", "_oshift", "_omask",
+    __slots__ = ("precision_bits", "rounding", "_add", "_mask", "_lay", "_wshift", "_cshift", "_omask",
                  "_slot_limit", "_windows", "_wheap", "_by_id", "_lid", "_ext", "_free", "_multi", "_ghosts",
                  "_ghost_copies", "_count", "_live", "_live_shift", "_churn", "_compact_at", "_refitted", "_hot_bucket", "_hot_slot", "_hot_lid",
                  "_hot_win", "_hot_off", "_hot_dense", "_hot_start", "_hot_listed")
@@ -68,7 +68,9 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
         self.precision_bits: int = precision_bits
         self.rounding: str = rounding
         lay = self._lay = Layout.for_bits(precision_bits)
-        self._wshift, self._oshift, self._slot_limit = lay.window_shift, lay.offset_shift, lay.slot_limit
+        self._wshift, self._slot_limit = lay.window_shift, lay.slot_limit
+        # a copy packs as (offset << _cshift | slot) << 32 | entry: two small-int ops, then the 64-bit ones
+        self._cshift = lay.offset_shift - 32
         self._omask = lay.offset_mask
         self._windows: dict[int, Window] = {}
         self._wheap: list[int] = []  # window ids; one per window in _windows
@@ -116,55 +118,69 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
         bucket = (due_ms + self._add) & self._mask
         if ledger_id == self._hot_lid:
             slot = self._hot_slot
-        else:
-            slot = self._by_id.get(ledger_id)
-            if slot is None:
-                slot = self._ledger(ledger_id)
-        exts = self._ext
-        ext = exts[slot] if exts else None
-        if entry_id >> 22 or slot >> 10 or (ext is not None and ext.ghost is not None):
-            if entry_id >> 32 or (ext is not None and ext.ghost is not None):
-                self._add_again(slot, entry_id, bucket)
-                return
-            if self._live_shift == 22:  # the first id the narrow live bitmap cannot key
-                self._widen_live()
-            key = slot << 32 | entry_id
-        else:
-            key = slot << self._live_shift | entry_id  # its key in the live bitmap
-        live = self._live
-        hot = bucket == self._hot_bucket and slot == self._hot_slot  # a burst into the last cell
-        if hot:
-            if self._hot_listed:  # a listed dense cell (so ext is set): the id is stored there only
-                if key in live or (entry_id <= ext.hi and self._in_listed(ext, entry_id)):
+            if bucket == self._hot_bucket:  # a burst into the last cell
+                exts = self._ext
+                ext = exts[slot] if exts else None
+                if entry_id > 4194303 or slot > 1023 or (ext is not None and ext.ghost is not None):
+                    if entry_id >> 32 or (ext is not None and ext.ghost is not None):
+                        self._add_again(slot, entry_id, bucket)
+                        return
+                    if self._live_shift == 22:  # the first id the narrow live bitmap cannot key
+                        self._widen_live()
+                    key = slot << 32 | entry_id
+                else:
+                    key = slot << self._live_shift | entry_id
+                live = self._live
+                if self._hot_listed:  # a listed dense cell (so ext is set): the id is stored there only
+                    if key in live or (entry_id <= ext.hi and self._in_listed(ext, entry_id)):
+                        self._add_again(slot, entry_id, bucket)
+                        return
+                    self._hot_dense.add(entry_id)
+                    if entry_id > ext.hi:
+                        ext.hi = entry_id
+                    self._count += 1
+                    return
+                try:
+                    live.add_checked(key)
+                except KeyError:  # already pending somewhere
                     self._add_again(slot, entry_id, bucket)
                     return
-                self._hot_dense.add(entry_id)
-                if entry_id > ext.hi:
-                    ext.hi = entry_id
+                if ext is not None and ext.cells is not None and entry_id <= ext.hi and self._in_listed(ext, entry_id):
+                    live.discard(key)  # pending in a listed cell
+                    self._add_again(slot, entry_id, bucket)
+                    return
                 self._count += 1
+                cell = self._hot_dense
+                if cell is not None:
+                    cell.add(entry_id)
+                    return
+                packed = self._hot_win.packed
+                packed.append((self._hot_off << self._cshift | slot) << 32 | entry_id)
+                if len(packed) - self._hot_start >= PROMOTE:
+                    self._promote(self._hot_win)
                 return
-        try:
-            live.add_checked(key)
-        except KeyError:  # already pending somewhere
-            self._add_again(slot, entry_id, bucket)
-            return
-        if ext is not None and ext.cells is not None and entry_id <= ext.hi and self._in_listed(ext, entry_id):
-            live.discard(key)  # pending in a listed cell
-            self._add_again(slot, entry_id, bucket)
-            return
+        else:
+            try:  # a subscript, not .get(): no method call on the common path
+                slot = self._by_id[ledger_id]
+            except KeyError:
+                slot = self._ledger(ledger_id)
+        exts = self._ext
+        if entry_id > 4194303 or slot > 1023 or (exts and exts[slot] is not None):  # compares: specialised for small ints
+            if not self._live_add_rare(slot, entry_id, bucket):  # a wide key, or the ledger has rare state
+                return
+        else:
+            try:
+                self._live.add_checked(slot << self._live_shift | entry_id)
+            except KeyError:  # already pending somewhere
+                self._add_again(slot, entry_id, bucket)
+                return
         self._count += 1
-        if hot:
-            cell = self._hot_dense
-            if cell is not None:
-                cell.add(entry_id)
-                return
-            packed = self._hot_win.packed
-            packed.append(self._hot_off << self._oshift | slot << 32 | entry_id)
-            if len(packed) - self._hot_start >= PROMOTE:
-                self._promote(self._hot_win)
+        try:
+            w = self._windows[bucket >> self._wshift]
+        except KeyError:  # a new window
+            self._put(slot, entry_id, bucket)
             return
-        w = self._windows.get(bucket >> self._wshift)
-        if w is None or self._hot_dense is not None:
+        if self._hot_dense is not None:
             self._put(slot, entry_id, bucket)
             return
         off = (bucket >> self.precision_bits) & self._omask
@@ -180,10 +196,10 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
             packed, n = w.roll(), 0
         elif packed is NO_PACKED:
             packed = w.packed = array.array("Q")
-        self._hot_start = n
-        packed.append(off << self._oshift | slot << 32 | entry_id)
+        packed.append((off << self._cshift | slot) << 32 | entry_id)
         if w.opened and off < w.tail_min:  # an add into a window already open
             w.tail_min = off
+        self._hot_start = n
         self._hot_bucket = bucket
         self._hot_slot = slot
         self._hot_lid = ledger_id
