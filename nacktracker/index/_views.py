@@ -122,8 +122,8 @@ class ViewsMixin:
         CRoaring grows them to).
 
         A process that has added and popped for a while holds a little more
-        (free chunks between live ones): anonymous RSS growth was 0.99-1.31x
-        this, median 1.19x, in ``bench/index_grid.py``'s cells.
+        (free chunks between live ones): anonymous RSS growth was 0.995-1.28x
+        this, median 1.18x, in ``bench/index_grid.py``'s cells.
 
         Runtime complexity: O(windows + cells + ledgers + ids pending in two
         buckets or acked while pending); never O(messages).
