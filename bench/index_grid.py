@@ -349,10 +349,11 @@ def side_by_side(first, stream: Traffic, cell: Cell, now: int, calls: int) -> di
     (what a call costs on a quiet machine), and ``<op>_vs_dict``, the median
     over rounds of the index's time over the dict's in that round: the
     ratio the targets check. A ratio of the two best rounds is not one: the
-    machine's speed changes by up to 1.8x from moment to moment (one cell read
-    1,335-2,422 ns per index add over six processes, and 1.72-1.89x the
-    dict's), and two bests may come from different moments (a grid run read
-    2.64x in a cell whose rounds, read in turn, are about 1.9x)."""
+    machine's speed changes by up to 1.8x from moment to moment, and two
+    bests may come from different moments: six ``--one`` runs of uniform
+    k=8 L=16 100/s bits 4 read 1,335-2,422 ns per index ``add`` and
+    1.72-1.89x the dict's, where a whole grid run had read 2.64x
+    (bench/results/index-grid/NOTES.md)."""
     import nacktracker
 
     twin = nacktracker.DictIndex(precision_bits=first.precision_bits)
