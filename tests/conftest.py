@@ -4,9 +4,16 @@ session (or $PULSAR_URL); the tracker is tested with an injectable clock."""
 from __future__ import annotations
 
 import asyncio
+import os
+import tempfile
 import uuid
 
 import pytest
+
+# The pipeline's cache (nacktracker.pipeline.caches): tests never read or write
+# the user's ~/.cache/nacktracker, but one of their own under the temp dir,
+# kept between runs (so the JVM class archive is reused) and bounded as any is.
+os.environ["NACKTRACKER_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"nacktracker-test-cache-{os.getuid()}")
 
 from nacktracker.testing import pulsar_service
 

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import os
 import re
 import shutil
+import subprocess
+import sys
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -216,11 +220,11 @@ def spark():
     """One quiet local[2] session for every Spark test in the run."""
     if not _spark_available():
         pytest.skip("needs pyspark and Java")
-    from nacktracker.pipeline.spark import get_spark
+    from nacktracker.pipeline.spark import get_spark, stop_spark
 
     session = get_spark("local[2]", shuffle_partitions=4, driver_memory="2g")
     yield session
-    session.stop()
+    stop_spark(session)  # and its JVM: no process of the run outlives it
 
 
 SPEC = dict(events=45_000, consumers=3, rate=2000, rate_spread=2.0, delay_ms=1000, delay_jitter_ms=1000,
@@ -449,6 +453,63 @@ def test_bad_parquet_traces_name_the_column(spark, tmp_path, change, error, colu
 
 @pytest.mark.spark
 @needs_spark
+def test_unsigned_64_bit_ids_are_read_when_they_fit(spark, tmp_path):
+    """pyarrow writes uint64 as Parquet's unsigned 64-bit: read as the int64
+    it holds when every value fits, else an error naming the column."""
+    from nacktracker.pipeline.plan import run_plan
+
+    n = 200
+    cols = good_table(n)
+    cols["ledger_id"] = [7 + i // 50 for i in range(n)]
+    signed = run_plan(spark, _write(tmp_path / "signed.parquet", cols), [0, 4]).consumers
+    unsigned = pa.table(cols).set_column(2, "ledger_id", pa.array(cols["ledger_id"], pa.uint64()))
+    pq.write_table(unsigned, tmp_path / "unsigned.parquet")
+    got = run_plan(spark, str(tmp_path / "unsigned.parquet"), [0, 4]).consumers
+    assert got.drop(columns=["kernel_s"]).equals(signed.drop(columns=["kernel_s"]))
+    big = unsigned.set_column(2, "ledger_id", pa.array([7] * (n - 1) + [(1 << 63) + 5], pa.uint64()))
+    pq.write_table(big, tmp_path / "big.parquet")
+    with pytest.raises(ColumnTypeError, match="'ledger_id'.*9223372036854775813") as info:
+        run_plan(spark, str(tmp_path / "big.parquet"), [0])
+    assert info.value.column == "ledger_id"
+
+
+def _write(path, cols) -> str:
+    pq.write_table(pa.table(cols), path)
+    return str(path)
+
+
+def test_plan_on_another_format_says_which_it_reads_first_and_alone(tmp_path, capsys):
+    from nacktracker.cli import main
+
+    (tmp_path / "log.csv").write_text("ts_ms,kind\n1,nack\n")
+    assert main(["plan", str(tmp_path / "log.csv"), "--out", str(tmp_path / "p")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1  # no progress line, no JVM started
+    assert "log.csv: not a Parquet file" in err and "JSON Lines (.jsonl" in err and "Parquet (a file" in err
+    assert not (tmp_path / "p").exists()
+
+
+def test_plan_without_the_spark_extra_says_so_first_and_alone(tmp_path, capsys, monkeypatch):
+    import nacktracker._extras as extras
+    from nacktracker.cli import main
+
+    real = extras.importlib.import_module
+
+    def without_pyspark(name, *a, **k):
+        if name.split(".")[0] == "pyspark":
+            raise ModuleNotFoundError("No module named 'pyspark'", name="pyspark")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(extras.importlib, "import_module", without_pyspark)
+    for argv in (["plan", str(tmp_path)], ["trace", "generate", "--out", str(tmp_path / "t"), "--events", "9"],
+                 ["sweep"]):
+        assert main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1 and "pip install 'nacktracker[spark]'" in err, (out, err)
+
+
+@pytest.mark.spark
+@needs_spark
 def test_bad_jsonl_traces_name_the_column(spark, tmp_path):
     from nacktracker.pipeline.plan import run_plan
 
@@ -505,6 +566,40 @@ def test_cli_generates_and_plans(spark, tmp_path, capsys):
     assert main(["trace", "generate", "--out", str(out), "--events", "10"]) == 2  # exists
     assert main(["plan", str(tmp_path / "missing"), "--out", str(tmp_path / "p2")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def _processes_with(marker: str) -> list[str]:
+    """Processes whose environment holds ``marker`` (a command's children inherit it)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if marker.encode() in f.read():
+                    with open(f"/proc/{pid}/cmdline", "rb") as c:
+                        found.append(f"{pid}: {c.read()[:120]!r}")
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@needs_spark
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_no_process_outlives_trace_generate_or_plan(tmp_path):
+    """The commands stop their JVM and wait for it (it writes its class
+    archive as it exits): when they return, nothing they started runs."""
+    marker = f"NACKTRACKER_TEST_MARK={uuid.uuid4().hex}"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), **dict([marker.split("=")]))
+    out = tmp_path / "t"
+    for argv in (["trace", "generate", "--out", str(out), "--events", "3000", "--consumers", "2",
+                  "--delay-ms", "500", "--master", "local[1]", "--driver-memory", "1g", "--quiet"],
+                 ["plan", str(out), "--bits", "0,8", "--out", str(tmp_path / "p"), "--master", "local[1]",
+                  "--driver-memory", "1g", "--quiet"]):
+        done = subprocess.run([sys.executable, "-m", "nacktracker.pipeline.cli", *argv], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert _processes_with(marker) == [], argv[0]
 
 
 def load_bench():

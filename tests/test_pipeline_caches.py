@@ -170,3 +170,73 @@ def _dump_then_adopt(run, folder: Path) -> None:
     second = run()
     assert "-XX:SharedArchiveFile=" in second and second.strip().split()[-1][0].isdigit()
     assert [p.name for p in folder.iterdir()] == [dumps[0].name.lstrip(".").rsplit(".", 2)[0] + ".jsa"]
+
+
+# -- the bound, and whose cache the tests use --------------------------------------------
+
+def _finished_archive(path: Path, size: int) -> None:
+    """A whole archive of ``size`` bytes (sparse: no disk is written for it)."""
+    with open(path, "wb") as f:
+        f.write(caches._DYNAMIC_MAGIC)
+        f.truncate(size)
+
+
+def _du(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+def test_cache_stays_under_its_bound_after_ten_runs_with_different_versions(cache, monkeypatch, counted_measure):
+    """Ten runs, each with other package versions (another key for both
+    entries), each leaving a finished 180 MB class archive and a costs file:
+    the cache never exceeds its bound and keeps the newest archive."""
+    if caches._java() is None:
+        pytest.skip("no java")
+    folder = cache / "jvm-classes"
+    for run in range(10):
+        monkeypatch.setattr(caches, "_jvm_key", lambda *a, run=run: f"version{run}")
+        monkeypatch.setattr(caches, "costs_key", lambda run=run: f"version{run}")
+        caches.cached_costs.cache_clear()
+        caches.cached_costs()  # measures (another key) and stores, then prunes
+        dump, _ = _archive_paths(cache)
+        _finished_archive(dump, 180 << 20)  # the JVM wrote it as it exited
+        old = time.time() - 10 * (10 - run)  # runs one after another: older first
+        os.utime(dump, (old, old))
+        caches.prune(own_jvm_exited=True)  # as stop_spark does once the JVM is gone
+        assert _du(cache) <= caches.MAX_BYTES, sorted(p.name for p in cache.rglob("*"))
+        assert dump.exists()  # the newest is kept: the next run with these versions uses it
+    assert len(counted_measure[1]) == 10
+    assert len(list(folder.iterdir())) == caches.MAX_BYTES // (180 << 20)
+
+
+def test_a_dump_its_jvm_left_unfinished_is_removed_at_once(cache):
+    folder = cache / "jvm-classes"
+    folder.mkdir(parents=True)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    dead = int(gone.stdout)
+    partial = folder / f".spark-driver-abc.{dead}.jsa"
+    partial.write_bytes(b"\0" * 1024)  # no header: cut short
+    whole = folder / f".spark-driver-def.{dead}.jsa"
+    _finished_archive(whole, 1024)
+    mine = folder / f".spark-driver-ghi.{os.getpid()}.jsa"
+    mine.write_bytes(b"\0" * 1024)  # this process's JVM may still be writing it
+    caches.prune()
+    assert not partial.exists() and whole.exists() and mine.exists()
+    caches.prune(own_jvm_exited=True)  # once it has exited, an unfinished one never will be
+    assert not mine.exists()
+
+
+def test_the_bound_removes_the_least_recently_used_first(cache, monkeypatch):
+    monkeypatch.setenv("NACKTRACKER_CACHE_MAX_MB", "3")
+    files = [cache / f"f{i}" for i in range(5)]
+    for i, f in enumerate(files):
+        f.write_bytes(b"x" * (1 << 20))
+        os.utime(f, (1000 + i, 1000 + i))
+    assert caches.prune() == 3 << 20
+    assert [f.exists() for f in files] == [False, False, True, True, True]
+
+
+def test_tests_never_use_the_users_cache():
+    home_cache = Path(os.path.expanduser("~/.cache/nacktracker")).resolve()
+    root = caches.cache_root().resolve()
+    assert root != home_cache and home_cache not in root.parents

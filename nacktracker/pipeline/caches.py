@@ -23,6 +23,12 @@ stale entry is never used — a changed key just makes a new entry:
   the options below turn its CDS warnings off), but it would crash on a
   truncated one, hence the adoption rule.
 
+The cache is bounded: :func:`prune` keeps its files under
+:data:`MAX_BYTES` (400 MB, ``$NACKTRACKER_CACHE_MAX_MB`` to change it) by
+removing the least recently used first (an archive is 170-190 MB, so two
+fit), and removes a dump its JVM left unfinished (its process is gone) at
+once. It runs before a session starts and after its JVM exits.
+
 ``NACKTRACKER_CACHE=0`` turns both off.
 """
 
@@ -40,7 +46,7 @@ import time
 from pathlib import Path
 from typing import Mapping, Optional
 
-__all__ = ["cache_root", "enabled", "cached_costs", "class_archive_options"]
+__all__ = ["cache_root", "enabled", "cached_costs", "class_archive_options", "prune", "MAX_BYTES"]
 
 #: Bumped when a cached format or what it is keyed by changes.
 _FORMAT = 1
@@ -48,6 +54,77 @@ _FORMAT = 1
 _DYNAMIC_MAGIC = (0xF00BABA8).to_bytes(4, "little")
 #: A dump whose header is still missing after this long was cut short (its JVM was killed).
 _STALE_DUMP_S = 600.0
+#: The cache's bound in bytes (:func:`prune`); ``$NACKTRACKER_CACHE_MAX_MB`` overrides it.
+MAX_BYTES = 400 << 20
+
+
+def max_bytes() -> int:
+    """:data:`MAX_BYTES`, or ``$NACKTRACKER_CACHE_MAX_MB`` megabytes."""
+    text = os.environ.get("NACKTRACKER_CACHE_MAX_MB", "").strip()
+    try:
+        return int(float(text) * (1 << 20)) if text else MAX_BYTES
+    except ValueError:
+        return MAX_BYTES
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
+def _dump_pid(path: Path) -> Optional[int]:
+    """The process writing a dump ``.<prefix>.<pid>.jsa``; None for other files."""
+    parts = path.name.split(".")
+    if not path.name.startswith(".") or len(parts) < 4 or parts[-1] != "jsa" or not parts[-2].isdigit():
+        return None
+    return int(parts[-2])
+
+
+def prune(root: Optional[Path] = None, limit: Optional[int] = None, own_jvm_exited: bool = False) -> int:
+    """Keep the cache under ``limit`` bytes (default :func:`max_bytes`):
+    remove unfinished dumps whose JVM is gone, then the least recently used
+    files (modification time: a used archive is touched) until the rest fit.
+    A dump still being written by a live JVM is never removed. Returns the
+    bytes left. ``own_jvm_exited``: this process's JVM has exited, so its
+    own dump is finished or never will be. Cost: a listing of the cache (a
+    few dozen files)."""
+    root = cache_root() if root is None else root
+    limit = max_bytes() if limit is None else limit
+    files = []
+    for folder, _dirs, names in os.walk(root):
+        for name in names:
+            path = Path(folder) / name
+            try:
+                st = path.stat()
+                pid = _dump_pid(path)
+                gone = pid is not None and (own_jvm_exited if pid == os.getpid() else not _alive(pid))
+                if gone:
+                    with open(path, "rb") as f:
+                        whole = f.read(4) == _DYNAMIC_MAGIC
+                    if not whole:  # its JVM died mid-dump: never finished, never used
+                        path.unlink()
+                        continue
+                busy = pid is not None and not gone
+                files.append((st.st_mtime, st.st_size, path, busy))
+            except OSError:  # removed meanwhile
+                continue
+    total = sum(size for _, size, _, _ in files)
+    for _mtime, size, path, busy in sorted(files, key=lambda f: f[0]):
+        if total <= limit:
+            break
+        if busy:
+            continue
+        try:
+            path.unlink()
+            total -= size
+        except OSError:
+            continue
+    return total
 
 
 def cache_root() -> Path:
@@ -115,6 +192,7 @@ def _load_or_measure_costs():
     costs = IndexCosts.measure()
     try:
         _write_atomic(path, json.dumps(costs.as_dict(), sort_keys=True).encode())
+        prune()
     except OSError:  # a read-only home: measure every time, as without a cache
         pass
     return costs
@@ -198,6 +276,9 @@ def class_archive_options(driver_memory: str, conf: Mapping[str, str]) -> str:
         if not final.exists():
             folder.mkdir(parents=True, exist_ok=True)
             _adopt(folder, final, prefix)
+        if final.exists():
+            os.utime(final)  # used now: the last the bound removes
+        prune()
     except OSError:
         return ""
     if final.exists():

@@ -61,6 +61,44 @@ def _spark_options(p: argparse.ArgumentParser, python_on_executors: bool = True)
     p.add_argument("--quiet", action="store_true", help="no progress lines (and, for plan, no report) on stdout")
 
 
+def _needs_spark(command: str) -> None:
+    """Raise the one-line missing-extra error before anything else is printed."""
+    from .._extras import require
+
+    for module in ("pyspark", "pyarrow", "pandas", "numpy"):
+        require(module, "spark", f"nacktracker {command}")
+
+
+class _Session:
+    """The command's session: started (or joined) on entry; on exit, when this
+    command started it, stopped with its JVM waited for (:func:`~.spark.stop_spark`),
+    so no process of the command's outlives it."""
+
+    def __init__(self, args: argparse.Namespace, progress, python_on_executors: bool = True) -> None:
+        self.args, self.progress, self.python_on_executors = args, progress, python_on_executors
+        self.spark = None
+        self.owned = False
+
+    def __enter__(self):
+        with quiet_import():
+            from pyspark.sql import SparkSession
+        self.owned = SparkSession.getActiveSession() is None
+        self.spark = _session(self.args, self.progress, self.python_on_executors)
+        return self.spark
+
+    def __exit__(self, *exc_info) -> None:
+        if self.owned and self.spark is not None:
+            from .spark import stop_spark
+
+            stop_spark(self.spark)
+
+
+def quiet_import():
+    from .spark import quiet_pandas_check
+
+    return quiet_pandas_check()
+
+
 def _session(args: argparse.Namespace, progress, python_on_executors: bool = True):
     """Start (or join) the session; on a cluster, ship and check the executors'
     Python first. Raises ExecutorCheckError (one line) when they cannot run the job."""
@@ -130,12 +168,13 @@ def _trace_generate(args: argparse.Namespace) -> int:
                          start_ms=args.start_ms)
     except ValueError as e:
         return _fail(e)
+    _needs_spark("trace generate")
     started = time.perf_counter()
     progress = _progress(args, "trace")
-    spark = _session(args, progress, python_on_executors=False)  # JVM only: no Python on executors
     try:
-        with progress.phase("write", f"{spec.events:,} events to {args.out}"):
-            generate_trace(spark, spec, args.out, fmt=args.format, overwrite=args.overwrite, files=args.files)
+        with _Session(args, progress, python_on_executors=False) as spark:  # JVM only: no Python on executors
+            with progress.phase("write", f"{spec.events:,} events to {args.out}"):
+                generate_trace(spark, spec, args.out, fmt=args.format, overwrite=args.overwrite, files=args.files)
     except Exception as e:  # Spark's "path already exists" and friends: one line, not a JVM trace
         if type(e).__name__ in ("AnalysisException", "IllegalArgumentException") or isinstance(e, ValueError):
             return _fail(str(e).splitlines()[0])
@@ -184,18 +223,25 @@ def _plan(args: argparse.Namespace) -> int:
     from .report import write_outputs
     from .ship import ExecutorCheckError
 
+    _needs_spark("plan")
+    from .load import check_trace_path
+
+    try:  # a wrong path or format: said first and alone, before a JVM starts
+        check_trace_path(args.trace, args.format)
+    except TraceError as e:
+        return _fail(e)
     started = time.perf_counter()
     progress = _progress(args, "plan")
     _warm_up()
     try:
-        spark = _session(args, progress)
-        result = run_plan(spark, args.trace, args.bits, max_early_ms=args.max_early_ms,
-                          rounding=args.rounding, fmt=args.format, partitions=args.partitions,
-                          progress=progress)
+        with _Session(args, progress) as spark:
+            result = run_plan(spark, args.trace, args.bits, max_early_ms=args.max_early_ms,
+                              rounding=args.rounding, fmt=args.format, partitions=args.partitions,
+                              progress=progress)
+            with progress.phase("report", f"writing {args.out}"):
+                paths = write_outputs(result, args.out)
     except (TraceError, ValueError, ExecutorCheckError) as e:
         return _fail(e)
-    with progress.phase("report", f"writing {args.out}"):
-        paths = write_outputs(result, args.out)
     if not args.quiet:
         print(paths["report"].read_text(encoding="utf-8"))
     print(f"plan: {time.perf_counter() - started:.1f} s; wrote {', '.join(str(p) for p in paths.values())}",
@@ -210,7 +256,8 @@ def _add_plan(sub) -> None:
                        description="For each consumer and candidate precision_bits: peak pending nacks, "
                                    "peak tracker memory (real pyroaring bitmaps), redelivery error; fleet "
                                    "totals and a recommendation. Writes Parquet, report.md and plot.png.")
-    p.add_argument("trace", help="event log: Parquet or JSON Lines file or directory (any Spark path)")
+    p.add_argument("trace", help="event log: a Parquet file, a JSON Lines file (.jsonl, .json, .ndjson, "
+                                 "optionally .gz), or a directory of either (any Spark path)")
     p.add_argument("--bits", type=_ints, default=list(DEFAULT_BITS),
                    help=f"candidate precision bits (default {','.join(map(str, DEFAULT_BITS))})")
     p.add_argument("--max-early-ms", type=float, default=DEFAULT_MAX_EARLY_MS,
@@ -236,16 +283,17 @@ def _sweep(args: argparse.Namespace) -> int:
         configs = grid(args.x, args.y, args.entries_per_ledger, args.shares, indexes, args.messages)
     except ValueError as e:
         return _fail(e)
+    _needs_spark("sweep")
     from .ship import ExecutorCheckError
 
     started = time.perf_counter()
     progress = _progress(args, "sweep")
     try:
-        spark = _session(args, progress)
+        with _Session(args, progress) as spark:
+            with progress.phase("measure", f"{len(configs)} configurations, one task each"):
+                rows = run_sweep(spark, configs)
     except ExecutorCheckError as e:
         return _fail(e)
-    with progress.phase("measure", f"{len(configs)} configurations, one task each"):
-        rows = run_sweep(spark, configs)
     command = " ".join(["nacktracker sweep", "--x", _join(args.x), "--y", _join(args.y),
                         "--entries-per-ledger", _join(args.entries_per_ledger), "--shares", _join(args.shares),
                         "--indexes", ",".join(indexes), "--messages", str(args.messages)])
@@ -296,7 +344,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     add_subcommands(sub)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except ModuleNotFoundError as exc:  # as the main ``nacktracker`` command: one line naming the extra
+        from .._extras import MissingExtraError, explain
+
+        err = explain(exc, f"nacktracker {args.command}")
+        if not isinstance(err, MissingExtraError):
+            raise
+        print(f"nacktracker: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -19,10 +19,17 @@ from dataclasses import dataclass, field
 from ..events import (COLUMN_TYPES, COLUMNS, KINDS, NON_NEGATIVE_COLUMNS, NOT_NULL_COLUMNS, ColumnTypeError,
                       EmptyTraceError, TraceError, check_schema, check_stats)
 
-__all__ = ["TraceSummary", "read_events", "summarize", "load_trace", "UNNAMED"]
+__all__ = ["TraceSummary", "read_events", "summarize", "load_trace", "check_trace_path", "UNNAMED", "FORMATS"]
 
 #: Consumer name used for events whose ``consumer`` is null.
 UNNAMED = "(unnamed)"
+#: What ``plan`` reads, in the words its errors use.
+FORMATS = ("Parquet (a file or a directory of them) or JSON Lines (.jsonl, .json or .ndjson, "
+           "optionally .gz, or a directory of them)")
+#: The largest id a signed 64-bit column holds: an unsigned 64-bit column is read when its values fit.
+_INT64_MAX = (1 << 63) - 1
+#: Prefix of the raw (decimal) copy of an unsigned 64-bit column, checked by :func:`summarize`.
+_RAW = "__unsigned_"
 
 
 @dataclass
@@ -53,10 +60,38 @@ def _detect_format(path: str) -> str:
     return "parquet"
 
 
+def check_trace_path(path: str, fmt: str = "auto") -> None:
+    """Check a local trace before any Spark work: it exists, holds files, and
+    (Parquet) each file starts as Parquet files do. Raises
+    :class:`EmptyTraceError` or :class:`TraceError` naming the file and the
+    formats read. Remote paths are checked by Spark as it reads them. Cost:
+    a directory listing and 4 bytes per file."""
+    if not _is_local_path(path):
+        return
+    local = path[5:] if path.startswith("file:") else path
+    if not glob.glob(local):
+        raise EmptyTraceError(f"{path}: no such file or directory")
+    files = [f for g in sorted(glob.glob(local)) for f in _data_files(g)]
+    if not files:
+        raise EmptyTraceError(f"{path}: no event files in this directory")
+    if (_detect_format(path) if fmt == "auto" else fmt) != "parquet":
+        return
+    for f in files:
+        try:
+            with open(f, "rb") as fh:
+                head = fh.read(4)
+        except OSError as e:
+            raise TraceError(f"{f}: cannot be read ({e.strerror})") from None
+        if head != b"PAR1":
+            raise TraceError(f"{f}: not a Parquet file; plan reads {FORMATS}")
+
+
 def _spark_logical(dt) -> str:
     from pyspark.sql import types as T
 
     if isinstance(dt, (T.LongType, T.IntegerType, T.ShortType, T.ByteType)):
+        return "integer"
+    if isinstance(dt, T.DecimalType) and dt.scale == 0 and dt.precision == 20:  # unsigned 64-bit Parquet
         return "integer"
     if isinstance(dt, (T.StringType, T.NullType)):
         return "string" if isinstance(dt, T.StringType) else "null"
@@ -91,19 +126,26 @@ def _parquet_schema(paths: list[str]):
 
     from ..events import _arrow_logical
 
+    import pyarrow as pa
+
     present: set[str] = set()
     wide: set[str] = set()
+    unsigned: set[str] = set()
     for path in paths:
         try:
             schema = pq.read_schema(path)
         except Exception as e:  # noqa: BLE001  (not Parquet at all, or truncated: re-raised as TraceError)
-            raise TraceError(f"{path}: not a readable Parquet file ({str(e).splitlines()[0]})") from None
+            raise TraceError(f"{path}: not a readable Parquet file ({str(e).splitlines()[0]}); "
+                             f"plan reads {FORMATS}") from None
         types = {}
         for f in schema:
-            kind = _arrow_logical(f.type)
+            t = f.type.value_type if pa.types.is_dictionary(f.type) else f.type
+            kind = _arrow_logical(t)
             types[f.name] = "string" if kind == "null" and f.name in ("topic", "consumer") else kind
-            if kind == "integer" and f.type.bit_width > 32:
+            if kind == "integer" and t.bit_width > 32:
                 wide.add(f.name)
+            if pa.types.is_uint64(t):
+                unsigned.add(f.name)
         check_schema(types, path)  # every file on its own: so files agree on every logical type
         present.update(c for c in types if c in COLUMN_TYPES)
     fields = []
@@ -111,6 +153,8 @@ def _parquet_schema(paths: list[str]):
         if c in present:
             if COLUMN_TYPES[c] == "string":
                 t = T.StringType()
+            elif c in unsigned:  # Spark reads unsigned 64-bit as decimal(20, 0): checked, then cast
+                t = T.DecimalType(20, 0)
             else:
                 t = T.LongType() if c in wide or COLUMN_TYPES[c] == "int64" else T.IntegerType()
             fields.append(T.StructField(c, t, True))
@@ -175,16 +219,22 @@ def read_events(spark, path: str, fmt: str = "auto"):
         if types.get(c) == "null":
             types[c] = "string"
     check_schema(types, path)
-    cols = []
+    from pyspark.sql import types as T
+
+    cols, raw = [], []
     for c in COLUMNS:
         if c not in types:
             continue
         spark_type = {"int64": "bigint", "int32": "int", "string": "string"}[COLUMN_TYPES[c]]
-        col = F.col(c).cast(spark_type)
+        col = F.col(c)
+        if isinstance(df.schema[c].dataType, T.DecimalType):  # unsigned 64-bit: read when it fits
+            raw.append(F.col(c).alias(_RAW + c))
+            col = F.when(col <= F.lit(_INT64_MAX), col)
+        col = col.cast(spark_type)
         if c == "consumer":
             col = F.coalesce(col, F.lit(UNNAMED))
         cols.append(col.alias(c))
-    return df.select(*cols)
+    return df.select(*cols, *raw)
 
 
 def summarize(events, path: str) -> TraceSummary:
@@ -204,6 +254,8 @@ def summarize(events, path: str) -> TraceSummary:
             aggs.append(F.count(c).alias(f"n_{c}"))  # non-null values: nulls = rows - n
     lows = [c for c in NON_NEGATIVE_COLUMNS if c in present]
     aggs += [F.min(c).alias(f"min_{c}") for c in lows]
+    unsigned = [c[len(_RAW):] for c in events.columns if c.startswith(_RAW)]
+    aggs += [F.max(_RAW + c).alias(f"max_{_RAW}{c}") for c in unsigned]
     aggs.append(F.max("ts_ms").alias("last_ms"))
     aggs.append(F.max(F.col("ts_ms") + F.col("delay_ms")).alias("last_due_ms"))  # where pending can end
     try:
@@ -213,6 +265,11 @@ def summarize(events, path: str) -> TraceSummary:
                                 "SparkRuntimeException", "SparkUpgradeException"):
             raise one_line_read_error(e, path) from None
         raise
+    for c in unsigned:  # before the null check: a value too large was read as null
+        top = max((r[f"max_{_RAW}{c}"] for r in rows if r[f"max_{_RAW}{c}"] is not None), default=None)
+        if top is not None and top > _INT64_MAX:
+            raise ColumnTypeError(f"{path}: column {c!r} is unsigned 64-bit and holds {int(top)}, above "
+                                  f"2^63 - 1: store it as signed 64-bit (int64) ids", c)
     bad = [r for r in rows if r["kind"] not in KINDS]
     stats = {
         "rows": sum(r["rows"] for r in rows),

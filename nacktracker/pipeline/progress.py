@@ -63,7 +63,10 @@ class Progress:
             stop.set()
             if watcher is not None:
                 watcher.join(2)
-            self.say(f"{name}: done in {time.perf_counter() - started:.1f} s")
+            with self._lock:
+                self._clear()
+        # only a phase that finished says so: a failure's message comes alone
+        self.say(f"{name}: done in {time.perf_counter() - started:.1f} s")
 
     def _watch(self, name: str, started: float, stop: threading.Event) -> None:
         try:

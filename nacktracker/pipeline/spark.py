@@ -28,7 +28,7 @@ from typing import Mapping, Optional
 
 from .caches import class_archive_options
 
-__all__ = ["get_spark", "is_local", "default_parallelism", "quiet_pandas_check"]
+__all__ = ["get_spark", "stop_spark", "is_local", "default_parallelism", "quiet_pandas_check"]
 
 
 @contextlib.contextmanager
@@ -165,3 +165,46 @@ def _local_cores(master: Optional[str]) -> int:
 def default_parallelism(spark) -> int:
     """Task slots Spark reports (``spark.default.parallelism`` or cores)."""
     return max(1, spark.sparkContext.defaultParallelism)
+
+
+#: How long :func:`stop_spark` lets the driver JVM finish on its own (writing
+#: its class archive takes a few seconds) before it is killed.
+JVM_EXIT_TIMEOUT_S = 60.0
+
+
+def stop_spark(spark, timeout_s: float = JVM_EXIT_TIMEOUT_S) -> None:
+    """Stop the session and wait until the driver JVM this process started has
+    exited, so a command returns with no process of its own left running.
+
+    The JVM writes its class archive as it exits (:func:`~.caches.
+    class_archive_options`); it gets ``timeout_s`` for that, then it is killed
+    and its unfinished archive removed (:func:`~.caches.prune`). A JVM this
+    process did not start (``spark-submit``, a cluster) is left alone.
+    """
+    from pyspark import SparkContext
+
+    from .caches import prune
+
+    gateway = SparkContext._gateway
+    proc = getattr(gateway, "proc", None) if gateway is not None else None
+    with contextlib.suppress(Exception):
+        spark.stop()
+    if proc is None:
+        return
+    with contextlib.suppress(Exception):
+        gateway.shutdown()
+    with contextlib.suppress(Exception):
+        proc.stdin.close()  # the launcher exits when its stdin closes
+    try:
+        proc.wait(timeout=timeout_s)
+    except Exception:  # noqa: BLE001  (still running: kill it, and its half-written archive goes)
+        with contextlib.suppress(Exception):
+            proc.kill()
+            proc.wait(timeout=10)
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    from .caches import enabled
+
+    if enabled():
+        with contextlib.suppress(OSError):
+            prune(own_jvm_exited=True)
