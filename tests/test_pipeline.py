@@ -299,6 +299,22 @@ def test_partitions_sorted_and_streamed_in_groups_give_the_same_tables(spark, pl
 
 @pytest.mark.spark
 @needs_spark
+def test_consumers_streamed_in_time_order_give_the_same_tables(spark, planned, trace):
+    """Consumers above the streaming threshold go through the streaming kernel
+    (time-sorted in Spark, a chunk at a time): here all three. One chunk each
+    at this size: every column equal (several chunks: tests/test_pipeline_stream.py)."""
+    from nacktracker.pipeline import plan
+
+    drop = lambda t: t.drop(columns=["kernel_s"]).reset_index(drop=True)  # noqa: E731
+    for limit in (0,):
+        streamed = plan.run_plan(spark, trace, BITS, max_early_ms=300, stream_nacks=limit)
+        assert drop(streamed.consumers).equals(drop(planned.consumers)), limit
+        assert streamed.fleet_errors.equals(planned.fleet_errors)
+        assert streamed.series.equals(planned.series)
+
+
+@pytest.mark.spark
+@needs_spark
 @pytest.mark.parametrize("bits", [0, 4, 8, 12])
 def test_peak_memory_agrees_with_an_index_built_in_process(planned, trace, bits):
     name = "consumer-001"

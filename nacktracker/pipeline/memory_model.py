@@ -49,7 +49,7 @@ from __future__ import annotations
 import array
 import sys
 from dataclasses import asdict, dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import numpy as np
 from pyroaring import BitMap, BitMap64
@@ -320,7 +320,8 @@ def index_state(ledger: np.ndarray, entry: np.ndarray, bucket: np.ndarray, start
 
 
 def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucket: np.ndarray,
-                 start: np.ndarray, pending: np.ndarray, k: int, bits: int, costs: "IndexCosts") -> np.ndarray:
+                 start: np.ndarray, pending: np.ndarray, k: int, bits: int, costs: "IndexCosts",
+                 popped_before: Optional[np.ndarray] = None, widened_before: Optional[np.ndarray] = None) -> np.ndarray:
     """Bytes of ``k`` live indexes, each at its own instant, in one pass: the
     model's accounting, piece by piece as the module docstring lists them.
 
@@ -332,6 +333,11 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     a sequential pass over the promoted cells (each ledger's list,
     :func:`~.dense_cells.list_cells`) and building the bitmaps (C): one live
     bitmap per owner with pending occurrences and one per dense cell.
+
+    ``popped_before`` (per owner) and ``widened_before``: occurrences seen
+    earlier and not passed here (all popped by the instant), and whether one of
+    them had an id the narrow live bitmap cannot key — what a streamed
+    consumer (:mod:`.stream`) knows of the history it no longer holds.
     """
     owner, ledger, entry, bucket, start = (np.asarray(a, dtype=np.int64)
                                            for a in (owner, ledger, entry, bucket, start))
@@ -349,10 +355,14 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     listed_only = dense & listing.listed[arrival.code] & (arrival.promoting | ~arrival.run_start)
     seen_lid, n_seen_lid = _tuple_ids(owner, ledger)
     widened = np.bincount(owner[(entry >> LIVE_ENTRY_BITS > 0) & (entry >> 32 == 0)], minlength=k) > 0
+    if widened_before is not None:
+        widened |= np.asarray(widened_before, dtype=bool)
     multi_seen = _multi_history(owner, seen_lid, n_seen_lid, entry, bucket, start, k)
     # the live bitmap is shrunk to fit every few thousand changes, paced by pops
     # (``_compact_live``): once it has been, its containers grew back from there
     popped = np.bincount(owner[~p], minlength=k)
+    if popped_before is not None:
+        popped = popped + np.asarray(popped_before, dtype=np.int64)
     refit = popped >= COMPACT_CHURN
     o, ledger, entry, bucket, start, dense, by_add, listed_only, run_start, reset_after, rank, last, seen_lid = (
         a[p] for a in (owner, ledger, entry, bucket, start, dense, arrival.dense, listed_only, arrival.run_start,

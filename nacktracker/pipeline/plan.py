@@ -203,9 +203,56 @@ def _make_kernel(bits: Sequence[int], costs: IndexCosts, rounding: str, grid: Gr
     return kernel
 
 
+def _make_stream_kernel(bits: Sequence[int], costs: IndexCosts, rounding: str, grid: Grid,
+                        chunk_rows: Optional[int] = None):
+    """The mapInArrow function for consumers streamed in time order
+    (:class:`~.stream.ConsumerStream`): ``(cid, ledger, entry, ts, due)``
+    batches sorted by ``(cid, ts)`` -> one batch of rows per consumer, as
+    :func:`_make_kernel` gives them. Holds one consumer's pending
+    occurrences and a chunk, never the consumer whole."""
+    bits = tuple(bits)
+
+    def kernel(batches):
+        import numpy as np
+
+        from nacktracker.pipeline.stream import CHUNK_ROWS, ConsumerStream
+
+        stream, cid, started = None, None, 0.0
+
+        def done():
+            cols = stream.finish()
+            cols["cid"] = np.full(len(cols["bits"]), cid, dtype=np.int64)
+            return _result_batch(cols, time.perf_counter() - started)
+
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            cols = [batch.column(c).to_numpy().astype(np.int64, copy=False)
+                    for c in ("cid", "ledger_id", "entry_id", "ts_ms", "due")]
+            cuts = np.flatnonzero(np.diff(cols[0])) + 1
+            for lo, hi in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(cols[0])].tolist()):
+                if int(cols[0][lo]) != cid:
+                    if stream is not None:
+                        yield done()
+                    cid, started = int(cols[0][lo]), time.perf_counter()
+                    stream = ConsumerStream(bits, costs, rounding, grid, chunk_rows=chunk_rows or CHUNK_ROWS)
+                stream.feed(*(c[lo:hi] for c in cols[1:]))
+        if stream is not None:
+            yield done()
+
+    return kernel
+
+
+#: A consumer with more nacks than this is streamed in time order
+#: (:mod:`.stream`: memory O(pending + a chunk)) instead of analysed whole
+#: (about 220 bytes per nack in the worker: ~3.5 GB at this size).
+STREAM_NACKS = 1 << 24
+
+
 def run_plan(spark, trace: str, bits: Sequence[int] = DEFAULT_BITS, *,
              max_early_ms: float = DEFAULT_MAX_EARLY_MS, rounding: str = "floor",
-             fmt: str = "auto", partitions: Optional[int] = None, progress=None) -> PlanResult:
+             fmt: str = "auto", partitions: Optional[int] = None, progress=None,
+             stream_nacks: Optional[int] = None) -> PlanResult:
     """Run the whole plan job on ``trace``; return the tables for the report.
 
     Raises :class:`~nacktracker.events.TraceError` for unusable traces.
@@ -236,10 +283,21 @@ def run_plan(spark, trace: str, bits: Sequence[int] = DEFAULT_BITS, *,
     grid = Grid.spanning(first, last, SERIES_BINS)
     # at least 4 tasks a core (no core idles long at the end), and tasks of at
     # most about GROUP_ROWS nacks but for one consumer larger than that alone
-    parts = partitions or min(len(names), max(4 * default_parallelism(spark), -(-summary.nacks // GROUP_ROWS)))
-    nacks, sorted_rows = _sorted_nacks(spark, events, names, summary, parts)
+    limit = STREAM_NACKS if stream_nacks is None else stream_nacks
+    big = [n for n in names if summary.consumers[n]["nacks"] > limit]
+    whole = [n for n in names if summary.consumers[n]["nacks"] <= limit]
+    whole_nacks = sum(summary.consumers[n]["nacks"] for n in whole)
+    parts = partitions or min(len(whole), max(4 * default_parallelism(spark), -(-whole_nacks // GROUP_ROWS)))
+    results = None
     with quiet_pandas_check():
-        results = nacks.mapInArrow(_make_kernel(bits, costs, rounding, grid, sorted_rows), _RESULT_SCHEMA)
+        if whole:
+            nacks, sorted_rows = _sorted_nacks(spark, events, names, summary, max(1, parts), only=whole)
+            results = nacks.mapInArrow(_make_kernel(bits, costs, rounding, grid, sorted_rows), _RESULT_SCHEMA)
+        if big:
+            streamed = _streamed_nacks(events, names, big).mapInArrow(
+                _make_stream_kernel(bits, costs, rounding, grid), _RESULT_SCHEMA)
+            results = streamed if results is None else results.unionByName(streamed)
+    parts += len(big)
 
     t1 = time.perf_counter()
     with progress.phase("analyse", f"{summary.nacks:,} nacks of {len(names):,} consumers: shuffle, "
@@ -269,7 +327,27 @@ def run_plan(spark, trace: str, bits: Sequence[int] = DEFAULT_BITS, *,
                       series_bits=series_bits)
 
 
-def _sorted_nacks(spark, events, names: list[str], summary: TraceSummary, parts: int):
+def _streamed_nacks(events, names: list[str], big: list[str]):
+    """The nack rows of the ``big`` consumers, one consumer per partition,
+    sorted by time (Spark's external sort: spills to disk, never holds a
+    consumer in memory), as ``(cid, ledger_id, entry_id, ts_ms, due)``."""
+    from pyspark.sql import functions as F
+
+    cids = {name: i for i, name in enumerate(names)}
+    rank = {cids[n]: r for r, n in enumerate(big)}
+    nacks = events.where((F.col("kind") == "nack") & F.col("consumer").isin(big))
+    nacks = nacks.select(_lookup(F.col("consumer"), {n: cids[n] for n in big}, "int").alias("cid"),
+                         "ledger_id", "entry_id", "ts_ms", (F.col("ts_ms") + F.col("delay_ms")).alias("due"))
+    where = _lookup(F.col("cid"), rank, "int")
+    if hasattr(nacks, "repartitionById"):
+        nacks = nacks.repartitionById(len(big), where)
+    else:
+        nacks = nacks.repartition(len(big), where)
+    return nacks.sortWithinPartitions("cid", "ts_ms")
+
+
+def _sorted_nacks(spark, events, names: list[str], summary: TraceSummary, parts: int,
+                  only: Optional[list[str]] = None):
     """The nack rows as ``(cid, ledger_id, entry_id, ts_ms, due)``, each
     consumer whole in one of ``parts`` partitions, and whether they are sorted
     by ``cid``: one shuffle, and a radix sort (a consumer's rows together, in
@@ -280,6 +358,8 @@ def _sorted_nacks(spark, events, names: list[str], summary: TraceSummary, parts:
     from pyspark.sql import functions as F
 
     cids = {name: i for i, name in enumerate(names)}
+    everyone = len(only) == len(names) if only is not None else True
+    names = names if only is None else only
     sizes = {cids[n]: summary.consumers[n]["nacks"] for n in names}
     pid = _assign_partitions(sizes, parts)
     load, members = [0] * parts, [0] * parts
@@ -288,13 +368,15 @@ def _sorted_nacks(spark, events, names: list[str], summary: TraceSummary, parts:
         members[p] += 1
     sort = any(m > 1 and n > GROUP_ROWS for m, n in zip(members, load))
     nacks = events.where(F.col("kind") == "nack")
+    if not everyone:
+        nacks = nacks.where(F.col("consumer").isin(names)) if len(names) <= 64 else nacks
     due = (F.col("ts_ms") + F.col("delay_ms")).alias("due")
     if len(names) <= 64:  # a literal map lookup per row: no join, no extra column shuffled
         nacks = nacks.select(_lookup(F.col("consumer"), cids, "int").alias("cid"),
                              "ledger_id", "entry_id", "ts_ms", due)
         where = _lookup(F.col("cid"), {cids[n]: pid[cids[n]] for n in names}, "int")
     else:  # a literal map is a linear scan per row: join a broadcast table instead
-        nacks = (nacks.join(F.broadcast(_codes(spark, names, pid)), "consumer")
+        nacks = (nacks.join(F.broadcast(_codes(spark, names, cids, pid)), "consumer")
                  .select("pid", "cid", "ledger_id", "entry_id", "ts_ms", due))
         where = F.col("pid")
     if hasattr(nacks, "repartitionById"):  # Spark >= 4.1: exactly the partition we chose
@@ -308,7 +390,7 @@ def _sorted_nacks(spark, events, names: list[str], summary: TraceSummary, parts:
     return nacks.select("cid", "ledger_id", "entry_id", "ts_ms", "due"), sort
 
 
-def _codes(spark, names: list[str], pid: dict[int, int]):
+def _codes(spark, names: list[str], cids: dict[str, int], pid: dict[int, int]):
     """The ``consumer, cid, pid`` table to join, built from Arrow on the JVM side:
     a list of Python rows would be a job of its own, run by Python workers
     (started for it alone, ~2 s on a cold session)."""
@@ -316,8 +398,8 @@ def _codes(spark, names: list[str], pid: dict[int, int]):
     import pyspark
 
     table = pa.table({"consumer": pa.array(names, pa.string()),
-                      "cid": pa.array(range(len(names)), pa.int32()),
-                      "pid": pa.array([pid[i] for i in range(len(names))], pa.int32())})
+                      "cid": pa.array([cids[n] for n in names], pa.int32()),
+                      "pid": pa.array([pid[cids[n]] for n in names], pa.int32())})
     if int(pyspark.__version__.split(".")[0]) >= 4:
         return spark.createDataFrame(table)
     return spark.createDataFrame(table.to_pandas())  # PySpark 3.5: from pandas, converted with Arrow
