@@ -187,6 +187,33 @@ def len_pending_at(nacks, bits, t):
     return sum(1 for (_, _, b), start in first.items() if start <= t < b)
 
 
+def test_a_group_sends_back_its_busiest_series_and_its_total(costs):
+    """40 consumers in one group: the series of the 16 with the highest peak per
+    bits come back, and the group's total at each instant over all 40."""
+    from nacktracker.pipeline import plan
+    from nacktracker.pipeline.pending import Grid, analyse_group
+
+    rng = np.random.default_rng(11)
+    cid = np.repeat(np.arange(40), rng.integers(5, 60, 40))
+    n = len(cid)
+    ts = T0 + rng.integers(0, 5000, n)
+    due = ts + rng.integers(0, 3000, n)
+    grid = Grid.spanning(T0, T0 + 9000, 30)
+    cols = analyse_group(cid, np.full(n, 3), np.arange(n), ts, due, [0, 8], costs, "floor", grid)
+    batch = plan._result_batch(cols, 0.1)
+    table = pa.Table.from_batches([batch])
+    rows, series, _, totals = plan._split(table)
+    for i, b in enumerate((0, 8)):
+        sel = cols["bits"] == b
+        peaks = cols["peak_pending"][sel]
+        got, p_at, p_max = series[b]
+        assert len(got) == plan.SERIES_TOP
+        assert sorted(peaks[got], reverse=True) == sorted(peaks, reverse=True)[:plan.SERIES_TOP]
+        everyone = cols["pending_at"][1][i * 40 * 30:(i + 1) * 40 * 30].reshape(40, 30)
+        assert totals[b].tolist() == everyone.sum(axis=0).tolist()
+        assert p_at.tolist() == everyone[np.searchsorted(cols["cid"][sel], got)].tolist()
+
+
 def test_quantile_is_nearest_rank():
     v, c = np.array([-3, -1, 0]), np.array([1, 1, 2])
     assert [quantile(v, c, q, absolute=True) for q in (0.25, 0.5, 0.75, 1.0)] == [0, 0, 1, 3]
@@ -371,6 +398,8 @@ def test_report_outputs(planned, tmp_path):
     assert {"peak_at_utc", "bytes_per_pending", "within_bound", "own_best_bits"} <= set(csv.columns)
     md = paths["consumers_md"].read_text()
     assert sum(line.startswith("| consumer-") for line in md.splitlines()) == 3 * len(BITS)
+    assert "| peak pending | " in md and "| tracker memory | " in md  # the distribution over consumers
+    assert "## Consumers, distribution at precision_bits=8" in text
     r = table[(table["consumer"] == "consumer-000") & (table["bits"] == 8)].iloc[0]
     assert r["peak_at_utc"] in md and r["peak_at_utc"].startswith("2023-11-14 ")
     assert pq.read_table(paths["fleet"]).column("bits").to_pylist() == list(BITS)
@@ -380,6 +409,37 @@ def test_report_outputs(planned, tmp_path):
     peaks = table[table["bits"] == 8].set_index("consumer")["peak_pending"]
     assert (series.groupby("consumer")["pending_max"].max() == peaks).all()
     assert (series["pending_at"] <= series["pending_max"]).all()
+
+
+@pytest.mark.spark
+@needs_spark
+def test_reports_at_fleet_scale_summarise_and_the_tables_hold_everyone(planned, tmp_path):
+    """21,000 consumers (the planned ones, copied under other names): the
+    Markdown files stay small and readable, the CSV and Parquet hold them all."""
+    import dataclasses
+
+    import pandas as pd
+
+    from nacktracker.pipeline.report import write_outputs
+
+    copies = []
+    for i in range(7000):
+        c = planned.consumers.copy()
+        c["consumer"] = c["consumer"] + f"-{i:04d}"
+        c["index_bytes"] += i  # distinct sizes: a definite order
+        copies.append(c)
+    fleet = dataclasses.replace(planned, consumers=pd.concat(copies, ignore_index=True), series=None)
+    paths = write_outputs(fleet, tmp_path)
+    md = paths["consumers_md"].read_text()
+    assert paths["consumers_md"].stat().st_size <= 200_000 and paths["report"].stat().st_size <= 50_000
+    assert sum(line.startswith("| consumer-") for line in md.splitlines()) == 100 * len(BITS)
+    assert "The 100 of 21,000 consumers" in md and "| peak pending |" in md
+    at8 = fleet.consumers[fleet.consumers["bits"] == 8]
+    top = at8.sort_values("index_bytes", ascending=False)["consumer"].iloc[0]
+    first = next(line for line in md.splitlines() if line.startswith("| consumer-"))
+    assert first.startswith(f"| {top} |")  # the most memory first
+    assert len(pd.read_csv(paths["consumers_csv"])) == 21_000 * len(BITS)
+    assert pq.read_table(paths["consumers"]).num_rows == 21_000 * len(BITS)
 
 
 @pytest.mark.spark
@@ -635,11 +695,22 @@ def test_sweep_uses_the_benchmarks_workloads():
     for x, y, e in itertools.product((1, 4, 8), (8, 10, 15), (50_000, 1000)):
         assert sweep.seed_estimate(x, y, e) == bench.seed_estimate(x, y, e)
     rows = [sweep.measure(sweep.SweepConfig(index, 4, 10, 50_000, 1.0, 20_000)) for index in sweep.INDEXES]
-    ours = [line for line in sweep.table(rows).splitlines() if line.startswith("|")]
-    theirs = [line for line in bench.table(rows).splitlines() if line.startswith("|")]
-    assert len(ours) == len(theirs)
-    for mine, bench_line in zip(ours, theirs):  # the same cells, then ours adds two columns
-        assert mine.startswith(bench_line.rstrip(" |")), (mine, bench_line)
+    text = sweep.table(rows)
+    ours = [line for line in text.splitlines() if line.startswith("| ")]
+    assert len(ours) == 1 + len(rows)
+    header = [c.strip() for c in ours[0].strip("|").split("|")]
+    for name in header:  # every column is explained, in words
+        assert re.search(rf"^- \*\*{re.escape(name)}\*\*: \w.{{20,}}", text, re.M), name
+    assert "seed" not in text.lower()
+    for r, line in zip(rows, ours[1:]):  # the benchmark's figures, cell for cell
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[:3] == [r["index"], r["workload"], "4"] and cells[7] == f"{r['nbytes_per_msg']:.3f}"
+        if r["rss_growth"] < 2**20:
+            assert cells[8] == "< 1 MB"
+        else:
+            assert cells[8] == f"{r['rss_per_msg']:.3f}"
+    tb = [c.strip() for c in ours[1].strip("|").split("|")]
+    assert tb[10] == f"{bench.seed_estimate(4, 10, 50_000):.3f}" and tb[11] == "20.48"
 
 
 @pytest.mark.spark

@@ -237,7 +237,7 @@ def _plan(args: argparse.Namespace) -> int:
         with _Session(args, progress) as spark:
             result = run_plan(spark, args.trace, args.bits, max_early_ms=args.max_early_ms,
                               rounding=args.rounding, fmt=args.format, partitions=args.partitions,
-                              progress=progress)
+                              progress=progress, stream_nacks=args.stream_nacks)
             with progress.phase("report", f"writing {args.out}"):
                 paths = write_outputs(result, args.out)
     except (TraceError, ValueError, ExecutorCheckError) as e:
@@ -269,6 +269,9 @@ def _add_plan(sub) -> None:
     p.add_argument("--partitions", type=int, default=None,
                    help="tasks for the analysis (default: at least 4 x cores and about a "
                         "million nacks each, at most one a consumer)")
+    p.add_argument("--stream-nacks", type=int, default=None, metavar="N",
+                   help="a consumer with more nacks than N is read in time order, holding only what is "
+                        "pending, instead of whole (default 16777216: ~3.5 GB held whole)")
     _spark_options(p)
     p.set_defaults(func=_plan)
 
@@ -311,10 +314,12 @@ def _join(values) -> str:
 
 def _add_sweep(sub) -> None:
     s = sub.add_parser("sweep", help="the memory benchmark's parameter grid as Spark tasks",
-                       description="bench/memory.py's table (bytes per message per configuration, with seed "
-                                   "000's analytic estimate) over a grid of x (nacks/ms), y (precision bits), "
-                                   "entries per ledger and nack share; one Spark task per configuration, "
-                                   "each measured in a fresh interpreter.")
+                       description="The memory benchmark over a grid of nacks per ms (--x), precision bits "
+                                   "(--y), entries per ledger and nacked share: bytes per pending message by "
+                                   "nbytes() and by resident memory, beside a closed formula's estimate and "
+                                   "the Java client's published figure; every column is explained under the "
+                                   "table. One Spark task per configuration, each measured in a fresh "
+                                   "interpreter.")
     s.add_argument("--x", type=_ints, default=[1, 4, 8], help="nacks per ms (default 1,4,8)")
     s.add_argument("--y", type=_ints, default=[8, 10, 15], help="precision bits (default 8,10,15)")
     s.add_argument("--entries-per-ledger", type=_ints, default=[50_000], help="default 50000")

@@ -63,6 +63,10 @@ _RESULT_SCHEMA = ", ".join(
 GROUP_ROWS = 1 << 20
 #: Samples of pending over time, per consumer (the report's series and plot).
 SERIES_BINS = 200
+#: Consumers per group and bits whose series come back to the driver (the
+#: busiest, by peak); the fleet's total comes back whole, summed per group. So
+#: what the driver collects does not grow with the number of consumers.
+SERIES_TOP = 16
 
 
 @dataclass
@@ -81,8 +85,10 @@ class PlanResult:
     master: str
     partitions: int
     seconds: dict[str, float] = field(default_factory=dict)
-    series: "object" = None    # pandas: consumer, bits, t_ms, pending_at, pending_max (series_bits only)
+    series: "object" = None    # pandas: consumer, bits, t_ms, pending_at, pending_max (series_bits only;
+    #                            the busiest consumers: SERIES_TOP per group of each task)
     series_bits: Optional[int] = None
+    fleet_series: "object" = None  # pandas: bits, t_ms, pending_at summed over every consumer
 
 
 def measured_costs() -> IndexCosts:
@@ -171,10 +177,24 @@ def _result_batch(cols: dict, seconds: float):
     share = nacks / nacks.sum() if rows else nacks  # the group's time, split by nacks
     arrays += [pa.array(np.concatenate([cols["err_mean"], np.zeros(extra)]), pa.float64()),
                pa.array(np.concatenate([seconds * share, np.zeros(extra)]), pa.float64())]
-    for c in LIST_COLUMNS:  # the histogram rows have empty series
+    # series: the group's busiest consumers per bits, and (histogram rows) the group's total at each instant
+    bits_rows = cols["bits"]
+    order_bits = list(dict.fromkeys(bits_rows.tolist()))
+    keep = np.zeros(rows, dtype=bool)
+    for b in order_bits:
+        at = np.flatnonzero(bits_rows == b)
+        keep[at[np.argsort(-cols["peak_pending"][at], kind="stable")[:SERIES_TOP]]] = True
+    for c in LIST_COLUMNS:
         offsets, values = cols[c]
-        offsets = np.concatenate([offsets, np.full(extra, offsets[-1])])
-        arrays.append(pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, pa.int64())))
+        bins = int(offsets[1] - offsets[0]) if rows else 0
+        matrix = values.reshape(rows, bins)
+        lengths = np.where(keep, bins, 0)
+        total = [matrix[bits_rows == b].sum(axis=0) if c == "pending_at" else np.zeros(0, np.int64)
+                 for b in order_bits]
+        lengths = np.concatenate([lengths, [len(t) for t in total]])
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        flat = np.concatenate([matrix[keep].reshape(-1), *total]) if rows else np.zeros(0, np.int64)
+        arrays.append(pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat.astype(np.int64), pa.int64())))
     for j in range(2):  # and the consumer rows empty histograms
         lengths = np.concatenate([np.zeros(rows, dtype=np.int64), [len(h[j]) for h in hists]])
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
@@ -305,7 +325,7 @@ def run_plan(spark, trace: str, bits: Sequence[int] = DEFAULT_BITS, *,
         table = _collect_arrow(results)  # one job: everything the report needs comes back at once
     seconds["analyse"] = time.perf_counter() - t1
     t2 = time.perf_counter()
-    rows, series_lists, fleet_errors = _split(table)
+    rows, series_lists, fleet_errors, totals = _split(table)
     seconds["fleet"] = time.perf_counter() - t2
 
     rows.insert(0, "consumer", rows["cid"].map(dict(enumerate(names))))  # cid = index in sorted names
@@ -319,12 +339,17 @@ def run_plan(spark, trace: str, bits: Sequence[int] = DEFAULT_BITS, *,
     recommended = recommend(dict(zip(fleet["bits"], fleet["err_p99"])), max_early_ms)
     series_bits = recommended if recommended is not None else min(bits)
     series = _series(series_lists, series_bits, grid, names)
+    import numpy as np
+    import pandas as pd
+
+    total = totals.get(series_bits, np.zeros(0, dtype=np.int64))
+    fleet_series = pd.DataFrame({"bits": series_bits, "t_ms": grid.times()[:len(total)], "pending_at": total})
     seconds["total"] = time.perf_counter() - t0
     master = spark.sparkContext.master
     return PlanResult(trace=summary, bits=bits, rounding=rounding, max_early_ms=max_early_ms,
                       consumers=rows, fleet=fleet, fleet_errors=fleet_errors, recommended=recommended,
                       costs=costs, master=master, partitions=parts, seconds=seconds, series=series,
-                      series_bits=series_bits)
+                      series_bits=series_bits, fleet_series=fleet_series)
 
 
 def _streamed_nacks(events, names: list[str], big: list[str]):
@@ -432,8 +457,9 @@ def _split(table):
     bits_col = mine.column("bits").to_numpy()
     cids = mine.column("cid").to_numpy()
     lists = {c: mine.column(c).combine_chunks() for c in LIST_COLUMNS}
+    has = pc.greater(pc.list_value_length(lists["pending_at"]), 0).to_numpy(zero_copy_only=False)
     for b in np.unique(bits_col).tolist():
-        at = np.flatnonzero(bits_col == b)
+        at = np.flatnonzero((bits_col == b) & has)  # the consumers whose series came back
         mats = []
         for c in LIST_COLUMNS:
             chosen = lists[c].take(at)
@@ -441,9 +467,13 @@ def _split(table):
             mats.append(flat.reshape(len(at), -1) if len(at) else flat.reshape(0, 0))
         series[b] = (cids[at], *mats)
     fleet = []
+    totals: dict[int, np.ndarray] = {}
     hb = hist.column("bits").to_numpy()
+    hist_at = hist.column("pending_at").combine_chunks() if hist.num_rows else None
     for b in np.unique(hb).tolist():
         at = np.flatnonzero(hb == b)
+        sums = hist_at.take(at).flatten().to_numpy()
+        totals[b] = sums.reshape(len(at), -1).sum(axis=0) if len(sums) else sums
         values = hist.column("hist_values").take(at).combine_chunks().flatten().to_numpy()
         counts = hist.column("hist_counts").take(at).combine_chunks().flatten().to_numpy()
         distinct, inverse = np.unique(values, return_inverse=True)
@@ -451,7 +481,7 @@ def _split(table):
         fleet.append(pd.DataFrame({"bits": b, "error_ms": distinct, "nacks": summed}))
     fleet_errors = pd.concat(fleet, ignore_index=True) if fleet else pd.DataFrame(
         columns=["bits", "error_ms", "nacks"])
-    return rows, series, fleet_errors
+    return rows, series, fleet_errors, totals
 
 
 def _series(series_lists: dict, bits: int, grid: Grid, names: list[str]):

@@ -1,7 +1,10 @@
 """Write a plan's results: Parquet, CSV and Markdown tables, the report, plots.
 
-All outputs are small (one row per consumer and bits, plus a few hundred
-samples per consumer of pending over time) and written by the driver with
+The Markdown files summarise whatever the fleet's size: the recommendation,
+the distribution of per-consumer peaks and memory, and the consumers with the
+most memory (at most :data:`_MD_CONSUMERS` in ``consumers.md``, :data:`_TOP`
+in ``report.md``). Every consumer at every candidate goes to
+``consumers.parquet`` and ``consumers.csv``. Written by the driver with
 pyarrow/matplotlib, so ``--out`` is a local directory even when the job ran
 on a cluster.
 """
@@ -15,7 +18,8 @@ from .plan import PlanResult
 
 __all__ = ["write_outputs", "markdown", "consumer_table", "consumer_markdown", "plot", "plot_pending"]
 
-_TOP = 20  # consumers in report.md (all of them in consumers.md/.csv/.parquet)
+_TOP = 20  # consumers in report.md
+_MD_CONSUMERS = 100  # consumers in consumers.md (all of them in consumers.csv/.parquet)
 _LINES = 8  # consumers drawn one by one in pending.png
 #: Column order of consumers.csv/.parquet: the figures people read first.
 _TABLE_ORDER = ("consumer", "bits", "bucket_ms", "nacks", "peak_pending", "peak_at_utc", "peak_at_ms",
@@ -133,14 +137,16 @@ def markdown(result: PlanResult, table=None) -> str:
             f"{_err(f['err_p99'])} / {_err(f['err_max'])} |")
     n = result.consumers["consumer"].nunique()
     at = rec if rec is not None else min(result.bits)
+    lines += ["", *distribution(result)]
     title = "## Consumers, every candidate"
     if n > _TOP:
         title += (f" (the {_TOP} of {n:,} with the most memory at precision_bits={at}; "
-                  "all of them in consumers.md, consumers.csv and consumers.parquet)")
+                  "every consumer in consumers.csv and consumers.parquet)")
     lines += ["", title, "", *consumer_markdown(result, top=_TOP, table=table)]
     if result.series is not None and len(result.series):
-        lines += ["", f"Pending over time at precision_bits={result.series_bits}, per consumer: "
-                      "pending.parquet and pending.png."]
+        lines += ["", f"Pending over time at precision_bits={result.series_bits}: the fleet's total in "
+                      "pending_fleet.parquet, the busiest consumers' in pending.parquet, both drawn in "
+                      "pending.png."]
     c = result.costs
     lines += ["", "## How to read this", "",
               "- **Peak pending**: the most nacks a consumer's tracker holds at once, and **when** "
@@ -172,6 +178,34 @@ def markdown(result: PlanResult, table=None) -> str:
                  f"{s.get('total', 0):.1f} s (validate {s.get('validate', 0):.1f} s, analyse "
                  f"{s.get('analyse', 0):.1f} s, fleet errors {s.get('fleet', 0):.1f} s)._")
     return "\n".join(lines) + "\n"
+
+
+def distribution(result: PlanResult) -> list[str]:
+    """How per-consumer figures spread over the fleet, at the recommended bits
+    (else the smallest): quantiles over consumers of peak pending, tracker
+    memory, nacks and p99 error. A fixed number of lines, however many consumers."""
+    import numpy as np
+
+    at = result.recommended if result.recommended is not None else min(result.bits)
+    df = result.consumers[result.consumers["bits"] == at]
+    n = len(df)
+    qs = (("min", 0.0), ("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0))
+    word = "early" if result.rounding == "floor" else "late"
+    cols = (("peak pending", "peak_pending", lambda v: f"{int(v):,}"),
+            ("tracker memory", "index_bytes", _mb),
+            ("nacks", "nacks", lambda v: f"{int(v):,}"),
+            (f"error p99 ({word})", "err_p99", _err))
+    lines = [f"## Consumers, distribution at precision_bits={at}", "",
+             f"Over the {n:,} consumers: each figure's value at the given share of consumers "
+             "(p90: 90% of consumers are at or below it).", "",
+             "| figure | " + " | ".join(q for q, _ in qs) + " | sum |",
+             "|---|" + "---:|" * (len(qs) + 1)]
+    for label, col, fmt in cols:
+        values = np.sort(df[col].to_numpy(dtype=np.float64))
+        cells = [fmt(values[min(n - 1, max(0, int(np.ceil(q * n)) - 1))]) if n else "-" for _, q in qs]
+        total = fmt(values.sum()) if col != "err_p99" else "-"
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {total} |")
+    return lines
 
 
 def consumer_table(result: PlanResult):
@@ -270,7 +304,10 @@ def plot_pending(result: PlanResult, path: str | Path) -> Path:
     s = result.series
     fig, (fleet, per) = plt.subplots(1, 2, figsize=(11, 4.2))
     t0 = s["t_ms"].min()
-    total = s.groupby("t_ms")["pending_at"].sum()
+    if result.fleet_series is not None and len(result.fleet_series):  # every consumer, summed in the tasks
+        total = result.fleet_series.set_index("t_ms")["pending_at"]
+    else:
+        total = s.groupby("t_ms")["pending_at"].sum()
     fleet.plot((total.index - t0) / 1000, total.to_numpy(), "-")
     fleet.set_title(f"Fleet: pending at each instant (bits={result.series_bits})")
     fleet.set_xlabel("seconds into the trace")
@@ -296,7 +333,8 @@ def plot_pending(result: PlanResult, path: str | Path) -> Path:
 def write_outputs(result: PlanResult, out_dir: str | Path) -> dict[str, Path]:
     """Write the report and its tables into ``out_dir``; return their paths.
 
-    ``consumers.parquet``/``.csv``/``.md`` (every consumer × bits),
+    ``consumers.parquet``/``.csv`` (every consumer × bits), ``consumers.md``
+    (the distribution and the consumers with the most memory),
     ``fleet.parquet``, ``fleet_errors.parquet``, ``pending.parquet`` and
     ``pending.png`` (pending over time at the recommended bits),
     ``report.md`` and ``plot.png``."""
@@ -310,15 +348,22 @@ def write_outputs(result: PlanResult, out_dir: str | Path) -> dict[str, Path]:
     table.to_parquet(paths["consumers"], index=False)
     table.to_csv(paths["consumers_csv"], index=False)
     at = result.recommended if result.recommended is not None else min(result.bits)
+    n = table["consumer"].nunique()
+    shown = "All" if n <= _MD_CONSUMERS else f"The {_MD_CONSUMERS:,} of"
     paths["consumers_md"].write_text(
-        f"# Consumers × precision_bits: `{result.trace.path}`\n\nAll {table['consumer'].nunique():,} "
-        f"consumers, by tracker memory at precision_bits={at}; bound: p99 error <= "
-        f"{_err(result.max_early_ms)}.\n\n" + "\n".join(consumer_markdown(result, table=table)) + "\n",
+        f"# Consumers × precision_bits: `{result.trace.path}`\n\n" + "\n".join(distribution(result))
+        + f"\n\n## Consumers with the most memory\n\n{shown} {n:,} consumers, by tracker memory at "
+        f"precision_bits={at}; bound: p99 error <= {_err(result.max_early_ms)}. Every consumer at every "
+        "candidate: consumers.csv and consumers.parquet.\n\n"
+        + "\n".join(consumer_markdown(result, top=_MD_CONSUMERS, table=table)) + "\n",
         encoding="utf-8")
     result.fleet.to_parquet(paths["fleet"], index=False)
     result.fleet_errors.to_parquet(paths["fleet_errors"], index=False)
     if result.series is not None and len(result.series):
         result.series.to_parquet(paths["pending"], index=False)
+        if result.fleet_series is not None:
+            paths["pending_fleet"] = out / "pending_fleet.parquet"
+            result.fleet_series.to_parquet(paths["pending_fleet"], index=False)
         plot_pending(result, paths["pending_plot"])
     else:
         del paths["pending"], paths["pending_plot"]

@@ -3,7 +3,7 @@
 Each configuration (index, x nacks per ms, y precision bits, entries per
 ledger, nack share) is one Spark task, and each task measures in a fresh
 Python interpreter, exactly as ``bench/memory.py`` does: build the index
-message by message from seed 000's workload, then report ``nbytes()`` and the
+message by message from the benchmark's workload, then report ``nbytes()`` and the
 growth of the process's resident set. A fresh interpreter per configuration
 keeps RSS honest (Spark reuses its Python workers, whose heap remembers
 earlier tasks). Spark does the scheduling: ``local[*]`` runs as many
@@ -30,7 +30,7 @@ from typing import Sequence
 from .. import workloads
 
 __all__ = ["SweepConfig", "grid", "workload", "measure", "measure_fresh", "run_sweep", "table",
-           "seed_estimate", "INDEXES"]
+           "seed_estimate", "INDEXES", "COLUMNS"]
 
 INDEXES = ("TimeBucketIndex", "DictIndex", "HeapIndex")
 seed_estimate, workload = workloads.seed_estimate, workloads.workload
@@ -87,9 +87,52 @@ def _weight(cfg: SweepConfig) -> float:
     return cfg.messages * (1.0 if cfg.index == "TimeBucketIndex" else 3.0)
 
 
+#: The sweep table's columns and what each means, in the words its legend prints.
+COLUMNS = (
+    ("index", "the store of pending nacks measured: TimeBucketIndex (nacktracker's: time buckets of "
+              "Roaring bitmaps), DictIndex (one dict entry per message, as the Java client kept them "
+              "before PIP-393) or HeapIndex (a heap of (due time, ledger, entry) triples)"),
+    ("workload", "sequential: every entry of each ledger is nacked, in order; random: the nacked share "
+                 "of each ledger's entries, picked at random"),
+    ("nacks per ms", "how many nacks fall due in one millisecond (the due time moves on 1 ms after this many)"),
+    ("precision bits", "the tracker's precision_bits: due times are rounded to buckets of 2^bits ms"),
+    ("messages", "messages nacked and all pending at once when measured"),
+    ("entries per ledger", "entries a ledger holds before the next ledger starts"),
+    ("nacked share", "share of each ledger's entries that are nacked (1 for the sequential workload)"),
+    ("bytes/msg (nbytes)", "the index's own count of its memory (nbytes()) divided by the messages"),
+    ("bytes/msg (RSS)", "growth of the measuring process's resident memory divided by the messages; "
+                        "'< 1 MB' when it grew by less than a megabyte, below what RSS can resolve "
+                        "(memory comes in pages: trust nbytes then)"),
+    ("total MB (RSS)", "that growth of resident memory, in megabytes"),
+    ("formula bytes/msg", "what a closed formula for the sequential workload predicts per message "
+                          "(bitmap containers per bucket and ledger); '-' where it does not apply"),
+    ("Java client MB", "the Java client's memory for the same workload, from its published "
+                       "measurements; '-' where none was published"),
+)
+
+
 def table(rows: list[dict]) -> str:
-    """bench/memory.py's table, plus the entries-per-ledger and share columns."""
-    return workloads.table(rows, grid_columns=True)
+    """The measured grid as Markdown, then what every column means."""
+    head = "| " + " | ".join(name for name, _ in COLUMNS) + " |"
+    lines = [head, "|" + "---|" * 4 + "---:|" * (len(COLUMNS) - 4)]
+    for r in rows:
+        seq = r["index"] == "TimeBucketIndex" and r["workload"] == "sequential"
+        entries = r.get("entries_per_ledger", 50_000)
+        java: object = None
+        if seq and entries == 50_000:
+            java = workloads.JAVA_MB.get((r["x"], r["y"]))
+        elif r["index"] == "HeapIndex":
+            java = f"{workloads.JAVA_HEAP_MB:g} (heap of triples)"
+        est = workloads.seed_estimate(r["x"], r["y"], entries) if seq else None
+        floor = r["rss_growth"] < 2**20
+        cells = [r["index"], r["workload"], str(r["x"]), f"{r['y']} ({1 << r['y']:,} ms)", f"{r['messages']:,}",
+                 f"{entries:,}", f"{r.get('share', 1.0):g}", f"{r['nbytes_per_msg']:.3f}",
+                 "< 1 MB" if floor else f"{r['rss_per_msg']:.3f}",
+                 "< 1" if floor else f"{r['rss_growth'] / 2**20:.1f}",
+                 "-" if est is None else f"{est:.3f}", "-" if java is None else f"{java}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Columns:", ""] + [f"- **{name}**: {meaning}." for name, meaning in COLUMNS]
+    return "\n".join(lines)
 
 
 def write_outputs(rows: list[dict], out_dir: str, command: str) -> dict:

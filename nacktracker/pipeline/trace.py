@@ -32,6 +32,9 @@ from ..events import COLUMNS, COLUMN_TYPES
 
 __all__ = ["TraceSpec", "generate_trace", "trace_frame"]
 
+#: Up to this many consumers, per-consumer values are literal arrays in the plan.
+_LITERAL_CONSUMERS = 1024
+
 
 @dataclass(frozen=True)
 class TraceSpec:
@@ -86,13 +89,22 @@ def trace_frame(spark, spec: TraceSpec, partitions: int | None = None):
         return F.pmod(h, F.lit(1 << 30)).cast("double") / float(1 << 30)
 
     # per-consumer values come from small literal arrays: a lookup per row is far
-    # cheaper than building strings or calling pow() 20 million times
+    # cheaper than building strings or calling pow() 20 million times. With many
+    # consumers the arrays would be a plan of C literals each (planning 20,000
+    # consumers took a minute on the driver): then each row computes its own.
+    few = C <= _LITERAL_CONSUMERS
+
     def per_consumer(values, type_name):
         return F.element_at(F.array(*[F.lit(v).cast(type_name) for v in values]), (cid + 1).cast("int"))
 
     # per-consumer rate: a geometric spread from rate to rate * spread
-    ms_per_nack = [1000.0 / (spec.rate * spec.rate_spread ** (c / max(1, C - 1))) for c in range(C)]
-    ts = F.lit(spec.start_ms) + cid + F.floor(i.cast("double") * per_consumer(ms_per_nack, "double")).cast("long")
+    if few:
+        ms_per_nack = per_consumer([1000.0 / (spec.rate * spec.rate_spread ** (c / max(1, C - 1)))
+                                    for c in range(C)], "double")
+    else:
+        ms_per_nack = F.lit(1000.0) / (F.lit(float(spec.rate)) * F.pow(F.lit(float(spec.rate_spread)),
+                                                                       cid.cast("double") / float(max(1, C - 1))))
+    ts = F.lit(spec.start_ms) + cid + F.floor(i.cast("double") * ms_per_nack).cast("long")
     jitter = (F.floor(uniform(1) * (spec.delay_jitter_ms + 1)).cast("long")
               if spec.delay_jitter_ms else F.lit(0).cast("long"))
     delay = F.lit(spec.delay_ms).cast("long") + jitter
@@ -120,8 +132,11 @@ def trace_frame(spark, spec: TraceSpec, partitions: int | None = None):
         "redelivery_count": F.when(renack, 1).otherwise(0),
         "partition": F.lit(-1),
         "batch_index": (m % spec.batch_size) if spec.batch_size > 1 else F.lit(-1),
-        "topic": per_consumer([f"persistent://public/default/nacks-{c % spec.topics}" for c in range(C)], "string"),
-        "consumer": per_consumer([f"consumer-{c:03d}" for c in range(C)], "string"),
+        "topic": (per_consumer([f"persistent://public/default/nacks-{c % spec.topics}" for c in range(C)], "string")
+                  if few else F.concat(F.lit("persistent://public/default/nacks-"),
+                                       (cid % spec.topics).cast("string"))),
+        "consumer": (per_consumer([f"consumer-{c:03d}" for c in range(C)], "string")
+                     if few else F.format_string("consumer-%03d", cid)),
     }
     spark_type = {"int64": "bigint", "int32": "int", "string": "string"}
     return df.select(*[columns[c].cast(spark_type[COLUMN_TYPES[c]]).alias(c) for c in COLUMNS])
