@@ -228,12 +228,18 @@ def test_a_dump_its_jvm_left_unfinished_is_removed_at_once(cache):
 
 def test_the_bound_removes_the_least_recently_used_first(cache, monkeypatch):
     monkeypatch.setenv("NACKTRACKER_CACHE_MAX_MB", "3")
-    files = [cache / f"f{i}" for i in range(5)]
+    (cache / "jvm-classes").mkdir()
+    (cache / "index-costs").mkdir()
+    files = [cache / ("jvm-classes" if i % 2 else "index-costs") / f"f{i}" for i in range(5)]
     for i, f in enumerate(files):
         f.write_bytes(b"x" * (1 << 20))
         os.utime(f, (1000 + i, 1000 + i))
+    other = cache / "apache-pulsar" / "classpath.txt"  # another tool's entry: not the pipeline's to prune
+    other.parent.mkdir()
+    other.write_bytes(b"y" * (2 << 20))
+    os.utime(other, (1, 1))
     assert caches.prune() == 3 << 20
-    assert [f.exists() for f in files] == [False, False, True, True, True]
+    assert [f.exists() for f in files] == [False, False, True, True, True] and other.exists()
 
 
 def test_tests_never_use_the_users_cache():

@@ -54,6 +54,8 @@ _FORMAT = 1
 _DYNAMIC_MAGIC = (0xF00BABA8).to_bytes(4, "little")
 #: A dump whose header is still missing after this long was cut short (its JVM was killed).
 _STALE_DUMP_S = 600.0
+#: The folders :func:`prune` manages under :func:`cache_root` (others there belong to other tools).
+_FOLDERS = ("index-costs", "jvm-classes")
 #: The cache's bound in bytes (:func:`prune`); ``$NACKTRACKER_CACHE_MAX_MB`` overrides it.
 MAX_BYTES = 400 << 20
 
@@ -86,7 +88,7 @@ def _dump_pid(path: Path) -> Optional[int]:
 
 
 def prune(root: Optional[Path] = None, limit: Optional[int] = None, own_jvm_exited: bool = False) -> int:
-    """Keep the cache under ``limit`` bytes (default :func:`max_bytes`):
+    """Keep the pipeline's cache (:data:`_FOLDERS`) under ``limit`` bytes (default :func:`max_bytes`):
     remove unfinished dumps whose JVM is gone, then the least recently used
     files (modification time: a used archive is touched) until the rest fit.
     A dump still being written by a live JVM is never removed. Returns the
@@ -96,7 +98,8 @@ def prune(root: Optional[Path] = None, limit: Optional[int] = None, own_jvm_exit
     root = cache_root() if root is None else root
     limit = max_bytes() if limit is None else limit
     files = []
-    for folder, _dirs, names in os.walk(root):
+    walked = [w for sub in _FOLDERS for w in os.walk(root / sub)]  # the pipeline's own: not other tools' entries
+    for folder, _dirs, names in walked:
         for name in names:
             path = Path(folder) / name
             try:
