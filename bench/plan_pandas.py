@@ -61,6 +61,8 @@ def main(argv=None) -> int:
     p.add_argument("--events", type=int, default=20_000_000)
     p.add_argument("--consumers", type=int, default=8)
     p.add_argument("--trace-dir", type=Path, default=Path("/tmp/nacktracker-plan-pandas"))
+    p.add_argument("--trace", type=Path, default=None,
+                   help="an existing trace to use (default: generate one into --trace-dir)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--master", default="local[2]")
     p.add_argument("--out", type=Path, default=HERE / "bench" / "results" / "plan-pandas")
@@ -68,7 +70,7 @@ def main(argv=None) -> int:
     if args.pandas_only:
         print(json.dumps(pandas_peaks(args.pandas_only)))
         return 0
-    trace = args.trace_dir / f"{args.events}-{args.consumers}"
+    trace = args.trace or args.trace_dir / f"{args.events}-{args.consumers}"
     nk = [sys.executable, "-m", "nacktracker.cli"]
     if not trace.exists():
         run_sampled([*nk, "trace", "generate", "--out", str(trace), "--events", str(args.events),
@@ -103,7 +105,8 @@ def main(argv=None) -> int:
     med = {s: statistics.median(r["wall_s"] for r in runs if r["side"] == s) for s in sides}
     loads = [r[k] for r in runs for k in ("load_before", "load_after")]
     lines = [f"`python bench/plan_pandas.py --events {args.events} --consumers {args.consumers} --repeats "
-             f"{args.repeats}` on {os.cpu_count()} cores, {result['date']}; load average "
+             f"{args.repeats}` (trace: `trace generate --events {args.events} --consumers {args.consumers}`) on "
+             f"{os.cpu_count()} cores, {result['date']}; load average "
              f"{min(loads):.1f}-{max(loads):.1f}", "",
              "| side | wall (s), each run | median (s) | peak RSS (MB), each run |", "|---|---|---:|---|"]
     for s in sides:

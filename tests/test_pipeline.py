@@ -294,6 +294,25 @@ def test_generated_trace_has_the_shape_asked_for(trace):
 
 @pytest.mark.spark
 @needs_spark
+def test_many_consumers_are_generated_without_literal_arrays_alike(spark, monkeypatch):
+    """Above a thousand consumers each row computes its consumer's name, topic
+    and rate instead of looking them up in literal arrays (a plan of C literals
+    each): the same trace (times within the last bit of a double's pow)."""
+    from nacktracker.pipeline import trace as tr
+
+    spec = tr.TraceSpec(events=6000, consumers=60, rate=500, rate_spread=3.0, topics=7, renack_share=0.1, seed=4)
+    literal = tr.trace_frame(spark, spec).toPandas()
+    monkeypatch.setattr(tr, "_LITERAL_CONSUMERS", 10)
+    computed = tr.trace_frame(spark, spec).toPandas()
+    for c in literal.columns:
+        if c != "ts_ms":
+            assert computed[c].tolist() == literal[c].tolist(), c
+    assert (computed["ts_ms"] - literal["ts_ms"]).abs().max() <= 1
+    assert computed["consumer"].nunique() == 60 and computed["topic"].nunique() == 7
+
+
+@pytest.mark.spark
+@needs_spark
 def test_peak_pending_equals_an_exact_replay(planned, trace):
     rows = planned.consumers
     for name, nacks in nacks_by_consumer(trace).items():
@@ -547,6 +566,30 @@ def test_unsigned_64_bit_ids_are_read_when_they_fit(spark, tmp_path):
     with pytest.raises(ColumnTypeError, match="'ledger_id'.*9223372036854775813") as info:
         run_plan(spark, str(tmp_path / "big.parquet"), [0])
     assert info.value.column == "ledger_id"
+
+
+@pytest.mark.spark
+@needs_spark
+def test_ids_and_times_too_wide_for_32_bits_plan_alike(spark, tmp_path, costs):
+    """The kernel's columns cross into Python as 32-bit ints when they fit;
+    ids past 2^31 and a trace spanning more than 24 days keep 64 bits and give
+    the kernel's figures all the same."""
+    from nacktracker.pipeline.plan import run_plan
+
+    rng = np.random.default_rng(5)
+    n = 400
+    ts = np.sort(T0 + rng.integers(0, 40 * 86_400_000, n))  # 40 days
+    cols = {"ts_ms": ts.tolist(), "kind": ["nack"] * n,
+            "ledger_id": (3_000_000_000 + rng.integers(0, 3, n)).tolist(),
+            "entry_id": (5_000_000_000 + rng.integers(0, 50, n)).tolist(),
+            "delay_ms": rng.integers(0, 5_000, n).tolist(), "consumer": ["c"] * n}
+    got = run_plan(spark, _write(tmp_path / "wide.parquet", cols), [0, 8]).consumers
+    rows = [(l, e, t, t + d) for l, e, t, d in zip(cols["ledger_id"], cols["entry_id"], cols["ts_ms"],
+                                                   cols["delay_ms"])]
+    for r in analyse_rows(rows, [0, 8], costs):
+        g = got[got["bits"] == r.bits].iloc[0]
+        assert (g["peak_pending"], g["peak_at_ms"], g["index_bytes"], g["err_max"]) == (
+            r.peak_pending, r.peak_at_ms, r.index_bytes, r.error_quantile(1.0))
 
 
 def _write(path, cols) -> str:

@@ -15,6 +15,7 @@ import glob
 import os
 import re
 from dataclasses import dataclass, field
+from typing import Optional
 
 from ..events import (COLUMN_TYPES, COLUMNS, KINDS, NON_NEGATIVE_COLUMNS, NOT_NULL_COLUMNS, ColumnTypeError,
                       EmptyTraceError, TraceError, check_schema, check_stats)
@@ -41,6 +42,8 @@ class TraceSummary:
     kinds: dict[str, int]
     #: consumer -> {"events", "nacks", "redeliver", "dead_letter", "first_ms", "last_ms", "last_due_ms"}
     consumers: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: the largest ``ledger_id`` and ``entry_id`` (None when unknown)
+    maxima: dict[str, Optional[int]] = field(default_factory=dict)
 
     @property
     def nacks(self) -> int:
@@ -256,6 +259,7 @@ def summarize(events, path: str) -> TraceSummary:
     aggs += [F.min(c).alias(f"min_{c}") for c in lows]
     unsigned = [c[len(_RAW):] for c in events.columns if c.startswith(_RAW)]
     aggs += [F.max(_RAW + c).alias(f"max_{_RAW}{c}") for c in unsigned]
+    aggs += [F.max(c).alias(f"max_{c}") for c in ("ledger_id", "entry_id")]  # do they fit 32 bits?
     aggs.append(F.max("ts_ms").alias("last_ms"))
     aggs.append(F.max(F.col("ts_ms") + F.col("delay_ms")).alias("last_due_ms"))  # where pending can end
     try:
@@ -292,7 +296,9 @@ def summarize(events, path: str) -> TraceSummary:
         c["last_ms"] = max(c["last_ms"], r["last_ms"])
         if r["kind"] == "nack":
             c["last_due_ms"] = max(c["last_due_ms"], r["last_due_ms"])
-    return TraceSummary(path=path, rows=stats["rows"], kinds=kinds, consumers=consumers)
+    maxima = {c: max((r[f"max_{c}"] for r in rows if r[f"max_{c}"] is not None), default=None)
+              for c in ("ledger_id", "entry_id")}
+    return TraceSummary(path=path, rows=stats["rows"], kinds=kinds, consumers=consumers, maxima=maxima)
 
 
 def load_trace(spark, path: str, fmt: str = "auto") -> tuple:
