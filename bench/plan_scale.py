@@ -144,6 +144,7 @@ def main(argv=None) -> int:
     lines += ["", "Outputs: " + ", ".join(f"{k} {v:,} B" for k, v in sizes.items())
               + f"; consumers.csv rows: {result['consumers_csv_rows']:,}."]
     (args.out / f"plan_scale-{args.case}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    shutil.copy(out / "report.md", args.out / f"plan_scale-{args.case}-report.md")  # the figures it planned
     print("\n".join(lines))
     if args.delete_trace:
         shutil.rmtree(trace, ignore_errors=True)
