@@ -23,6 +23,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -76,12 +77,15 @@ def _rss_tree(root: int) -> dict[int, tuple[str, int]]:
     return out
 
 
-def run_sampled(cmd: list[str]) -> dict:
-    """Run ``cmd``; its wall time and peak RSS per kind of process."""
-    env = dict(os.environ, PYTHONPATH=str(HERE))
+def run_sampled(cmd: list[str], source: Path = HERE) -> dict:
+    """Run ``cmd`` with ``source``'s package; its wall time and peak RSS per kind of process."""
+    env = dict(os.environ, PYTHONPATH=str(source))
     peaks = {"driver": 0, "jvm": 0, "worker": 0, "python": 0, "tree": 0}
     started = time.perf_counter()
-    with subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
+    # from a neutral directory: ``python -m`` puts the working directory before PYTHONPATH, so a
+    # run from a checkout would import that checkout's package whatever ``source`` says
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          cwd=tempfile.gettempdir()) as proc:
         reader = threading.Thread(target=lambda: setattr(proc, "err_text", proc.stderr.read()), daemon=True)
         reader.start()
         while proc.poll() is None:

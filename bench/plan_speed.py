@@ -27,6 +27,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -76,7 +77,10 @@ def _run(cmd: list[str], source: Path) -> tuple[float, float, str]:
     env = dict(os.environ, PYTHONPATH=str(source))
     started = time.perf_counter()
     seen: dict[int, float] = {}
-    with subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
+    # from a neutral directory: ``python -m`` puts the working directory before PYTHONPATH, so a
+    # run from a checkout would import that checkout's package whatever ``source`` says
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          cwd=tempfile.gettempdir()) as proc:
         reader = threading.Thread(target=lambda: setattr(proc, "err_text", proc.stderr.read()), daemon=True)
         reader.start()
         while proc.poll() is None:
