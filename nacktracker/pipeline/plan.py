@@ -5,9 +5,11 @@ The Spark job, end to end:
 
 1. read the log and check it (:mod:`.load`): one aggregation pass, which also
    counts events per consumer;
-2. keep the ``nack`` rows, number the consumers and spread them over
-   partitions by size (largest first onto the emptiest partition), so each
-   task gets whole consumers and the tasks weigh about the same;
+2. keep the ``nack`` rows and only the columns the kernel reads, as 32-bit
+   ints when they fit (:func:`_narrow_columns`); number the consumers and
+   spread those of at most :data:`STREAM_NACKS` nacks over partitions by
+   size (largest first onto the emptiest partition), so each task gets whole
+   consumers and the tasks weigh about the same;
 3. shuffle once (``repartitionById`` on that number; with more than 64
    consumers the number comes from a broadcast join on a small table built
    from Arrow); only when a partition holds more than one group of
@@ -21,16 +23,20 @@ The Spark job, end to end:
    Spark's four-key row comparisons on consumers of millions of rows — then
    numpy sweeps for the exact peaks, pyroaring bitmaps for the memory),
    emitting one row per (consumer, bits) and the group's error histogram;
-5. the driver collects those small rows; the fleet's error histogram is summed
-   in Spark (one row per distinct error value).
+   a consumer above :data:`STREAM_NACKS` gets a partition of its own, sorted
+   by time in Spark (external sort), and its task reads it a chunk at a time
+   (:class:`~nacktracker.pipeline.stream.ConsumerStream`: what is pending and
+   a chunk held, never the consumer);
+5. the driver collects those small rows (the series of each group's busiest
+   consumers and the group's total, not every consumer's); the fleet's error
+   histogram is the sum of the groups'.
 
 Why whole consumers per task: the peak of pending nacks is a property of a
 consumer's whole timeline, and so is the set of messages pending at that
 peak; a task that holds one consumer's rows computes both exactly in one
-pass, with no second shuffle. A task holds one consumer at a time (about 100
-bytes per nack, in the Python worker); thousands of consumers spread over as
-many tasks as the cluster has cores. One consumer with more nacks than a
-worker can hold (50 M nacks: ~5 GB) needs a shorter trace window.
+pass, with no second shuffle — up to a size a worker holds comfortably
+(docs/pipeline.md, "How big a log it plans", has the bytes per nack); past
+it, time order makes one pass enough with only the pending set in memory.
 """
 
 from __future__ import annotations
