@@ -76,6 +76,9 @@ class DeliveryCore:
         self.blind = False  # restored batch entries without records: hold their copies while pending
         # per verdict (keyed by Verdict.value: the hot path counts without hashing an enum member)
         self.counts = dict.fromkeys([v.value for v in Verdict] + ["released", "expired", "nacks_after_ack"], 0)
+        #: ``f(lateness_ms)`` for every redelivered copy that surfaces: its time against its bucket's
+        #: (the requested due time at precision_bits=0). The shell keeps the figures (a pure core keeps none).
+        self.on_redelivered: Optional[Callable[[float], None]] = None
 
     # -- questions -------------------------------------------------------------------
 
@@ -294,6 +297,8 @@ class DeliveryCore:
                 self.held[item.key] = Held(parked.tokens)
                 self.counts["released"] += 1
                 out.append(parked.token)
+                if self.on_redelivered is not None:
+                    self.on_redelivered(now_ms - item.at_ms)
         self._expire(now_ms)
         return out
 
@@ -350,6 +355,8 @@ class DeliveryCore:
     def _due_or_park(self, key: MessageKey, release_ms: int, token: Token, tokens: list[Token],
                      now_ms: float) -> Verdict:
         if now_ms >= release_ms:
+            if self.on_redelivered is not None:
+                self.on_redelivered(now_ms - release_ms)
             return self._surface(key, tokens)
         parked = self.parked[key] = Parked(release_ms, token, tokens)
         heapq.heappush(self._release_heap, _Deadline(release_ms, next(self._seq), key, parked))
