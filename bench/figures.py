@@ -117,7 +117,7 @@ def rendered(doc: Path) -> str:
     def sub(m: re.Match[str]) -> str:
         name = m.group("name")
         if name not in RENDERERS:
-            raise KeyError(f"{doc.relative_to(ROOT)}: unknown figures block {name!r} (known: {sorted(RENDERERS)})")
+            raise KeyError(f"{doc}: unknown figures block {name!r} (known: {sorted(RENDERERS)})")
         return f"{m.group(1)}\n{_relink(RENDERERS[name](), doc)}\n{m.group(4)}"
 
     return BLOCK.sub(sub, text)
