@@ -53,7 +53,7 @@ class TrackedConsumer:
     """A ``pulsar.asyncio.Consumer`` with exact, tracked negative acks.
 
     Usually made by :func:`~nacktracker.subscribe`, whose options it takes
-    (documented there and in ``README.md``). Same methods and argument types
+    (documented there and in the docs' consumer guide). Same methods and argument types
     as ``pulsar.asyncio.Consumer`` (``receive``, ``acknowledge``,
     ``acknowledge_cumulative``, ``negative_acknowledge``, ``seek``,
     ``unsubscribe``, ``close``, ``get_last_message_id``, ``topic``,
@@ -245,7 +245,7 @@ class TrackedConsumer:
         ignored (logged, counted in ``nacks_after_ack``): the broker would
         never send it again. One this consumer did not receive:
         :class:`NotReceivedError`. On Exclusive/Failover it comes back from this consumer's memory
-        (a bare id: ``TypeError``; README, "Subscription types"). Never blocks. Runtime: O(1) amortised.
+        (a bare id: ``TypeError``; the docs' "Subscription types per broker"). Never blocks. Runtime: O(1) amortised.
         """
         self._check_open()
         key, count = self._key(message)
