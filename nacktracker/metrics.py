@@ -212,7 +212,7 @@ class NackMetrics:
 
         registration._source.detach.append(tracker.add_fire_listener(on_fire))
         if consumer is not None:
-            registration._source.detach.append(consumer.add_lateness_listener(on_redelivered))
+            registration._source.detach.append(consumer.lateness.add_listener(on_redelivered))
         return registration
 
     def _remove(self, source: _Source) -> None:
@@ -330,9 +330,8 @@ def observe_stats(stats: StatsFn, *, topic: Optional[str] = None, subscription: 
     """The attach point for anything with a tracker-like ``stats()`` (a
     consumer): export its counters and gauges with these attributes; with
     ``tracker``, also its fires into the timer-lag histogram; with
-    ``lateness_from`` (an object with ``add_lateness_listener``, a
-    :class:`~nacktracker.TrackedConsumer`), its redelivered messages into the
-    lateness histogram."""
+    ``lateness_from`` (a :class:`~nacktracker.TrackedConsumer`: its ``lateness``),
+    its redelivered messages into the lateness histogram."""
     attrs = _attributes(topic, subscription, consumer, attributes)
     metrics = metrics_for(meter_provider)
     if tracker is not None:
@@ -350,4 +349,4 @@ def instrument_consumer(consumer: Any, *, attributes: Optional[Mapping[str, str]
     return observe_stats(consumer.stats, topic=topic if isinstance(topic, str) else ",".join(topic),
                          subscription=consumer.subscription_name(), consumer=consumer.consumer_name(),
                          attributes=attributes, tracker=consumer.tracker, meter_provider=meter_provider,
-                         lateness_from=consumer if hasattr(consumer, "add_lateness_listener") else None)
+                         lateness_from=consumer if hasattr(consumer, "lateness") else None)

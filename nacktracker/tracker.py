@@ -139,6 +139,7 @@ class NegativeAcksTracker:
 
     Must be used from one event loop; other threads call :meth:`add_threadsafe`.
 
+    >>> from nacktracker.adapters import MemoryAdapter
     >>> async def main():
     ...     adapter = MemoryAdapter()
     ...     async with NegativeAcksTracker(adapter, delay_ms=10, precision_bits=0) as t:

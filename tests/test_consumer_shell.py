@@ -211,10 +211,10 @@ async def test_lateness_listeners_see_each_redelivered_message_and_can_be_remove
     h = harness(precision_bits=0, latency_ms=40)  # each copy back 10 ms after its due time
     _, (m0, m1, m2) = await first_delivery(h, 3)
     seen: list[float] = []
-    remove = h.consumer.add_lateness_listener(seen.append)
-    h.consumer.add_lateness_listener(lambda ms: 1 / 0)  # a failing listener is logged and kept
+    remove = h.consumer.lateness.add_listener(seen.append)
+    h.consumer.lateness.add_listener(lambda ms: 1 / 0)  # a failing listener is logged and kept
     with pytest.raises(TypeError):
-        h.consumer.add_lateness_listener("not callable")
+        h.consumer.lateness.add_listener("not callable")
     await h.consumer.negative_acknowledge(m0, delay_ms=200)
     await h.consumer.negative_acknowledge(m1, delay_ms=300)
     await h.advance(250, ack=True)

@@ -166,3 +166,30 @@ def test_every_test_the_docs_name_exists():
                     rf"^((async )?def {m.group('name')}\(|{m.group('name')} = )", source.read_text(), re.M):
                 missing.append(f"{doc.relative_to(ROOT)}: {current}::{m.group('name')}")
     assert missing == []
+
+
+def api_objects() -> list:
+    """The objects the API reference page renders (``::: dotted.path`` lines)."""
+    import importlib
+
+    out = []
+    for path in re.findall(r"^::: (\S+)", (ROOT / "docs" / "reference" / "api.md").read_text(), re.M):
+        module_path, _, name = path.rpartition(".")
+        out.append(pytest.param(module_path, name, id=path))
+    assert out and importlib  # the page lists something
+    return out
+
+
+@pytest.mark.parametrize(("module_path", "name"), api_objects())
+def test_the_examples_of_the_api_reference_run(module_path, name):
+    """The API reference shows the docstrings' ``>>>`` examples: each runs and prints what it shows."""
+    import doctest
+    import importlib
+
+    pytest.importorskip("pulsar")
+    module = importlib.import_module(module_path)
+    obj = getattr(module, name)
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    for test in doctest.DocTestFinder().find(obj, f"{module_path}.{name}", globs=dict(vars(module))):
+        runner.run(test)
+    assert runner.failures == 0, f"{runner.failures} of {runner.tries} examples failed (output above)"

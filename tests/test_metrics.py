@@ -207,9 +207,11 @@ async def test_instrument_consumer_takes_its_names_and_stats():
         def stats(self) -> dict:
             return {**tracker.stats(), "batch_records": 2}
 
-        def add_lateness_listener(self, listener):
-            listeners.append(listener)
-            return lambda: listeners.remove(listener)
+        class lateness:  # noqa: N801  (TrackedConsumer.lateness: a RedeliveryLateness)
+            @staticmethod
+            def add_listener(listener):
+                listeners.append(listener)
+                return lambda: listeners.remove(listener)
 
     listeners: list = []
 

@@ -23,10 +23,11 @@ from ..adapters.pulsar import _MULTI_TOPIC_MARK, PulsarAdapter
 from ..clock import Clock
 from ..dedup import Deduplicator
 from ..keys import MessageKey
-from ..tracker import FiredCell, LatencyHistogram, NegativeAcksTracker
+from ..tracker import FiredCell, NegativeAcksTracker
 from .core import DeliveryCore, Verdict
 from .dead_letters import ConsumerDeadLetters, DeadLetterPublisher, quietly
 from .errors import ConsumerClosed, NotReceivedError
+from .lateness import RedeliveryLateness
 from .options import ConsumerOptions, batch_size, check_timeout_ms, key_and_count, message_key, seek_target
 from .persist import SnapshotStore
 from .local import LocalNacks
@@ -98,9 +99,7 @@ class TrackedConsumer:
         self.tracker: NegativeAcksTracker
         self.core = DeliveryCore(check_precision(opts.precision_bits, "floor"), dedup=self._dedup,
                                  pending=self._pending, overdue_ms=COPY_OVERDUE_MS)
-        self._lateness = LatencyHistogram()
-        self._lateness_listeners: list[Callable[[float], None]] = []
-        self.core.on_redelivered = self._on_redelivered
+        self.lateness = RedeliveryLateness(self.core)  # stats()["lateness_ms"]; add_listener: the metrics' histogram
         self._pump = ReceivePump(consumer, self._admit, opts.prefetch,
                                  on_resume=getattr(self.adapter, "forget_handed", None))
         self._saver: Optional[asyncio.Task] = None
@@ -275,34 +274,6 @@ class TrackedConsumer:
         self.core.fired(cell.bucket_ms, cell.keys, self.tracker.clock.now_ms())
         self._release.rearm()
 
-    def _on_redelivered(self, lateness_ms: float) -> None:
-        """A redelivered copy surfaced ``lateness_ms`` after its bucket's time (the core's hook)."""
-        self._lateness.add(lateness_ms)
-        for listener in self._lateness_listeners:
-            try:
-                listener(lateness_ms)
-            except Exception:  # a metrics listener must not break delivery
-                log.exception("lateness listener %r failed; kept", listener)
-
-    def add_lateness_listener(self, listener: Callable[[float], None]) -> Callable[[], None]:
-        """Call ``listener(lateness_ms)`` on the loop for every redelivered
-        message as it surfaces: when it is handed to the application, minus
-        its bucket's time (the requested due time at ``precision_bits=0``,
-        the default; with more bits the due time is up to ``2^bits - 1`` ms
-        after the bucket's). :mod:`nacktracker.metrics` records these into
-        ``nacktracker.redelivery.lateness``. Returns a function that removes
-        the listener; one that raises is logged and kept. O(listeners) per message."""
-        if not callable(listener):
-            raise TypeError(f"listener must be callable, not {type(listener).__name__}")
-        listeners = self._lateness_listeners
-
-        def remove() -> None:
-            if listener in listeners:
-                listeners.remove(listener)
-
-        listeners.append(listener)
-        return remove
-
     def _pending(self, key: MessageKey) -> bool:
         return bool(self.tracker.pending) and key in self.tracker
 
@@ -360,11 +331,9 @@ class TrackedConsumer:
 
     def stats(self) -> dict[str, Any]:
         """The tracker's stats plus the consumer's (each key, its meaning and
-        unit: the docs' "Stats and metrics" page). ``lateness_ms``: each
-        redelivered message's surfacing against its bucket's time (see
-        :meth:`add_lateness_listener`). Runtime: O(1) plus the tracker's."""
-        return {**self.tracker.stats(), "lateness_ms": self._lateness.summary(),
-                "received": self._pump.received, "prefetched": self._pump.queued,
+        unit: the docs' "Stats and metrics" page). Runtime: O(1) plus the tracker's."""
+        return {**self.tracker.stats(), "lateness_ms": self.lateness.summary(), "received": self._pump.received,
+                "prefetched": self._pump.queued,
                 **core_stats(self.core), **self._counts,
                 **self._dead_letters.stats(),
                 "snapshots_saved": self._store.saved if self._store else 0,
