@@ -66,11 +66,14 @@ def demo() -> str:
 
 
 def _throughput_file() -> Optional[Path]:
-    if not THROUGHPUT_DIR.is_dir():
-        return None
+    """``bench/results/consume-throughput/results.json``, else the last (by name) JSON of that folder or
+    any ``*consume*throughput*.json`` under ``bench/results/`` holding that benchmark's ``--json`` output."""
     named = THROUGHPUT_DIR / "results.json"
-    found = sorted(THROUGHPUT_DIR.glob("*.json"))
-    return named if named.exists() else (found[-1] if found else None)
+    if named.exists():
+        return named
+    found = sorted({*THROUGHPUT_DIR.glob("*.json"), *(ROOT / "bench" / "results").glob("**/*consume*throughput*.json")})
+    found = [p for p in found if {"tracked", "plain", "median_round_ratio"} <= set(_load(p))]
+    return found[-1] if found else None
 
 
 def consume_throughput() -> str:

@@ -193,3 +193,12 @@ def test_the_examples_of_the_api_reference_run(module_path, name):
     for test in doctest.DocTestFinder().find(obj, f"{module_path}.{name}", globs=dict(vars(module))):
         runner.run(test)
     assert runner.failures == 0, f"{runner.failures} of {runner.tries} examples failed (output above)"
+
+
+def test_make_demo_installs_only_the_demo_extra_and_make_test_every_extra_with_the_docs_build():
+    makefile = (ROOT / "Makefile").read_text()
+    demo_install = re.search(r"^\$\(DEMO_STAMP\):.*?\n((?:\t.*\n)+)", makefile, re.M).group(1)
+    assert "-e '.[demo]'" in demo_install and "[all]" not in demo_install
+    assert re.search(r"^demo: \$\(DEMO_STAMP\)$", makefile, re.M)
+    assert re.search(r"^test: lint docs$", makefile, re.M) and "mkdocs build --strict" in makefile
+    assert "docs" in re.search(r'^all = \["nacktracker\[([^\]]*)\]"\]', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
