@@ -53,14 +53,12 @@ INITIAL_LEAD_MS = 250
 class TrackedConsumer:
     """A ``pulsar.asyncio.Consumer`` with exact, tracked negative acks.
 
-    Usually made by :func:`~nacktracker.subscribe`, whose options it takes
-    (documented there and in the docs' consumer guide). Same methods and argument types
-    as ``pulsar.asyncio.Consumer`` (``receive``, ``acknowledge``,
-    ``acknowledge_cumulative``, ``negative_acknowledge``, ``seek``,
-    ``unsubscribe``, ``close``, ``get_last_message_id``, ``topic``,
-    ``subscription_name``, ``consumer_name``,
-    ``redeliver_unacknowledged_messages``), plus ``negative_acknowledge(msg,
-    delay_ms=…)``, ``receive(timeout_ms=…)``, ``async with`` and ``async for``.
+    Usually made by :func:`~nacktracker.subscribe`, whose options it takes (documented there and in the
+    docs' consumer guide). Same methods and argument types as ``pulsar.asyncio.Consumer`` (``receive``,
+    ``acknowledge``, ``acknowledge_cumulative``, ``negative_acknowledge``, ``seek``, ``unsubscribe``, ``close``,
+    ``get_last_message_id``, ``topic``, ``subscription_name``, ``consumer_name``,
+    ``redeliver_unacknowledged_messages``), plus ``negative_acknowledge(msg, delay_ms=…)``,
+    ``receive(timeout_ms=…)``, ``async with`` and ``async for``. ``lateness``: see :mod:`.lateness`.
 
     ``schema``: the consumer's (dead letters are published under it). After
     :meth:`close` every call that would reach the broker raises :class:`ConsumerClosed`.
@@ -338,8 +336,7 @@ class TrackedConsumer:
         """The tracker's stats plus the consumer's (each key, its meaning and
         unit: the docs' "Stats and metrics" page). Runtime: O(1) plus the tracker's."""
         return {**self.tracker.stats(), "lateness_ms": self.lateness.summary(), "received": self._pump.received,
-                "prefetched": self._pump.queued,
-                **core_stats(self.core), **self._counts,
+                "prefetched": self._pump.queued, **core_stats(self.core), **self._counts,
                 **self._dead_letters.stats(),
                 "snapshots_saved": self._store.saved if self._store else 0,
                 "snapshot_failures": self._store.failures if self._store else 0,
