@@ -172,7 +172,8 @@ async def first_delivery(h: Harness, size: int):
 async def test_batch_of_four_acked_and_held_siblings_never_surface_again(harness):
     """Issue 10, first case: m0 acked, m1 nacked 1000 ms, m2 nacked 1120 ms,
     each redelivery acked on arrival, m3 still held. Only m1 and m2 surface
-    again, each exactly at its due time; the record ends with m3's ack."""
+    again, each exactly at its due time, from one redelivery of the entry (m2
+    parked until its own); the record ends with m3's ack."""
     h = harness(precision_bits=0)
     _, (m0, m1, m2, m3) = await first_delivery(h, 4)
     h.got.clear()
@@ -182,7 +183,7 @@ async def test_batch_of_four_acked_and_held_siblings_never_surface_again(harness
     await h.advance(1300, ack=True)
     assert [(at, data) for at, data, _ in h.got] == [(1000, b"e0.1"), (1120, b"e0.2")]
     stats = h.consumer.stats()
-    assert stats["held_copies_dropped"] >= 2 and stats["acked_copies_dropped"] >= 2
+    assert stats["held_copies_dropped"] >= 1 and stats["acked_copies_dropped"] >= 1 and stats["copies_parked"] >= 1
     assert stats["lateness_ms"]["count"] == 2 and stats["lateness_ms"]["max"] == 0  # each exactly at its due time
     await h.consumer.acknowledge(m3)
     assert h.consumer.stats()["batch_records"] == 0 and h.consumer.tracker.pending == 0
