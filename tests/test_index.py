@@ -46,6 +46,73 @@ def test_ceil_is_never_early_and_at_most_2_bits_late(cls, bits):
         assert b % (1 << bits) == 0
 
 
+# The reference models, checked against cases worked out by hand (not against the index,
+# nor against a formula shared with it): a bucket is a multiple of 2^bits ms, the one at or
+# below the due time (floor) or at or above it (ceil).
+HAND_WORKED = [  # (bits, due, floor bucket, ceil bucket)
+    (0, 0, 0, 0), (0, 17, 17, 17), (0, 2**62 - 1, 2**62 - 1, 2**62 - 1),
+    (1, 7, 6, 8), (1, 8, 8, 8),
+    (3, 0, 0, 0), (3, 1, 0, 8), (3, 7, 0, 8), (3, 8, 8, 8), (3, 9, 8, 16), (3, 17, 16, 24), (3, 23, 16, 24),
+    (8, 255, 0, 256), (8, 256, 256, 256), (8, 1000, 768, 1024), (8, 1024, 1024, 1024), (8, 1025, 1024, 1280),
+    (10, 123_456_789, 123_456_512, 123_457_536),  # 120_563 * 1024 and 120_564 * 1024
+    (10, 2**62 - 1, 2**62 - 1024, 2**62),
+    (30, 2**30 - 1, 0, 2**30), (30, 3 * 2**30 + 5, 3 * 2**30, 4 * 2**30),
+]
+
+
+@pytest.mark.parametrize("model", [DictIndex, HeapIndex])
+@pytest.mark.parametrize("bits,due,floor,ceil", HAND_WORKED)
+def test_reference_models_bucket_as_worked_by_hand(model, bits, due, floor, ceil):
+    assert model(bits, "floor").bucket_of(due) == floor
+    assert model(bits, "ceil").bucket_of(due) == ceil
+    for rounding, bucket in (("floor", floor), ("ceil", ceil)):
+        m = model(bits, rounding)
+        m.add(1, 1, due)
+        m.add_many(2, list(range(40)), due)  # a bulk add: the same bucket
+        assert m.next_due_ms() == bucket and len(m) == 41
+        if bucket:
+            assert m.pop_due(bucket - 1) == [] and len(m) == 41
+        assert m.pop_due(bucket) == [(1, 1)] + [(2, e) for e in range(40)] and len(m) == 0
+
+
+@pytest.mark.parametrize("model", [DictIndex, HeapIndex])
+def test_reference_models_count_and_order_as_worked_by_hand(model):
+    m = model(3, "floor")          # 8 ms buckets
+    m.add(1, 1, 10)                # bucket 8
+    m.add(1, 1, 15)                # bucket 8 again: still once
+    m.add(1, 1, 17)                # bucket 16: pending twice
+    m.add_many(2, [3, 3, 4], 9)    # bucket 8: 3 once, 4
+    m.add(0, 9, 16)                # bucket 16
+    assert len(m) == 5 and m.next_due_ms() == 8
+    assert m.pop_due(7) == []
+    assert m.pop_due(15) == [(1, 1), (2, 3), (2, 4)]  # bucket, then ledger, then entry
+    assert len(m) == 2 and (1, 1) in m and m.next_due_ms() == 16
+    assert m.discard(1, 1) is True and m.discard(1, 1) is False and len(m) == 1
+    assert m.pop_due(10**6) == [(0, 9)] and m.next_due_ms() is None
+    c = model(3, "ceil")
+    c.add(5, 5, 9)                 # ceil: bucket 16
+    c.add(5, 6, 16)                # exactly on a bucket: 16
+    c.add(5, 7, 17)                # 24
+    assert c.pop_due(15) == [] and c.pop_due(16) == [(5, 5), (5, 6)] and c.pop_due(23) == []
+    assert c.pop_due(24) == [(5, 7)]
+
+
+def test_bulk_add_many_of_ids_already_pending_counts_each_once(cls):
+    """add_many's bulk path (32 ids and more) meets ids already pending: each
+    (id, bucket) is pending once, ids pending in another bucket twice."""
+    idx = cls(precision_bits=0)
+    idx.add_many(1, range(0, 40), 100)
+    idx.add_many(1, range(20, 60), 100)  # 20 of them pending already, in this bucket
+    assert len(idx) == 60
+    idx.add_many(1, array.array("I", range(50, 90)), 200)  # another bucket: 10 pending twice
+    idx.add(1, 2**32 + 1, 200)
+    idx.add_many(1, [2**32 + 1] + list(range(80, 120)), 200)  # a 64-bit id, pending already
+    assert len(idx) == 60 + 40 + 1 + 30
+    assert idx.pop_due(100) == [(1, e) for e in range(60)]
+    assert idx.pop_due(200) == [(1, e) for e in range(50, 120)] + [(1, 2**32 + 1)]
+    assert len(idx) == 0
+
+
 def test_pop_due_respects_bucket_time(cls):
     idx = cls(precision_bits=8)  # floor: due 1000 -> bucket 768
     idx.add(1, 1, 1000)
@@ -230,9 +297,14 @@ def test_numpy_integer_scalars_are_ids(cls):
 ledger_s = st.integers(0, 3)
 entry_s = st.one_of(st.integers(0, 40), st.integers(2**22 - 2, 2**22 + 2), st.integers(2**32 - 2, 2**32 + 2))
 due_s = st.integers(0, 300)
+# add_many takes its bulk path from PROMOTE (32) ids on: draw past it, from a narrow range
+# so a bulk add often meets ids already pending
+bulk_s = st.one_of(st.lists(st.integers(0, 60), min_size=32, max_size=70),
+                   st.lists(entry_s, min_size=32, max_size=48))
 op_s = st.one_of(
     st.tuples(st.just("add"), ledger_s, entry_s, due_s),
     st.tuples(st.just("add_many"), ledger_s, st.lists(entry_s, max_size=8), due_s),
+    st.tuples(st.just("add_many"), ledger_s, bulk_s, due_s),
     st.tuples(st.just("discard"), ledger_s, entry_s),
     st.tuples(st.just("pop_due"), due_s),
     st.tuples(st.just("next_due"),),
