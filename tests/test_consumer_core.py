@@ -11,8 +11,13 @@ something surfaces:
 
 * nothing the application acknowledged surfaces again (in this process);
 * nothing the application still holds surfaces again;
-* a nacked message never surfaces before its due time minus the bucket
-  rounding (2^bits - 1 ms; bits 0: never early);
+* a nacked message never surfaces before its bucket's time (the due time
+  floored to a multiple of 2^bits ms, computed here from the definition, not
+  with the core's arithmetic: at most 2^bits - 1 ms early; bits 0: never early);
+* a copy that arrived before its bucket's time is parked (never surfaced, never
+  parked when due) and released exactly at that time: the model moves its clock
+  to every wakeup the core asks for, so a release later than the tick is late;
+  a wakeup that passes with nothing done is a violation too (not an endless loop);
 
 and at the end, once every copy has arrived or gone elsewhere and the clock
 has passed every deadline: every nack whose copy was not diverted surfaced
@@ -92,6 +97,10 @@ class DeliveryMachine(RuleBasedStateMachine):
 
     # -- what the core is told --------------------------------------------------------
 
+    def _bucket(self, due: int) -> int:
+        """The floor bucket of ``due``, from the definition (the largest multiple of 2^bits at or below)."""
+        return due // 2 ** self.bits * 2 ** self.bits
+
     def _arrive(self, k: MessageKey) -> None:
         # without dedup the core remembers only acks made while the entry had a record (unit-tested
         # below); the model checks acked ids with dedup, the default
@@ -99,16 +108,24 @@ class DeliveryMachine(RuleBasedStateMachine):
         verdict = self.core.arrive(k, 0, k, self.now)
         if verdict is Verdict.SURFACE:
             self._surfaced(k, remembered)
+        elif verdict is Verdict.PARK:
+            nack = self.w.nacks.get(k)
+            if nack is not None and not nack.lenient and self.now >= self._bucket(nack.due):
+                self.violations.append(("parked when due", k, self.now, nack.due))
 
-    def _surfaced(self, k: MessageKey, remembered: bool = True) -> None:
+    def _surfaced(self, k: MessageKey, remembered: bool = True, released: bool = False) -> None:
         w = self.w
         if k in w.acked and remembered:
             self.violations.append(("acked surfaced again", k, self.now))
         if k in w.held:
             self.violations.append(("held surfaced again", k, self.now))
         nack = w.nacks.pop(k, None)
-        if nack is not None and not nack.lenient and self.now < nack.due - ((1 << self.bits) - 1):
-            self.violations.append(("early", k, self.now, nack.due))
+        if nack is not None and not nack.lenient:
+            if self.now < self._bucket(nack.due):
+                self.violations.append(("early", k, self.now, nack.due))
+            elif released and self.now > self._bucket(nack.due):
+                # parked before its time (checked above), so the core's wakeup was late
+                self.violations.append(("released late", k, self.now, nack.due))
         w.held.add(k)
         w.acked.discard(k)  # without dedup it may come back; from now it is held again
 
@@ -132,10 +149,14 @@ class DeliveryMachine(RuleBasedStateMachine):
                 if not buckets:
                     del self.w.pending[entry]
             for k in self.core.release(self.now):
-                self._surfaced(k)
+                self._surfaced(k, released=True)
+            wake = self.core.next_wakeup_ms()
+            if wake is not None and wake <= self.now:  # release() ran at its wakeup and left it due
+                self.violations.append(("wakeup passed, nothing released", wake, self.now))
+                break
         self.now = max(self.now, target)
         for k in self.core.release(self.now):
-            self._surfaced(k)
+            self._surfaced(k, released=True)
 
     def _indices(self, entry: int) -> list:
         size = self.w.sizes[entry]
@@ -165,6 +186,16 @@ class DeliveryMachine(RuleBasedStateMachine):
             self.w.current = copy.remaining
         self._arrive(self.w.current.pop(0))
 
+    @precondition(lambda self: not self.w.current and any(c.bucket is not None for c in self.w.copies))
+    @rule(data=st.data())
+    def requested_copy_arrives_whole(self, data):
+        """A copy a bucket asked for arrives at once, all its messages (in the lead: before due,
+        to be parked; among the many resent copies the rule above draws from it rarely would)."""
+        requested = [i for i, c in enumerate(self.w.copies) if c.bucket is not None]
+        self.w.current = self.w.copies.pop(data.draw(st.sampled_from(requested))).remaining
+        while self.w.current:
+            self._arrive(self.w.current.pop(0))
+
     @precondition(lambda self: self.w.copies)
     @rule(data=st.data(), twice=st.booleans())
     def copy_goes_elsewhere_or_twice(self, data, twice):
@@ -178,7 +209,7 @@ class DeliveryMachine(RuleBasedStateMachine):
             nack = self.w.nacks.get(k)
             # the copy carries the whole entry: every nack it was to answer surfaces over there
             if nack is not None and copy.bucket is not None \
-                    and self.core.bucket_ms(nack.due) <= copy.bucket + FIRE_SLACK_MS:
+                    and self._bucket(nack.due) <= copy.bucket + FIRE_SLACK_MS:
                 nack.diverted = True
 
     @precondition(lambda self: self.w.sizes)
@@ -209,13 +240,26 @@ class DeliveryMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.w.held)
     @rule(data=st.data(), delay=st.integers(0, 400))
     def nack(self, data, delay):
-        k = data.draw(st.sampled_from(sorted(self.w.held)))
+        self._nack(data.draw(st.sampled_from(sorted(self.w.held))), delay)
+
+    def _nack(self, k: MessageKey, delay: int) -> int:
         assert not self.core.is_acked(k)
         due = self.now + delay
-        self.w.pending.setdefault(k.entry_id, set()).add(self.core.bucket_ms(due))
+        self.w.pending.setdefault(k.entry_id, set()).add(self._bucket(due))
         self.core.nacked(k, due, k, self.now)
         self.w.held.discard(k)
         self.w.nacks[k] = Nack(due)
+        return due
+
+    @precondition(lambda self: self.w.held)
+    @rule(data=st.data(), delay=st.integers(LEAD + 1, 400), early=st.integers(0, LEAD))
+    def nack_and_the_copy_arrives_early(self, data, delay, early):
+        """The path the timing promise is about, in one step: a nack, its bucket fires (``LEAD``
+        early), the copies the buckets asked for arrive ``early`` ms before the bucket's time: the
+        nacked message's copy is parked, and released at that time (checked as the clock moves)."""
+        due = self._nack(data.draw(st.sampled_from(sorted(self.w.held))), delay)
+        self._advance_to(max(self.now, self._bucket(due) - early))
+        self._requested_copies_arrive()
 
     @precondition(lambda self: self.w.held or self.w.acked)
     @rule(data=st.data())
@@ -233,13 +277,25 @@ class DeliveryMachine(RuleBasedStateMachine):
         self._advance_to(self.now + ms)
 
     @precondition(lambda self: self.w.pending or self.core.next_wakeup_ms() is not None)
-    @rule(offset=st.integers(0, LEAD + 2))
-    def advance_into_the_lead(self, offset):
-        """To the next bucket's fire time plus ``offset``: where copies arrive before due."""
+    @rule(offset=st.integers(0, LEAD + 2), copies_arrive=st.booleans())
+    def advance_into_the_lead(self, offset, copies_arrive):
+        """To the next bucket's fire time plus ``offset``: where copies arrive before due
+        (``copies_arrive``: the copies the buckets asked for arrive there and then, whole)."""
         fires = [b - LEAD for buckets in self.w.pending.values() for b in buckets]
         wake = self.core.next_wakeup_ms()
         nxt = min(fires + ([wake] if wake is not None else []))
         self._advance_to(max(self.now, math.ceil(nxt) + offset))
+        if copies_arrive:
+            self._requested_copies_arrive()
+
+    def _requested_copies_arrive(self) -> None:
+        """Every copy a bucket asked for arrives now, whole (after the one being pulled)."""
+        while self.w.current:
+            self._arrive(self.w.current.pop(0))
+        for copy in [c for c in self.w.copies if c.bucket is not None]:
+            self.w.copies.remove(copy)
+            for k in copy.remaining:
+                self._arrive(k)
 
     @rule()
     def redeliver_unacknowledged(self):
@@ -290,7 +346,7 @@ class DeliveryMachine(RuleBasedStateMachine):
             # anything else are refused); the shell also asks the tracker (w.pending)
             # (not a nack whose copy is overdue: the core takes it to have gone to another consumer)
             live_nacks = {k for k, n in self.w.nacks.items()
-                          if not (n.diverted or n.lenient) and self.now < self.core.bucket_ms(n.due) + OVERDUE}
+                          if not (n.diverted or n.lenient) and self.now < self._bucket(n.due) + OVERDUE}
             for k in (self.w.held | self.w.acked | live_nacks) if self.use_dedup else ():
                 assert self.core.knows(k) or k.entry_id in self.w.pending, ("not known", k)
             assert len(self.core.records) <= len(self.w.sizes)
