@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo lint test bench bench-quick clean
+.PHONY: venv demo lint test mutate bench bench-quick clean
 
 venv: $(STAMP)
 
@@ -23,8 +23,18 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
+# NACKTRACKER_TEST_REQUIRE=1: a test dependency that is missing (Java, PySpark, pulsar-client,
+# pulsar-lite) or a broker that cannot start fails the run with one line, never skips quietly.
+# Hypothesis runs the derandomized `ci` profile unless $$NACKTRACKER_HYPOTHESIS says otherwise
+# (tests/run_checks.py).
 test: lint
-	$(PY) -m pytest -q
+	NACKTRACKER_TEST_REQUIRE=1 $(PY) -m pytest -q
+
+# Mutation testing (mutmut, configured in pyproject.toml: the core modules against the fast
+# tests); not part of `make test`. Writes the survivors to mutation/latest.txt; the committed
+# report with a reason per survivor is mutation/REPORT.md.
+mutate: $(STAMP)
+	$(PY) tools/mutate.py
 
 bench: $(STAMP)
 	$(PY) -m nacktracker.cli bench --out bench/results/latest

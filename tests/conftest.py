@@ -11,8 +11,7 @@ import pytest
 from nacktracker.testing import pulsar_service
 
 # hypothesis profiles, timeouts, required dependencies: see run_checks.py
-from run_checks import (pytest_collection_modifyitems, pytest_configure, pytest_fixture_setup,  # noqa: F401
-                        pytest_report_header, pytest_sessionstart)
+from run_checks import pytest_collection_modifyitems, pytest_configure, pytest_report_header  # noqa: F401
 
 # pulsar-client is imported inside the fixtures: tests that need no broker must
 # not depend on it.

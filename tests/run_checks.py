@@ -106,17 +106,15 @@ def required() -> bool:
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "timeout(seconds): this test's own timeout (pytest-timeout)")
+    if required():
+        problems = missing_dependencies()
+        if problems:  # pytest prints it as one line: "ERROR: make test cannot run: ..." (exit status 4)
+            raise pytest.UsageError("make test cannot run: " + "; ".join(problems))
+        config.pluginmanager.register(BrokerGuard(), "nacktracker-broker-guard")
 
 
 def pytest_report_header(config):
     return [f"hypothesis profile: {PROFILE} (${PROFILE_ENV}); dependencies required: {required()} (${REQUIRE_ENV})"]
-
-
-def pytest_sessionstart(session):
-    if required():
-        problems = missing_dependencies()
-        if problems:
-            pytest.exit("make test cannot run: " + "; ".join(problems), returncode=3)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -147,13 +145,16 @@ def _scale_examples(item) -> None:
         cls._nacktracker_scaled = True
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_fixture_setup(fixturedef, request):
+class BrokerGuard:
     """With dependencies required, a broker that cannot start stops the run with one line
-    (not the same traceback as an error in every test that needs it)."""
-    outcome = yield
-    if outcome.excinfo is not None and required() and "broker" in fixturedef.argname:
-        exc = outcome.excinfo[1]
-        if not isinstance(exc, pytest.exit.Exception):  # a skip too: the broker is required
-            pytest.exit(f"make test cannot run: the broker of fixture {fixturedef.argname!r} cannot start: "
-                        f"{type(exc).__name__}: {exc}", returncode=3)
+    (not the same traceback as an error in every test that needs it). A plugin, not a
+    conftest hook: conftest hooks do not see the setup of session-scoped fixtures."""
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_fixture_setup(self, fixturedef, request):
+        outcome = yield
+        if outcome.excinfo is not None and "broker" in fixturedef.argname:
+            exc = outcome.excinfo[1]
+            if not isinstance(exc, pytest.exit.Exception):  # a skip too: the broker is required
+                pytest.exit(f"make test cannot run: the broker of fixture {fixturedef.argname!r} cannot start: "
+                            f"{type(exc).__name__}: {exc}", returncode=3)
