@@ -117,7 +117,9 @@ def pytest_report_header(config):
     return [f"hypothesis profile: {PROFILE} (${PROFILE_ENV}); dependencies required: {required()} (${REQUIRE_ENV})"]
 
 
-def pytest_collection_modifyitems(config, items):
+def apply_run_settings(items) -> None:
+    """Timeouts of known-long tests, and ``thorough``'s example counts (called from
+    conftest's ``pytest_collection_modifyitems``)."""
     for item in items:
         if item.get_closest_marker("timeout") is None:
             for prefix, seconds in LONG_TESTS.items():
@@ -146,15 +148,16 @@ def _scale_examples(item) -> None:
 
 
 class BrokerGuard:
-    """With dependencies required, a broker that cannot start stops the run with one line
-    (not the same traceback as an error in every test that needs it). A plugin, not a
-    conftest hook: conftest hooks do not see the setup of session-scoped fixtures."""
+    """With dependencies required, a session's broker that cannot start stops the run with one
+    line (not the same traceback as an error in every test that needs it; the broker fixtures
+    never skip). A plugin, not a conftest hook: conftest hooks do not see the setup of
+    session-scoped fixtures."""
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_fixture_setup(self, fixturedef, request):
         outcome = yield
-        if outcome.excinfo is not None and "broker" in fixturedef.argname:
+        if outcome.excinfo is not None and fixturedef.scope == "session" and "broker" in fixturedef.argname:
             exc = outcome.excinfo[1]
-            if not isinstance(exc, pytest.exit.Exception):  # a skip too: the broker is required
+            if not isinstance(exc, (pytest.exit.Exception, pytest.skip.Exception)):
                 pytest.exit(f"make test cannot run: the broker of fixture {fixturedef.argname!r} cannot start: "
                             f"{type(exc).__name__}: {exc}", returncode=3)
