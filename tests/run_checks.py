@@ -57,7 +57,12 @@ LONG_TESTS: dict[str, int] = {
     "tests/test_demo.py": 300,
     "tests/test_reliability.py": 300,
     "tests/test_index.py::test_nbytes_within_25_percent_of_rss_growth": 300,
+    "tests/test_testing_apache.py": 600,
 }
+
+#: Tests with this marker get at least this timeout: the first test on an Apache Pulsar broker
+#: starts its JVM (ApacheBroker's own startup_timeout is 120 s) inside its own timeout.
+MARKER_TIMEOUTS: dict[str, int] = {"apache": 600}
 
 #: What ``make test`` needs beyond the package: a module to import, or Java to start.
 REQUIRED_MODULES = {
@@ -122,10 +127,10 @@ def apply_run_settings(items) -> None:
     conftest's ``pytest_collection_modifyitems``)."""
     for item in items:
         if item.get_closest_marker("timeout") is None:
-            for prefix, seconds in LONG_TESTS.items():
-                if item.nodeid.startswith(prefix):
-                    item.add_marker(pytest.mark.timeout(seconds))
-                    break
+            seconds = max([s for prefix, s in LONG_TESTS.items() if item.nodeid.startswith(prefix)]
+                          + [s for name, s in MARKER_TIMEOUTS.items() if item.get_closest_marker(name)], default=None)
+            if seconds is not None:
+                item.add_marker(pytest.mark.timeout(seconds))
         if PROFILE == "thorough":
             _scale_examples(item)
 
