@@ -159,3 +159,42 @@ async def test_save_writes_a_hidden_temporary_file_beside_the_target_and_takes_b
     assert os.path.basename(src).startswith(".state.snap.") and src.endswith(".tmp")
     assert sorted(os.listdir(tmp_path)) == ["state.snap"]
 
+
+
+def test_decode_refusals_say_exactly_what_is_wrong(good):  # noqa: F811
+    """Each refusal's whole message (a user reads it; mutmut mangles it otherwise unseen)."""
+    body = good[32:]
+    header_bytes = snap._HEADER.size
+    cases = [
+        (b"", "not a nacktracker snapshot (too short, wrong magic bytes)"),
+        (b"{" * 20, "not a nacktracker snapshot (too short, wrong magic bytes)"),
+        (b"{" * 40, "not a nacktracker snapshot (magic bytes b'{{{{{{{{', expected b'\\x89NAKSNP\\n')"),
+        (good[:header_bytes], f"truncated snapshot: body is 0 bytes, header says {len(body)}"),
+        (good[:header_bytes - 1], f"truncated snapshot: {header_bytes - 1} bytes, the header alone is {header_bytes}"),
+        (good[:-1], f"truncated snapshot: body is {len(body) - 1} bytes, header says {len(body)}"),
+        (good + b"\0", f"trailing bytes after snapshot: body is {len(body) + 1} bytes, header says {len(body)}"),
+        (good[:32] + bytes([body[0] ^ 1]) + body[1:], "corrupted snapshot body (checksum mismatch)"),
+        (good[:30] + b"\1" + good[31:], "corrupted snapshot header (checksum mismatch)"),
+    ]
+    for data, message in cases:
+        with pytest.raises(snap.SnapshotError) as info:
+            snap.decode(data)
+        assert str(info.value) == message, (data[:40], str(info.value))
+    with pytest.raises(TypeError) as info:
+        snap.decode("text")
+    assert str(info.value) == "snapshot data must be bytes, not str"
+    with pytest.raises(RuntimeError) as info:  # no loop running here, and no clock given
+        NegativeAcksTracker.restore(good, MemoryAdapter())
+    assert str(info.value) == "restore() needs a running event loop or a clock= argument"
+
+
+async def test_restore_subtracts_wall_time_by_default(monkeypatch):
+    tracker, _, _ = tracker_on(precision_bits=0)
+    tracker.add(MessageKey(1, 1), delay_ms=1_000)
+    wall = 1_700_000_000_000_000_000
+    monkeypatch.setattr(snap.time, "time_ns", lambda: wall)
+    data = tracker.snapshot()
+    monkeypatch.setattr(snap.time, "time_ns", lambda: wall + 300 * 1_000_000)
+    clock = ManualClock(start_ms=0)
+    new = NegativeAcksTracker.restore(data, MemoryAdapter(clock=clock.now_ms), clock=clock)  # elapsed="wall"
+    assert new.next_fire_ms() == 700
