@@ -31,7 +31,7 @@ test: lint
 	NACKTRACKER_TEST_REQUIRE=1 $(PY) -m pytest -q
 
 # Mutation testing (mutmut, configured in pyproject.toml: the core modules against the fast
-# tests); not part of `make test`. Writes the survivors to mutation/latest.txt; the committed
+# tests); not part of `make test`. Writes the score per module and each survivor to mutation/latest.md; the committed
 # report with a reason per survivor is mutation/REPORT.md.
 mutate: $(STAMP)
 	$(PY) tools/mutate.py
