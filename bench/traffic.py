@@ -400,6 +400,10 @@ def table(result: dict) -> str:
               f" {row['broker_killed_at_s']} s in" + (f", serving again {row['broker_back_after_s']} s later"
                                                       if row.get("broker_back_after_s") is not None else "")
               for row in ran if row.get("broker_killed_at_s") is not None]
+    notes += [f"{row['scenario']}/{name}: the {a['n']:,} acknowledged messages that surfaced at another consumer did so "
+              f"{a['min']:.0f}-{a['max']:.0f} ms (median {a['p50']:.0f}) after the application acknowledged them"
+              for row in ran for name in (TRACKED, PLAIN)
+              for a in [row[name].get("acked_resurfaced_elsewhere_after_ms", {})] if a.get("n")]
     notes += [f"{row['scenario']}/{name}: not drained within {cfg['drain_s']} s" for row in ran
               for name in (TRACKED, PLAIN) if not row[name]["drained"] and not row[name].get("refused")]
     notes += [f"{row['scenario']}/{name}: workers died: {'; '.join(row[name]['worker_errors'])}"

@@ -149,6 +149,8 @@ class Ledger:
     nacks: dict = field(default_factory=dict)  # number -> nacks so far
     nacked_at: dict = field(default_factory=dict)  # number -> the consumer its pending nack went through
     acked_at: dict = field(default_factory=dict)  # number -> the consumer the application acknowledged it through
+    acked_when: dict = field(default_factory=dict)  # number -> when (ms) the application acknowledged it
+    resurfaced_after: array.array = field(default_factory=lambda: array.array("d"))  # ack -> copy elsewhere (ms)
     errors_elsewhere: array.array = field(default_factory=lambda: array.array("d"))  # at another consumer
     errors: array.array = field(default_factory=lambda: array.array("d"))  # redelivery errors (ms)
     first_delivery_lag: array.array = field(default_factory=lambda: array.array("d"))  # publish -> first delivery
@@ -189,6 +191,8 @@ class Ledger:
             self.acked_resurfaced += 1
             if self.acked_at.get(number, consumer) != consumer:
                 self.acked_resurfaced_elsewhere += 1
+                if number in self.acked_when:
+                    self.resurfaced_after.append(now_ms - self.acked_when[number])
             return Verdict.REACK
         self.held_resurfaced += 1  # HELD, or DONE (processed, its cumulative ack still owed)
         return Verdict.IGNORE
@@ -202,13 +206,15 @@ class Ledger:
         self.nacks[number] = self.nacks.get(number, 0) + 1
         self.nack_calls += 1
 
-    def acking(self, number: int, consumer: int = 0) -> None:
-        """The application decided to acknowledge ``number`` through consumer
-        number ``consumer`` (called before the ack is sent)."""
+    def acking(self, number: int, consumer: int = 0, now_ms: Optional[float] = None) -> None:
+        """The application decided at ``now_ms`` to acknowledge ``number``
+        through consumer number ``consumer`` (called before the ack is sent)."""
         if self.fate.get(number) is not Fate.ACKED and number > self.covered:
             self.acked += 1
         self.fate[number] = Fate.ACKED
         self.acked_at[number] = consumer
+        if now_ms is not None:
+            self.acked_when[number] = now_ms
 
     def done(self, number: int) -> None:
         """Processed; a later cumulative ack will cover it."""
@@ -244,6 +250,8 @@ class Ledger:
         return {"published": len(self.published), "deliveries": self.deliveries, "lost": len(left),
                 "lost_by_state": where, "acked_resurfaced": self.acked_resurfaced,
                 "acked_resurfaced_elsewhere": self.acked_resurfaced_elsewhere,
+                "acked_resurfaced_elsewhere_after_ms": {k: v for k, v in quantiles(self.resurfaced_after).items()
+                                                        if k in ("n", "min", "p50", "max")},
                 "held_resurfaced": self.held_resurfaced, "unexpected": self.unexpected,
                 "nacks": self.nack_calls, "redeliveries": len(self.errors),
                 "missing_redeliveries": len(self.due), "nacked_then_covered": self.nacked_then_covered,

@@ -170,7 +170,7 @@ async def serve(side: Side, consumer: Any, cfg: Config, index: int = 0) -> None:
         await asyncio.sleep(plan.hold_s(number, nacks))
         delay = plan.nack(number, nacks)
         if delay is None:
-            ledger.acking(number, index)
+            ledger.acking(number, index, now_ms())
             await _ack(side, consumer, msg)
         else:
             ledger.nacked(number, now_ms(), delay if side.name == TRACKED else cfg.plain_delay_ms, index)

@@ -99,11 +99,12 @@ def test_traffic_ledger_tells_acked_copies_at_another_consumer_apart():
     ledger = Ledger(sent=2, published={0: (1, 0, 0), 1: (1, 0, 1)})
     for n in (0, 1):
         ledger.delivered(n, (1, 0, n), 0.0, consumer=0)
-        ledger.acking(n, consumer=0)
+        ledger.acking(n, consumer=0, now_ms=2.0)
     assert ledger.delivered(0, (1, 0, 0), 5.0, consumer=0) is Verdict.REACK  # back where it was acked
-    assert ledger.delivered(1, (1, 0, 1), 5.0, consumer=1) is Verdict.REACK  # at a consumer that never saw the ack
+    assert ledger.delivered(1, (1, 0, 1), 9.0, consumer=1) is Verdict.REACK  # at a consumer that never saw the ack
     s = ledger.summary()
     assert (s["acked_resurfaced"], s["acked_resurfaced_elsewhere"]) == (2, 1)
+    assert s["acked_resurfaced_elsewhere_after_ms"] == {"n": 1, "min": 7.0, "p50": 7.0, "max": 7.0}
 
 
 def test_traffic_scenarios_name_their_subscription_and_topic():
