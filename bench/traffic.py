@@ -138,6 +138,10 @@ BROKER_NAMES = {"lite": "pulsar-lite", "apache": "apache-pulsar"}
 #: Why a scenario is not run on a broker: said in the results, never skipped silently.
 CANNOT = {("lite", "partitioned"): "not run: pulsar-lite cannot redeliver nacked messages on partitioned topics "
                                    "(nacktracker.testing.lite); run it with --broker apache"}
+#: What a scenario's figures on a broker are known to show of the broker rather than of the consumers.
+BROKER_NOTES = {("lite", "key-shared"): "on pulsar-lite both sides stall on this Key_Shared subscription: most "
+                                        "messages are never delivered, to the plain client as to the tracked one, "
+                                        "where Apache Pulsar delivers them all (--broker apache)"}
 
 
 def create_partitioned(admin_url: str, topic: str, partitions: int) -> None:
@@ -400,6 +404,9 @@ def table(result: dict) -> str:
               f" {row['broker_killed_at_s']} s in" + (f", serving again {row['broker_back_after_s']} s later"
                                                       if row.get("broker_back_after_s") is not None else "")
               for row in ran if row.get("broker_killed_at_s") is not None]
+    kind = broker["kind"]
+    notes += [f"{row['scenario']}: {BROKER_NOTES[kind, row['scenario']]}" for row in ran
+              if (kind, row["scenario"]) in BROKER_NOTES]
     notes += [f"{row['scenario']}/{name}: the {a['n']:,} acknowledged messages that surfaced at another consumer did so "
               f"{a['min']:.0f}-{a['max']:.0f} ms (median {a['p50']:.0f}) after the application acknowledged them"
               for row in ran for name in (TRACKED, PLAIN)
