@@ -142,3 +142,28 @@ def test_traffic_quick_runs_both_sides_and_writes_results(tmp_path):
         assert "records_end" in row["tracked"] and "records_end" not in row["plain"]
     md = (tmp_path / "smoke.md").read_text()
     assert "| shared-2 | tracked |" in md and "load avg" in md and "| partitioned | both | not run:" in md
+
+
+@pytest.mark.slow
+@pytest.mark.apache
+def test_traffic_quick_on_apache_pulsar_runs_the_partitioned_and_key_shared_scenarios(tmp_path):
+    """`python bench/traffic.py --quick --broker apache` on the two scenarios
+    pulsar-lite cannot show: the partitioned topic is created through the admin
+    API and both sides measure it; batch-index acks are on at the broker."""
+    subprocess.run([sys.executable, "bench/traffic.py", "--quick", "--broker", "apache", "--scenarios",
+                    "partitioned,key-shared", "--out", str(tmp_path), "--label", "smoke"],
+                   check=True, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    result = json.loads((tmp_path / "smoke.json").read_text())
+    assert result["broker"]["kind"] == "apache" and result["broker"]["version"].startswith("Apache Pulsar 4.0.")
+    assert result["broker"]["settings"] == {"acknowledgmentAtBatchIndexLevelEnabled": True}
+    assert result["config"]["batch_index_ack"] is True
+    rows = {r["scenario"]: r for r in result["scenarios"]}
+    assert (rows["partitioned"]["partitions"], rows["key-shared"]["subscription"]) == (3, "Key_Shared")
+    for row in rows.values():
+        assert "not_run" not in row and row["publish_failed"] == 0
+        for side in (traffic_ledger.TRACKED, traffic_ledger.PLAIN):
+            s = row[side]
+            assert s["published"] == traffic_ledger.QUICK.messages and s["worker_errors"] == []
+            assert s["redeliveries"] + s["missing_redeliveries"] <= s["nacks"]
+    md = (tmp_path / "smoke.md").read_text()
+    assert "on Apache Pulsar 4.0." in md and "| partitioned | tracked |" in md
