@@ -211,15 +211,21 @@ class DeliveryCore:
                 nack = self.requested[entry] = Nacked(bucket_ms, True)
                 self._expire_at(bucket_ms + self.overdue_ms, entry, nack)
                 continue
+            latest = bucket_ms
             for nack in record.nacked.values():
                 # The broker redelivers whole entries, so this request's copy answers every nack of
                 # the entry made so far: each is parked until its own time when the copy lands here.
                 # The tracker cancels the entry's later buckets (a second request would bring the
                 # entry again: to another consumer, with every sibling, a duplicate of each).
                 nack.fired = True
+                latest = max(latest, nack.release_ms)
             if self._dedup is None:
                 record.linger_until = max(record.linger_until, bucket_ms + self.overdue_ms)
+            # A later sibling's nack expires overdue_ms after its own time (no bucket of its own
+            # fires now): the record must wake up then too, or it outlives a copy that went elsewhere.
             self._expire_at(bucket_ms + self.overdue_ms, entry, record)
+            if latest > bucket_ms:
+                self._expire_at(latest + self.overdue_ms, entry, record)
 
     def acked(self, key: MessageKey, now_ms: float) -> AckResult:
         """The broker accepted the application's ack of ``key``."""
