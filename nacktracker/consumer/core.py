@@ -1,11 +1,9 @@
 """The delivery core: which copy of which message reaches the application, and when.
 
-A pure state machine (no pulsar, no clock of its own, no I/O): the shell
-(:mod:`nacktracker.consumer.shell`) feeds it what happens -- a copy arrives
-from the broker, the application acks or nacks, the tracker hands a bucket to
-the adapter -- each with the tracker's clock reading ``now_ms``, and does
-what it answers. ``tests/test_consumer_core.py`` drives it with arbitrary
-interleavings (hypothesis) against the promises it keeps:
+A pure state machine (no pulsar, no clock of its own, no I/O): the shell (:mod:`nacktracker.consumer.shell`)
+feeds it what happens -- a copy arrives from the broker, the application acks or nacks, the tracker hands a
+bucket to the adapter -- each with the tracker's clock reading ``now_ms``, and does what it answers.
+``tests/test_consumer_core.py`` drives it with arbitrary interleavings (hypothesis) against the promises it keeps:
 
 * nothing the application acknowledged surfaces again (acked ids live in a
   :class:`~nacktracker.Deduplicator`; with ``dedup=False`` only acks made
@@ -15,15 +13,13 @@ interleavings (hypothesis) against the promises it keeps:
   due time minus the bucket rounding: ``2^bits - 1`` ms for ``"floor"``,
   never early for bits 0 or ``"ceil"``): a copy that arrives earlier is
   *parked* and released at that time;
-* per-entry records end when their entry is settled, and requests whose copy
-  never came (it went to another consumer of the subscription) expire
-  ``overdue_ms`` after their time, so nothing grows without bound.
+* per-entry records end when their entry is settled, and requests whose copy never came (it went to
+  another consumer of the subscription) expire ``overdue_ms`` after their time, so nothing grows without bound.
 
-Copies are opaque *tokens* here (the shell passes the received message). A
-dropped copy of a batch message is kept with the message's state and handed
-back when the message is finally acknowledged: acking it completes that
-delivery's batch acker in the client, which is what acknowledges the entry
-at the broker (without batch-index acks).
+Copies are opaque *tokens* here (the shell passes the received message). A dropped copy of a batch message is
+kept with the message's state and handed back when the message is finally acknowledged: acking it completes
+that delivery's batch acker in the client, which is what acknowledges the entry at the broker (without
+batch-index acks).
 """
 
 from __future__ import annotations
@@ -36,11 +32,7 @@ from typing import Any, Callable, Iterable, Optional
 from ..keys import MessageKey
 from .state import AckResult, EntryRecord, Held, Nacked, Parked, Token, Verdict, _Deadline
 
-#: See :meth:`DeliveryCore.fired`. Small: a sibling that rides along with another's
-#: copy surfaces at once if that copy lands at another consumer of the subscription.
-FIRE_SLACK_MS = 10
-
-__all__ = ["DeliveryCore", "Verdict", "AckResult", "Held", "Nacked", "Parked", "EntryRecord", "FIRE_SLACK_MS"]
+__all__ = ["DeliveryCore", "Verdict", "AckResult", "Held", "Nacked", "Parked", "EntryRecord"]
 
 
 class DeliveryCore:
@@ -76,6 +68,8 @@ class DeliveryCore:
         self.blind = False  # restored batch entries without records: hold their copies while pending
         # per verdict (keyed by Verdict.value: the hot path counts without hashing an enum member)
         self.counts = dict.fromkeys([v.value for v in Verdict] + ["released", "expired", "nacks_after_ack"], 0)
+        #: ``f(lateness_ms)`` per redelivered copy surfacing: now - its bucket's time (the shell keeps the figures)
+        self.on_redelivered: Callable[[float], None] = lambda lateness_ms: None
 
     # -- questions -------------------------------------------------------------------
 
@@ -204,8 +198,9 @@ class DeliveryCore:
 
     def fired(self, bucket_ms: int, entries: Iterable[MessageKey], now_ms: float) -> None:
         """The tracker handed the bucket at ``bucket_ms`` (these entries) to the
-        adapter: their copies are on their way. O(k) for k entries, plus the
-        entry's nacked messages for a batch entry."""
+        adapter: their copies are on their way, each answering every nack of
+        its entry made so far (the tracker cancels the entry's later buckets).
+        O(k) for k entries, plus the entry's nacked messages for a batch entry."""
         for entry in entries:
             record = self.records.get(entry)
             if record is None and self.is_acked(entry):
@@ -214,15 +209,21 @@ class DeliveryCore:
                 nack = self.requested[entry] = Nacked(bucket_ms, True)
                 self._expire_at(bucket_ms + self.overdue_ms, entry, nack)
                 continue
+            latest = bucket_ms
             for nack in record.nacked.values():
-                # Siblings due within FIRE_SLACK_MS after this bucket take its copy too (parked until
-                # their own time): robust to a ms of skew between restored records and the restored
-                # tracker's buckets. Their own bucket's copy is then a twin.
-                if not nack.fired and nack.release_ms <= bucket_ms + FIRE_SLACK_MS:
-                    nack.fired = True
+                # The broker redelivers whole entries, so this request's copy answers every nack of
+                # the entry made so far: each is parked until its own time when the copy lands here.
+                # The tracker cancels the entry's later buckets (a second request would bring the
+                # entry again: to another consumer, with every sibling, a duplicate of each).
+                nack.fired = True
+                latest = max(latest, nack.release_ms)
             if self._dedup is None:
                 record.linger_until = max(record.linger_until, bucket_ms + self.overdue_ms)
+            # A later sibling's nack expires overdue_ms after its own time (no bucket of its own
+            # fires now): the record must wake up then too, or it outlives a copy that went elsewhere.
             self._expire_at(bucket_ms + self.overdue_ms, entry, record)
+            if latest > bucket_ms:
+                self._expire_at(latest + self.overdue_ms, entry, record)
 
     def acked(self, key: MessageKey, now_ms: float) -> AckResult:
         """The broker accepted the application's ack of ``key``."""
@@ -294,6 +295,7 @@ class DeliveryCore:
                 self.held[item.key] = Held(parked.tokens)
                 self.counts["released"] += 1
                 out.append(parked.token)
+                self.on_redelivered(now_ms - item.at_ms)
         self._expire(now_ms)
         return out
 
@@ -350,6 +352,7 @@ class DeliveryCore:
     def _due_or_park(self, key: MessageKey, release_ms: int, token: Token, tokens: list[Token],
                      now_ms: float) -> Verdict:
         if now_ms >= release_ms:
+            self.on_redelivered(now_ms - release_ms)
             return self._surface(key, tokens)
         parked = self.parked[key] = Parked(release_ms, token, tokens)
         heapq.heappush(self._release_heap, _Deadline(release_ms, next(self._seq), key, parked))

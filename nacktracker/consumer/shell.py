@@ -25,8 +25,9 @@ from ..dedup import Deduplicator
 from ..keys import MessageKey
 from ..tracker import FiredCell, NegativeAcksTracker
 from .core import DeliveryCore, Verdict
-from .dead_letters import ConsumerDeadLetters, DeadLetterPublisher, quietly
+from .dead_letters import ConsumerDeadLetters, DeadLetterPublisher, quietly, random_name
 from .errors import ConsumerClosed, NotReceivedError
+from .lateness import RedeliveryLateness
 from .options import ConsumerOptions, batch_size, check_timeout_ms, key_and_count, message_key, seek_target
 from .persist import SnapshotStore
 from .local import LocalNacks
@@ -52,14 +53,12 @@ INITIAL_LEAD_MS = 250
 class TrackedConsumer:
     """A ``pulsar.asyncio.Consumer`` with exact, tracked negative acks.
 
-    Usually made by :func:`~nacktracker.subscribe`, whose options it takes
-    (documented there and in ``README.md``). Same methods and argument types
-    as ``pulsar.asyncio.Consumer`` (``receive``, ``acknowledge``,
-    ``acknowledge_cumulative``, ``negative_acknowledge``, ``seek``,
-    ``unsubscribe``, ``close``, ``get_last_message_id``, ``topic``,
-    ``subscription_name``, ``consumer_name``,
-    ``redeliver_unacknowledged_messages``), plus ``negative_acknowledge(msg,
-    delay_ms=…)``, ``receive(timeout_ms=…)``, ``async with`` and ``async for``.
+    Usually made by :func:`~nacktracker.subscribe`, whose options it takes (documented there and in the
+    docs' consumer guide). Same methods and argument types as ``pulsar.asyncio.Consumer`` (``receive``,
+    ``acknowledge``, ``acknowledge_cumulative``, ``negative_acknowledge``, ``seek``, ``unsubscribe``, ``close``,
+    ``get_last_message_id``, ``topic``, ``subscription_name``, ``consumer_name``,
+    ``redeliver_unacknowledged_messages``), plus ``negative_acknowledge(msg, delay_ms=…)``,
+    ``receive(timeout_ms=…)``, ``async with`` and ``async for``. ``lateness``: see :mod:`.lateness`.
 
     ``schema``: the consumer's (dead letters are published under it). After
     :meth:`close` every call that would reach the broker raises :class:`ConsumerClosed`.
@@ -87,9 +86,12 @@ class TrackedConsumer:
         self._local = None if not isinstance(self.adapter, LocalRedeliveryAdapter) else LocalNacks(
             self.adapter, lambda msg: self._decide(self._message_key(msg), msg), lambda msg: self._pump.put(msg))
         self._arrived: Optional[Callable[[MessageKey], None]] = getattr(self.adapter, "arrived", None)
+        # The client leaves a multi-topic consumer subscribed without consumer_name unnamed; the
+        # dead-letter producers are named after the consumer (Java's names), so give it one as Java does.
+        name: str = consumer.consumer_name() or random_name()
         # one producer per dead-letter topic, dead letters published in the order they were decided
         self._dead_letters = ConsumerDeadLetters(None if opts.max_redeliveries is None else DeadLetterPublisher(
-            client, subscription=consumer.subscription_name(), consumer_name=consumer.consumer_name(),
+            client, subscription=consumer.subscription_name(), consumer_name=name,
             dead_letter_topic=opts.dead_letter_topic, initial_subscription=opts.dead_letter_initial_subscription,
             schema=schema), ack=self._acknowledge)
         # a single-topic consumer's ids need no topic; remember it for bare-id calls
@@ -98,16 +100,17 @@ class TrackedConsumer:
         self.tracker: NegativeAcksTracker
         self.core = DeliveryCore(check_precision(opts.precision_bits, "floor"), dedup=self._dedup,
                                  pending=self._pending, overdue_ms=COPY_OVERDUE_MS)
+        self.lateness = RedeliveryLateness(self.core)  # stats()["lateness_ms"]; add_listener: the metrics' histogram
         self._pump = ReceivePump(consumer, self._admit, opts.prefetch,
                                  on_resume=getattr(self.adapter, "forget_handed", None))
         self._saver: Optional[asyncio.Task] = None
         self._release = ReleaseTimer(self.core, lambda: self.tracker.clock, self._pump.put)
         self._closed = False
         self._counts = {"restored": 0, "copy_ack_failures": 0}
-        tracker_options = dict(
+        tracker_options: dict[str, Any] = dict(
             delay_ms=opts.delay_ms, precision_bits=opts.precision_bits, rounding="floor", backoff=opts.backoff,
             max_redeliveries=opts.max_redeliveries, clock=clock,
-            on_dead_letter=self._dead_letters.hook, consumer_name=consumer.consumer_name())
+            on_dead_letter=self._dead_letters.hook, consumer_name=name)
         self._store = None if opts.snapshot_path is None else SnapshotStore(opts.snapshot_path, opts.snapshot_on_error)
         if self._store is None:
             self.tracker = NegativeAcksTracker(self.adapter, **tracker_options)
@@ -161,8 +164,10 @@ class TrackedConsumer:
     async def _admit(self, msg: Any) -> bool:
         """Ask the core about a copy from the broker; whether it goes to the application now."""
         key = self._message_key(msg)
-        if self._arrived is not None and self.adapter.awaiting_arrivals:
-            self._arrived(key.entry)  # the adapter learns its path latency
+        if self._arrived is not None and self.adapter.awaiting_arrivals and msg.redelivery_count():
+            # a redelivered copy: the adapter learns its path latency (first copies of an entry's other
+            # messages, still arriving after one of them was nacked, answer no request)
+            self._arrived(key.entry)
         verdict = self._decide(key, msg)
         if verdict is Verdict.SURFACE:
             return True
@@ -242,7 +247,7 @@ class TrackedConsumer:
         ignored (logged, counted in ``nacks_after_ack``): the broker would
         never send it again. One this consumer did not receive:
         :class:`NotReceivedError`. On Exclusive/Failover it comes back from this consumer's memory
-        (a bare id: ``TypeError``; README, "Subscription types"). Never blocks. Runtime: O(1) amortised.
+        (a bare id: ``TypeError``; the docs' "Subscription types per broker"). Never blocks. Runtime: O(1) amortised.
         """
         self._check_open()
         key, count = self._key(message)
@@ -328,10 +333,10 @@ class TrackedConsumer:
             raise ConsumerClosed()
 
     def stats(self) -> dict[str, Any]:
-        """The tracker's stats plus the consumer's (each key: ``README.md``,
-        "Consumer stats"). Runtime: O(1) plus the tracker's."""
-        return {**self.tracker.stats(), "received": self._pump.received, "prefetched": self._pump.queued,
-                **core_stats(self.core), **self._counts,
+        """The tracker's stats plus the consumer's (each key, its meaning and
+        unit: the docs' "Stats and metrics" page). Runtime: O(1) plus the tracker's."""
+        return {**self.tracker.stats(), "lateness_ms": self.lateness.summary(), "received": self._pump.received,
+                "prefetched": self._pump.queued, **core_stats(self.core), **self._counts,
                 **self._dead_letters.stats(),
                 "snapshots_saved": self._store.saved if self._store else 0,
                 "snapshot_failures": self._store.failures if self._store else 0,
