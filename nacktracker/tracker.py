@@ -189,7 +189,8 @@ class NegativeAcksTracker:
         # one slot per (partition, ledger[, topic]); see _slot()
         self._slots: dict[tuple[int, int], dict[Optional[str], int]] = {}
         self._origins: dict[int, tuple[Optional[str], int, int]] = {}
-        self._next_synthetic = 1 << 62
+        self._free_slots: list[int] = []  # released slot numbers, reused first
+        self._next_slot = 0
         self._timer: Optional[TimerHandle] = None
         self._timer_at: Optional[int] = None
         self._retry_timer: Optional[TimerHandle] = None
@@ -642,10 +643,10 @@ class NegativeAcksTracker:
     def _slot(self, key: MessageKey, create: bool) -> Optional[int]:
         """The index's ledger id for a key's ``(topic, partition, ledger)``.
 
-        On a real cluster ledger ids are unique, so the slot is the ledger id
-        itself; some brokers (pulsar-lite) number ledgers per topic, so a
-        ledger id already taken by another topic gets a synthetic slot. A key
-        without a topic matches the only topic known for its ledger.
+        Slots are the tracker's own numbers (:meth:`_new_slot`): ledger ids
+        are unique on a real cluster, but some brokers (pulsar-lite) number
+        ledgers per topic, so two topics may share one. A key without a
+        topic matches the only topic known for its ledger.
         """
         pl = (key.partition, key.ledger_id)
         topics = self._slots.get(pl)
@@ -664,12 +665,20 @@ class NegativeAcksTracker:
                     return slot
         if not create:
             return None
-        slot = key.ledger_id
-        if slot in self._origins:
-            slot = self._next_synthetic
-            self._next_synthetic += 1
-        self._slots.setdefault(pl, {})[key.topic] = slot
-        self._origins[slot] = (key.topic, key.partition, key.ledger_id)
+        return self._new_slot(key.topic, key.partition, key.ledger_id)
+
+    def _new_slot(self, topic: Optional[str], partition: int, ledger: int) -> int:
+        """A slot for a new ``(topic, partition, ledger)``: a number of the
+        tracker's own (a released one first, else the next unused), never the
+        ledger id itself, so no accepted ledger id (any of ``[0, 2^63)``) can
+        meet another origin's slot, live or restored. Runtime: O(1)."""
+        if self._free_slots:
+            slot = self._free_slots.pop()
+        else:
+            slot = self._next_slot
+            self._next_slot += 1
+        self._slots.setdefault((partition, ledger), {})[topic] = slot
+        self._origins[slot] = (topic, partition, ledger)
         return slot
 
     def _release(self, slot: int) -> None:
@@ -680,6 +689,7 @@ class NegativeAcksTracker:
         del topics[topic]
         if not topics:
             del self._slots[(partition, ledger)]
+        self._free_slots.append(slot)  # nothing of it is live: the index takes a reuse as a new ledger
 
     def _emit(self, kind: str, key: MessageKey, delay: int, count: int) -> None:
         if self._on_event is None:
