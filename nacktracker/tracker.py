@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from asyncio import _get_running_loop
 import logging
 import math
 import sys
@@ -18,7 +19,7 @@ import time
 from collections import Counter, deque
 from typing import Any, Callable, Literal, NamedTuple, Optional, TypedDict, overload
 
-from ._checks import MAX_DUE, check_delay_ms, check_int, check_precision
+from ._checks import MAX_DUE, check_default_delay, check_delay_ms, check_int, check_precision
 from .adapters.base import RedeliveryAdapter
 from .clock import Clock, LoopClock, TimerHandle
 from .events import NackEvent
@@ -157,7 +158,7 @@ class NegativeAcksTracker:
             raise TypeError(f"adapter must have an async redeliver(keys) method, not {type(adapter).__name__}")
         lead = check_int("adapter.lead_ms", getattr(adapter, "lead_ms", 0) or 0)  # read at every use: see _lead
         self._coalesce = check_int("adapter.coalesce_ms", getattr(adapter, "coalesce_ms", 0) or 0)
-        self._delay_ms = check_delay_ms("delay_ms", delay_ms)
+        self._delay_ms = check_default_delay("delay_ms", delay_ms)
         self._round_add, self._mask = check_precision(precision_bits, rounding)
         for name, fn in (("backoff", backoff), ("on_dead_letter", on_dead_letter), ("on_event", on_event)):
             if fn is not None and not callable(fn):
@@ -218,7 +219,9 @@ class NegativeAcksTracker:
         backoff is set, else the tracker's ``delay_ms``. ``redelivery_count``
         defaults to the message's own (0 for ids). Returns the due time on the
         tracker's clock (ms), or ``None`` when the message was dead-lettered.
-        Never blocks. Runtime complexity: O(1) amortised.
+        Call it on the tracker's event loop: from another thread it raises
+        ``RuntimeError`` (use :meth:`add_threadsafe`). Never blocks.
+        Runtime complexity: O(1) amortised.
         """
         if self._closed:
             raise TrackerClosedError("tracker is closed")
@@ -231,12 +234,27 @@ class NegativeAcksTracker:
             delay = check_delay_ms("backoff result", self._backoff(count))
         else:
             delay = self._delay_ms
-        if self._loop is None:
-            self._bind(asyncio.get_running_loop())
+        if _get_running_loop() is not self._loop or self._loop is None:  # O(1): the loop this thread runs
+            self._check_thread()
         if self.max_redeliveries is not None and count >= self.max_redeliveries:
             self._dead_letter(key, count, delay)
             return None
         return self._schedule(key, delay, count)
+
+    def _check_thread(self) -> None:
+        """``add`` outside the tracker's loop: bind to the running loop on
+        first use, else refuse (a foreign thread's add would touch the index
+        and the loop's timer unlocked, its redelivery left to whenever the
+        loop next wakes)."""
+        running = _get_running_loop()
+        if self._loop is None and running is not None:
+            self._bind(running)
+            return
+        if self._loop is None:
+            raise RuntimeError("NegativeAcksTracker.add() needs a running event loop (the tracker is bound "
+                               "to it on first use); from another thread use add_threadsafe()")
+        raise RuntimeError("NegativeAcksTracker.add() called outside its event loop's thread (or from another "
+                           "loop): from other threads use add_threadsafe(), which hands the add to the loop")
 
     def add_threadsafe(self, message_id: Any, *, delay_ms: Optional[float] = None,
                        redelivery_count: Optional[int] = None) -> None:

@@ -373,6 +373,49 @@ async def test_add_threadsafe_from_a_listener_thread():
     await tracker.close()
 
 
+async def test_a_plain_add_from_another_thread_is_refused_naming_add_threadsafe():
+    """add() touches the index and the loop's timer: from a foreign thread it
+    raises at once (the nack is not taken: it would wait for the loop's next
+    wakeup), and the error says what to call instead."""
+    tracker = NegativeAcksTracker(MemoryAdapter(), precision_bits=0, delay_ms=10)
+    tracker.add(K(1))  # on the loop: bound
+    raised = []
+
+    def listener():
+        try:
+            tracker.add(K(2))
+        except RuntimeError as exc:
+            raised.append(str(exc))
+
+    thread = threading.Thread(target=listener)
+    thread.start()
+    thread.join()
+    assert len(raised) == 1 and "add_threadsafe" in raised[0]
+    assert tracker.pending == 1 and K(2) not in tracker
+    await tracker.close()
+
+
+def test_add_outside_any_loop_is_refused_naming_add_threadsafe():
+    tracker, _, _ = make()
+    with pytest.raises(RuntimeError, match="add_threadsafe"):
+        tracker.add(K(1))
+    assert tracker.pending == 0
+
+
+@pytest.mark.parametrize("build", [
+    lambda d: NegativeAcksTracker(MemoryAdapter(), delay_ms=d),
+    lambda d: FixedBackoff(d),
+    lambda d: MultiplierBackoff(1, d),
+])
+def test_a_default_delay_past_the_due_time_range_is_refused_where_it_is_given(build):
+    """A default used by every later nack is checked once, at construction:
+    2^63 ms would make every nack using it raise."""
+    for bad in (2**63, 2**62, 2**61):
+        with pytest.raises(ValueError, match="<= 2305843009213693951"):
+            build(bad)
+    build(2**61 - 1)
+
+
 async def test_add_threadsafe_refuses_in_the_calling_thread_what_add_refuses():
     """A delay past the clock's range and a backoff that raises or returns a bad
     delay raise in the listener thread, as add() would; nothing is queued."""

@@ -12,7 +12,7 @@ import _pulsar
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
-from .._checks import MAX_DUE, check_delay_ms, check_int, check_precision
+from .._checks import MAX_DUE, check_default_delay, check_delay_ms, check_int, check_precision
 from ..adapters.pulsar import MIN_NACK_DELAY_MS
 from ..keys import MessageKey, key_of
 
@@ -42,6 +42,10 @@ class ConsumerOptions:
     prefetch: int = 16
     snapshot_path: Optional[str] = None
     snapshot_interval_s: Optional[float] = 5.0
+    #: a snapshot path that cannot be restored at start (corrupted, unreadable, its directory missing) or
+    #: written at close: "raise" a SnapshotError (at start nothing starts; at close once all else is closed),
+    #: or "ignore" (logged, counted in snapshot_failures; a corrupted file is moved aside). The saves in
+    #: between never raise (logged and counted either way).
     snapshot_on_error: str = "raise"
     dedup: bool = True
     dedup_capacity: int = 1_000_000
@@ -56,7 +60,7 @@ class ConsumerOptions:
         if unknown:
             raise TypeError(f"unknown TrackedConsumer option(s): {', '.join(sorted(unknown))}")
         o = dict(options)
-        o["delay_ms"] = check_delay_ms("delay_ms", o.get("delay_ms", 60_000))
+        o["delay_ms"] = check_default_delay("delay_ms", o.get("delay_ms", 60_000))
         check_precision(o.get("precision_bits", 0), "floor")
         for name in ("lead_ms", "min_gap_ms"):
             if o.get(name) is not None:
