@@ -383,7 +383,7 @@ class TrackedConsumer:
         if self._store is not None and close_consumer:
             save_error = await self._store.final_save(self.tracker, self.core)
         elif self._store is not None:  # unsubscribed: the nacks went with the subscription
-            await self._store.remove()
+            save_error = await self._store.remove()
         aclose = getattr(self.adapter, "aclose", None)
         if aclose is not None:
             await aclose()
