@@ -34,7 +34,8 @@ import math
 from typing import Any, Callable, Iterable, Optional
 
 from ..keys import MessageKey
-from .state import AckResult, EntryRecord, Held, Nacked, Parked, Token, Verdict, _Deadline
+from .state import ACKED as _ACKED, ALL_INDICES, HELD as _HELD, AckResult, EntryRecord, Held, Nacked, Parked, Positions
+from .state import Token, Verdict, _Deadline
 
 #: See :meth:`DeliveryCore.fired`. Small: a sibling that rides along with another's
 #: copy surfaces at once if that copy lands at another consumer of the subscription.
@@ -71,7 +72,7 @@ class DeliveryCore:
         self._release_heap: list[_Deadline] = []
         self._expiry_heap: list[_Deadline] = []
         self._seq = itertools.count()
-        self._high: dict[tuple[Optional[str], int], tuple[int, int]] = {}  # highest position seen
+        self._positions = Positions()  # at or beyond every copy with state here, per partition
         self._cumulative: dict[tuple[Optional[str], int], tuple[int, int, int]] = {}
         self.blind = False  # restored batch entries without records: hold their copies while pending
         # per verdict (keyed by Verdict.value: the hot path counts without hashing an enum member)
@@ -92,10 +93,8 @@ class DeliveryCore:
         if self._dedup is not None and key.topic is not None \
                 and (key.topic, key.ledger_id, key.entry_id, key.batch_index) in self._dedup:
             return True
-        record = self.records.get(key.entry) if key.batch_index >= 0 else None
-        if record is None:
-            return False
-        return record.acked is not None and key.batch_index in record.acked
+        record = self.records.get(key.entry) if key.batch_index >= 0 and self.records else None
+        return record is not None and record.acked is not None and key.batch_index in record.acked
 
     def knows(self, key: MessageKey) -> bool:
         """Whether this consumer received ``key``: held (or before a redeliver-all), parked, requested,
@@ -117,11 +116,22 @@ class DeliveryCore:
 
     # -- what happens ------------------------------------------------------------------
 
+    def first_delivery(self, key: MessageKey) -> bool:
+        """Whether a copy from the broker is a first delivery, then held as :meth:`arrive` would leave it:
+        beyond its partition's :class:`~.state.Positions`, so nothing of it is acknowledged, held, parked,
+        requested, recorded or pending. Else nothing changes (ask :meth:`arrive`). O(1), no allocation."""
+        if not self._positions.advance(key):
+            return False
+        self.held[key] = _HELD
+        self.counts["surface"] += 1
+        return True
+
     def arrive(self, key: MessageKey, batch_size: int, token: Token, now_ms: float) -> Verdict:
-        """A copy of ``key`` (``batch_size``: messages in its entry, 0 when
-        unknown or not batched) arrived from the broker. Amortised O(1), plus
-        the tracker lookup for a non-batched copy at or behind the highest
-        position seen (only those can be redeliveries)."""
+        """A copy of ``key`` (``batch_size``: messages in its entry, 0 when unknown or not batched) arrived
+        from the broker. Amortised O(1), plus the tracker lookup for a non-batched copy that is not a first
+        delivery (:meth:`first_delivery`): it may be a redelivery."""
+        if self.first_delivery(key):
+            return Verdict.SURFACE
         verdict = self._arrive(key, batch_size, token, now_ms)
         self.counts[verdict._value_] += 1
         return verdict
@@ -133,6 +143,7 @@ class DeliveryCore:
         held = self.held.get(key)
         if held is not None:
             if batched:
+                held = self.held[key] = Held() if held is _HELD else held  # the shared empty one: its own now
                 held.tokens.append(token)
             return Verdict.DROP_HELD
         parked = self.parked.get(key) if self.parked else None
@@ -144,9 +155,9 @@ class DeliveryCore:
             nack = self.requested.pop(key, None) if self.requested else None
             if nack is not None:
                 return self._due_or_park(key, nack.release_ms, token, nack.tokens, now_ms)
-            if self._maybe_redelivery(key) and self._pending(key):
+            if self._pending(key):  # at or behind the position kept: maybe a redelivery
                 return Verdict.DROP_EARLY
-            self.held[key] = Held()
+            self.held[key] = _HELD
             return Verdict.SURFACE
         entry = key.entry
         record = self.records.get(entry)
@@ -170,16 +181,13 @@ class DeliveryCore:
         return self._surface(key, [])
 
     def nacked(self, key: MessageKey, due_ms: Optional[int], token: Token, now_ms: float) -> None:
-        """The application nacked ``key``; the tracker scheduled it at
-        ``due_ms`` (``None``: it is being dead-lettered and may come back at
-        any time). Call :meth:`is_acked` first: a nack of an acknowledged
+        """The application nacked ``key``; the tracker scheduled it at ``due_ms`` (``None``: it is being
+        dead-lettered and may come back at any time). Call :meth:`is_acked` first: a nack of an acknowledged
         message must not reach the tracker (the broker would never send it)."""
-        tokens = []
+        self._positions.cover(key[4], key[2], key[0], key[1], key[3])
         held = self.held.pop(key, None)
-        if held is not None:
-            tokens = held.tokens
-        if self.forgotten:
-            self.forgotten.discard(key)
+        tokens: list[Token] = [] if held is None or held is _HELD else held.tokens
+        self.forgotten.discard(key)
         parked = self.parked.pop(key, None)  # nacked by id while a copy waited: that copy goes
         if parked is not None:
             tokens += parked.tokens + [parked.token]
@@ -207,6 +215,7 @@ class DeliveryCore:
         adapter: their copies are on their way. O(k) for k entries, plus the
         entry's nacked messages for a batch entry."""
         for entry in entries:
+            self._positions.cover(entry.topic, entry.partition, entry.ledger_id, entry.entry_id, ALL_INDICES)
             record = self.records.get(entry)
             if record is None and self.is_acked(entry):
                 continue  # acked cumulatively meanwhile: the broker sends nothing
@@ -215,9 +224,8 @@ class DeliveryCore:
                 self._expire_at(bucket_ms + self.overdue_ms, entry, nack)
                 continue
             for nack in record.nacked.values():
-                # Siblings due within FIRE_SLACK_MS after this bucket take its copy too (parked until
-                # their own time): robust to a ms of skew between restored records and the restored
-                # tracker's buckets. Their own bucket's copy is then a twin.
+                # Siblings due within FIRE_SLACK_MS after this bucket take its copy too (parked until their own
+                # time): robust to a ms of skew between restored records and buckets. Their own copy is a twin.
                 if not nack.fired and nack.release_ms <= bucket_ms + FIRE_SLACK_MS:
                     nack.fired = True
             if self._dedup is None:
@@ -227,19 +235,20 @@ class DeliveryCore:
     def acked(self, key: MessageKey, now_ms: float) -> AckResult:
         """The broker accepted the application's ack of ``key``."""
         held = self.held.pop(key, None)
-        tokens: list[Token] = held.tokens if held is not None else []
+        tokens: list[Token] = [] if held is None or held is _HELD else held.tokens
+        if held is None:  # not held here: it may not have arrived yet
+            self._positions.cover(key[4], key[2], key[0], key[1], key[3])
         if self.parked:
             parked = self.parked.pop(key, None)
             if parked is not None:
                 tokens += parked.tokens + [parked.token]
         if self.requested:
             self.requested.pop(key, None)
-        if self.forgotten:
-            self.forgotten.discard(key)
+        self.forgotten.discard(key)
         if self._dedup is not None and key.topic is not None:
             self._dedup.seen_or_add(key.topic, key.ledger_id, key.entry_id, key.batch_index)
-        if key.batch_index < 0:
-            return AckResult(tokens, True)
+        if key.batch_index < 0 or not (self.records or self.blind):  # no record of its entry can exist
+            return AckResult(tokens, True) if tokens else _ACKED
         record = self.records.get(key.entry)
         if record is None:  # nothing of the entry waits for a bucket: any left in the tracker is spurious
             return AckResult(tokens, not self.blind)
@@ -259,6 +268,7 @@ class DeliveryCore:
         where = (key.topic, key.partition)
         mark = (key.ledger_id, key.entry_id, key.batch_index)
         self._cumulative[where] = max(mark, self._cumulative.get(where, mark))
+        self._positions.cover(key.topic, key.partition, key.ledger_id, key.entry_id, key.batch_index)
         tokens = []
 
         def covered(k: MessageKey) -> bool:
@@ -319,6 +329,7 @@ class DeliveryCore:
         ``fired``: its bucket fired before the save (or the restored tracker
         does not hold the entry), so the copy the broker resends is the one to
         park until due: nothing else will ask for it."""
+        self._positions.cover(entry.topic, entry.partition, entry.ledger_id, entry.entry_id, ALL_INDICES)
         record = self.records[entry] = EntryRecord(acked=None if self._dedup is not None else set())
         for index, due, fired in nacked:
             record.nacked[index] = Nacked(self.bucket_ms(due), fired)
@@ -327,8 +338,7 @@ class DeliveryCore:
 
     def note_position(self, topic: Optional[str], partition: int, ledger_id: int, entry_id: int) -> None:
         """Copies at or behind this position may be redeliveries (a restore)."""
-        where = (topic, partition)
-        self._high[where] = max(self._high.get(where, (-1, -1)), (ledger_id, entry_id))
+        self._positions.cover(topic, partition, ledger_id, entry_id, ALL_INDICES)
 
     def pending_batch_nacks(self) -> Iterable[tuple[MessageKey, int, int, bool]]:
         """``(entry, batch_index, release_ms, fired)`` of every nacked batch
@@ -344,7 +354,7 @@ class DeliveryCore:
     # -- internals ---------------------------------------------------------------------
 
     def _surface(self, key: MessageKey, tokens: list[Token]) -> Verdict:
-        self.held[key] = Held(tokens)
+        self.held[key] = Held(tokens) if tokens else _HELD
         return Verdict.SURFACE
 
     def _due_or_park(self, key: MessageKey, release_ms: int, token: Token, tokens: list[Token],
@@ -354,16 +364,6 @@ class DeliveryCore:
         parked = self.parked[key] = Parked(release_ms, token, tokens)
         heapq.heappush(self._release_heap, _Deadline(release_ms, next(self._seq), key, parked))
         return Verdict.PARK
-
-    def _maybe_redelivery(self, key: MessageKey) -> bool:
-        """First deliveries arrive in position order per partition: only a copy
-        at or behind the highest position seen can be a redelivery."""
-        where, position = (key.topic, key.partition), (key.ledger_id, key.entry_id)
-        high = self._high.get(where)
-        if high is None or position > high:
-            self._high[where] = position
-            return False
-        return True
 
     def _maybe_end(self, entry: MessageKey, record: EntryRecord, now_ms: float) -> None:
         """Drop a record with nothing nacked left, unless (``dedup=False``) it

@@ -14,6 +14,7 @@ import pulsar.asyncio as pulsar_asyncio
 
 from .._checks import MAX_DUE, check_default_delay, check_delay_ms, check_int, check_precision
 from ..adapters.pulsar import MIN_NACK_DELAY_MS
+from .direct import ReceivedMessage, message_key_of
 from ..keys import MessageKey, key_of
 
 __all__ = ["ConsumerOptions", "subscribe", "batch_size", "check_timeout_ms", "seek_target", "key_and_count",
@@ -153,6 +154,8 @@ def key_and_count(message: Any, own_topic: Optional[str],
 def message_key(message: Any, own_topic: Optional[str], held: Iterable[MessageKey]) -> MessageKey:
     """:func:`key_and_count` without the count; a received ``pulsar.Message``
     (the hot path: every receive and ack) skips the generic checks. O(1)."""
+    if type(message) is ReceivedMessage:
+        return message_key_of(message)  # built once, on arrival
     if type(message) is pulsar.Message:
         mid = message.message_id()
         return MessageKey(mid.ledger_id(), mid.entry_id(), mid.partition(), mid.batch_index(), message.topic_name())

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable, Optional, Union
+from typing import Any, Awaitable, Callable, Optional, Union
 
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
@@ -26,6 +26,7 @@ from ..keys import MessageKey
 from ..tracker import FiredCell, NegativeAcksTracker
 from .core import DeliveryCore, Verdict
 from .dead_letters import ConsumerDeadLetters, DeadLetterPublisher, quietly
+from .direct import DirectConsumer, acknowledge
 from .errors import ConsumerClosed, NotReceivedError
 from .options import ConsumerOptions, batch_size, check_timeout_ms, key_and_count, message_key, seek_target
 from .persist import SnapshotStore
@@ -99,7 +100,7 @@ class TrackedConsumer:
         self.core = DeliveryCore(check_precision(opts.precision_bits, "floor"), dedup=self._dedup,
                                  pending=self._pending, overdue_ms=COPY_OVERDUE_MS)
         self._pump = ReceivePump(consumer, self._admit, opts.prefetch,
-                                 on_resume=getattr(self.adapter, "forget_handed", None))
+                                 on_resume=getattr(self.adapter, "forget_handed", None), direct=DirectConsumer.of)
         self._saver: Optional[asyncio.Task] = None
         self._release = ReleaseTimer(self.core, lambda: self.tracker.clock, self._pump.put)
         self._closed = False
@@ -158,17 +159,19 @@ class TrackedConsumer:
                 self._store.run_saver(self.options.snapshot_interval_s, self.tracker, self.core),
                 name="nacktracker-snapshots")
 
-    async def _admit(self, msg: Any) -> bool:
-        """Ask the core about a copy from the broker; whether it goes to the application now."""
+    def _admit(self, msg: Any) -> Union[bool, Awaitable[None]]:
+        """Whether a copy from the broker goes to the application now, or what to await first (acks)."""
         key = self._message_key(msg)
         if self._arrived is not None and self.adapter.awaiting_arrivals:
             self._arrived(key.entry)  # the adapter learns its path latency
+        if self.core.first_delivery(key):
+            return True
         verdict = self._decide(key, msg)
         if verdict is Verdict.SURFACE:
             return True
         if verdict is Verdict.DROP_ACKED:
-            await self._ack_copies([msg])  # tells the broker again (an ack lost in a restart)
-        elif verdict is Verdict.DROP_EARLY and self._local is not None:
+            return self._ack_copies([msg])  # tells the broker again (an ack lost in a restart)
+        if verdict is Verdict.DROP_EARLY and self._local is not None:
             self._local.held_back(key, msg)
         return False
 
@@ -193,7 +196,9 @@ class TrackedConsumer:
 
     async def _acknowledge(self, message: Any, key: Optional[MessageKey] = None) -> None:  # dead letters too
         key = key or self._message_key(message)
-        await self._consumer.acknowledge(message)
+        waiting = acknowledge(self._pump.direct, self._consumer, message)  # None: accepted at once
+        if waiting is not None:
+            await waiting
         result = self.core.acked(key, self.tracker.clock.now_ms())
         if self._local is not None:
             self._local.acked(key)
