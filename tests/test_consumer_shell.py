@@ -517,3 +517,53 @@ async def test_a_save_to_an_unusable_path_raises_a_snapshot_error_at_close(tmp_p
         await consumer.close()
     assert isinstance(info.value.__cause__, OSError) and consumer.closed
     await h.close()
+
+
+# -- direct calls into the client's C++ consumer ------------------------------------------
+
+class FakeRawConsumer:
+    """The C++ consumer's async calls: the callback runs during the call
+    (``mode="now"``: a queued message, grouped acks), later from another thread
+    (``"later"``), or during the call with a failure (``"fail"``)."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+
+    def _answer(self, callback, *args):
+        import _pulsar
+        import threading
+        if self.mode == "later":
+            threading.Timer(0.01, callback, (_pulsar.Result.Ok, *args)).start()
+        else:
+            callback(_pulsar.Result.Ok if self.mode == "now" else _pulsar.Result.Timeout, *args)
+
+    def receive_async(self, callback):
+        self._answer(callback, "raw message")
+
+    def acknowledge_async(self, message, callback):
+        self._answer(callback)
+
+
+@pytest.mark.parametrize("mode", ["now", "later", "fail"])
+async def test_direct_calls_take_an_answer_at_once_or_through_a_future(mode):
+    import pulsar.asyncio
+    from nacktracker.consumer.direct import DirectConsumer, ReceivedMessage
+
+    direct = DirectConsumer.of(pulsar.asyncio.Consumer(FakeRawConsumer(mode), "schema"))
+    assert direct is not None and DirectConsumer.of(FakeConsumer()) is None  # anything else: public methods
+    if mode == "fail":
+        with pytest.raises(pulsar.asyncio.PulsarException):
+            direct.receive()
+        with pytest.raises(pulsar.asyncio.PulsarException):
+            direct.acknowledge(direct.wrap("raw message"))
+        return
+    got = direct.receive()
+    if mode == "later":
+        assert isinstance(got, asyncio.Future) and not got.done()
+        got = direct.wrap(await asyncio.wait_for(got, 5))
+    assert type(got) is ReceivedMessage and got._message == "raw message" and got._schema == "schema"
+    acked = direct.acknowledge(got)
+    if mode == "now":
+        assert acked is None  # accepted during the call: nothing to await
+    else:
+        assert await asyncio.wait_for(acked, 5) is None
