@@ -336,7 +336,9 @@ def profile(kind: str, workload: str, n: int, broker: str, url: Optional[str], s
         profiler.disable()
         await asyncio.sleep(CLOSE_GRACE_S)
         stream = io.StringIO()
-        pstats.Stats(profiler, stream=stream).sort_stats("tottime").print_stats(top)
+        stats = pstats.Stats(profiler, stream=stream)
+        stats.sort_stats("tottime").print_stats(top)
+        stats.sort_stats("cumulative").print_stats(top)
         print(got)
         print(stream.getvalue())
 

@@ -26,7 +26,7 @@ import pulsar.asyncio as pulsar_asyncio
 
 from ..keys import MessageKey
 
-__all__ = ["DirectConsumer", "ReceivedMessage", "acknowledge", "message_key_of"]
+__all__ = ["DirectConsumer", "ReceivedMessage", "acknowledge", "acknowledged", "message_key_of"]
 
 _OK = _pulsar.Result.Ok
 
@@ -147,6 +147,14 @@ def acknowledge(direct: Optional[DirectConsumer], consumer: Any, message: Any) -
     if direct is not None and type(message) is ReceivedMessage:
         return direct.acknowledge(message)
     return consumer.acknowledge(message)
+
+
+async def acknowledged(direct: Optional[DirectConsumer], consumer: Any, message: Any) -> None:
+    """:func:`acknowledge`, awaited: no loop iteration when the client accepts
+    the ack during the call."""
+    waiting = acknowledge(direct, consumer, message)
+    if waiting is not None:
+        await waiting
 
 
 def message_key_of(msg: ReceivedMessage) -> MessageKey:

@@ -26,7 +26,7 @@ from ..keys import MessageKey
 from ..tracker import FiredCell, NegativeAcksTracker
 from .core import DeliveryCore, Verdict
 from .dead_letters import ConsumerDeadLetters, DeadLetterPublisher, quietly
-from .direct import DirectConsumer, acknowledge
+from .direct import DirectConsumer, acknowledged
 from .errors import ConsumerClosed, NotReceivedError
 from .options import ConsumerOptions, batch_size, check_timeout_ms, key_and_count, message_key, seek_target
 from .persist import SnapshotStore
@@ -196,9 +196,7 @@ class TrackedConsumer:
 
     async def _acknowledge(self, message: Any, key: Optional[MessageKey] = None) -> None:  # dead letters too
         key = key or self._message_key(message)
-        waiting = acknowledge(self._pump.direct, self._consumer, message)  # None: accepted at once
-        if waiting is not None:
-            await waiting
+        await acknowledged(self._pump.direct, self._consumer, message)
         result = self.core.acked(key, self.tracker.clock.now_ms())
         if self._local is not None:
             self._local.acked(key)
@@ -229,7 +227,7 @@ class TrackedConsumer:
         batch-index acks). A failure is logged: the message itself is acked."""
         for token in tokens:
             try:
-                await self._consumer.acknowledge(token)
+                await acknowledged(self._pump.direct, self._consumer, token)
             except Exception as exc:
                 self._counts["copy_ack_failures"] += 1
                 log.debug("ack of a dropped copy failed: %r", exc)
