@@ -138,6 +138,8 @@ def key_and_count(message: Any, own_topic: Optional[str],
     """The key and redelivery count of a Message or id the application passed;
     a bare id gets ``own_topic``, or on a multi-topic consumer (``None``) the
     topic of the ``held`` message it names (O(held)). A MessageKey: TypeError."""
+    if type(message) is ReceivedMessage:  # its key was built on arrival
+        return message_key_of(message), message.redelivery_count()
     if isinstance(message, MessageKey):
         raise TypeError("pass a pulsar Message or MessageId, not a MessageKey")
     if isinstance(message, pulsar.MessageId):
