@@ -506,14 +506,18 @@ class NegativeAcksTracker:
             self._clock = LoopClock(loop)
 
     def _schedule(self, key: MessageKey, delay: int, count: int) -> int:
-        due = math.ceil(self._clk.now_ms()) + delay
+        now = math.ceil(self._clk.now_ms())
+        due = now + delay
         if due > MAX_DUE:
             raise ValueError(f"delay_ms {delay} is too large")
         slot = self._slot(key, create=True)
         self._index.add(slot, key.entry_id, due)
         self._n["nacks"] += 1
         fire = ((due + self._round_add) & self._mask) - self._lead
-        if not self._closed and (self._timer_at is None or fire < self._timer_at):
+        armed = self._timer_at
+        # Re-arm only for an earlier fire, and not when the armed one is due already: it runs at the loop's
+        # next iteration and takes every bucket due within the lead (nacks inside the lead window ride along)
+        if not self._closed and (armed is None or (fire < armed and armed > now)):
             self._arm(fire)
         if self._on_event is not None:
             self._emit("nack", key, delay, count)

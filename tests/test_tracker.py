@@ -667,3 +667,22 @@ def test_every_nack_comes_back_as_itself_live_and_after_restore(ops):
         assert tracker.pending == 0 and tracker._origins == {} and tracker._slots == {}
 
     asyncio.run(run())
+
+
+async def test_nacks_inside_the_lead_window_share_one_armed_fire():
+    """With a lead above the delays every nack is due to go at once: the first
+    arms the timer, the rest of the loop's iteration ride along (no re-arm per
+    nack, even for an earlier bucket), and one fire hands all of them over."""
+    tracker, adapter, clock = make(precision_bits=0, lead_ms=250)
+    armed = []
+    call_at = clock.call_at
+    clock.call_at = lambda when, fn: armed.append(when) or call_at(when, fn)
+    for i, delay in enumerate([200, 150, 100, 50, 0]):  # each bucket earlier than the last
+        tracker.add(K(i), delay_ms=delay)
+    assert len(armed) == 1
+    clock.advance(0)
+    await settle()
+    assert sorted(k.entry_id for k in adapter.redelivered) == [0, 1, 2, 3, 4]
+    assert tracker.stats()["fires"] == 1 and tracker.pending == 0
+    tracker.add(K(9), delay_ms=1_000)  # beyond the lead: a timer of its own
+    assert armed[1:] == [1_000_000 + 1_000 - 250]

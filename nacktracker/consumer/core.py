@@ -34,8 +34,8 @@ import math
 from typing import Any, Callable, Iterable, Optional
 
 from ..keys import MessageKey
-from .state import ACKED as _ACKED, ALL_INDICES, HELD as _HELD, AckResult, EntryRecord, Held, Nacked, Parked, Positions
-from .state import Token, Verdict, _Deadline
+from .state import ACKED as _ACKED, ACKED_FRESH as _ACKED_FRESH, ALL_INDICES, FRESH as _FRESH, HELD as _HELD
+from .state import AckResult, EntryRecord, Held, Nacked, Parked, Positions, Token, Verdict, _Deadline
 
 #: See :meth:`DeliveryCore.fired`. Small: a sibling that rides along with another's
 #: copy surfaces at once if that copy lands at another consumer of the subscription.
@@ -122,7 +122,7 @@ class DeliveryCore:
         requested, recorded or pending. Else nothing changes (ask :meth:`arrive`). O(1), no allocation."""
         if not self._positions.advance(key):
             return False
-        self.held[key] = _HELD
+        self.held[key] = _FRESH
         self.counts["surface"] += 1
         return True
 
@@ -143,7 +143,7 @@ class DeliveryCore:
         held = self.held.get(key)
         if held is not None:
             if batched:
-                held = self.held[key] = Held() if held is _HELD else held  # the shared empty one: its own now
+                held = self.held[key] = Held() if not held.tokens else held  # a shared empty one: its own now
                 held.tokens.append(token)
             return Verdict.DROP_HELD
         parked = self.parked.get(key) if self.parked else None
@@ -186,7 +186,7 @@ class DeliveryCore:
         message must not reach the tracker (the broker would never send it)."""
         self._positions.cover(key[4], key[2], key[0], key[1], key[3])
         held = self.held.pop(key, None)
-        tokens: list[Token] = [] if held is None or held is _HELD else held.tokens
+        tokens: list[Token] = [] if held is None or not held.tokens else held.tokens
         self.forgotten.discard(key)
         parked = self.parked.pop(key, None)  # nacked by id while a copy waited: that copy goes
         if parked is not None:
@@ -235,7 +235,7 @@ class DeliveryCore:
     def acked(self, key: MessageKey, now_ms: float) -> AckResult:
         """The broker accepted the application's ack of ``key``."""
         held = self.held.pop(key, None)
-        tokens: list[Token] = [] if held is None or held is _HELD else held.tokens
+        tokens: list[Token] = [] if held is None or not held.tokens else held.tokens
         if held is None:  # not held here: it may not have arrived yet
             self._positions.cover(key[4], key[2], key[0], key[1], key[3])
         if self.parked:
@@ -247,8 +247,8 @@ class DeliveryCore:
         self.forgotten.discard(key)
         if self._dedup is not None and key.topic is not None:
             self._dedup.seen_or_add(key.topic, key.ledger_id, key.entry_id, key.batch_index)
-        if key.batch_index < 0 or not (self.records or self.blind):  # no record of its entry can exist
-            return AckResult(tokens, True) if tokens else _ACKED
+        if key.batch_index < 0 or not (self.records or self.blind):  # no record of its entry (FRESH: state.py)
+            return AckResult(tokens, True) if tokens else _ACKED_FRESH if held is _FRESH and key[3] < 0 else _ACKED
         record = self.records.get(key.entry)
         if record is None:  # nothing of the entry waits for a bucket: any left in the tracker is spurious
             return AckResult(tokens, not self.blind)

@@ -8,7 +8,7 @@ from typing import Any, NamedTuple, Optional
 
 from ..keys import MessageKey
 
-__all__ = ["Verdict", "Held", "HELD", "ACKED", "Nacked", "Parked", "EntryRecord", "AckResult", "Positions", "ALL_INDICES",
+__all__ = ["Verdict", "Held", "HELD", "FRESH", "ACKED", "ACKED_FRESH", "Nacked", "Parked", "EntryRecord", "AckResult", "Positions", "ALL_INDICES",
            "Token", "core_stats"]
 
 Token = Any  # a received copy, opaque to the core
@@ -36,6 +36,9 @@ class Held:
 #: object (a first delivery allocates nothing for it); its tokens are an empty tuple,
 #: so the one place that appends makes the message its own :class:`Held` first.
 HELD = Held(())  # type: ignore[arg-type]
+#: The same for a message held since its first delivery and not nacked since:
+#: nothing of it can be pending in the tracker (its ack need not ask).
+FRESH = Held(())  # type: ignore[arg-type]
 
 
 @dataclass(slots=True)
@@ -127,6 +130,8 @@ class AckResult(NamedTuple):
 #: What :meth:`~.core.DeliveryCore.acked` answers when no copy waits and the
 #: tracker's entry may be discarded (the common ack): one shared object.
 ACKED = AckResult((), True)  # type: ignore[arg-type]
+#: ... and when nothing of the message can be pending in the tracker.
+ACKED_FRESH = AckResult((), False)  # type: ignore[arg-type]
 
 
 class _Deadline(NamedTuple):
