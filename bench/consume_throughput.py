@@ -33,7 +33,8 @@ passes broker settings, e.g. ``acknowledgmentAtBatchIndexLevelEnabled=true``);
 ``--batch-index-ack`` subscribes every kind with ``batch_index_ack_enabled=True``.
 ``--save`` merges this run into a results file under its broker's name (the
 committed one: ``bench/results/consume-throughput/results.json``; its
-``RESULTS.md`` is rendered beside it). ``--profile`` runs one pass of a kind on
+``RESULTS.md`` is rendered beside it; ``--render`` only renders it again).
+``--profile`` runs one pass of a kind on
 a workload under cProfile instead and prints where its time goes.
 """
 
@@ -290,16 +291,20 @@ def table(result: dict) -> str:
 
 
 def readme_line(results: dict) -> str:
-    """README's throughput claim, rendered from the committed results (pulsar-lite, no nacks)."""
+    """README's throughput row (its table of headline figures), rendered from
+    the committed results: pulsar-lite, no nacks, batched and not."""
     r = results["lite"]
-    parts = []
-    for name in ("batched", "non-batched"):
-        w = r["workloads"][name]
-        rate, cpu = w["ratios"]["tracked/plain rate"], w["ratios"]["tracked/plain cpu"]
-        parts.append(f"{name} {w['tracked']['rate']['median']:,.0f} msg/s against the plain client's "
-                     f"{w['plain']['rate']['median']:,.0f} ({rate['median']:.2f}×, CPU {cpu['median']:.2f}×)")
-    return ("Receive + ack throughput on pulsar-lite, no nacks (`python bench/consume_throughput.py`, "
-            f"median of {r['workloads']['batched']['rounds']} alternating rounds): " + "; ".join(parts) + ".")
+    cells = []
+    for kind in ("tracked", "plain"):
+        cells.append(" / ".join(f"{r['workloads'][name][kind]['rate']['median']:,.0f} msg/s, "
+                                f"{r['workloads'][name][kind]['cpu_us_per_msg']['median']:.1f} µs CPU/msg"
+                                for name in ("batched", "non-batched")))
+    ratios = " / ".join(f"{r['workloads'][name]['ratios']['tracked/plain rate']['median']:.2f}× rate, "
+                        f"{r['workloads'][name]['ratios']['tracked/plain cpu']['median']:.2f}× CPU"
+                        for name in ("batched", "non-batched"))
+    return (f"| receive + ack throughput, batched / non-batched, no nacks (pulsar-lite, "
+            f"[consume-throughput](bench/results/consume-throughput/RESULTS.md)) | {cells[0]} | "
+            f"plain `pulsar.asyncio.Consumer` {cells[1]} | {ratios} (median of per-round ratios) |")
 
 
 def save(result: dict, path: Path) -> None:
@@ -308,13 +313,19 @@ def save(result: dict, path: Path) -> None:
     results = json.loads(path.read_text()) if path.exists() else {}
     results[result["broker"]] = result
     path.write_text(json.dumps(results, indent=1) + "\n")
+    render(path)
+
+
+def render(path: Path) -> None:
+    """RESULTS.md beside a results file, from it."""
+    results = json.loads(path.read_text())
     md = ["# Consume throughput: TrackedConsumer against the plain client", "",
           "Written by `python bench/consume_throughput.py ... --save` (each broker's latest run; the command is "
           "under each heading). See the script's docstring for what is measured.", ""]
     for broker in sorted(results):
         md += [table(results[broker]), ""]
     if "lite" in results and {"batched", "non-batched"} <= set(results["lite"]["workloads"]):
-        md += ["README line:", "", "> " + readme_line(results), ""]
+        md += ["README's row:", "", "```", readme_line(results), "```", ""]
     (path.parent / "RESULTS.md").write_text("\n".join(md))
 
 
@@ -360,6 +371,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--json", action="store_true")
     p.add_argument("--save", nargs="?", const=str(DEFAULT_RESULTS), help=f"merge into a results file "
                    f"(default {DEFAULT_RESULTS.relative_to(Path.cwd()) if DEFAULT_RESULTS.is_relative_to(Path.cwd()) else DEFAULT_RESULTS})")
+    p.add_argument("--render", action="store_true", help="only render RESULTS.md from the --save file")
     p.add_argument("--profile", metavar="KIND:WORKLOAD", help="profile one pass instead (e.g. tracked:batched)")
     a = p.parse_args(argv)
     settings = dict(s.split("=", 1) for s in a.set)
@@ -367,6 +379,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     for name in only or ():
         if name not in WORKLOADS:
             p.error(f"unknown workload {name!r}")
+    if a.render:
+        render(Path(a.save or DEFAULT_RESULTS))
+        return 0
     if a.profile:
         kind, _, workload = a.profile.partition(":")
         if kind not in KINDS or workload not in WORKLOADS:
