@@ -37,11 +37,7 @@ from ..keys import MessageKey
 from .state import ACKED as _ACKED, ACKED_FRESH as _ACKED_FRESH, ALL_INDICES, FRESH as _FRESH, HELD as _HELD
 from .state import AckResult, EntryRecord, Held, Nacked, Parked, Positions, Token, Verdict, _Deadline
 
-#: See :meth:`DeliveryCore.fired`. Small: a sibling that rides along with another's
-#: copy surfaces at once if that copy lands at another consumer of the subscription.
-FIRE_SLACK_MS = 10
-
-__all__ = ["DeliveryCore", "Verdict", "AckResult", "Held", "Nacked", "Parked", "EntryRecord", "FIRE_SLACK_MS"]
+__all__ = ["DeliveryCore", "Verdict", "AckResult", "Held", "Nacked", "Parked", "EntryRecord"]
 
 
 class DeliveryCore:
@@ -212,8 +208,9 @@ class DeliveryCore:
 
     def fired(self, bucket_ms: int, entries: Iterable[MessageKey], now_ms: float) -> None:
         """The tracker handed the bucket at ``bucket_ms`` (these entries) to the
-        adapter: their copies are on their way. O(k) for k entries, plus the
-        entry's nacked messages for a batch entry."""
+        adapter: their copies are on their way, each answering every nack of
+        its entry made so far (the tracker cancels the entry's later buckets).
+        O(k) for k entries, plus the entry's nacked messages for a batch entry."""
         for entry in entries:
             self._positions.cover(entry.topic, entry.partition, entry.ledger_id, entry.entry_id, ALL_INDICES)
             record = self.records.get(entry)
@@ -224,10 +221,11 @@ class DeliveryCore:
                 self._expire_at(bucket_ms + self.overdue_ms, entry, nack)
                 continue
             for nack in record.nacked.values():
-                # Siblings due within FIRE_SLACK_MS after this bucket take its copy too (parked until their own
-                # time): robust to a ms of skew between restored records and buckets. Their own copy is a twin.
-                if not nack.fired and nack.release_ms <= bucket_ms + FIRE_SLACK_MS:
-                    nack.fired = True
+                # The broker redelivers whole entries, so this request's copy answers every nack of
+                # the entry made so far: each is parked until its own time when the copy lands here.
+                # The tracker cancels the entry's later buckets (a second request would bring the
+                # entry again: to another consumer, with every sibling, a duplicate of each).
+                nack.fired = True
             if self._dedup is None:
                 record.linger_until = max(record.linger_until, bucket_ms + self.overdue_ms)
             self._expire_at(bucket_ms + self.overdue_ms, entry, record)

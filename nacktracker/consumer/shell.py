@@ -25,7 +25,7 @@ from ..dedup import Deduplicator
 from ..keys import MessageKey
 from ..tracker import FiredCell, NegativeAcksTracker
 from .core import DeliveryCore, Verdict
-from .dead_letters import ConsumerDeadLetters, DeadLetterPublisher, quietly
+from .dead_letters import ConsumerDeadLetters, DeadLetterPublisher, quietly, random_name
 from .direct import DirectConsumer, acknowledged
 from .errors import ConsumerClosed, NotReceivedError
 from .options import ConsumerOptions, batch_size, check_timeout_ms, key_and_count, message_key, seek_target
@@ -88,9 +88,12 @@ class TrackedConsumer:
         self._local = None if not isinstance(self.adapter, LocalRedeliveryAdapter) else LocalNacks(
             self.adapter, lambda msg: self._decide(self._message_key(msg), msg), lambda msg: self._pump.put(msg))
         self._arrived: Optional[Callable[[MessageKey], None]] = getattr(self.adapter, "arrived", None)
+        # The client leaves a multi-topic consumer subscribed without consumer_name unnamed; the
+        # dead-letter producers are named after the consumer (Java's names), so give it one as Java does.
+        name: str = consumer.consumer_name() or random_name()
         # one producer per dead-letter topic, dead letters published in the order they were decided
         self._dead_letters = ConsumerDeadLetters(None if opts.max_redeliveries is None else DeadLetterPublisher(
-            client, subscription=consumer.subscription_name(), consumer_name=consumer.consumer_name(),
+            client, subscription=consumer.subscription_name(), consumer_name=name,
             dead_letter_topic=opts.dead_letter_topic, initial_subscription=opts.dead_letter_initial_subscription,
             schema=schema), ack=self._acknowledge)
         # a single-topic consumer's ids need no topic; remember it for bare-id calls
@@ -105,10 +108,10 @@ class TrackedConsumer:
         self._release = ReleaseTimer(self.core, lambda: self.tracker.clock, self._pump.put)
         self._closed = False
         self._counts = {"restored": 0, "copy_ack_failures": 0}
-        tracker_options = dict(
+        tracker_options: dict[str, Any] = dict(
             delay_ms=opts.delay_ms, precision_bits=opts.precision_bits, rounding="floor", backoff=opts.backoff,
             max_redeliveries=opts.max_redeliveries, clock=clock,
-            on_dead_letter=self._dead_letters.hook, consumer_name=consumer.consumer_name())
+            on_dead_letter=self._dead_letters.hook, consumer_name=name)
         self._store = None if opts.snapshot_path is None else SnapshotStore(opts.snapshot_path, opts.snapshot_on_error)
         if self._store is None:
             self.tracker = NegativeAcksTracker(self.adapter, **tracker_options)
@@ -132,10 +135,9 @@ class TrackedConsumer:
     # -- receiving -----------------------------------------------------------------
 
     async def receive(self, timeout_ms: Optional[int] = None) -> pulsar.Message:
-        """The next message. ``timeout_ms``: give up after that long and raise
-        :class:`ReceiveTimeout` (a ``pulsar.Timeout``); no message is lost by
-        the timeout or by cancelling the caller. Raises :class:`ConsumerClosed`
-        once closed. Runtime: O(1)."""
+        """The next message. ``timeout_ms``: give up after that long and raise :class:`ReceiveTimeout` (a
+        ``pulsar.Timeout``); no message is lost by the timeout or by cancelling the caller. Raises
+        :class:`ConsumerClosed` once closed. Runtime: O(1), no loop iteration when a message waits."""
         if timeout_ms is not None:
             timeout_ms = check_timeout_ms(timeout_ms)
         self._check_open()
@@ -162,11 +164,11 @@ class TrackedConsumer:
     def _admit(self, msg: Any) -> Union[bool, Awaitable[None]]:
         """Whether a copy from the broker goes to the application now, or what to await first (acks)."""
         key = self._message_key(msg)
-        if self._arrived is not None and self.adapter.awaiting_arrivals:
-            self._arrived(key.entry)  # the adapter learns its path latency
-        if self.core.first_delivery(key):
-            return True
-        verdict = self._decide(key, msg)
+        if self._arrived is not None and self.adapter.awaiting_arrivals and msg.redelivery_count():
+            # a redelivered copy: the adapter learns its path latency (first copies of an entry's other
+            # messages, still arriving after one of them was nacked, answer no request)
+            self._arrived(key.entry)
+        verdict = Verdict.SURFACE if self.core.first_delivery(key) else self._decide(key, msg)  # first: O(1)
         if verdict is Verdict.SURFACE:
             return True
         if verdict is Verdict.DROP_ACKED:
