@@ -98,6 +98,17 @@ class DeliveryCore:
                 or (key.batch_index >= 0 and (key.entry in self.records or key.entry in self.requested))
                 or self.is_acked(key))
 
+    def seen(self, key: MessageKey) -> bool:
+        """Whether a copy of ``key`` reached this consumer before (held, parked, requested, nacked
+        or acknowledged): an arriving copy of it is then a redelivery, not a first delivery. O(1)."""
+        if key in self.held or key in self.parked or key in self.requested or key in self.forgotten:
+            return True
+        if key.batch_index >= 0:
+            record = self.records.get(key.entry)
+            if (record is not None and key.batch_index in record.nacked) or key.entry in self.requested:
+                return True
+        return self.is_acked(key)
+
     def next_wakeup_ms(self) -> Optional[float]:
         """When :meth:`release` has something to do (a parked copy's time or an
         expiry), or ``None``. Amortised O(1)."""
