@@ -307,6 +307,27 @@ def readme_line(results: dict) -> str:
             f"plain `pulsar.asyncio.Consumer` {cells[1]} | {ratios} (median of per-round ratios) |")
 
 
+def readme_sentence(results: dict) -> str:
+    """README's one-line throughput claim (``bench/figures.py`` renders it into the
+    ``consume-throughput`` block), from the committed results: pulsar-lite, no nacks."""
+    r = results["lite"]
+    parts = []
+    for name in ("batched", "non-batched"):
+        w = r["workloads"][name]
+        rate, cpu = w["ratios"]["tracked/plain rate"], w["ratios"]["tracked/plain cpu"]
+        parts.append(f"{name}, TrackedConsumer {w['tracked']['rate']['median']:,.0f} msg/s and "
+                     f"{w['tracked']['cpu_us_per_msg']['median']:.1f} µs CPU/msg, plain `pulsar.asyncio.Consumer` "
+                     f"{w['plain']['rate']['median']:,.0f} msg/s and {w['plain']['cpu_us_per_msg']['median']:.1f} "
+                     f"µs/msg: **{rate['median']:.2f}×** the rate, **{cpu['median']:.2f}×** the CPU")
+    loads = [x for name in ("batched", "non-batched") for x in (r["workloads"][name]["load_avg_before"][0],
+                                                               r["workloads"][name]["load_avg_after"][0])]
+    return (f"Receive + ack throughput on pulsar-lite, no nacks, side by side in one run "
+            f"(`python bench/consume_throughput.py`, {r['workloads']['batched']['messages']:,} messages per run, "
+            f"{r['workloads']['batched']['rounds']} alternating rounds, medians of the per-round ratios, load average "
+            f"{min(loads)}–{max(loads)} on {r['cores']} cores): " + "; ".join(parts)
+            + " ([all workloads](bench/results/consume-throughput/RESULTS.md)).")
+
+
 def save(result: dict, path: Path) -> None:
     """Merge ``result`` into the results file under its broker's name; render RESULTS.md beside it."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,11 +1,9 @@
 """The delivery core: which copy of which message reaches the application, and when.
 
-A pure state machine (no pulsar, no clock of its own, no I/O): the shell
-(:mod:`nacktracker.consumer.shell`) feeds it what happens -- a copy arrives
-from the broker, the application acks or nacks, the tracker hands a bucket to
-the adapter -- each with the tracker's clock reading ``now_ms``, and does
-what it answers. ``tests/test_consumer_core.py`` drives it with arbitrary
-interleavings (hypothesis) against the promises it keeps:
+A pure state machine (no pulsar, no clock of its own, no I/O): the shell (:mod:`nacktracker.consumer.shell`)
+feeds it what happens -- a copy arrives from the broker, the application acks or nacks, the tracker hands a
+bucket to the adapter -- each with the tracker's clock reading ``now_ms``, and does what it answers.
+``tests/test_consumer_core.py`` drives it with arbitrary interleavings (hypothesis) against the promises it keeps:
 
 * nothing the application acknowledged surfaces again (acked ids live in a
   :class:`~nacktracker.Deduplicator`; with ``dedup=False`` only acks made
@@ -15,15 +13,13 @@ interleavings (hypothesis) against the promises it keeps:
   due time minus the bucket rounding: ``2^bits - 1`` ms for ``"floor"``,
   never early for bits 0 or ``"ceil"``): a copy that arrives earlier is
   *parked* and released at that time;
-* per-entry records end when their entry is settled, and requests whose copy
-  never came (it went to another consumer of the subscription) expire
-  ``overdue_ms`` after their time, so nothing grows without bound.
+* per-entry records end when their entry is settled, and requests whose copy never came (it went to
+  another consumer of the subscription) expire ``overdue_ms`` after their time, so nothing grows without bound.
 
-Copies are opaque *tokens* here (the shell passes the received message). A
-dropped copy of a batch message is kept with the message's state and handed
-back when the message is finally acknowledged: acking it completes that
-delivery's batch acker in the client, which is what acknowledges the entry
-at the broker (without batch-index acks).
+Copies are opaque *tokens* here (the shell passes the received message). A dropped copy of a batch message is
+kept with the message's state and handed back when the message is finally acknowledged: acking it completes
+that delivery's batch acker in the client, which is what acknowledges the entry at the broker (without
+batch-index acks).
 """
 
 from __future__ import annotations
@@ -73,6 +69,8 @@ class DeliveryCore:
         self.blind = False  # restored batch entries without records: hold their copies while pending
         # per verdict (keyed by Verdict.value: the hot path counts without hashing an enum member)
         self.counts = dict.fromkeys([v.value for v in Verdict] + ["released", "expired", "nacks_after_ack"], 0)
+        #: ``f(lateness_ms)`` per redelivered copy surfacing: now - its bucket's time (the shell keeps the figures)
+        self.on_redelivered: Callable[[float], None] = lambda lateness_ms: None
 
     # -- questions -------------------------------------------------------------------
 
@@ -98,6 +96,17 @@ class DeliveryCore:
         return (key in self.held or key in self.parked or key in self.requested or key in self.forgotten
                 or (key.batch_index >= 0 and (key.entry in self.records or key.entry in self.requested))
                 or self.is_acked(key))
+
+    def seen(self, key: MessageKey) -> bool:
+        """Whether a copy of ``key`` reached this consumer before (held, parked, requested, nacked
+        or acknowledged): an arriving copy of it is then a redelivery, not a first delivery. O(1)."""
+        if key in self.held or key in self.parked or key in self.requested or key in self.forgotten:
+            return True
+        if key.batch_index >= 0:
+            record = self.records.get(key.entry)
+            if (record is not None and key.batch_index in record.nacked) or key.entry in self.requested:
+                return True
+        return self.is_acked(key)
 
     def next_wakeup_ms(self) -> Optional[float]:
         """When :meth:`release` has something to do (a parked copy's time or an
@@ -220,15 +229,21 @@ class DeliveryCore:
                 nack = self.requested[entry] = Nacked(bucket_ms, True)
                 self._expire_at(bucket_ms + self.overdue_ms, entry, nack)
                 continue
+            latest = bucket_ms
             for nack in record.nacked.values():
                 # The broker redelivers whole entries, so this request's copy answers every nack of
                 # the entry made so far: each is parked until its own time when the copy lands here.
                 # The tracker cancels the entry's later buckets (a second request would bring the
                 # entry again: to another consumer, with every sibling, a duplicate of each).
                 nack.fired = True
+                latest = max(latest, nack.release_ms)
             if self._dedup is None:
                 record.linger_until = max(record.linger_until, bucket_ms + self.overdue_ms)
+            # A later sibling's nack expires overdue_ms after its own time (no bucket of its own
+            # fires now): the record must wake up then too, or it outlives a copy that went elsewhere.
             self._expire_at(bucket_ms + self.overdue_ms, entry, record)
+            if latest > bucket_ms:
+                self._expire_at(latest + self.overdue_ms, entry, record)
 
     def acked(self, key: MessageKey, now_ms: float) -> AckResult:
         """The broker accepted the application's ack of ``key``."""
@@ -302,6 +317,7 @@ class DeliveryCore:
                 self.held[item.key] = Held(parked.tokens)
                 self.counts["released"] += 1
                 out.append(parked.token)
+                self.on_redelivered(now_ms - item.at_ms)
         self._expire(now_ms)
         return out
 
@@ -358,6 +374,7 @@ class DeliveryCore:
     def _due_or_park(self, key: MessageKey, release_ms: int, token: Token, tokens: list[Token],
                      now_ms: float) -> Verdict:
         if now_ms >= release_ms:
+            self.on_redelivered(now_ms - release_ms)
             return self._surface(key, tokens)
         parked = self.parked[key] = Parked(release_ms, token, tokens)
         heapq.heappush(self._release_heap, _Deadline(release_ms, next(self._seq), key, parked))
