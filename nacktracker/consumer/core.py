@@ -5,13 +5,11 @@ feeds it what happens -- a copy arrives from the broker, the application acks or
 bucket to the adapter -- each with the tracker's clock reading ``now_ms``, and does what it answers.
 ``tests/test_consumer_core.py`` drives it with arbitrary interleavings (hypothesis) against the promises it keeps:
 
-* nothing the application acknowledged surfaces again (acked ids live in a
-  :class:`~nacktracker.Deduplicator`; with ``dedup=False`` only acks made
-  while their entry has a record are remembered, as long as it lives);
+* nothing the application acknowledged surfaces again (acked ids live in a :class:`~nacktracker.Deduplicator`;
+  with ``dedup=False`` only acks made while their entry has a record are remembered, as long as it lives);
 * nothing the application still holds surfaces again;
-* each nack surfaces its message once, never before its bucket's time (the
-  due time minus the bucket rounding: ``2^bits - 1`` ms for ``"floor"``,
-  never early for bits 0 or ``"ceil"``): a copy that arrives earlier is
+* each nack surfaces its message once, never before its bucket's time (the due time minus the bucket rounding:
+  ``2^bits - 1`` ms for ``"floor"``, never early for bits 0 or ``"ceil"``): a copy that arrives earlier is
   *parked* and released at that time;
 * per-entry records end when their entry is settled, and requests whose copy never came (it went to
   another consumer of the subscription) expire ``overdue_ms`` after their time, so nothing grows without bound.
@@ -39,13 +37,11 @@ __all__ = ["DeliveryCore", "Verdict", "AckResult", "Held", "Nacked", "Parked", "
 class DeliveryCore:
     """Per-copy decisions for one consumer.
 
-    ``precision``: ``(round_add, mask)`` of the tracker's buckets (see
-    :func:`nacktracker._checks.check_precision`). ``dedup``: a
-    :class:`~nacktracker.Deduplicator` or ``None``. ``pending(key) -> bool``:
-    whether the tracker holds the entry (a pure lookup, asked only for copies
-    that may be redeliveries). ``overdue_ms``: how long after its time a
-    requested copy may still arrive before it is taken to have gone to another
-    consumer. All times are the tracker's clock, in ms.
+    ``precision``: ``(round_add, mask)`` of the tracker's buckets (see :func:`nacktracker._checks.check_precision`).
+    ``dedup``: a :class:`~nacktracker.Deduplicator` or ``None``. ``pending(key) -> bool``: whether the tracker
+    holds the entry (a pure lookup, asked only for copies that may be redeliveries). ``overdue_ms``: how long
+    after its time a requested copy may still arrive before it is taken to have gone to another consumer.
+    All times are the tracker's clock, in ms.
 
     Every method is O(1) unless its docstring says otherwise.
     """
@@ -91,22 +87,18 @@ class DeliveryCore:
         return record is not None and record.acked is not None and key.batch_index in record.acked
 
     def knows(self, key: MessageKey) -> bool:
-        """Whether this consumer received ``key``: held (or before a redeliver-all), parked, requested,
-        in a batch record, or acknowledged as far as remembered (pending nacks: the tracker's). O(1)."""
-        return (key in self.held or key in self.parked or key in self.requested or key in self.forgotten
-                or (key.batch_index >= 0 and (key.entry in self.records or key.entry in self.requested))
-                or self.is_acked(key))
+        """Whether this consumer received ``key``: :meth:`seen`, or a message of a batch entry with a
+        record (pending nacks: the tracker's). O(1)."""
+        return self.seen(key) or (key.batch_index >= 0 and key.entry in self.records)
 
     def seen(self, key: MessageKey) -> bool:
-        """Whether a copy of ``key`` reached this consumer before (held, parked, requested, nacked
-        or acknowledged): an arriving copy of it is then a redelivery, not a first delivery. O(1)."""
+        """Whether a copy of ``key`` reached this consumer before (held, or before a redeliver-all,
+        parked, requested, nacked or acknowledged): a copy of it now is a redelivery. O(1)."""
         if key in self.held or key in self.parked or key in self.requested or key in self.forgotten:
             return True
-        if key.batch_index >= 0:
-            record = self.records.get(key.entry)
-            if (record is not None and key.batch_index in record.nacked) or key.entry in self.requested:
-                return True
-        return self.is_acked(key)
+        record = self.records.get(key.entry) if key.batch_index >= 0 else None
+        return (record is not None and key.batch_index in record.nacked) or key.entry in self.requested \
+            or self.is_acked(key)
 
     def next_wakeup_ms(self) -> Optional[float]:
         """When :meth:`release` has something to do (a parked copy's time or an
@@ -216,10 +208,9 @@ class DeliveryCore:
         self.counts["nacks_after_ack"] += 1
 
     def fired(self, bucket_ms: int, entries: Iterable[MessageKey], now_ms: float) -> None:
-        """The tracker handed the bucket at ``bucket_ms`` (these entries) to the
-        adapter: their copies are on their way, each answering every nack of
-        its entry made so far (the tracker cancels the entry's later buckets).
-        O(k) for k entries, plus the entry's nacked messages for a batch entry."""
+        """The tracker handed the bucket at ``bucket_ms`` (these entries) to the adapter: their copies
+        are on their way, each answering every nack of its entry made so far (the tracker cancels the
+        entry's later buckets). O(k) for k entries, plus the entry's nacked messages for a batch entry."""
         for entry in entries:
             self._positions.cover(entry.topic, entry.partition, entry.ledger_id, entry.entry_id, ALL_INDICES)
             record = self.records.get(entry)
@@ -229,21 +220,16 @@ class DeliveryCore:
                 nack = self.requested[entry] = Nacked(bucket_ms, True)
                 self._expire_at(bucket_ms + self.overdue_ms, entry, nack)
                 continue
-            latest = bucket_ms
+            # The broker redelivers whole entries: this request's copy answers every nack of the entry so
+            # far, each parked until its own time here (the tracker cancels the entry's later buckets: a
+            # second request would send the entry again, to another consumer, a duplicate of each).
             for nack in record.nacked.values():
-                # The broker redelivers whole entries, so this request's copy answers every nack of
-                # the entry made so far: each is parked until its own time when the copy lands here.
-                # The tracker cancels the entry's later buckets (a second request would bring the
-                # entry again: to another consumer, with every sibling, a duplicate of each).
                 nack.fired = True
-                latest = max(latest, nack.release_ms)
             if self._dedup is None:
                 record.linger_until = max(record.linger_until, bucket_ms + self.overdue_ms)
-            # A later sibling's nack expires overdue_ms after its own time (no bucket of its own
-            # fires now): the record must wake up then too, or it outlives a copy that went elsewhere.
-            self._expire_at(bucket_ms + self.overdue_ms, entry, record)
-            if latest > bucket_ms:
-                self._expire_at(latest + self.overdue_ms, entry, record)
+            # and the record wakes overdue_ms after its latest nack's time, or it outlives a copy gone elsewhere
+            latest = max([bucket_ms, *(n.release_ms for n in record.nacked.values())])
+            self._expire_at(latest + self.overdue_ms, entry, record)
 
     def acked(self, key: MessageKey, now_ms: float) -> AckResult:
         """The broker accepted the application's ack of ``key``."""
@@ -304,9 +290,8 @@ class DeliveryCore:
         return tokens
 
     def release(self, now_ms: float) -> list[Token]:
-        """Parked copies whose time has come (now the application's), in
-        release order; expires overdue requests and records on the way.
-        O(r log n) for r copies released or states expired."""
+        """Parked copies whose time has come (now the application's), in release order; expires
+        overdue requests and records on the way. O(r log n) for r copies released or states expired."""
         out = []
         heap = self._release_heap
         while heap and heap[0].at_ms <= now_ms:
