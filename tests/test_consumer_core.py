@@ -559,5 +559,30 @@ def test_memory_per_held_message_and_per_parked_copy(record_property):
     record_property("core_bytes_per_held_message", round(held))
     record_property("core_bytes_per_batch_record", round(record))
     print(f"delivery core: {held:.0f} B per held message, {record:.0f} B per batch record (one nacked message)")
-    # README states ~245 B and ~610 B: within 10% of those figures (a change beyond moves the README's)
-    assert 220 <= held <= 270 and 550 <= record <= 670, (held, record)
+    # measured 149 B and 605 B; held within about 10% of those (a change beyond it updates this line,
+    # and any figure the docs state)
+    assert 130 <= held <= 165 and 545 <= record <= 665, (held, record)
+
+
+def test_first_deliveries_take_the_o1_check_and_state_made_ahead_of_arrival_is_honoured():
+    """A copy beyond its partition's position surfaces through first_delivery
+    alone (held, nothing looked up); an ack, a nack, a fired bucket or a
+    cumulative ack made for a copy that has not arrived yet moves the position
+    over it, so when it arrives the full decision applies."""
+    pending: set = set()
+    looked_up: list = []
+    core = DeliveryCore(check_precision(0, "floor"), dedup=Deduplicator(100),
+                        pending=lambda k: looked_up.append(k) or k.entry in pending, overdue_ms=OVERDUE)
+    first = [key(e, i, 3) for e in range(3) for i in range(3)]
+    assert all(core.first_delivery(k) for k in first) and not looked_up
+    assert not core.first_delivery(first[4]) and deliver(core, [first[4]], 0) == [H]  # a repeat: the full path
+    ahead = key(9, 0, 1)
+    core.acked(ahead, 0)  # acknowledged before it arrived (a bare id)
+    assert deliver(core, [ahead], 1) == [A]
+    nacked = key(12, 0, 1)
+    pending.add(nacked.entry)
+    core.nacked(nacked, 500, nacked, 0)
+    assert deliver(core, [nacked], 2) == [E] and looked_up == [nacked]  # its bucket asks for it again
+    other = MessageKey(1, 3, 0, -1, TOPIC)  # another partition keeps its own position
+    assert core.first_delivery(other) and core.first_delivery(key(13, 0, 1))
+    assert core.counts["surface"] == len(first) + 2

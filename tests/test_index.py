@@ -5,6 +5,7 @@ from __future__ import annotations
 import array
 import json
 import math
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -369,3 +370,64 @@ def test_due_times_stop_below_2_62_so_every_bucket_stays_reachable(cls):
         with pytest.raises(ValueError):
             call()
     assert idx.pop_due(2**63 - 1) == [(1, 1)] and len(idx) == 0
+
+
+# -- under a sampling profiler --------------------------------------------------
+
+INDEX_DIR = str(ROOT / "nacktracker" / "index")
+
+
+@pytest.mark.parametrize("bits", [0, 4, 8])
+def test_state_stays_whole_under_a_hook_reading_frame_locals(bits):
+    """A sampling profiler or debugger reads ``frame.f_locals``; on Python 3.11
+    the frame's locals dict then keeps whatever the locals held (numpy views of
+    the index's arrays included) until the next read or the frame's end. A
+    profile hook reading the index's frames at a random ~20% of C calls (as a
+    sampler does: reading at every event re-syncs the dict and hides the
+    fault) must leave every operation's result as DictIndex's."""
+    rng = random.Random(bits)
+    sample = random.Random(1000 + bits)
+
+    def hook(frame, event, arg):
+        if event == "c_call" and sample.random() < 0.2:
+            while frame is not None:
+                if frame.f_code.co_filename.startswith(INDEX_DIR):
+                    frame.f_locals  # noqa: B018  (the read is the point)
+                frame = frame.f_back
+
+    idx, ref = TimeBucketIndex(precision_bits=bits), DictIndex(precision_bits=bits)
+    now, steps, pops = 0, [], 0
+    old = sys.getprofile()
+    sys.setprofile(hook)
+    try:
+        for i in range(12_000):
+            roll = rng.random()
+            ledger = rng.randrange(8)
+            due = now + rng.randrange(1, 3_000)
+            if roll < 0.80:  # sparse adds
+                op = ("add", ledger, rng.randrange(1 << 20), due)
+            elif roll < 0.85:  # a burst into one cell
+                start = rng.randrange(1 << 20)
+                op = ("add_many", ledger, list(range(start, start + rng.randrange(1, 80))), due)
+            elif roll < 0.93:  # an ack of something maybe pending
+                op = ("discard", ledger, rng.randrange(1 << 20))
+            else:
+                op = ("next_due",)
+            if i % 10 == 9:
+                now += 40
+                op = ("pop_due", now)
+            name, *args = op
+            got = []
+            for m in (idx, ref):
+                if name == "next_due":
+                    got.append(m.next_due_ms())
+                else:
+                    got.append(getattr(m, name)(*args))
+            pops += name == "pop_due" and bool(got[1])
+            if got[0] != got[1] or len(idx) != len(ref):
+                steps.append((i, name, len(idx), len(ref)))
+    finally:
+        sys.setprofile(old)
+    assert pops > 500  # the workload reached the pops it meant to
+    assert not steps, steps[:5]
+    assert idx.pop_due(2**62) == ref.pop_due(2**62) and len(idx) == 0
