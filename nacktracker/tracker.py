@@ -559,15 +559,22 @@ class NegativeAcksTracker:
         released = set()
         fired: list[tuple[int, list[MessageKey]]] = []
         lead = self._lead
+        popped: set[tuple[int, int]] = set()  # (slot, entry) already in this fire: an entry is asked for once
         for bucket, slot, bm in self._index.pop_due_bitmaps(min(_FOREVER, math.floor(horizon_ms))):
             topic, partition, ledger = self._origins[slot]
             lag = now - (bucket - lead)
             self._timer_lag.add(lag, len(bm))
-            due = [MessageKey(ledger, entry, partition, -1, topic) for entry in bm]
+            if fired:  # a second cell in one fire (a late or coalesced fire) may hold an entry again
+                due = [MessageKey(ledger, entry, partition, -1, topic) for entry in bm if (slot, entry) not in popped]
+            else:
+                due = [MessageKey(ledger, entry, partition, -1, topic) for entry in bm]
+            popped.update((slot, key.entry_id) for key in due)
+            released.add(slot)
+            if not due:
+                continue
             for listener in self._fire_listeners:
                 self._notify(listener, FiredCell(bucket, lag, due))
             keys.extend(due)
-            released.add(slot)
             fired.append((slot, due))
         # Pulsar redelivers whole entries: this request brings every message of each entry, so the
         # entry's later buckets (batch siblings nacked a little later) are cancelled; they would ask
