@@ -29,6 +29,7 @@ from ..keys import MessageKey
 from ..snapshot import SnapshotError
 from ..tracker import NegativeAcksTracker
 from .core import DeliveryCore
+from .counts import COUNTS_SUFFIX, DeliveryCounts
 
 __all__ = ["SnapshotStore", "BATCHES_SUFFIX"]
 
@@ -46,6 +47,25 @@ class SnapshotStore:
         self.on_error = on_error
         self.saved = self.failures = 0
         self._writing: Optional[asyncio.Future] = None  # the write in flight (in a thread)
+        self.counts: Optional[DeliveryCounts] = None  # saved beside the snapshot when set (consumer/counts.py)
+
+    def load_counts(self) -> int:
+        """Read ``<path>.counts`` into :attr:`counts` (a consumer's own
+        redelivery counts); a missing file reads as none, a corrupted one as
+        the snapshot's own corruption is treated (``snapshot_on_error``).
+        Returns how many were read. O(size of the file)."""
+        if self.counts is None:
+            return 0
+        path = self.path + COUNTS_SUFFIX
+        try:
+            raw = _snapshot.read_file(path)
+        except FileNotFoundError:
+            return 0
+        try:
+            return self.counts.restore(raw, None)
+        except ValueError as exc:
+            self._refuse_or_skip(path, SnapshotError(str(exc)), "redelivery counts start from the broker's")
+            return 0
 
     def load(self, adapter: Any, options: dict, core: DeliveryCore) -> tuple[NegativeAcksTracker, int]:
         """The tracker for a start: empty on a first start, else restored from
@@ -163,9 +183,10 @@ class SnapshotStore:
         in order; a cancelled caller leaves its write to finish."""
         data = tracker.snapshot()
         batches = self.batch_records(data, core, tracker.clock.now_ms())
+        counts = None if self.counts is None else self.counts.encode(zlib.crc32(data))
         if self._writing is not None:
             await asyncio.wait({self._writing})
-        self._writing = asyncio.get_running_loop().run_in_executor(None, self._write_files, data, batches)
+        self._writing = asyncio.get_running_loop().run_in_executor(None, self._write_files, data, batches, counts)
         await asyncio.shield(self._writing)
         self.saved += 1
 
@@ -180,9 +201,11 @@ class SnapshotStore:
             return exc
         return None
 
-    def _write_files(self, data: bytes, batches: bytes) -> None:
+    def _write_files(self, data: bytes, batches: bytes, counts: Optional[bytes] = None) -> None:
         _snapshot.write_atomic(self.path, data)
         _snapshot.write_atomic(self.path + BATCHES_SUFFIX, batches)
+        if counts is not None:
+            _snapshot.write_atomic(self.path + COUNTS_SUFFIX, counts)
 
     async def run_saver(self, interval_s: float, tracker: NegativeAcksTracker, core: DeliveryCore) -> None:
         """Save every ``interval_s``. A failed save (disk full, the directory
@@ -200,7 +223,7 @@ class SnapshotStore:
         subscription), once a write in flight has finished."""
         if self._writing is not None:
             await asyncio.wait({self._writing})
-        for path in (self.path, self.path + BATCHES_SUFFIX):
+        for path in (self.path, self.path + BATCHES_SUFFIX, self.path + COUNTS_SUFFIX):
             try:
                 os.unlink(path)
             except FileNotFoundError:

@@ -1,0 +1,2 @@
+package nacktracker.interop;
+public class Hello { public static void main(String[] a) { System.out.println("ok"); } }
