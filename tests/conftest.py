@@ -1,14 +1,32 @@
-"""Shared fixtures. Tests that need a broker get one embedded pulsar-lite per
-session (or $PULSAR_URL); the tracker is tested with an injectable clock."""
+"""Shared fixtures. Tests that need a broker run on both test brokers: one
+pulsar-lite and one Apache Pulsar per session (or only ``$PULSAR_URL``); the
+tracker is tested with an injectable clock.
+
+``NACKTRACKER_TEST_BROKERS`` (``lite,apache`` by default) chooses the kinds;
+a test on a broker carries the marker of its kind (``-m lite``, ``-m apache``).
+A broker that cannot start is an error, never a skip.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 
 import pytest
 
-from nacktracker.testing import pulsar_service
+from nacktracker.testing import BROKER_KINDS, make_broker
+
+
+def broker_kinds() -> list[str]:
+    """The broker kinds this session runs on: ``external`` when ``$PULSAR_URL`` is set."""
+    if os.environ.get("PULSAR_URL"):
+        return ["external"]
+    kinds = [k.strip() for k in os.environ.get("NACKTRACKER_TEST_BROKERS", ",".join(BROKER_KINDS)).split(",")]
+    unknown = [k for k in kinds if k not in BROKER_KINDS]
+    if unknown or not kinds:
+        raise pytest.UsageError(f"NACKTRACKER_TEST_BROKERS: unknown kinds {unknown}; expected {BROKER_KINDS}")
+    return kinds
 
 # pulsar-client is imported inside the fixtures: tests that need no broker must
 # not depend on it.
@@ -21,11 +39,53 @@ def quiet_logger():
     return pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
 
 
+@pytest.fixture(scope="session", params=broker_kinds())
+def broker_kind(request) -> str:
+    """``lite``, ``apache`` or ``external`` (``$PULSAR_URL``): every broker test runs once per kind."""
+    return request.param
+
+
 @pytest.fixture(scope="session")
-def broker_url():
-    """One broker for the whole session: ``$PULSAR_URL`` or an embedded pulsar-lite."""
-    with pulsar_service() as url:
-        yield url
+def session_broker(broker_kind):
+    """One broker of ``broker_kind`` for the whole session (None for ``$PULSAR_URL``)."""
+    if broker_kind == "external":
+        yield None
+        return
+    with make_broker(broker_kind) as broker:
+        yield broker
+
+
+@pytest.fixture(scope="session")
+def broker_url(broker_kind, session_broker) -> str:
+    """The session broker's service URL (``$PULSAR_URL`` when set)."""
+    return os.environ["PULSAR_URL"] if session_broker is None else session_broker.url
+
+
+@pytest.fixture
+def own_broker(broker_kind, tmp_path):
+    """``own_broker(**options)``: a broker of this test's kind that the test may stop,
+    kill and restart (data in ``tmp_path``); stopped after the test. Skips with
+    ``$PULSAR_URL``, which names a broker this session cannot restart."""
+    if broker_kind == "external":
+        pytest.skip("needs a broker it can stop and start itself ($PULSAR_URL is set)")
+    made = []
+
+    def make(**options):
+        options.setdefault("data_dir", tmp_path / f"broker-{len(made)}")
+        made.append(make_broker(broker_kind, **options))
+        return made[-1]
+
+    yield make
+    for broker in made:
+        broker.stop()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark each test that runs on a broker with its kind (``lite`` / ``apache`` / ``external``)."""
+    for item in items:
+        kind = getattr(item, "callspec", None) and item.callspec.params.get("broker_kind")
+        if kind:
+            item.add_marker(getattr(pytest.mark, kind))
 
 
 @pytest.fixture

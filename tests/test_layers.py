@@ -36,7 +36,8 @@ PULSAR_IMPORTERS = {
     "consumer/errors.py": "its exceptions are the client's exceptions too",
     "consumer/dead_letters.py": "publishes dead letters through the client's producers (issue 11)",
     "consumer/failures.py": "retry letters and terminal dead letters take received pulsar Messages",
-    "testing.py": "probes the embedded broker it starts",
+    "testing/lite.py": "probes the pulsar-lite broker it starts",
+    "testing/apache.py": "probes the Apache Pulsar broker it starts",
 }
 #: The demo and the broker scenarios it and bench/ run drive a real broker beside the plain client,
 #: and measure it.
@@ -50,7 +51,8 @@ TIME_READERS = {
     "adapters/pulsar.py": "burst spacing and path latency, on the client's side of the boundary",
     "adapters/memory.py": "the test adapter stamps its calls",
     "events.py": "event records carry wall timestamps",
-    "testing.py": "waits for the embedded broker to start",
+    "testing/lite.py": "waits for the pulsar-lite broker to start",
+    "testing/apache.py": "waits for the Apache Pulsar broker to start, times Maven",
     "workloads.py": "benchmark workloads",
 }
 TIME_FUNCS = {"time", "monotonic", "perf_counter", "time_ns", "monotonic_ns", "perf_counter_ns"}

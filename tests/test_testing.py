@@ -166,7 +166,7 @@ def test_pulsar_service_honours_pulsar_url(monkeypatch):
     def no_process(*args, **kwargs):
         raise AssertionError("no broker may be started when PULSAR_URL is set")
 
-    monkeypatch.setattr(testing.subprocess, "Popen", no_process)
+    monkeypatch.setattr(testing._process.subprocess, "Popen", no_process)
     with pulsar_service() as url:
         assert url == "pulsar://example.invalid:6650"
 
@@ -181,7 +181,7 @@ def test_pulsar_service_starts_and_stops_a_broker(monkeypatch, client_for):
         started.append(real_popen(*args, **kwargs))
         return started[-1]
 
-    monkeypatch.setattr(testing.subprocess, "Popen", recording_popen)
+    monkeypatch.setattr(testing._process.subprocess, "Popen", recording_popen)
     with pulsar_service() as url:
         assert url.startswith("pulsar://127.0.0.1:")
         client_for(url).create_producer(topic()).close()

@@ -1,4 +1,4 @@
-"""A private embedded Pulsar broker for tests, examples and the demo.
+"""pulsar-lite, the embedded test broker: starts in under a second, nothing to download.
 
 :class:`EmbeddedBroker` runs the ``pulsar-lite`` broker binary (shipped in the
 ``pulsar_lite`` wheel) as a child process that this object alone owns: its own
@@ -35,7 +35,6 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
@@ -46,9 +45,11 @@ import tempfile
 import time
 import weakref
 from pathlib import Path
-from typing import Iterator, Optional, Union
+from typing import Optional, Union
 
-__all__ = ["EmbeddedBroker", "BrokerStartError", "pulsar_service", "broker_url"]
+from ._process import BrokerStartError, free_port, kill_quietly, log_tail, port_in_use, spawn, stop
+
+__all__ = ["EmbeddedBroker"]
 
 log = logging.getLogger(__name__)
 
@@ -56,36 +57,6 @@ _CONFIG = "pulsar-lite.toml"
 _LOG = "broker.log"
 _DB = "broker"  # the broker stores <data_dir>/broker.rocksdb and broker.metadata.json
 _PROBE_TOPIC = "persistent://public/default/__embedded_broker_probe"
-
-
-class BrokerStartError(RuntimeError):
-    """The broker did not become ready; the message carries its log tail."""
-
-
-def free_port() -> int:
-    """A currently free 127.0.0.1 TCP port (bind to port 0, then release it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _port_in_use(port: int) -> bool:
-    # SO_REUSEADDR: TIME_WAIT leftovers from our own previous run do not count,
-    # a live listener does (on Linux the bind then still fails).
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-        return False
-
-
-def _kill_quietly(proc: subprocess.Popen) -> None:
-    # Safety net (garbage collection / interpreter exit): never leave a broker behind.
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
 
 
 class EmbeddedBroker:
@@ -107,6 +78,8 @@ class EmbeddedBroker:
     See the module docstring for pulsar-lite's caveats (Shared/Key_Shared
     only, no partitioned topics, whole-entry redelivery).
     """
+
+    kind = "lite"
 
     def __init__(
         self,
@@ -187,10 +160,7 @@ class EmbeddedBroker:
 
     def log_tail(self, lines: int = 40) -> str:
         """The last ``lines`` lines the broker printed (stdout and stderr)."""
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return log_tail(self.log_path, lines)
 
     def __enter__(self) -> "EmbeddedBroker":
         try:
@@ -211,7 +181,7 @@ class EmbeddedBroker:
     def _launch(self, port: int) -> None:
         from pulsar_lite.binary_finder import find_pulsar_lite_binary
 
-        if _port_in_use(port):
+        if port_in_use(port):
             raise BrokerStartError(f"127.0.0.1:{port} is already in use by another process")
         cmd = [
             find_pulsar_lite_binary(),
@@ -223,10 +193,8 @@ class EmbeddedBroker:
         with open(self.log_path, "ab") as out:  # the child keeps its own copy of the fd
             out.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(cmd)}\n".encode())
             out.flush()
-            self._proc = subprocess.Popen(
-                cmd, cwd=self.data_dir, stdin=subprocess.DEVNULL, stdout=out, stderr=out
-            )
-        self._finalizer = weakref.finalize(self, _kill_quietly, self._proc)
+            self._proc = spawn(cmd, cwd=self.data_dir, log_file=out)
+        self._finalizer = weakref.finalize(self, kill_quietly, self._proc)
         log.info("started pulsar-lite pid=%d on 127.0.0.1:%d (%s)", self._proc.pid, port, self.data_dir)
         try:
             self._wait_ready(port)
@@ -281,33 +249,5 @@ class EmbeddedBroker:
         if self._finalizer is not None:
             self._finalizer.detach()
             self._finalizer = None
-        if proc is None or proc.poll() is not None:
-            return
-        os.kill(proc.pid, sig)
-        try:
-            proc.wait(timeout=self.stop_timeout)
-        except subprocess.TimeoutExpired:
-            log.warning("pulsar-lite pid=%d ignored %s; sending SIGKILL", proc.pid, signal.Signals(sig).name)
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.info("pulsar-lite pid=%d exited with %s", proc.pid, proc.returncode)
-
-
-@contextlib.contextmanager
-def pulsar_service(**broker_options) -> Iterator[str]:
-    """Yield a Pulsar service URL for a test, example or demo.
-
-    If ``$PULSAR_URL`` is set, yield it and start nothing; otherwise run an
-    :class:`EmbeddedBroker` (``broker_options`` go to its constructor) for the
-    duration of the block.
-    """
-    url = os.environ.get("PULSAR_URL")
-    if url:
-        log.info("using PULSAR_URL=%s", url)
-        yield url
-        return
-    with EmbeddedBroker(**broker_options) as broker:
-        yield broker.url
-
-
-broker_url = pulsar_service  # the name some briefs use
+        if proc is not None:
+            stop(proc, sig, self.stop_timeout, "pulsar-lite")
