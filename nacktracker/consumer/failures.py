@@ -52,7 +52,7 @@ class FailureHandling:
         if opts.enable_retry and publisher is not None:
             consumer = owner._consumer
             retry = DeadLetterPublisher(client, subscription=consumer.subscription_name(),
-                                        consumer_name=consumer.consumer_name(),
+                                        consumer_name=consumer.consumer_name() or "nacktracker",
                                         dead_letter_topic=opts.retry_letter_topic, schema=schema, kind="RETRY")
             self.retries = RetryLetters(retry, publisher, topic=opts.retry_letter_topic,
                                         max_redeliveries=opts.max_redeliveries)

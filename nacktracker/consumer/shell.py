@@ -90,7 +90,7 @@ class TrackedConsumer:
         self._arrived: Optional[Callable[[MessageKey], None]] = getattr(self.adapter, "arrived", None)
         # one producer per dead-letter topic, dead letters published in the order they were decided
         self._dead_letters = ConsumerDeadLetters(None if client is None else DeadLetterPublisher(
-            client, subscription=consumer.subscription_name(), consumer_name=consumer.consumer_name(),
+            client, subscription=consumer.subscription_name(), consumer_name=consumer.consumer_name() or "nacktracker",
             dead_letter_topic=opts.dead_letter_topic, initial_subscription=opts.dead_letter_initial_subscription,
             schema=schema), ack=self._acknowledge, hooked=opts.max_redeliveries is not None)
         # a single-topic consumer's ids need no topic; remember it for bare-id calls
