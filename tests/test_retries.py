@@ -174,7 +174,7 @@ async def test_reconsume_later_surfaces_each_retry_at_its_due_time_then_dead_let
     try:
         for i in range(3):
             await producer.send(b"m%d" % i, properties={"app": "x"})
-        delays = {b"m0": 300, b"m1": 700, b"m2": 1200}
+        delays = {b"m0": 300, b"m1": 1200, b"m2": 3500}
         due, errors, seen = {}, [], []
         while len(seen) < 9:  # 3 first deliveries + 2 retries each; the third reconsume dead-letters
             msg = await consumer.receive(timeout_ms=10_000)
