@@ -240,6 +240,13 @@ class DeadLetterPublisher:
             self._drainer = loop.create_task(self._drain(), name="nacktracker-dead-letters")
         return done
 
+    async def open(self, source_topic: str) -> None:
+        """Create the producer for messages from ``source_topic`` now, before the
+        first letter (a retry's due time counts from its publish time: the
+        first must not wait for a producer). Call before anything is published."""
+        self._check_loop()
+        await self._producer(_Letter(source_topic, self.topic_for(source_topic), "", b"", {}, None))
+
     async def close(self) -> None:
         """Publish what is queued (each caller's future gets its outcome),
         then close every producer. Idempotent; ``publish`` raises after it.

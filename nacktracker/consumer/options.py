@@ -353,7 +353,14 @@ async def subscribe(client: pulsar_asyncio.Client, topic: Union[str, list], subs
                                       negative_ack_redelivery_delay_ms=MIN_NACK_DELAY_MS,
                                       batch_index_ack_enabled=batch_index_ack_enabled, **options)
     try:
-        return TrackedConsumer(consumer, client=client, schema=options.get("schema"), **own)
+        tracked = TrackedConsumer(consumer, client=client, schema=options.get("schema"), **own)
     except BaseException:
         await quietly(consumer.close())
         raise
+    if tracked._failures.retries is not None:  # the retry producer exists before the first retry
+        try:
+            await tracked._failures.retries.retry.open(own["retry_letter_topic"])
+        except BaseException:
+            await quietly(tracked.close())
+            raise
+    return tracked
