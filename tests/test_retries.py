@@ -285,3 +285,48 @@ async def test_a_broker_restart_in_a_poison_loop_does_not_reset_its_count(own_br
         await producer.close()
         await consumer.close()
         await client.close()
+
+
+async def test_a_consumer_restart_on_its_snapshot_keeps_the_count(own_broker, topic, tmp_path):
+    """max_redeliveries=3: nacked twice, the consumer closes (snapshot), the broker restarts (its count
+    resets), a new consumer starts on the snapshot: one more redelivery, then the dead-letter topic."""
+    import nacktracker
+    import pulsar.asyncio
+
+    broker = own_broker().start()
+    t = topic("poison-snap")
+    path = tmp_path / "snap"
+    logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+    client = pulsar.asyncio.Client(broker.url, operation_timeout_seconds=10, logger=logger)
+    options = dict(max_redeliveries=3, delay_ms=300, snapshot_path=path, snapshot_interval_s=None)
+    consumer = await nacktracker.subscribe(client, t, "sub", **options)
+    producer = await client.create_producer(t)
+    await producer.send(b"poison")
+    await producer.close()
+    deliveries = []
+    try:
+        for _ in range(3):
+            msg = await consumer.receive(timeout_ms=10_000)
+            deliveries.append(msg.redelivery_count())
+            await consumer.negative_acknowledge(msg)
+        await consumer.close()  # the third nack is pending: saved, with the consumer's count (2)
+        await client.close()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, broker.stop)
+        await loop.run_in_executor(None, broker.start)
+        client = pulsar.asyncio.Client(broker.url, operation_timeout_seconds=10, logger=logger)
+        consumer = await nacktracker.subscribe(client, t, "sub", **options)
+        while True:
+            try:
+                msg = await consumer.receive(timeout_ms=5000)
+            except pulsar.Timeout:
+                break
+            deliveries.append(msg.redelivery_count())
+            await consumer.negative_acknowledge(msg)
+        assert len(deliveries) == 4, deliveries  # 1 + max_redeliveries
+        assert consumer.stats()["dead_letter_published"] == 1
+        dead = await drain_topic(client, t + "-sub-DLQ", 1)
+        assert dead[0].data() == b"poison"
+    finally:
+        await consumer.close()
+        await client.close()
