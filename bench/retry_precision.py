@@ -15,6 +15,7 @@ Target: nacktracker's |error| p99 <= 10 ms on Apache Pulsar. The Java
 client's figures are reported beside it, not judged.
 
     python bench/retry_precision.py [--n 1000] [--seed 1] [--broker apache|lite] [--no-java] [--no-write]
+                                    [--show-late MS]
     python bench/retry_precision.py --memory [--n 100000]
 
 Writes ``bench/results/retry/<broker>.json`` and ``.md`` (not with
@@ -42,6 +43,7 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parents[1]
 JAVA_DIR = ROOT / "tests" / "java"
 OUT = ROOT / "bench" / "results" / "retry"
+SHOW_LATE_MS: Optional[float] = None  # --show-late: print each nacktracker retry later than this (stderr)
 
 
 def summary(errors: list[float]) -> dict:
@@ -119,6 +121,10 @@ async def nacktracker_side(url: str, delays: list[int]) -> list[float]:
                 work.put_nowait(msg)
                 continue
             errors.append(arrived - due[int(msg.data())])
+            if SHOW_LATE_MS is not None and errors[-1] > SHOW_LATE_MS:
+                print(f"late: message {int(msg.data())}, delay {delays[int(msg.data())]} ms, "
+                      f"{errors[-1]:.1f} ms late, {len(errors)} retries back",
+                      file=sys.stderr, flush=True)
             # not awaited here: the client groups acks (100 ms), and an awaited ack would hold up the next retry
             acks.append(loop.create_task(consumer.acknowledge(msg)))
         await asyncio.gather(*acks)
@@ -169,7 +175,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--no-java", action="store_true")
     p.add_argument("--no-write", action="store_true")
     p.add_argument("--memory", action="store_true")
+    p.add_argument("--show-late", type=float, default=None, metavar="MS")
     args = p.parse_args(argv)
+    global SHOW_LATE_MS
+    SHOW_LATE_MS = args.show_late
     if args.memory:
         print(json.dumps(memory(args.n or 100_000), indent=2))
         return

@@ -6,7 +6,6 @@ once and are held until due; Apache Pulsar sends them up to its 1 s tick early).
 from __future__ import annotations
 
 import asyncio
-import random
 
 import pytest
 

@@ -244,8 +244,8 @@ class DeadLetterPublisher:
         """Create the producer for messages from ``source_topic`` now, before the
         first letter (a retry's due time counts from its publish time: the
         first must not wait for a producer). Call before anything is published."""
-        self._check_loop()
-        await self._producer(_Letter(source_topic, self.topic_for(source_topic), "", b"", {}, None))
+        loop = self._check_loop()
+        await self._producer(_Letter(source_topic, self.topic_for(source_topic), "", b"", {}, loop.create_future()))
 
     async def close(self) -> None:
         """Publish what is queued (each caller's future gets its outcome),
