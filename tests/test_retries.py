@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from hypothesis import given, strategies as st
 
 from nacktracker import MultiplierBackoff
 from nacktracker.consumer.counts import DeliveryCounts
@@ -31,6 +32,28 @@ def test_retry_properties_count_and_keep_their_origin_as_java():
     assert again["why"] == "busy"
     with pytest.raises(ValueError):
         retry_properties({"RECONSUMETIMES": "x"}, topic="t", origin_id="1:1:-1", subscription="s", delay_ms=0)
+
+
+@given(st.dictionaries(st.text(min_size=1, max_size=5), st.text(max_size=5), max_size=4),
+       st.lists(st.integers(0, 10**6), min_size=1, max_size=20), st.integers(1, 16))
+def test_a_chain_of_reconsumes_counts_by_one_keeps_its_origin_and_ends_after_max(own, delays, max_redeliveries):
+    """Each hop's properties come from the previous hop's (as on the retry topic): RECONSUMETIMES goes
+    1, 2, 3 ...; REAL_TOPIC and ORIGIN_MESSAGE_ID stay the first's; the hop that would pass
+    max_redeliveries is the dead letter (so a message is retried exactly max_redeliveries times)."""
+    own = {k: v for k, v in own.items() if k not in ("RECONSUMETIMES", "DELAY_TIME", "REAL_TOPIC",
+                                                       "ORIGIN_MESSAGE_ID", "ORIGIN_MESSAGE_IDY_TIME",
+                                                       "REAL_SUBSCRIPTION")}
+    props, topic, origin, retried = own, "persistent://p/d/t", "1:2:-1", 0
+    for hop, delay in enumerate(delays, 1):
+        props, times = retry_properties(props, topic=topic, origin_id=origin, subscription="s", delay_ms=delay)
+        assert times == hop and props["DELAY_TIME"] == str(delay)
+        assert props["REAL_TOPIC"] == "persistent://p/d/t" and props["ORIGIN_MESSAGE_ID"] == "1:2:-1"
+        assert {k: props[k] for k in own} == own
+        if times > max_redeliveries:
+            break
+        retried += 1
+        topic, origin = "persistent://p/d/t-s-RETRY", f"9:{hop}:-1"  # the retry's own id and topic
+    assert retried == min(max_redeliveries, len(delays))
 
 
 def test_topic_names():
@@ -71,7 +94,7 @@ def test_delivery_counts_take_the_larger_and_survive_a_round_trip():
 # -- the shell on ManualClock ---------------------------------------------------------------
 
 pulsar = pytest.importorskip("pulsar")
-from test_consumer_shell import Harness  # noqa: E402
+from test_consumer_shell import Harness, first_delivery  # noqa: E402
 
 
 @pytest.fixture
@@ -141,6 +164,18 @@ async def test_own_counts_outlive_a_broker_count_reset(harness):
     assert counts[:5] == [0, 1, 2, 1, 2]  # what the broker said after its reset
     assert gaps[:4] == [100, 200, 300, 400]  # what the consumer counted: it kept growing
     assert h.consumer.stats()["delivery_counts"] == 1
+
+
+async def test_a_batch_entrys_count_lasts_until_its_last_nacked_message_is_acked(harness):
+    h = harness(precision_bits=0)
+    _, (m0, m1) = await first_delivery(h, 2)
+    h.got.clear()
+    await h.consumer.negative_acknowledge(m0, delay_ms=100)
+    await h.consumer.negative_acknowledge(m1, delay_ms=500)
+    await h.advance(150, ack=True)  # m0 back and acked; m1 still nacked: the entry's count stays
+    assert [data for _, data, _ in h.got] == [b"e0.0"] and h.consumer.stats()["delivery_counts"] == 1
+    await h.advance(400, ack=True)
+    assert [data for _, data, _ in h.got] == [b"e0.0", b"e0.1"] and h.consumer.stats()["delivery_counts"] == 0
 
 
 # -- on both brokers -------------------------------------------------------------------------

@@ -113,7 +113,8 @@ class FailureHandling:
         return count
 
     def acked(self, key: MessageKey) -> None:
-        """``key`` was acknowledged: its entry's count goes (unless batch siblings are still nacked)."""
+        """``key`` was acknowledged (the core knows): its entry's count goes, unless batch siblings are
+        still nacked (the entry's record lives on; the last sibling's ack ends it)."""
         if key.batch_index < 0 or key.entry not in self._owner.core.records:
             self.counts.forget(key.entry)
 

@@ -196,8 +196,8 @@ class TrackedConsumer:
     async def _acknowledge(self, message: Any, key: Optional[MessageKey] = None) -> None:  # dead letters too
         key = key or self._message_key(message)
         await self._consumer.acknowledge(message)
-        self._failures.acked(key)
         result = self.core.acked(key, self.tracker.clock.now_ms())
+        self._failures.acked(key)
         if self._local is not None:
             self._local.acked(key)
         if result.discard and self.tracker.pending:
