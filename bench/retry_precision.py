@@ -192,8 +192,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     else:
         from nacktracker.testing import make_broker
 
-        with make_broker(args.broker) as broker:
-            result = asyncio.run(run(broker.url, n, args.seed, not args.no_java))
+        with make_broker(args.broker) as broker:  # the Java side is for Apache Pulsar, the reference
+            result = asyncio.run(run(broker.url, n, args.seed, not args.no_java and args.broker == "apache"))
         kind = args.broker
     doc = {"broker": kind, "n": n, "seed": args.seed, "delays_ms": [200, 5000], "loadavg_before": load,
            "loadavg_after": open("/proc/loadavg").read().split()[:3] if load else None,
