@@ -284,6 +284,30 @@ async def test_ack_timeout_with_backoff_on_the_broker(client, topic):
         await consumer.close()
 
 
+async def test_ack_timeouts_count_for_max_redeliveries_then_dead_letter(client, topic):
+    """Never acknowledged: delivered 1 + max_redeliveries times, then dead-lettered when its last
+    delivery's timeout passes (as Java's ack-timeout redelivery past maxRedeliverCount)."""
+    import nacktracker
+
+    t = topic("ackdlq")
+    consumer = await nacktracker.subscribe(client, t, "sub", ack_timeout_ms=300, max_redeliveries=2)
+    producer = await client.create_producer(t)
+    try:
+        await producer.send(b"slow")
+        deliveries = []
+        while True:
+            try:
+                deliveries.append((await consumer.receive(timeout_ms=3000)).redelivery_count())
+            except pulsar.Timeout:
+                break
+        assert len(deliveries) == 3, deliveries
+        dead = await drain_topic(client, t + "-sub-DLQ", 1)
+        assert dead[0].data() == b"slow" and consumer.stats()["ack_timeouts_last"] == 1
+    finally:
+        await producer.close()
+        await consumer.close()
+
+
 async def test_a_broker_restart_in_a_poison_loop_does_not_reset_its_count(own_broker, topic, tmp_path):
     """max_redeliveries=3: the message is delivered 1 + 3 times, then dead-lettered, although the
     broker restarts after its second redelivery (its own count starts again from 0)."""
