@@ -293,7 +293,13 @@ async def subscribe(client: pulsar_asyncio.Client, topic: Union[str, list], subs
     by default; parked nacked copies released at their time come on top),
     ``snapshot_path``, ``snapshot_interval_s``, ``snapshot_on_error``,
     ``dedup`` (True: acknowledged ids are remembered so no copy of one
-    surfaces again; well under a byte per dense id), ``dedup_capacity``.
+    surfaces again; well under a byte per dense id), ``dedup_capacity``,
+    ``enable_retry`` (Java's ``enableRetry``: ``reconsume_later()``, subscribing
+    to ``retry_letter_topic`` too, default ``<topic>-<subscription>-RETRY``;
+    then ``dead_letter_topic`` defaults to ``<topic>-<subscription>-DLQ`` of
+    the first topic and ``max_redeliveries`` to 16), ``ack_timeout_ms`` and
+    ``ack_timeout_backoff`` (redeliver what is received and neither acked nor
+    nacked in time); see ``docs/retries.md``.
 
     ``batch_index_ack_enabled`` (default False) is passed to the client. Turn
     it on only where the broker has ``acknowledgmentAtBatchIndexLevelEnabled``
