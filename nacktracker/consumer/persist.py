@@ -48,6 +48,7 @@ class SnapshotStore:
         self.saved = self.failures = 0
         self._writing: Optional[asyncio.Future] = None  # the write in flight (in a thread)
         self.counts: Optional[DeliveryCounts] = None  # saved beside the snapshot when set (consumer/counts.py)
+        self.due_at_restore: list[MessageKey] = []  # restored nacks whose time passed during the downtime
 
     def load_counts(self) -> int:
         """Read ``<path>.counts`` into :attr:`counts` (a consumer's own
@@ -56,6 +57,13 @@ class SnapshotStore:
         Returns how many were read. O(size of the file)."""
         if self.counts is None:
             return 0
+        due, self.due_at_restore = self.due_at_restore, []
+        read = self._read_counts()
+        self.counts.redelivered(due)  # their redelivery is the broker's resend: no fire will count it
+        return read
+
+    def _read_counts(self) -> int:
+        assert self.counts is not None
         path = self.path + COUNTS_SUFFIX
         try:
             raw = _snapshot.read_file(path)
@@ -103,6 +111,11 @@ class SnapshotStore:
         # unacknowledged message to a new consumer at once, and those copies surface).
         shift = max(0, (time.time_ns() - snap.taken_wall_ns) // 1_000_000)
         restored = snap.pending
+        # Nacks due during the downtime are left out below (the broker's resend is their redelivery): they
+        # count as redelivered all the same (load_counts), or a restart would grant a poison message more.
+        # (Remaining 0: the unsent outbox, whose fire counted them already.)
+        self.due_at_restore = [MessageKey(snap.origins[o][2], entry, snap.origins[o][1], -1, snap.origins[o][0])
+                               for o, r, bm in snap.records if 0 < r <= shift for entry in bm]
         snap = dataclasses.replace(snap, records=tuple((o, r - shift, bm) for o, r, bm in snap.records
                                                        if r - shift > 0))
         # Due times on a clock reading no later than the tracker's restore takes: a record's bucket
