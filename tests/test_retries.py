@@ -345,9 +345,12 @@ async def test_a_broker_restart_in_a_poison_loop_does_not_reset_its_count(own_br
         await client.close()
 
 
-async def test_a_consumer_restart_on_its_snapshot_keeps_the_count(own_broker, topic, tmp_path):
-    """max_redeliveries=3: nacked twice, the consumer closes (snapshot), the broker restarts (its count
-    resets), a new consumer starts on the snapshot: one more redelivery, then the dead-letter topic."""
+@pytest.mark.parametrize("down_s", [0.0, 1.0], ids=["nack-pending-at-restore", "nack-due-during-downtime"])
+async def test_a_consumer_restart_on_its_snapshot_keeps_the_count(own_broker, topic, tmp_path, down_s):
+    """max_redeliveries=3: nacked three times, the consumer closes (snapshot, the third nack pending),
+    the broker restarts (its count resets), a new consumer starts on the snapshot: the third nack's
+    redelivery (the restored tracker's, or the broker's resend when it fell due while all was down),
+    then the dead-letter topic."""
     import nacktracker
     import pulsar.asyncio
 
@@ -371,6 +374,7 @@ async def test_a_consumer_restart_on_its_snapshot_keeps_the_count(own_broker, to
         await client.close()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, broker.stop)
+        await asyncio.sleep(down_s)
         await loop.run_in_executor(None, broker.start)
         client = pulsar.asyncio.Client(broker.url, operation_timeout_seconds=10, logger=logger)
         consumer = await nacktracker.subscribe(client, t, "sub", **options)
