@@ -91,6 +91,20 @@ def test_delivery_counts_take_the_larger_and_survive_a_round_trip():
     assert len(counts) == 0
 
 
+def test_bad_retry_and_ack_timeout_options_are_refused_before_anything_is_made():
+    from nacktracker.consumer.options import ConsumerOptions
+
+    for options, exc in [({"enable_retry": 1}, TypeError), ({"retry_letter_topic": "r"}, ValueError),
+                         ({"enable_retry": True, "retry_letter_topic": ""}, ValueError),
+                         ({"ack_timeout_ms": 0}, ValueError), ({"ack_timeout_ms": -1}, ValueError),
+                         ({"ack_timeout_ms": "1"}, TypeError), ({"ack_timeout_backoff": lambda n: 1}, ValueError),
+                         ({"ack_timeout_ms": 10, "ack_timeout_backoff": 5}, TypeError)]:
+        with pytest.raises(exc):
+            ConsumerOptions.check(options, has_client=True)
+    with pytest.raises(ValueError, match="needs the client"):
+        ConsumerOptions.check({"enable_retry": True}, has_client=False)
+
+
 # -- the shell on ManualClock ---------------------------------------------------------------
 
 pulsar = pytest.importorskip("pulsar")

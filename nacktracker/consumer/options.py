@@ -94,6 +94,8 @@ class ConsumerOptions:
             raise ValueError("prefetch must be >= 1")
         _check_reliability(o)
         _check_failure_options(o)
+        if o.get("enable_retry") and not has_client:
+            raise ValueError("enable_retry needs the client (to publish retry letters)")
         if o.get("snapshot_path") is not None:
             o["snapshot_path"] = os.path.abspath(os.fspath(o["snapshot_path"]))
         if o.get("dedup_capacity") is None:
@@ -139,7 +141,8 @@ def _check_failure_options(o: dict[str, Any]) -> None:
             raise ValueError("retry_letter_topic needs enable_retry=True")
     timeout = o.get("ack_timeout_ms")
     if timeout is not None:
-        if check_delay_ms("ack_timeout_ms", timeout) < 1:
+        o["ack_timeout_ms"] = timeout = check_delay_ms("ack_timeout_ms", timeout)  # whole ms (floats up)
+        if timeout < 1:
             raise ValueError("ack_timeout_ms must be >= 1")
         if timeout > MAX_DUE:
             raise ValueError(f"ack_timeout_ms must be <= {MAX_DUE}")
