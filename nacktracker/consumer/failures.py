@@ -55,7 +55,7 @@ class FailureHandling:
                                         consumer_name=consumer.consumer_name() or "nacktracker",
                                         dead_letter_topic=opts.retry_letter_topic, schema=schema, kind="RETRY")
             self.retries = RetryLetters(retry, publisher, topic=opts.retry_letter_topic,
-                                        max_redeliveries=opts.max_redeliveries)
+                                        max_redeliveries=opts.max_redeliveries, lead_ms=opts.retry_lead_ms)
         self.ack_timeouts = None if opts.ack_timeout_ms is None else AckTimeouts(
             opts.ack_timeout_ms, opts.ack_timeout_backoff, schedule=self._schedule_ack_timeout,
             discard=owner.tracker.discard, last=self._ack_timeout_last, clock=lambda: owner.tracker.clock,

@@ -51,6 +51,7 @@ class ConsumerOptions:
     #: Java's enableRetry: reconsume_later() and the retry letter topic (subscribe() names it and subscribes)
     enable_retry: bool = False
     retry_letter_topic: Optional[str] = None
+    retry_lead_ms: int = 2_000  # retries ask the broker for delivery this much before due (consumer/retries.py)
     #: ack timeout (Java's ackTimeout, PIP-130's ackTimeoutRedeliveryBackoff): consumer/ack_timeout.py
     ack_timeout_ms: Optional[int] = None
     ack_timeout_backoff: Optional[Callable[[int], int]] = None
@@ -139,6 +140,8 @@ def _check_failure_options(o: dict[str, Any]) -> None:
             raise ValueError("retry_letter_topic must not be empty")
         if not o.get("enable_retry"):
             raise ValueError("retry_letter_topic needs enable_retry=True")
+    if "retry_lead_ms" in o:
+        o["retry_lead_ms"] = check_delay_ms("retry_lead_ms", o["retry_lead_ms"])
     timeout = o.get("ack_timeout_ms")
     if timeout is not None:
         o["ack_timeout_ms"] = timeout = check_delay_ms("ack_timeout_ms", timeout)  # whole ms (floats up)
@@ -299,6 +302,8 @@ async def subscribe(client: pulsar_asyncio.Client, topic: Union[str, list], subs
     surfaces again; well under a byte per dense id), ``dedup_capacity``,
     ``enable_retry`` (Java's ``enableRetry``: ``reconsume_later()``, subscribing
     to ``retry_letter_topic`` too, default ``<topic>-<subscription>-RETRY``;
+    ``retry_lead_ms``, 2000: how early the broker is asked to deliver a retry,
+    held until due;
     then ``dead_letter_topic`` defaults to ``<topic>-<subscription>-DLQ`` of
     the first topic and ``max_redeliveries`` to 16), ``ack_timeout_ms`` and
     ``ack_timeout_backoff`` (redeliver what is received and neither acked nor

@@ -19,13 +19,14 @@ from .retry_letters import is_retry_topic, retry_due_wall_ms, retry_properties, 
 
 __all__ = ["RetryLetters", "TerminalDeadLetters", "RETRY_LEAD_MS"]
 
-#: How much earlier than due a retry letter asks the broker to deliver it (``deliver_after`` = delay
-#: minus this, at least 0). Apache Pulsar's delayed delivery runs on a tick (1 s by default) and may
-#: hand a message over up to a tick early, or, throttled to one run per tick, up to a tick late: a
-#: measured run had retries 264 and 739 ms late with ``deliver_after`` = the delay. Asked two ticks
-#: early, the copy is here in time and held until its due time (``DELAY_TIME`` after its publish
-#: time, which the message carries). A Java consumer reading these retries gets them up to this
-#: much early (it does not hold them).
+#: How much earlier than due a retry letter asks the broker to deliver it by default
+#: (``deliver_after`` = delay minus this, at least 0; the consumer's ``retry_lead_ms``). Apache
+#: Pulsar's delayed delivery runs on a tick (1 s by default) and may hand a message over up to a
+#: tick early, or, throttled to one run per tick, up to a tick late: a measured run had retries 264
+#: and 739 ms late with ``deliver_after`` = the delay. Asked two ticks early, the copy is here in
+#: time and held until its due time (``DELAY_TIME`` after its publish time, which the message
+#: carries). A Java consumer reading these retries gets them up to this much early (it does not
+#: hold them).
 RETRY_LEAD_MS = 2_000
 
 
@@ -35,11 +36,12 @@ class RetryLetters:
     ``max_redeliveries``: reconsumes before a message is dead-lettered."""
 
     def __init__(self, retry: DeadLetterPublisher, dead_letters: DeadLetterPublisher, *, topic: str,
-                 max_redeliveries: int) -> None:
+                 max_redeliveries: int, lead_ms: int = RETRY_LEAD_MS) -> None:
         self.retry = retry
         self.dead_letters = dead_letters
         self.topic = topic
         self.max_redeliveries = max_redeliveries
+        self.lead_ms = lead_ms
         self.counts = {"reconsumed": 0, "reconsume_dead_lettered": 0}
 
     async def reconsume(self, message: Any, delay_ms: int, custom: Optional[Mapping[str, str]]) -> bool:
@@ -54,7 +56,7 @@ class RetryLetters:
             await self.dead_letters.publish(message, properties=props)
             self.counts["reconsume_dead_lettered"] += 1
             return True
-        await self.retry.publish(message, properties=props, deliver_after_ms=max(0, delay_ms - RETRY_LEAD_MS))
+        await self.retry.publish(message, properties=props, deliver_after_ms=max(0, delay_ms - self.lead_ms))
         self.counts["reconsumed"] += 1
         return False
 
