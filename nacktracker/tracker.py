@@ -527,6 +527,7 @@ class NegativeAcksTracker:
         """Pop every bucket due by ``horizon_ms`` into the outbox."""
         keys: list[MessageKey] = []
         released = set()
+        fired: list[tuple[int, list[MessageKey]]] = []
         lead = self._lead
         for bucket, slot, bm in self._index.pop_due_bitmaps(min(_FOREVER, math.floor(horizon_ms))):
             topic, partition, ledger = self._origins[slot]
@@ -537,6 +538,16 @@ class NegativeAcksTracker:
                 self._notify(listener, FiredCell(bucket, lateness, due))
             keys.extend(due)
             released.add(slot)
+            fired.append((slot, due))
+        # Pulsar redelivers whole entries: this request brings every message of each entry, so the
+        # entry's later buckets (batch siblings nacked a little later) are cancelled; they would ask
+        # again for an entry already on its way and bring it twice, to another consumer (a duplicate
+        # of every sibling). O(k) membership checks for k entries, a discard only where one is left.
+        index = self._index
+        for slot, due in fired:
+            for key in due:
+                if (slot, key.entry_id) in index:
+                    index.discard(slot, key.entry_id)
         for slot in released:
             self._release(slot)
         if keys:

@@ -32,7 +32,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from nacktracker import Deduplicator, MessageKey
 from nacktracker._checks import check_precision
-from nacktracker.consumer.core import FIRE_SLACK_MS, DeliveryCore, Verdict
+from nacktracker.consumer.core import DeliveryCore, Verdict
 
 TOPIC = "t"
 LEAD = 30
@@ -50,6 +50,7 @@ class Copy:
     entry: int
     remaining: list
     bucket: Optional[int] = None  # the bucket that requested it (None: the broker's own resend)
+    answers: tuple = ()  # the nacks it answers: every nack of its entry made before its request
 
 
 @dataclass
@@ -125,12 +126,13 @@ class DeliveryMachine(RuleBasedStateMachine):
                 break
             self.now = max(self.now, math.ceil(nxt))
             for entry, buckets in list(self.w.pending.items()):
-                for b in sorted(b for b in buckets if b - LEAD <= self.now):
-                    buckets.discard(b)
-                    self.core.fired(b, [MessageKey(1, entry, -1, -1, TOPIC)], self.now)
-                    self.w.copies.append(Copy(entry, self._indices(entry), b))
-                if not buckets:
+                due = sorted(b for b in buckets if b - LEAD <= self.now)
+                if due:
+                    # the tracker asks once: the copy brings the whole entry, its later buckets are cancelled
                     del self.w.pending[entry]
+                    self.core.fired(due[0], [MessageKey(1, entry, -1, -1, TOPIC)], self.now)
+                    answers = tuple(n for k, n in self.w.nacks.items() if k.entry_id == entry)
+                    self.w.copies.append(Copy(entry, self._indices(entry), due[0], answers))
             for k in self.core.release(self.now):
                 self._surfaced(k)
         self.now = max(self.now, target)
@@ -171,14 +173,13 @@ class DeliveryMachine(RuleBasedStateMachine):
         i = data.draw(st.integers(0, len(self.w.copies) - 1))
         copy = self.w.copies[i]
         if twice:  # the broker sends it again as well
-            self.w.copies.append(Copy(copy.entry, list(copy.remaining), copy.bucket))
+            self.w.copies.append(Copy(copy.entry, list(copy.remaining), copy.bucket, copy.answers))
             return
         del self.w.copies[i]
         for k in copy.remaining:
             nack = self.w.nacks.get(k)
             # the copy carries the whole entry: every nack it was to answer surfaces over there
-            if nack is not None and copy.bucket is not None \
-                    and self.core.bucket_ms(nack.due) <= copy.bucket + FIRE_SLACK_MS:
+            if nack is not None and any(nack is a for a in copy.answers):
                 nack.diverted = True
 
     @precondition(lambda self: self.w.sizes)
@@ -343,7 +344,9 @@ S, P, A, H, E = Verdict.SURFACE, Verdict.PARK, Verdict.DROP_ACKED, Verdict.DROP_
 def test_batch_of_four_acked_and_held_siblings_never_surface_again():
     """Issue 10's first case: m0 acked, m1 nacked 1000 ms, m2 nacked 1120 ms,
     each redelivery acked on arrival, m3 still held: only m1 and m2 surface
-    again, each at its due time; the record ends once both are acked."""
+    again, each at its due time; the record ends once both are acked. The
+    first bucket's copy answers both nacks (the broker sends the whole entry;
+    the tracker cancels m2's bucket): m2 waits in it, parked until its time."""
     core, _ = make()
     m = [key(0, i, 4) for i in range(4)]
     assert deliver(core, m, 0) == [S] * 4
@@ -352,11 +355,10 @@ def test_batch_of_four_acked_and_held_siblings_never_surface_again():
     core.nacked(m[2], 1120, m[2], 0)
     entry = m[0].entry
     core.fired(1000, [entry], 1000 - LEAD)
-    assert deliver(core, m, 990) == [A, P, E, H]  # m1 arrived 10 ms early: parked; m2 waits for its bucket
+    assert deliver(core, m, 990) == [A, P, P, H]  # m1 and m2 arrived early: parked until their times
     assert core.release(999) == [] and core.release(1000) == [m[1]]
-    assert core.acked(m[1], 1001).discard is False  # m2's bucket is still pending
-    core.fired(1120, [entry], 1120 - LEAD)
-    assert deliver(core, m, 1123) == [A, A, S, H]  # m2 late by 3 ms: surfaces at once
+    assert core.acked(m[1], 1001).discard is True  # nothing of the entry waits for a bucket
+    assert core.release(1119) == [] and core.release(1120) == [m[2]]
     core.acked(m[2], 1124)
     assert deliver(core, m, 1125) == [A, A, A, H]  # a late twin of the entry: nothing surfaces
     core.release(1125 + OVERDUE)

@@ -165,9 +165,16 @@ class TrackerModel:
         self.index.add(self.ledger(key), key.entry_id, math.ceil(now) + delay)
 
     def pop(self, now):
-        for ledger, entry in self.index.pop_due(math.floor(now)):
-            topic, partition, ledger_id = self.back[ledger]
-            self.popped[MessageKey(ledger_id, entry, partition, -1, topic)] += 1
+        # bucket by bucket, as the tracker's timer fires: a request brings the whole entry, so each
+        # fire cancels the later buckets of the entries it popped
+        while (nxt := self.index.next_due_ms()) is not None and nxt <= math.floor(now):
+            due = list(self.index.pop_due(nxt))
+            for ledger, entry in due:
+                topic, partition, ledger_id = self.back[ledger]
+                self.popped[MessageKey(ledger_id, entry, partition, -1, topic)] += 1
+            for ledger, entry in due:
+                if (ledger, entry) in self.index:
+                    self.index.discard(ledger, entry)
 
 
 async def settle(rounds=6):

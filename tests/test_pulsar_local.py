@@ -19,7 +19,6 @@ import pulsar.asyncio  # noqa: E402
 import nacktracker  # noqa: E402
 from nacktracker.adapters import LocalRedeliveryAdapter, PulsarAdapter  # noqa: E402
 from nacktracker.consumer import PROPERTY_REAL_TOPIC, ReceiveTimeout  # noqa: E402
-from nacktracker.testing import EmbeddedBroker  # noqa: E402
 
 from broker_helpers import publish_batch, redelivery_errors, settle_before_restart  # noqa: E402
 from test_pulsar import expect_nothing  # noqa: E402
@@ -88,7 +87,9 @@ async def test_nacked_messages_come_back_at_their_time_and_acked_or_held_sibling
         await expect_nothing(consumer, 600)  # m0, m2 acked; m5 held: neither comes back
         await consumer.acknowledge(msgs[5])
         stats = consumer.stats()
-        assert stats["redelivered"] == 3 and stats["held"] == 0 and settled(consumer) == (0, 0, 0, 0)
+        # one request per entry: the batch (whole-entry redelivery) brings m1, m3 and m4 at once
+        assert stats["redelivered"] == (1 if batched else 3)
+        assert stats["held"] == 0 and settled(consumer) == (0, 0, 0, 0)
     async with await tracked(client, t, kind) as again:  # everything was acknowledged at the broker
         await expect_nothing(again, 800)
 
@@ -189,16 +190,17 @@ async def test_subscribe_picks_the_redelivery_path_by_subscription_type(client, 
 
 
 @pytest.mark.broker
-async def test_seek_drops_what_the_pump_took_before_it(topic, pulsar_logger, tmp_path):
-    """Issue 11: the C++ client clears its receive queue on seek; the messages
-    the wrapper's pump had already taken must go too. pulsar-lite answers a
-    seek to a timestamp and then sends nothing again (the plain client, side by
-    side, receives nothing after it either; not even redeliver-all brings
-    anything), so the broker's resend comes from a broker restart (it sends
-    every unacknowledged message again): the next receive is the first
-    message, then the rest, each once, as the plain client receives them.
-    Before the fix m2..m5 came first, from the wrapper's queue."""
-    with EmbeddedBroker(tmp_path / "broker") as broker:
+async def test_seek_drops_what_the_pump_took_before_it(topic, pulsar_logger, own_broker):
+    """The C++ client clears its receive queue on seek; the messages the
+    wrapper's pump had already taken must go too: after the seek the next
+    receive is the first message, then the rest, each once, as the plain
+    client (side by side) receives them.
+
+    Apache Pulsar resends from the seek position at once. pulsar-lite answers
+    a seek to a timestamp and then sends nothing (nor on redeliver-all), so
+    there the resend comes from a broker restart (it sends every
+    unacknowledged message again)."""
+    with own_broker() as broker:
         client = pulsar.asyncio.Client(broker.url, logger=pulsar_logger, operation_timeout_seconds=10)
         try:
             t = topic()
@@ -217,8 +219,6 @@ async def test_seek_drops_what_the_pump_took_before_it(topic, pulsar_logger, tmp
             assert consumer.stats()["prefetched"] == 4
             await consumer.seek(0)  # a publish timestamp: the earliest (pulsar-lite refuses MessageId.earliest)
             await plain.seek(0)
-            assert consumer.stats()["prefetched"] == 0
-            await expect_nothing(consumer, 500)
             plain_got: asyncio.Queue = asyncio.Queue()
 
             async def pump_plain():  # never cancel the plain client's receive: it would lose a message
@@ -226,10 +226,12 @@ async def test_seek_drops_what_the_pump_took_before_it(topic, pulsar_logger, tmp
                     plain_got.put_nowait((await plain.receive()).data())
 
             plain_task = asyncio.get_running_loop().create_task(pump_plain())
-            await asyncio.sleep(0.5)
-            assert plain_got.empty()  # the plain client: the same
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(None, broker.restart)  # same data dir: the resend
+            if broker.kind == "lite":
+                assert consumer.stats()["prefetched"] == 0
+                await expect_nothing(consumer, 500)
+                await asyncio.sleep(0.5)
+                assert plain_got.empty()  # the plain client: the same
+                await asyncio.get_running_loop().run_in_executor(None, broker.restart)  # the resend
             got = [m.data() for m in await receive_n(consumer, 6, timeout_ms=15_000)]
             assert got == [b"m%d" % i for i in range(6)], got
             await expect_nothing(consumer, 500)  # no stale duplicates
@@ -267,10 +269,16 @@ async def test_restart_on_a_snapshot_holds_the_resent_copies_until_due_then_hand
 
     b = await tracked(client, t, kind, snapshot_path=path, precision_bits=0)
     assert b.stats()["restored"] == 3
+    # Everything before the first due time surfaces "at once" (Apache Pulsar makes a Failover
+    # subscription's new consumer active after activeConsumerFailoverDelayTimeMillis, 1 s by
+    # default, so the resend may come late, close to the first due time: no fixed quiet window).
+    first_due = min(due.values()) - EARLY_MS
     at_once = []
-    with pytest.raises(ReceiveTimeout):
-        while True:
-            at_once.append(await b.receive(timeout_ms=800))
+    while (left := first_due - now_ms()) > 0:
+        try:
+            at_once.append(await b.receive(timeout_ms=max(1, round(left))))
+        except ReceiveTimeout:
+            break
     assert sorted(m.data() for m in at_once) == [b"b0", b"b2", b"b3"]
     for m in at_once:
         await b.acknowledge(m)

@@ -25,7 +25,7 @@ import nacktracker  # noqa: E402
 from nacktracker import SnapshotError  # noqa: E402
 from nacktracker.consumer import BATCHES_SUFFIX, ReceiveTimeout  # noqa: E402
 from nacktracker.snapshot import decode  # noqa: E402
-from nacktracker.testing import EmbeddedBroker  # noqa: E402
+from nacktracker.testing import make_broker  # noqa: E402
 
 from broker_helpers import publish_batch, redelivery_errors, settle_before_restart  # noqa: E402
 
@@ -39,9 +39,11 @@ own_broker_only = pytest.mark.skipif(bool(os.environ.get("PULSAR_URL")),
 
 
 @pytest.fixture(scope="module")
-def crashable(tmp_path_factory):
-    """An embedded broker of this module's own, free to be killed and restarted."""
-    with EmbeddedBroker(tmp_path_factory.mktemp("crashable")) as broker:
+def crashable(broker_kind, tmp_path_factory):
+    """A broker of this module's own (of the session's kind), free to be killed and restarted."""
+    if broker_kind == "external":
+        pytest.skip("kills and restarts its own broker ($PULSAR_URL names one it cannot)")
+    with make_broker(broker_kind, data_dir=tmp_path_factory.mktemp("crashable")) as broker:
         yield broker
 
 
@@ -55,7 +57,7 @@ async def crashable_client(crashable, pulsar_logger):
         pass
 
 
-async def kill_and_restart(broker: EmbeddedBroker, down_s: float = 0.5) -> None:
+async def kill_and_restart(broker, down_s: float = 0.5) -> None:
     """SIGKILL the broker, leave it down ``down_s``, start it on the same data and port."""
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, broker.kill)

@@ -111,8 +111,8 @@ class PulsarAdapter:
     Cost: ~11 us of C++ per id (the client's map insert and timer re-arm), run
     on the event loop in stretches of 512 ids. Waits between bursts cost no CPU.
 
-    Not tested on partitioned topics: the embedded broker cannot redeliver on
-    them. Their ids carry the partition index and topic, as the client expects.
+    On partitioned topics the ids carry the partition index and the
+    partition's topic, as the client expects (proven on Apache Pulsar).
     """
 
     def __init__(self, consumer: Any, *, lead_ms: Optional[int] = None,
@@ -129,6 +129,9 @@ class PulsarAdapter:
             self._lead = check_delay_ms("lead_ms", lead_ms)
         self.learns_lead = lead_ms is None
         self._handed: dict[MessageKey, float] = {}  # entry -> when redeliver() got it (insertion order)
+        # entry -> when it was last requested, until its copy arrives (or _HANDED_TTL_MS): not asked twice.
+        # Apart from _handed, which forget_handed() clears for the lead's sake.
+        self._in_flight: dict[MessageKey, float] = {}
         self._latencies: deque[float] = deque(maxlen=_SUMMARY_WINDOW)
         self._estimator = LeadEstimator(self._lead, LEAD_BOUNDS_MS)
         self.min_gap_ms = check_delay_ms("min_gap_ms", DEFAULT_MIN_GAP_MS if min_gap_ms is None else min_gap_ms)
@@ -147,6 +150,8 @@ class PulsarAdapter:
         #: the last 1000, for tests and diagnostics.
         self.bursts: list[tuple[float, float, int]] = []
         self.sent = 0
+        #: Requests for entries already sent whose copy has not arrived yet (not sent again).
+        self.in_flight_merged = 0
         self.unroutable = 0
         self.failures = 0
 
@@ -161,13 +166,15 @@ class PulsarAdapter:
     def awaiting_arrivals(self) -> bool:
         """Whether any entry handed over still waits for its copy (the
         consumer skips :meth:`arrived` otherwise). O(1)."""
-        return bool(self._handed)
+        return bool(self._in_flight)
 
     def arrived(self, entry: MessageKey) -> None:
         """The consumer received a copy of ``entry`` (``batch_index`` -1): if
         this adapter asked for it, one latency sample, and the lead follows
         the last minute's maximum (:class:`~.lead.LeadEstimator`). Runtime:
         O(1) amortised."""
+        if self._in_flight:
+            self._in_flight.pop(entry, None)
         handed = self._handed.pop(entry, None)
         if handed is None:
             return
@@ -205,22 +212,34 @@ class PulsarAdapter:
         ``negative_acknowledge`` never reports failure (it is a local map
         insert, even on a closed consumer); should it raise anyway, the burst's
         keys stay queued and are retried after a growing pause (logged).
+        An entry sent in an earlier burst whose copy has not arrived yet (for
+        at most 10 s: then it went to another consumer, or was lost) is not sent
+        again: the broker redelivers whole entries, and a second request would
+        bring the entry a second time, to another consumer of the subscription.
         Runtime complexity: O(k) for k keys (the burst costs ~11 us per id).
         """
         for key in keys:
             if type(key) is not MessageKey:
                 raise TypeError(f"keys must be MessageKey, not {type(key).__name__}")
         now = _now_ms()
-        handed = self._handed
-        while handed:  # forget entries whose copy never came here (oldest first)
-            first = next(iter(handed))
-            if now - handed[first] < _HANDED_TTL_MS:
-                break
-            del handed[first]
+        handed, in_flight = self._handed, self._in_flight
+        for pending in (handed, in_flight):
+            while pending:  # forget entries whose copy never came here (oldest first)
+                first = next(iter(pending))
+                if now - pending[first] < _HANDED_TTL_MS:
+                    break
+                del pending[first]
         for key in keys:
             entry = key.entry
+            if entry in in_flight and entry not in self._queued:
+                # Sent in an earlier burst and its copy has not come back: it is on its way. The broker
+                # would answer a second request by sending the whole entry again, to another consumer
+                # of a Shared subscription: a duplicate of every message in it.
+                self.in_flight_merged += 1
+                continue
             self._queued[entry] = None  # whole entries; duplicates merge
             handed.setdefault(entry, now)
+            in_flight.setdefault(entry, now)
         if self._queued and self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="nacktracker-bursts")
 

@@ -36,11 +36,7 @@ from typing import Any, Callable, Iterable, Optional
 from ..keys import MessageKey
 from .state import AckResult, EntryRecord, Held, Nacked, Parked, Token, Verdict, _Deadline
 
-#: See :meth:`DeliveryCore.fired`. Small: a sibling that rides along with another's
-#: copy surfaces at once if that copy lands at another consumer of the subscription.
-FIRE_SLACK_MS = 10
-
-__all__ = ["DeliveryCore", "Verdict", "AckResult", "Held", "Nacked", "Parked", "EntryRecord", "FIRE_SLACK_MS"]
+__all__ = ["DeliveryCore", "Verdict", "AckResult", "Held", "Nacked", "Parked", "EntryRecord"]
 
 
 class DeliveryCore:
@@ -204,8 +200,9 @@ class DeliveryCore:
 
     def fired(self, bucket_ms: int, entries: Iterable[MessageKey], now_ms: float) -> None:
         """The tracker handed the bucket at ``bucket_ms`` (these entries) to the
-        adapter: their copies are on their way. O(k) for k entries, plus the
-        entry's nacked messages for a batch entry."""
+        adapter: their copies are on their way, each answering every nack of
+        its entry made so far (the tracker cancels the entry's later buckets).
+        O(k) for k entries, plus the entry's nacked messages for a batch entry."""
         for entry in entries:
             record = self.records.get(entry)
             if record is None and self.is_acked(entry):
@@ -215,11 +212,11 @@ class DeliveryCore:
                 self._expire_at(bucket_ms + self.overdue_ms, entry, nack)
                 continue
             for nack in record.nacked.values():
-                # Siblings due within FIRE_SLACK_MS after this bucket take its copy too (parked until
-                # their own time): robust to a ms of skew between restored records and the restored
-                # tracker's buckets. Their own bucket's copy is then a twin.
-                if not nack.fired and nack.release_ms <= bucket_ms + FIRE_SLACK_MS:
-                    nack.fired = True
+                # The broker redelivers whole entries, so this request's copy answers every nack of
+                # the entry made so far: each is parked until its own time when the copy lands here.
+                # The tracker cancels the entry's later buckets (a second request would bring the
+                # entry again: to another consumer, with every sibling, a duplicate of each).
+                nack.fired = True
             if self._dedup is None:
                 record.linger_until = max(record.linger_until, bucket_ms + self.overdue_ms)
             self._expire_at(bucket_ms + self.overdue_ms, entry, record)

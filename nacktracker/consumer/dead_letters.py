@@ -109,8 +109,14 @@ def dead_letter_topic(source_topic: str, subscription: str) -> str:
 def producer_name(source_topic: str, subscription: str, consumer_name: str, kind: str = "DLQ") -> str:
     """Java's dead-letter producer name: ``<topic>-<subscription>-<consumerName>-<5 random>-DLQ``
     (``kind="RETRY"``: the same shape for a retry-letter producer)."""
-    suffix = "".join(secrets.choice(_ALPHANUMERIC) for _ in range(5))
-    return f"{source_topic}-{subscription}-{consumer_name}-{suffix}-{kind}"
+    return f"{source_topic}-{subscription}-{consumer_name}-{random_name()}-{kind}"
+
+
+def random_name() -> str:
+    """Five random alphanumerics: a dead-letter producer's suffix, and the name of a
+    consumer that has none (a multi-topic consumer subscribed without
+    ``consumer_name``: Java's client generates one for it likewise)."""
+    return "".join(secrets.choice(_ALPHANUMERIC) for _ in range(5))
 
 
 def java_message_id(mid: Any) -> str:

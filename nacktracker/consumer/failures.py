@@ -26,7 +26,7 @@ from ..clock import wall_ms
 from ..keys import MessageKey
 from .ack_timeout import AckTimeouts
 from .counts import DeliveryCounts
-from .dead_letters import DeadLetterPublisher
+from .dead_letters import DeadLetterPublisher, random_name
 from .retries import RetryLetters, TerminalDeadLetters
 from .retry_letters import reconsume_times
 
@@ -50,9 +50,8 @@ class FailureHandling:
         self.terminal = None if publisher is None else TerminalDeadLetters(publisher)
         self.retries = None
         if opts.enable_retry and publisher is not None:
-            consumer = owner._consumer
-            retry = DeadLetterPublisher(client, subscription=consumer.subscription_name(),
-                                        consumer_name=consumer.consumer_name() or "nacktracker",
+            retry = DeadLetterPublisher(client, subscription=publisher.subscription,
+                                        consumer_name=publisher.consumer_name,
                                         dead_letter_topic=opts.retry_letter_topic, schema=schema, kind="RETRY")
             self.retries = RetryLetters(retry, publisher, topic=opts.retry_letter_topic,
                                         max_redeliveries=opts.max_redeliveries, lead_ms=opts.retry_lead_ms)
@@ -278,6 +277,21 @@ class ConsumerDeadLetters:
         self._hooked = hooked  # False: the publisher serves explicit dead letters only (no max_redeliveries)
         self.candidate: Any = None
         self.failures: Optional[FailureHandling] = None  # closed with these (set by FailureHandling)
+
+    @classmethod
+    def of(cls, consumer: Any, client: Any, opts: Any, schema: Any,
+           ack: Callable[[Any], Awaitable[None]]) -> tuple["ConsumerDeadLetters", str]:
+        """A consumer's dead letters, and the consumer's name. With a client there is a publisher
+        (for ``dead_letter()`` and ``reconsume_later()`` too); the tracker's hook needs
+        ``max_redeliveries``. The client leaves a multi-topic consumer subscribed without
+        ``consumer_name`` unnamed; the dead-letter producers are named after the consumer (Java's
+        names), so it gets a name as Java's client gives one."""
+        name: str = consumer.consumer_name() or random_name()
+        publisher = None if client is None else DeadLetterPublisher(
+            client, subscription=consumer.subscription_name(), consumer_name=name,
+            dead_letter_topic=opts.dead_letter_topic, initial_subscription=opts.dead_letter_initial_subscription,
+            schema=schema)
+        return cls(publisher, ack=ack, hooked=opts.max_redeliveries is not None), name
 
     @property
     def hook(self) -> Optional[Callable[[Any], Awaitable[None]]]:

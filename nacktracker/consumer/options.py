@@ -310,18 +310,18 @@ async def subscribe(client: pulsar_asyncio.Client, topic: Union[str, list], subs
     nacked in time); see ``docs/retries.md``.
 
     ``batch_index_ack_enabled`` (default False) is passed to the client. Turn
-    it on only where the broker has ``acknowledgmentAtBatchIndexLevelEnabled``
+    it on where the broker has ``acknowledgmentAtBatchIndexLevelEnabled``
     (Pulsar 4.1's default): acked siblings of a batch then never reach the
-    subscription's other consumers. A broker without it (pulsar-lite: measured,
-    ``tests/test_pulsar.py::test_batch_index_ack_on_a_broker_without_it_acks_the_whole_entry``)
-    takes each index ack for the whole entry, and the entry's other messages
-    are lost.
+    subscription's other consumers. Apache Pulsar without that setting
+    ignores the index acks (nothing is lost); pulsar-lite takes each index ack
+    for the whole entry, and the entry's other messages are lost (both
+    measured: ``tests/test_pulsar.py::test_batch_index_ack_on_a_broker_without_it``).
 
     The consumer is subscribed with ``negative_ack_redelivery_delay_ms=100``
     (the client's minimum; the adapter redelivers through that path).
     ``dead_letter_policy`` is refused (use ``max_redeliveries``). Other
-    keyword arguments go to ``client.subscribe``. Not tested on partitioned
-    topics (the embedded broker cannot redeliver on them).
+    keyword arguments go to ``client.subscribe``. Partitioned topics work as
+    any other (proven on Apache Pulsar; pulsar-lite cannot redeliver on them).
 
     >>> async def main(url):                                        # doctest: +SKIP
     ...     client = pulsar.asyncio.Client(url)

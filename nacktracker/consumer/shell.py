@@ -25,7 +25,7 @@ from ..dedup import Deduplicator
 from ..keys import MessageKey
 from ..tracker import FiredCell, NegativeAcksTracker
 from .core import DeliveryCore, Verdict
-from .dead_letters import DeadLetterPublisher, quietly
+from .dead_letters import quietly
 from .errors import ConsumerClosed, NotReceivedError
 from .failures import ConsumerDeadLetters, FailureHandling, dead_letter, reconsume_later
 from .options import ConsumerOptions, batch_size, check_timeout_ms, key_and_count, message_key, seek_target
@@ -88,11 +88,8 @@ class TrackedConsumer:
         self._local = None if not isinstance(self.adapter, LocalRedeliveryAdapter) else LocalNacks(
             self.adapter, lambda msg: self._decide(self._message_key(msg), msg), lambda msg: self._pump.put(msg))
         self._arrived: Optional[Callable[[MessageKey], None]] = getattr(self.adapter, "arrived", None)
-        # one producer per dead-letter topic, dead letters published in the order they were decided
-        self._dead_letters = ConsumerDeadLetters(None if client is None else DeadLetterPublisher(
-            client, subscription=consumer.subscription_name(), consumer_name=consumer.consumer_name() or "nacktracker",
-            dead_letter_topic=opts.dead_letter_topic, initial_subscription=opts.dead_letter_initial_subscription,
-            schema=schema), ack=self._acknowledge, hooked=opts.max_redeliveries is not None)
+        # one producer per dead-letter topic, in the order decided; an unnamed consumer is named (failures.py)
+        self._dead_letters, name = ConsumerDeadLetters.of(consumer, client, opts, schema, ack=self._acknowledge)
         # a single-topic consumer's ids need no topic; remember it for bare-id calls
         self._own_topic = None if getattr(self.adapter, "multi_topic", False) else consumer.topic()
         self._dedup = Deduplicator(opts.dedup_capacity) if opts.dedup else None
@@ -105,10 +102,10 @@ class TrackedConsumer:
         self._release = ReleaseTimer(self.core, lambda: self.tracker.clock, self._pump.put)
         self._closed = False
         self._counts = {"restored": 0, "copy_ack_failures": 0}
-        tracker_options = dict(
+        tracker_options: dict[str, Any] = dict(
             delay_ms=opts.delay_ms, precision_bits=opts.precision_bits, rounding="floor", backoff=opts.backoff,
             max_redeliveries=opts.max_redeliveries, clock=clock,
-            on_dead_letter=self._dead_letters.hook, consumer_name=consumer.consumer_name())
+            on_dead_letter=self._dead_letters.hook, consumer_name=name)
         self._store = None if opts.snapshot_path is None else SnapshotStore(opts.snapshot_path, opts.snapshot_on_error)
         if self._store is None:
             self.tracker = NegativeAcksTracker(self.adapter, **tracker_options)
@@ -163,8 +160,10 @@ class TrackedConsumer:
     async def _admit(self, msg: Any) -> bool:
         """Ask the core about a copy from the broker; whether it goes to the application now."""
         key = self._message_key(msg)
-        if self._arrived is not None and self.adapter.awaiting_arrivals:
-            self._arrived(key.entry)  # the adapter learns its path latency
+        if self._arrived is not None and self.adapter.awaiting_arrivals and msg.redelivery_count():
+            # a redelivered copy: the adapter learns its path latency (first copies of an entry's other
+            # messages, still arriving after one of them was nacked, answer no request)
+            self._arrived(key.entry)
         verdict = self._decide(key, msg)
         if verdict is Verdict.SURFACE:
             return self._failures.surfacing(msg)

@@ -8,6 +8,7 @@ process that started it dies (``PR_SET_PDEATHSIG``), so a test session or a
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import ctypes.util
 import logging
@@ -16,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import IO, Callable, Optional, Sequence
 
@@ -72,14 +74,27 @@ def spawn(cmd: Sequence[str], *, cwd: Path, log_file: IO[bytes], env: Optional[d
     """Start ``cmd`` in its own process group, killed if this process dies.
 
     stdout and stderr go to ``log_file`` (the child keeps its own copy of the fd).
-    The kernel's parent-death signal follows the *thread* that forked: start
-    a broker from a thread that outlives it (the main thread, a test session's
-    fixtures), not from a short-lived worker thread.
+    The kernel's parent-death signal follows the *thread* that forked, so every
+    child is forked by one thread that lives as long as the process: a broker
+    restarted from a short-lived thread (an event loop's executor) would
+    otherwise die with that thread.
     """
-    return subprocess.Popen(
-        list(cmd), cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
-        start_new_session=True, preexec_fn=_die_with_parent,
-    )
+    return _spawner().submit(
+        subprocess.Popen, list(cmd), cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log_file,
+        stderr=log_file, start_new_session=True, preexec_fn=_die_with_parent,
+    ).result()
+
+
+_SPAWNER: Optional[concurrent.futures.ThreadPoolExecutor] = None
+_SPAWNER_LOCK = threading.Lock()
+
+
+def _spawner() -> concurrent.futures.ThreadPoolExecutor:
+    global _SPAWNER
+    with _SPAWNER_LOCK:
+        if _SPAWNER is None:
+            _SPAWNER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="nacktracker-broker-spawner")
+        return _SPAWNER
 
 
 def _signal_group(pid: int, sig: int) -> None:

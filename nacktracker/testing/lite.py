@@ -17,13 +17,18 @@ Caveats of pulsar-lite (what tests built on this can and cannot show):
 
 * it redelivers negatively acknowledged messages only on ``Shared`` and
   ``Key_Shared`` subscriptions (the client's default is ``Exclusive``);
-* it cannot redeliver on partitioned topics, so partitioned topics are
-  untested here;
+* it cannot redeliver on partitioned topics (and has no admin API to make
+  one): partitioned topics are tested on Apache Pulsar;
 * it redelivers whole entries: a nack of one message of a batch brings back
   every message of the entry, acknowledged ones included;
 * it ignores batch-index acks: with ``batch_index_ack_enabled=True`` acking
   one message of a batch acks the whole entry (the others are lost);
-* redelivery counts restart at 0 when the broker restarts.
+* redelivery counts restart at 0 when the broker restarts (as on Apache
+  Pulsar), but grow when a consumer closes (Apache Pulsar's restart at 0);
+* on Key_Shared it redelivers one nacked message per key at a time (the
+  plain client loses the others there too);
+* it answers a seek to a timestamp and then sends nothing until a restart;
+* it ignores ``deliver_after``/``deliver_at`` (delayed delivery).
 
 Example::
 
