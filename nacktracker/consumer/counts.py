@@ -56,6 +56,10 @@ class DeliveryCounts:
         for entry in entries:
             n[entry] = n.get(entry, 0) + 1
 
+    def has(self, entry: MessageKey) -> bool:
+        """Whether the consumer counts ``entry``. O(1)."""
+        return bool(self._n) and entry in self._n
+
     def forget(self, entry: MessageKey) -> None:
         """The entry is settled (acknowledged, dead-lettered). O(1)."""
         if self._n:

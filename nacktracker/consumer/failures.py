@@ -65,6 +65,7 @@ class FailureHandling:
         self._timer: Any = None
         self._timer_at: Optional[float] = None
         self.early_held = 0
+        self.dropped_in_flight = 0
         owner._dead_letters.failures = self  # closed with the dead letters
         owner.tracker.add_fire_listener(lambda cell: self.counts.redelivered(cell.keys))
         store = owner._store
@@ -75,8 +76,14 @@ class FailureHandling:
     # -- the shell's hooks -------------------------------------------------------------
 
     def surfacing(self, msg: Any) -> bool:
-        """A copy the core let through: ``False`` when it is a retry copy
-        the broker sent before it is due (held here until then). O(log n)."""
+        """A copy the core let through: ``False`` when it is another copy of a message whose
+        letter is being published (dropped: the letter's ack settles it), or a retry copy the
+        broker sent before it is due (held here until then). O(log n)."""
+        in_flight = self._owner._dead_letters.in_flight
+        if in_flight and self._owner._message_key(msg) in in_flight:
+            self._owner.core.held.pop(self._owner._message_key(msg), None)
+            self.dropped_in_flight += 1
+            return False
         if self.retries is None:
             return True
         due_wall = self.retries.due_wall_ms(msg)
@@ -112,13 +119,20 @@ class FailureHandling:
         return count
 
     def acked(self, key: MessageKey) -> None:
-        """``key`` was acknowledged (the core knows): its entry's count goes, unless batch siblings are
-        still nacked (the entry's record lives on; the last sibling's ack ends it)."""
-        if key.batch_index < 0 or key.entry not in self._owner.core.records:
-            self.counts.forget(key.entry)
+        """``key`` was acknowledged (the core knows): its entry's count goes, unless a batch sibling
+        still waits for its redelivery (nacked in the entry's record, or its copy parked). O(1) for
+        an entry without a count (nearly all); O(parked) for a batch entry with one."""
+        entry = key.entry
+        if not self.counts.has(entry):
+            return
+        core = self._owner.core
+        if key.batch_index >= 0 and (entry in core.records or any(k.entry == entry for k in core.parked)):
+            return
+        self.counts.forget(entry)
 
     def stats(self) -> dict[str, int]:
         out = {"delivery_counts": len(self.counts), "retry_copies_held": len(self._early),
+               "letter_copies_dropped": self.dropped_in_flight,
                "terminal_dead_letters": self.terminal.published if self.terminal is not None else 0,
                "reconsumed": 0, "reconsume_dead_lettered": 0,
                "ack_timeouts_started": 0, "ack_timeouts_cancelled": 0, "ack_timeouts_last": 0}
@@ -158,8 +172,7 @@ class FailureHandling:
             delay = check_delay_ms("backoff result", owner.options.backoff(reconsume_times(message.properties())))
         else:
             delay = owner.options.delay_ms
-        await self.retries.reconsume(message, delay, properties)
-        await owner._acknowledge(message, key)
+        await self._settle(message, key, self.retries.reconsume(message, delay, properties))
 
     async def dead_letter(self, message: Any, reason: str, exception: Optional[BaseException]) -> None:
         self._check_open()
@@ -171,13 +184,22 @@ class FailureHandling:
         if exception is not None and not isinstance(exception, BaseException):
             raise TypeError(f"exception must be an exception, not {type(exception).__name__}")
         key = self._settle_check(message, "dead-letter")
-        await self.terminal.publish(message, reason, exception)
-        await self._owner._acknowledge(message, key)
+        await self._settle(message, key, self.terminal.publish(message, reason, exception))
 
     # -- internals -----------------------------------------------------------------------
 
     def _check_open(self) -> None:
         self._owner._check_open()
+
+    async def _settle(self, message: Any, key: MessageKey, publishing: Any) -> None:
+        """Publish a letter, then acknowledge the message; other copies of it are dropped meanwhile."""
+        letters = self._owner._dead_letters
+        letters.in_flight[key] = letters.in_flight.get(key, 0) + 1
+        try:
+            await publishing
+            await self._owner._acknowledge(message, key)
+        finally:
+            letters.settled(key)
 
     @staticmethod
     def _check_message(call: str, message: Any) -> None:
@@ -277,6 +299,9 @@ class ConsumerDeadLetters:
         self._hooked = hooked  # False: the publisher serves explicit dead letters only (no max_redeliveries)
         self.candidate: Any = None
         self.failures: Optional[FailureHandling] = None  # closed with these (set by FailureHandling)
+        #: messages whose letter (dead letter, retry) is being published, until acknowledged: another
+        #: copy of one (a broker restart's resend beside the requested one) must not surface meanwhile
+        self.in_flight: dict[Any, int] = {}
 
     @classmethod
     def of(cls, consumer: Any, client: Any, opts: Any, schema: Any,
@@ -306,11 +331,21 @@ class ConsumerDeadLetters:
         assert self.publisher is not None  # the hook exists only with a publisher
         message = self.candidate
         published = self.publisher.publish(message)
-        return self._ack_when_published(message, published)
+        return self._ack_when_published(message, published, key)
 
-    async def _ack_when_published(self, message: Any, published: "asyncio.Future[Any]") -> None:
-        await published
-        await self._ack(message)
+    async def _ack_when_published(self, message: Any, published: "asyncio.Future[Any]", key: Any) -> None:
+        self.in_flight[key] = self.in_flight.get(key, 0) + 1
+        try:
+            await published
+            await self._ack(message)
+        finally:
+            self.settled(key)
+
+    def settled(self, key: Any) -> None:
+        """A letter of ``key`` was published and acknowledged, or failed (see :attr:`in_flight`)."""
+        left = self.in_flight.pop(key, 1) - 1
+        if left:
+            self.in_flight[key] = left
 
     def stats(self) -> dict[str, int]:
         """The consumer's ``dead_letter_*`` stats (see
