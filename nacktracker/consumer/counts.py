@@ -6,7 +6,9 @@ sets every count back to 0, so a poison message that is nacked forever may
 never reach ``max_redeliveries``. The consumer counts too, per entry (Pulsar
 redelivers entries, and counts per entry), from the moment it first asks for
 a redelivery until the message is acknowledged or dead-lettered; the count a
-decision uses is the larger of the two. Snapshots carry these counts
+decision uses is the larger of the two (for a message alone in its entry: the
+consumer keeps the broker's count for a batch entry of several, see
+``FailureHandling._own_count``). Snapshots carry these counts
 (``<snapshot_path>.counts``), so a consumer restarted on its snapshot keeps
 them too.
 

@@ -27,6 +27,7 @@ from ..keys import MessageKey
 from .ack_timeout import AckTimeouts
 from .counts import DeliveryCounts
 from .dead_letters import DeadLetterPublisher, random_name
+from .options import batch_size
 from .retries import RetryLetters, TerminalDeadLetters
 from .retry_letters import reconsume_times
 
@@ -81,9 +82,11 @@ class FailureHandling:
         broker sent before it is due (held here until then). O(log n)."""
         in_flight = self._owner._dead_letters.in_flight
         if in_flight and self._owner._message_key(msg) in in_flight:
-            self._owner.core.held.pop(self._owner._message_key(msg), None)
-            self.dropped_in_flight += 1
-            return False
+            key = self._owner._message_key(msg)
+            if key.batch_index < 0:  # (a batch message's copy must be acked with it: the core keeps those)
+                self._owner.core.held.pop(key, None)
+                self.dropped_in_flight += 1
+                return False
         if self.retries is None:
             return True
         due_wall = self.retries.due_wall_ms(msg)
@@ -104,20 +107,32 @@ class FailureHandling:
         """The application receives ``msg`` (returned): its ack timeout starts. O(1) amortised."""
         if self.ack_timeouts is not None:
             key, count = self._owner._key(msg)
-            self.ack_timeouts.started(key, self.counts.count(key.entry, count or 0), msg)
+            own = self._own_count(key, msg)  # (an entry of several messages: the broker's count)
+            self.ack_timeouts.started(key, self.counts.count(key.entry, count or 0) if own else count or 0, msg)
         return msg
 
-    def nacking(self, key: MessageKey, count: Optional[int]) -> Optional[int]:
+    def nacking(self, key: MessageKey, count: Optional[int], message: Any) -> Optional[int]:
         """A nack of ``key`` (the broker's redelivery count ``count``, ``None``
         for a bare id): ends its ack timeout; returns the count to decide with."""
         if self.ack_timeouts is not None:
             self.ack_timeouts.cancel(key)
-        if count is None:
-            return None
+        if count is None or not self._own_count(key, message):
+            return count
         count = self.counts.count(key.entry, count)
         self.counts.at_least(key.entry, count)
         return count
 
+    @staticmethod
+    def _own_count(key: MessageKey, message: Any) -> bool:
+        """Whether the consumer's own count applies: a message alone in its entry (batched or not).
+        An entry of several messages keeps the broker's count: siblings nacked apart make several
+        requests of the entry, which the broker may answer once (the entry acked meanwhile by
+        another consumer's dead letters) while each counts here; measured: three Shared consumers
+        dead-lettered batched messages twice with the consumer's own counts."""
+        if key.batch_index < 0:
+            return True
+        mid = message.message_id() if callable(getattr(message, "message_id", None)) else None
+        return mid is not None and batch_size(mid) <= 1
     def acked(self, key: MessageKey) -> None:
         """``key`` was acknowledged (the core knows): its entry's count goes, unless a batch sibling
         still waits for its redelivery (nacked in the entry's record, or its copy parked). O(1) for

@@ -257,7 +257,7 @@ class TrackedConsumer:
             self.core.nack_refused(key)
             log.warning("nack of %s ignored: it was acknowledged already", key)
             return
-        count = self._failures.nacking(key, count)  # ends an ack timeout; the consumer's own count
+        count = self._failures.nacking(key, count, message)  # ends an ack timeout; the consumer's own count
         self._dead_letters.candidate = message  # what the tracker's dead-letter hook publishes
         try:
             due = self.tracker.add(key, delay_ms=delay_ms, redelivery_count=count or 0)
