@@ -3,19 +3,32 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: venv demo lint test bench bench-quick clean
+.PHONY: venv demo docs lint test bench bench-quick clean
 
+# every extra (what `make test` needs)
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[all]'
-	touch $(STAMP)
 
-demo: $(STAMP)
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[all]'
+	touch $(STAMP) $(DEMO_STAMP)
+
+# the demo's extra only (pulsar-client, the embedded broker, rich): no Spark, no test tools
+$(DEMO_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[demo]'
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(PY) -m nacktracker.cli demo
+
+# the docs site (mkdocs.yml), warnings as errors; `make test` builds it before the suite
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 # ruff and mypy (configured in pyproject.toml, installed by the `test` extra) run first:
 # a lint or type error fails `make test` before the suite starts
@@ -23,7 +36,7 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
-test: lint
+test: lint docs
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
@@ -33,4 +46,4 @@ bench-quick: $(STAMP)
 	$(PY) -m nacktracker.cli bench --quick --out bench/results/quick
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build site *.egg-info .pytest_cache

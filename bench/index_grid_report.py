@@ -107,7 +107,7 @@ def grid_table(result: dict) -> str:
 
 def summary(result: dict) -> str:
     """One line per precision: bytes per pending (RSS) and per-call CPU over
-    every cell, TimeBucketIndex beside DictIndex (the README's table)."""
+    every cell, TimeBucketIndex beside DictIndex (the benchmarks page's table, rendered by bench/figures.py)."""
     import statistics as st
 
     lines = ["| bits | B/pending RSS: median (worst) | DictIndex B/pending | cells ≤ DictIndex/4 "

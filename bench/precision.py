@@ -95,7 +95,7 @@ async def _scenario(bits: int, rounding: str, delay_ms: int, count: int, every_m
             "error_ms": percentiles(errors), "bounds_ms": [lo, hi],
             "within_bounds": all(lo - 1 <= e <= hi for e in errors),
             "first_redelivery_after_first_nack_ms": round(adapter.first_at - first_nack, 2),
-            "lateness_ms": tracker.stats()["lateness_ms"]}
+            "timer_lag_ms": tracker.stats()["timer_lag_ms"]}
 
 
 async def run_async(quick: bool = False) -> dict:

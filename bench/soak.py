@@ -156,7 +156,7 @@ async def run_async(nacks: int, rate: float, cycles: int, delay_ms: int, bits: i
     }
     return {"config": {"nacks": nacks, "rate": rate, "cycles": cycles, "delay_ms": delay_ms, "precision_bits": bits},
             "rss_cold": rss_cold, "warmup": warm, "start": start, "cycles": rows, "checks": checks,
-            "lateness_ms": stats["lateness_ms"], "fires": stats["fires"], "ok": all(checks.values())}
+            "timer_lag_ms": stats["timer_lag_ms"], "fires": stats["fires"], "ok": all(checks.values())}
 
 
 QUICK = {"nacks": 20_000, "delay_ms": 300}
@@ -188,8 +188,8 @@ def table(result: dict, cmd: str | None = None) -> str:
                    f"| {r['peak_pending']:,} | {r['peak_nbytes']:,} | {r['peak_rss'] / 2**20:.2f} "
                    f"| {r['rss_end'] / 2**20:.2f} | {r['rss_vs_start']:+.2%} | {r['nbytes_end']:,} "
                    f"| {r['nbytes_vs_start']:+.2%} |")
-    lat = result["lateness_ms"]
-    out += ["", f"timer lateness (ms, all cycles): p50 {lat['p50']}, p99 {lat['p99']}, max {lat['max']}; "
+    lat = result["timer_lag_ms"]
+    out += ["", f"timer lag (ms, all cycles): p50 {lat['p50']}, p99 {lat['p99']}, max {lat['max']}; "
                 f"fires {result['fires']:,}", "",
             "checks: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in result["checks"].items())]
     return "\n".join(out)

@@ -19,15 +19,20 @@ appends the unit, ``By`` as ``_bytes`` and ``ms`` as ``_milliseconds``, and
   ``nacktracker.redelivered``, ``nacktracker.dead_lettered`` {message},
   ``nacktracker.dead_letter.failures``, ``nacktracker.adapter.failures``
   {failure};
-* ``nacktracker.redelivery.lateness`` (histogram, ms), from the tracker's
-  fire listener.
+* ``nacktracker.redelivery.lateness`` (histogram, ms; consumers only): per
+  redelivered message, when it surfaced (was handed to the application)
+  minus its bucket's time -- the requested due time at ``precision_bits=0``,
+  ``subscribe``'s default; with more bits the due time is up to
+  2^precision_bits - 1 ms after the bucket's;
+* ``nacktracker.timer.lag`` (histogram, ms): per (bucket, ledger) cell a fire
+  hands to the adapter, how late the tracker's timer fired against the time
+  it was armed for (the bucket's time minus the adapter's ``lead_ms``). The
+  timer's own figure: with a lead, a cell is handed over early on purpose,
+  and its message surfaces later; not a message's error.
 
 Counters and gauges are read from ``stats()`` when a reader collects
-(nothing is added to the nack path). The lateness histogram records, per
-(bucket, ledger) cell a fire hands to the adapter, how late the fire was
-against the cell's fire time (an early wake-up counts as 0: histograms take
-non-negative values). The error against the requested due time adds the
-bucket rounding (up to 2^precision_bits - 1 ms) and the adapter's own path.
+(nothing is added to the nack path). Histograms take non-negative values: an
+early wake-up counts as 0.
 
 Attributes: ``pulsar.topic``, ``pulsar.subscription``, ``pulsar.consumer``
 (those given), plus any ``attributes=`` passed.
@@ -95,7 +100,7 @@ INSTRUMENTS: tuple[_Spec, ...] = (
           "Failed adapter calls (each retried with backoff; nothing dropped)", True),
 )
 
-#: Bucket boundaries of the lateness histogram (ms).
+#: Bucket boundaries of the lateness and timer-lag histograms (ms).
 LATENCY_BOUNDARIES_MS = (0, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
 
 #: How long a collection waits for a busy event loop to read a tracker's stats (s).
@@ -153,7 +158,13 @@ class NackMetrics:
             create(spec.name, callbacks=[self._callback(spec.stat)], unit=spec.unit, description=spec.description)
         self._lateness = self._meter.create_histogram(
             "nacktracker.redelivery.lateness", unit="ms",
-            description="How late a fire handed a due (bucket, ledger) cell to the adapter, against its fire time",
+            description="How late a redelivered message surfaced to the application, against its bucket's time "
+                        "(the requested due time at precision_bits=0)",
+            explicit_bucket_boundaries_advisory=LATENCY_BOUNDARIES_MS)
+        self._timer_lag = self._meter.create_histogram(
+            "nacktracker.timer.lag", unit="ms",
+            description="How late the tracker's timer handed a due (bucket, ledger) cell to the adapter, "
+                        "against the time it was armed for (bucket - lead)",
             explicit_bucket_boundaries_advisory=LATENCY_BOUNDARIES_MS)
 
     # -- registering -------------------------------------------------------------
@@ -184,17 +195,24 @@ class NackMetrics:
         return Registration(self, source)
 
     def instrument(self, tracker: "NegativeAcksTracker", attributes: Mapping[str, str], *,
-                   stats: Optional[StatsFn] = None) -> Registration:
+                   stats: Optional[StatsFn] = None, consumer: Any = None) -> Registration:
         """Observe ``tracker`` (its ``stats()``, or ``stats`` when given, e.g.
-        its consumer's) and record its fires into the lateness histogram."""
+        its consumer's) and record its fires into the timer-lag histogram;
+        with ``consumer`` (a :class:`~nacktracker.TrackedConsumer`), also its
+        redelivered messages into the lateness histogram."""
         loop = getattr(tracker, "_loop", None)
         registration = self.observe(stats if stats is not None else tracker.stats, attributes, loop=loop)
-        histogram, attrs = self._lateness, registration._source.attributes
+        lag, lateness, attrs = self._timer_lag, self._lateness, registration._source.attributes
 
         def on_fire(cell: FiredCell) -> None:
-            histogram.record(max(0.0, cell.lateness_ms), attrs)
+            lag.record(max(0.0, cell.timer_lag_ms), attrs)
+
+        def on_redelivered(lateness_ms: float) -> None:
+            lateness.record(max(0.0, lateness_ms), attrs)
 
         registration._source.detach.append(tracker.add_fire_listener(on_fire))
+        if consumer is not None:
+            registration._source.detach.append(consumer.lateness.add_listener(on_redelivered))
         return registration
 
     def _remove(self, source: _Source) -> None:
@@ -308,23 +326,27 @@ def instrument_tracker(tracker: "NegativeAcksTracker", *, topic: Optional[str] =
 def observe_stats(stats: StatsFn, *, topic: Optional[str] = None, subscription: Optional[str] = None,
                   consumer: Optional[str] = None, attributes: Optional[Mapping[str, str]] = None,
                   tracker: Optional["NegativeAcksTracker"] = None,
-                  meter_provider: Optional["MeterProvider"] = None) -> Registration:
+                  meter_provider: Optional["MeterProvider"] = None, lateness_from: Any = None) -> Registration:
     """The attach point for anything with a tracker-like ``stats()`` (a
     consumer): export its counters and gauges with these attributes; with
-    ``tracker``, also its fires into the lateness histogram."""
+    ``tracker``, also its fires into the timer-lag histogram; with
+    ``lateness_from`` (a :class:`~nacktracker.TrackedConsumer`: its ``lateness``),
+    its redelivered messages into the lateness histogram."""
     attrs = _attributes(topic, subscription, consumer, attributes)
     metrics = metrics_for(meter_provider)
     if tracker is not None:
-        return metrics.instrument(tracker, attrs, stats=stats)
+        return metrics.instrument(tracker, attrs, stats=stats, consumer=lateness_from)
     return metrics.observe(stats, attrs)
 
 
 def instrument_consumer(consumer: Any, *, attributes: Optional[Mapping[str, str]] = None,
                         meter_provider: Optional["MeterProvider"] = None) -> Registration:
     """Export a :class:`~nacktracker.TrackedConsumer`'s metrics: its
-    ``stats()`` (the tracker's plus ``batch_records``), its tracker's fires,
-    and its topic, subscription and consumer name as attributes."""
+    ``stats()`` (the tracker's plus ``batch_records``), its tracker's fires
+    (timer lag), its redelivered messages (lateness), and its topic,
+    subscription and consumer name as attributes."""
     topic: Union[str, list[str]] = consumer.topic()
     return observe_stats(consumer.stats, topic=topic if isinstance(topic, str) else ",".join(topic),
                          subscription=consumer.subscription_name(), consumer=consumer.consumer_name(),
-                         attributes=attributes, tracker=consumer.tracker, meter_provider=meter_provider)
+                         attributes=attributes, tracker=consumer.tracker, meter_provider=meter_provider,
+                         lateness_from=consumer if hasattr(consumer, "lateness") else None)

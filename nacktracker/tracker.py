@@ -65,14 +65,17 @@ class TrackerStats(TypedDict):
     fires: int
     rejected_after_close: int
     threadsafe_failures: int  #: add_threadsafe calls that failed on the loop (logged)
-    lateness_ms: LatencySummary
+    #: how late the timer handed each entry to the adapter against the time it was armed for
+    #: (the bucket's time minus the adapter's lead), per entry: the timer's own figure, not a
+    #: message's error (TrackedConsumer.stats()["lateness_ms"] is that)
+    timer_lag_ms: LatencySummary
 
 
 class FiredCell(NamedTuple):
     """One (bucket, ledger) cell a fire hands to the adapter."""
 
     bucket_ms: int  #: the bucket's time (the due time at ``precision_bits=0``)
-    lateness_ms: float  #: how late the fire was against the cell's fire time (bucket - lead)
+    timer_lag_ms: float  #: how late the fire was against the cell's fire time (bucket - lead)
     keys: list[MessageKey]  #: the entries handed over (batch_index -1: Pulsar redelivers entries)
 
 
@@ -136,6 +139,7 @@ class NegativeAcksTracker:
 
     Must be used from one event loop; other threads call :meth:`add_threadsafe`.
 
+    >>> from nacktracker.adapters import MemoryAdapter
     >>> async def main():
     ...     adapter = MemoryAdapter()
     ...     async with NegativeAcksTracker(adapter, delay_ms=10, precision_bits=0) as t:
@@ -199,7 +203,7 @@ class NegativeAcksTracker:
         self._side_tasks: set[asyncio.Task[None]] = set()
         self._fire_listeners: list[FireListener] = []
         self._closed = False
-        self._lateness = LatencyHistogram()
+        self._timer_lag = LatencyHistogram()
         self._n: Counter[str] = Counter()  # nacks, redelivered, dead_lettered, failures, ...
         try:
             self._bind(asyncio.get_running_loop())
@@ -331,9 +335,12 @@ class NegativeAcksTracker:
         return self._timer_at
 
     def stats(self) -> TrackerStats:
-        """Counters and gauges; ``lateness_ms`` is actual fire time minus the
-        bucket's fire time. The error against the requested due time is
-        lateness plus the bucket rounding (and the adapter's own latency).
+        """Counters and gauges; ``timer_lag_ms`` is actual fire time minus the
+        time the timer was armed for (the bucket's time minus the adapter's
+        ``lead_ms``): the timer's own figure. A message's error against its
+        requested due time also holds the bucket rounding and the adapter's
+        path; :class:`~nacktracker.consumer.TrackedConsumer` measures it where
+        the message surfaces (its ``stats()["lateness_ms"]``).
 
         Cheap enough for every metrics scrape on the event loop: O(windows +
         ledgers + cells) (the index's ``nbytes()``), never O(messages).
@@ -349,13 +356,13 @@ class NegativeAcksTracker:
             "failures": self._n["failures"], "fires": self._n["fires"],
             "rejected_after_close": self._n["rejected_after_close"],
             "threadsafe_failures": self._n["threadsafe_failures"],
-            "lateness_ms": self._lateness.summary(),
+            "timer_lag_ms": self._timer_lag.summary(),
         }
 
     def add_fire_listener(self, listener: FireListener) -> Callable[[], None]:
         """Call ``listener(cell)`` with a :class:`FiredCell` for every (bucket,
         ledger) cell a fire hands to the adapter: :mod:`nacktracker.metrics`
-        records its lateness, ``TrackedConsumer`` learns when each redelivered
+        records its timer lag, ``TrackedConsumer`` learns when each redelivered
         copy may surface. Returns a function that removes the listener. A
         listener that raises is logged and kept. O(listeners) per cell."""
         if not callable(listener):
@@ -531,11 +538,11 @@ class NegativeAcksTracker:
         lead = self._lead
         for bucket, slot, bm in self._index.pop_due_bitmaps(min(_FOREVER, math.floor(horizon_ms))):
             topic, partition, ledger = self._origins[slot]
-            lateness = now - (bucket - lead)
-            self._lateness.add(lateness, len(bm))
+            lag = now - (bucket - lead)
+            self._timer_lag.add(lag, len(bm))
             due = [MessageKey(ledger, entry, partition, -1, topic) for entry in bm]
             for listener in self._fire_listeners:
-                self._notify(listener, FiredCell(bucket, lateness, due))
+                self._notify(listener, FiredCell(bucket, lag, due))
             keys.extend(due)
             released.add(slot)
             fired.append((slot, due))

@@ -82,10 +82,11 @@ async def test_tracker_metrics_follow_its_stats():
     await settle()
     got = collect(reader)
     assert got["nacktracker.redelivered"][key].value == 10 and got["nacktracker.unsent"][key].value == 0
-    assert got["_units"]["nacktracker.redelivery.lateness"] == "ms"
-    lateness = got["nacktracker.redelivery.lateness"][key]
-    assert lateness.count == 1 and lateness.sum == 30  # one (bucket, ledger) cell, 30 ms late
-    assert lateness.explicit_bounds[:4] == (0, 1, 2, 5)
+    assert got["_units"]["nacktracker.timer.lag"] == "ms"
+    lag = got["nacktracker.timer.lag"][key]
+    assert lag.count == 1 and lag.sum == 30  # one (bucket, ledger) cell, the timer 30 ms late
+    assert lag.explicit_bounds[:4] == (0, 1, 2, 5)
+    assert "nacktracker.redelivery.lateness" not in got  # a bare tracker sees no message surface; consumers do
 
     registration.close()
     tracker.add(MessageKey(8, 1))
@@ -93,7 +94,7 @@ async def test_tracker_metrics_follow_its_stats():
     assert key not in got.get("nacktracker.pending", {})
     clock.stall(500)
     await settle()
-    assert collect(reader)["nacktracker.redelivery.lateness"][key].count == 1  # listener removed too
+    assert collect(reader)["nacktracker.timer.lag"][key].count == 1  # listener removed too
     await tracker.close()
 
 
@@ -163,7 +164,7 @@ def test_prometheus_example_serves_and_scrapes_itself():
     labels = '{pulsar_consumer="worker-1",pulsar_subscription="workers",pulsar_topic="orders"}'
     for line in (f"nacktracker_pending{labels} 50.0", f"nacktracker_redelivered_total{labels} 200.0",
                  f"nacktracker_nacks_total{labels} 250.0", f"nacktracker_adapter_failures_total{labels} 1.0",
-                 f"nacktracker_memory_usage_bytes{labels} ", f"nacktracker_redelivery_lateness_milliseconds_count{labels} "):
+                 f"nacktracker_memory_usage_bytes{labels} ", f"nacktracker_timer_lag_milliseconds_count{labels} "):
         assert line in out, f"{line!r} missing from:\n{out}"
 
 
@@ -180,7 +181,7 @@ def test_the_grafana_dashboard_queries_only_exported_series():
     suffix = {"By": "_bytes", "ms": "_milliseconds"}
     exported = {spec.name.replace(".", "_") + suffix.get(spec.unit, "") + ("_total" if spec.counter else "")
                 for spec in INSTRUMENTS}
-    exported |= {"nacktracker_redelivery_lateness_milliseconds_bucket"}
+    exported |= {"nacktracker_redelivery_lateness_milliseconds_bucket", "nacktracker_timer_lag_milliseconds_bucket"}
     assert used <= exported, used - exported
     assert {s.name.replace(".", "_") for s in INSTRUMENTS} <= {re.sub(r"(_bytes|_total)$", "", u) for u in used}
 
@@ -206,6 +207,14 @@ async def test_instrument_consumer_takes_its_names_and_stats():
         def stats(self) -> dict:
             return {**tracker.stats(), "batch_records": 2}
 
+        class lateness:  # noqa: N801  (TrackedConsumer.lateness: a RedeliveryLateness)
+            @staticmethod
+            def add_listener(listener):
+                listeners.append(listener)
+                return lambda: listeners.remove(listener)
+
+    listeners: list = []
+
     consumer = Consumer()
     with instrument_consumer(consumer, meter_provider=provider) as registration:
         key = frozenset({"pulsar.topic": "persistent://public/default/orders", "pulsar.subscription": "workers",
@@ -217,4 +226,10 @@ async def test_instrument_consumer_takes_its_names_and_stats():
         got = collect(reader)
         assert got["nacktracker.batch_records"][key].value == 2
         assert got["nacktracker.redelivered"][key].value == 1
-        assert got["nacktracker.redelivery.lateness"][key].count == 1
+        assert got["nacktracker.timer.lag"][key].count == 1
+        for listener in list(listeners):
+            listener(3.0)  # a redelivered message surfaced 3 ms after its due time
+            listener(-0.2)  # a loop that woke a hair early: recorded as 0
+        lateness = collect(reader)["nacktracker.redelivery.lateness"][key]
+        assert lateness.count == 2 and lateness.sum == 3.0
+    assert listeners == []  # the registration's end removes its listener

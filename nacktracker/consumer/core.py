@@ -1,11 +1,9 @@
 """The delivery core: which copy of which message reaches the application, and when.
 
-A pure state machine (no pulsar, no clock of its own, no I/O): the shell
-(:mod:`nacktracker.consumer.shell`) feeds it what happens -- a copy arrives
-from the broker, the application acks or nacks, the tracker hands a bucket to
-the adapter -- each with the tracker's clock reading ``now_ms``, and does
-what it answers. ``tests/test_consumer_core.py`` drives it with arbitrary
-interleavings (hypothesis) against the promises it keeps:
+A pure state machine (no pulsar, no clock of its own, no I/O): the shell (:mod:`nacktracker.consumer.shell`)
+feeds it what happens -- a copy arrives from the broker, the application acks or nacks, the tracker hands a
+bucket to the adapter -- each with the tracker's clock reading ``now_ms``, and does what it answers.
+``tests/test_consumer_core.py`` drives it with arbitrary interleavings (hypothesis) against the promises it keeps:
 
 * nothing the application acknowledged surfaces again (acked ids live in a
   :class:`~nacktracker.Deduplicator`; with ``dedup=False`` only acks made
@@ -15,15 +13,13 @@ interleavings (hypothesis) against the promises it keeps:
   due time minus the bucket rounding: ``2^bits - 1`` ms for ``"floor"``,
   never early for bits 0 or ``"ceil"``): a copy that arrives earlier is
   *parked* and released at that time;
-* per-entry records end when their entry is settled, and requests whose copy
-  never came (it went to another consumer of the subscription) expire
-  ``overdue_ms`` after their time, so nothing grows without bound.
+* per-entry records end when their entry is settled, and requests whose copy never came (it went to
+  another consumer of the subscription) expire ``overdue_ms`` after their time, so nothing grows without bound.
 
-Copies are opaque *tokens* here (the shell passes the received message). A
-dropped copy of a batch message is kept with the message's state and handed
-back when the message is finally acknowledged: acking it completes that
-delivery's batch acker in the client, which is what acknowledges the entry
-at the broker (without batch-index acks).
+Copies are opaque *tokens* here (the shell passes the received message). A dropped copy of a batch message is
+kept with the message's state and handed back when the message is finally acknowledged: acking it completes
+that delivery's batch acker in the client, which is what acknowledges the entry at the broker (without
+batch-index acks).
 """
 
 from __future__ import annotations
@@ -72,6 +68,8 @@ class DeliveryCore:
         self.blind = False  # restored batch entries without records: hold their copies while pending
         # per verdict (keyed by Verdict.value: the hot path counts without hashing an enum member)
         self.counts = dict.fromkeys([v.value for v in Verdict] + ["released", "expired", "nacks_after_ack"], 0)
+        #: ``f(lateness_ms)`` per redelivered copy surfacing: now - its bucket's time (the shell keeps the figures)
+        self.on_redelivered: Callable[[float], None] = lambda lateness_ms: None
 
     # -- questions -------------------------------------------------------------------
 
@@ -291,6 +289,7 @@ class DeliveryCore:
                 self.held[item.key] = Held(parked.tokens)
                 self.counts["released"] += 1
                 out.append(parked.token)
+                self.on_redelivered(now_ms - item.at_ms)
         self._expire(now_ms)
         return out
 
@@ -347,6 +346,7 @@ class DeliveryCore:
     def _due_or_park(self, key: MessageKey, release_ms: int, token: Token, tokens: list[Token],
                      now_ms: float) -> Verdict:
         if now_ms >= release_ms:
+            self.on_redelivered(now_ms - release_ms)
             return self._surface(key, tokens)
         parked = self.parked[key] = Parked(release_ms, token, tokens)
         heapq.heappush(self._release_heap, _Deadline(release_ms, next(self._seq), key, parked))

@@ -113,9 +113,7 @@ def producer_name(source_topic: str, subscription: str, consumer_name: str, kind
 
 
 def random_name() -> str:
-    """Five random alphanumerics: a dead-letter producer's suffix, and the name of a
-    consumer that has none (a multi-topic consumer subscribed without
-    ``consumer_name``: Java's client generates one for it likewise)."""
+    """Five random alphanumerics: a producer suffix; a name for an unnamed consumer (as Java's)."""
     return "".join(secrets.choice(_ALPHANUMERIC) for _ in range(5))
 
 

@@ -286,9 +286,9 @@ async def subscribe(client: pulsar_asyncio.Client, topic: Union[str, list], subs
     only resend everything unacknowledged, so the consumer redelivers nacked
     messages **locally** (``redelivery="local"``, set here from the type): it
     keeps each nacked message (one per pending nack) and hands it back at its
-    time, no broker call (``README.md``, "Subscription types").
+    time, no broker call (the docs' "Subscription types per broker").
 
-    Options (see ``README.md``): ``delay_ms`` (60 000), ``precision_bits``
+    Options (the docs' consumer guide has a table): ``delay_ms`` (60 000), ``precision_bits``
     (0, the default: exact; 8: buckets of 256 ms, up to 255 ms early), ``backoff``, ``max_redeliveries``,
     ``dead_letter_topic`` (default ``<topic>-<subscription>-DLQ``, per
     partition), ``dead_letter_initial_subscription`` (made on the dead-letter

@@ -28,6 +28,7 @@ from .core import DeliveryCore, Verdict
 from .dead_letters import quietly
 from .errors import ConsumerClosed, NotReceivedError
 from .failures import ConsumerDeadLetters, FailureHandling, dead_letter, reconsume_later
+from .lateness import RedeliveryLateness
 from .options import ConsumerOptions, batch_size, check_timeout_ms, key_and_count, message_key, seek_target
 from .persist import SnapshotStore
 from .local import LocalNacks
@@ -53,14 +54,12 @@ INITIAL_LEAD_MS = 250
 class TrackedConsumer:
     """A ``pulsar.asyncio.Consumer`` with exact, tracked negative acks.
 
-    Usually made by :func:`~nacktracker.subscribe`, whose options it takes
-    (documented there and in ``README.md``). Same methods and argument types
-    as ``pulsar.asyncio.Consumer`` (``receive``, ``acknowledge``,
-    ``acknowledge_cumulative``, ``negative_acknowledge``, ``seek``,
-    ``unsubscribe``, ``close``, ``get_last_message_id``, ``topic``,
-    ``subscription_name``, ``consumer_name``,
-    ``redeliver_unacknowledged_messages``), plus ``negative_acknowledge(msg,
-    delay_ms=…)``, ``receive(timeout_ms=…)``, ``async with`` and ``async for``.
+    Usually made by :func:`~nacktracker.subscribe`, whose options it takes (documented there and in the
+    docs' consumer guide). Same methods and argument types as ``pulsar.asyncio.Consumer`` (``receive``,
+    ``acknowledge``, ``acknowledge_cumulative``, ``negative_acknowledge``, ``seek``, ``unsubscribe``, ``close``,
+    ``get_last_message_id``, ``topic``, ``subscription_name``, ``consumer_name``,
+    ``redeliver_unacknowledged_messages``), plus ``negative_acknowledge(msg, delay_ms=…)``,
+    ``receive(timeout_ms=…)``, ``async with`` and ``async for``. ``lateness``: see :mod:`.lateness`.
 
     ``schema``: the consumer's (dead letters are published under it). After
     :meth:`close` every call that would reach the broker raises :class:`ConsumerClosed`.
@@ -96,6 +95,7 @@ class TrackedConsumer:
         self.tracker: NegativeAcksTracker
         self.core = DeliveryCore(check_precision(opts.precision_bits, "floor"), dedup=self._dedup,
                                  pending=self._pending, overdue_ms=COPY_OVERDUE_MS)
+        self.lateness = RedeliveryLateness(self.core)  # stats()["lateness_ms"]; add_listener: the metrics' histogram
         self._pump = ReceivePump(consumer, self._admit, opts.prefetch,
                                  on_resume=getattr(self.adapter, "forget_handed", None))
         self._saver: Optional[asyncio.Task] = None
@@ -244,7 +244,7 @@ class TrackedConsumer:
         ignored (logged, counted in ``nacks_after_ack``): the broker would
         never send it again. One this consumer did not receive:
         :class:`NotReceivedError`. On Exclusive/Failover it comes back from this consumer's memory
-        (a bare id: ``TypeError``; README, "Subscription types"). Never blocks. Runtime: O(1) amortised.
+        (a bare id: ``TypeError``; the docs' "Subscription types per broker"). Never blocks. Runtime: O(1) amortised.
         """
         self._check_open()
         key, count = self._key(message)
@@ -332,10 +332,10 @@ class TrackedConsumer:
             raise ConsumerClosed()
 
     def stats(self) -> dict[str, Any]:
-        """The tracker's stats plus the consumer's (each key: ``README.md``,
-        "Consumer stats"). Runtime: O(1) plus the tracker's."""
-        return {**self.tracker.stats(), "received": self._pump.received, "prefetched": self._pump.queued,
-                **core_stats(self.core), **self._counts,
+        """The tracker's stats plus the consumer's (each key, its meaning and
+        unit: the docs' "Stats and metrics" page). Runtime: O(1) plus the tracker's."""
+        return {**self.tracker.stats(), "lateness_ms": self.lateness.summary(), "received": self._pump.received,
+                "prefetched": self._pump.queued, **core_stats(self.core), **self._counts,
                 **self._dead_letters.stats(), **self._failures.stats(),
                 "snapshots_saved": self._store.saved if self._store else 0,
                 "snapshot_failures": self._store.failures if self._store else 0,

@@ -74,7 +74,7 @@ class _Deadline(NamedTuple):
 
 def core_stats(core: Any) -> dict[str, int]:
     """The consumer's stats that come from its :class:`~.core.DeliveryCore`
-    (each key: ``README.md``, "Consumer stats"). O(1)."""
+    (each key: the docs' "Stats and metrics" page). O(1)."""
     c = core.counts
     return {"surfaced": c["surface"] + c["released"], "early_copies_dropped": c["early"] + c["twin"],
             "held_copies_dropped": c["held"], "acked_copies_dropped": c["acked"],

@@ -190,7 +190,7 @@ class TrackedSide:
 
     def summary(self) -> dict[str, Any]:
         stats = self.consumer.stats()
-        return {**self.record.summary(), "consumer_stats": {k: v for k, v in stats.items() if k != "lateness_ms"}}
+        return {**self.record.summary(), "consumer_stats": {k: v for k, v in stats.items() if k != "timer_lag_ms"}}
 
     async def close(self) -> None:
         await quietly(self.consumer.close())

@@ -1,0 +1,186 @@
+"""Render the measured figures of README.md and docs/ from the committed results files.
+
+Every table of measured figures in the user docs sits between two markers::
+
+    <!-- figures:NAME -->
+    ...rendered text...
+    <!-- /figures:NAME -->
+
+and is written by this script from a results file under ``bench/results/``,
+never by hand. ``tests/test_docs.py`` fails when a block differs from what
+its results file renders, so the text cannot go stale.
+
+    python bench/figures.py            # rewrite every block from the results files
+    python bench/figures.py --check    # exit 1 and name the blocks that differ
+    python bench/figures.py record-demo   # run `nacktracker demo --json`, save bench/results/demo/results.json
+
+Blocks: ``demo`` (the demo's table), ``consume-throughput`` (TrackedConsumer
+against the plain consumer, from ``bench/consume_throughput.py --json``),
+``index-grid`` (the index on real client traffic, by precision).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+#: The files whose marked blocks are rendered here.
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+DEMO = ROOT / "bench" / "results" / "demo" / "results.json"
+THROUGHPUT_DIR = ROOT / "bench" / "results" / "consume-throughput"
+INDEX_GRID = ROOT / "bench" / "results" / "index-grid" / "results.json"
+
+BLOCK = re.compile(r"(<!-- figures:(?P<name>[\w-]+) -->)\n(?:(?P<body>.*?)\n)?(<!-- /figures:(?P=name) -->)", re.S)
+
+
+def _load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _machine(r: dict) -> str:
+    la, lb = r.get("loadavg_before"), r.get("loadavg_after")
+    load = f"load average {la[0]:.2f} → {lb[0]:.2f}" if la and lb else "load average not recorded"
+    return f"{load}, {r.get('cores', '?')} cores"
+
+
+def demo() -> str:
+    """The demo's own table (the rows ``nacktracker demo`` prints), from its recorded run."""
+    from nacktracker.demo.table import HEADERS, NOTE, table_rows
+
+    r = _load(DEMO)
+    rows = [HEADERS, tuple("---" for _ in HEADERS), *table_rows(r["result"])]
+    table = "\n".join("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows)
+    return (f"{table}\n\n{NOTE} Recorded by `{r['command']}` on {r['recorded']}: pulsar-client "
+            f"{r['pulsar_client']}, {r['broker']}, {_machine(r)}; [results file](bench/results/demo/results.json).")
+
+
+def _throughput_file() -> Optional[Path]:
+    """``bench/results/consume-throughput/results.json``, else the last (by name) JSON of that folder or
+    any ``*consume*throughput*.json`` under ``bench/results/`` holding that benchmark's ``--json`` output."""
+    named = THROUGHPUT_DIR / "results.json"
+    if named.exists():
+        return named
+    found = sorted({*THROUGHPUT_DIR.glob("*.json"), *(ROOT / "bench" / "results").glob("**/*consume*throughput*.json")})
+    found = [p for p in found if {"tracked", "plain", "median_round_ratio"} <= set(_load(p))]
+    return found[-1] if found else None
+
+
+def consume_throughput() -> str:
+    """One sentence: TrackedConsumer's receive + ack rate against the plain consumer's, side by side."""
+    path = _throughput_file()
+    if path is None:
+        return ("Receive + ack throughput against the plain `pulsar.asyncio.Consumer`: no committed run yet "
+                "(`python bench/consume_throughput.py --json > bench/results/consume-throughput/results.json`).")
+    r = _load(path)
+    rel = path.relative_to(ROOT).as_posix()
+    return (f"Receive + ack throughput, side by side in one run (`python bench/consume_throughput.py`, "
+            f"{r['messages']:,} messages per run, {r['rounds']} rounds, load average "
+            f"{r['load_avg_before'][0]} → {r['load_avg_after'][0]} on {r['cores']} cores): TrackedConsumer "
+            f"{r['tracked']['median']:,} msg/s, plain `pulsar.asyncio.Consumer` {r['plain']['median']:,} msg/s, "
+            f"**{r['median_round_ratio']:.0%}** (median of the per-round ratios; [results file]({rel})).")
+
+
+def index_grid() -> str:
+    """Bytes and CPU per call of the index by precision, DictIndex beside it (medians over the grid's cells)."""
+    import index_grid_report
+
+    r = _load(INDEX_GRID)
+    return (f"{index_grid_report.summary(r)}\n\n`python bench/index_grid.py`: {len(r['rows'])} fresh processes "
+            f"in {r['duration_s']:.0f} s, load average {r['loadavg_before'][0]:.2f} → {r['loadavg_after'][0]:.2f} "
+            f"on {r['cores']} cores; every cell: [RESULTS.md](bench/results/index-grid/RESULTS.md).")
+
+
+RENDERERS: dict[str, Callable[[], str]] = {"demo": demo, "consume-throughput": consume_throughput,
+                                          "index-grid": index_grid}
+
+
+def _relink(text: str, doc: Path) -> str:
+    """Links are written relative to the repository root (right for README.md); the docs site holds
+    no bench/, so a page names the file as code instead."""
+    if doc.parent == ROOT:
+        return text
+    return re.sub(r"\[[^\]]*\]\((bench/[^)]+)\)", r"`\1`", text)
+
+
+def rendered(doc: Path) -> str:
+    """``doc``'s text with every marked block rendered afresh."""
+    text = doc.read_text()
+
+    def sub(m: re.Match[str]) -> str:
+        name = m.group("name")
+        if name not in RENDERERS:
+            raise KeyError(f"{doc}: unknown figures block {name!r} (known: {sorted(RENDERERS)})")
+        return f"{m.group(1)}\n{_relink(RENDERERS[name](), doc)}\n{m.group(4)}"
+
+    return BLOCK.sub(sub, text)
+
+
+def blocks(doc: Path) -> list[str]:
+    return [m.group("name") for m in BLOCK.finditer(doc.read_text())]
+
+
+def stale(docs: list[Path] = DOCS) -> list[str]:
+    """``path: block`` for every block whose text differs from its rendering."""
+    out = []
+    for doc in docs:
+        fresh = {m.group("name"): m.group("body") or "" for m in BLOCK.finditer(rendered(doc))}
+        for m in BLOCK.finditer(doc.read_text()):
+            if fresh[m.group("name")] != (m.group("body") or ""):
+                out.append(f"{doc.relative_to(ROOT)}: {m.group('name')}")
+    return out
+
+
+def record_demo() -> Path:
+    """Run ``nacktracker demo --json`` (its embedded broker, or ``$PULSAR_URL``) and save the result."""
+    before = os.getloadavg()
+    proc = subprocess.run([sys.executable, "-m", "nacktracker.cli", "demo", "--json"], capture_output=True,
+                          text=True, check=True, cwd=ROOT)
+    after = os.getloadavg()
+    result = json.loads(proc.stdout)
+    result.pop("url", None)  # a random port: noise in a committed file
+    record = {"command": "nacktracker demo --json", "recorded": datetime.date.today().isoformat(),
+              "broker": "$PULSAR_URL" if os.environ.get("PULSAR_URL") else "embedded pulsar-lite",
+              "pulsar_client": importlib.metadata.version("pulsar-client"),
+              "python": ".".join(map(str, sys.version_info[:3])),
+              "loadavg_before": [round(x, 2) for x in before], "loadavg_after": [round(x, 2) for x in after],
+              "cores": os.cpu_count(), "result": result}
+    DEMO.parent.mkdir(parents=True, exist_ok=True)
+    DEMO.write_text(json.dumps(record, indent=1) + "\n")
+    return DEMO
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("command", nargs="?", choices=["render", "record-demo"], default="render")
+    p.add_argument("--check", action="store_true", help="change nothing; exit 1 if a block is stale")
+    a = p.parse_args(argv)
+    if a.command == "record-demo":
+        print(f"wrote {record_demo().relative_to(ROOT)}; now run: python bench/figures.py")
+        return 0
+    if a.check:
+        bad = stale()
+        for line in bad:
+            print(f"stale: {line}")
+        return 1 if bad else 0
+    for doc in DOCS:
+        if blocks(doc):
+            new = rendered(doc)
+            if new != doc.read_text():
+                doc.write_text(new)
+                print(f"rendered {doc.relative_to(ROOT)}: {', '.join(blocks(doc))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
