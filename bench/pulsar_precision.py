@@ -34,11 +34,14 @@ the steady stream, under each load): |error| p99 <= 10 ms and min >= -5 ms
 (never more than 5 ms early). The 5 s delay and the built-in's figures are
 reported, not judged.
 
-    python bench/pulsar_precision.py [--quick] [--cpu-hog] [--no-gc-freeze] [--label L] [--json] [--no-write]
+    python bench/pulsar_precision.py [--broker lite|apache] [--quick] [--cpu-hog] [--no-gc-freeze]
+                                     [--label L] [--json] [--no-write]
 
 Writes ``bench/results/precision/<label>-<load>.json`` and ``.md`` (not with
-``--quick`` or ``--no-write``). Uses ``$PULSAR_URL`` when set, else starts an
-embedded pulsar-lite broker.
+``--quick`` or ``--no-write``; the label defaults to the broker's name,
+``pulsar-lite`` or ``apache-pulsar``). Uses ``$PULSAR_URL`` when set, else
+starts a broker of ``--broker``'s kind: pulsar-lite (the default) or Apache
+Pulsar standalone (:class:`nacktracker.testing.ApacheBroker`).
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
 from nacktracker.scenarios import BUILTIN, CLOSE_GRACE_S, TRACKED, run_precision, run_steady_stream
-from nacktracker.testing import pulsar_service
+from nacktracker.testing import BROKER_KINDS, make_broker
 
 P99_TARGET_MS = 10
 EARLY_LIMIT_MS = -5
@@ -65,6 +68,28 @@ DELAYS_MS = (1000, 5000)
 PER_WAVE = 20
 LOADS = ("idle", "cpu-hog")
 RESULTS = Path(__file__).resolve().parent / "results" / "precision"
+#: What each broker kind is called in the results (and their default file names).
+BROKER_NAMES = {"lite": "pulsar-lite", "apache": "apache-pulsar"}
+
+
+@contextlib.contextmanager
+def broker_service(kind: str = "lite") -> Iterator[tuple[str, str]]:
+    """Yield ``(service URL, what the broker is)``: ``$PULSAR_URL`` when set,
+    else a broker of ``kind`` started for the block."""
+    url = os.environ.get("PULSAR_URL")
+    if url:
+        yield url, f"the broker at $PULSAR_URL ({url})"
+        return
+    if kind not in BROKER_KINDS:
+        raise ValueError(f"broker must be one of {BROKER_KINDS}, not {kind!r}")
+    with make_broker(kind) as broker:
+        if kind == "apache":
+            what = f"Apache Pulsar {broker.version()} standalone"
+        else:
+            from importlib.metadata import version
+
+            what = f"pulsar-lite {version('pulsar-lite')}"
+        yield broker.url, what
 
 
 def sizes(quick: bool) -> dict[int, int]:
@@ -115,12 +140,13 @@ async def run_async(url: str, quick: bool = False, load: str = "idle") -> dict:
             "load_avg_after": [round(x, 2) for x in os.getloadavg()], "cores": os.cpu_count()}
 
 
-def run_one(quick: bool = False, load: str = "idle", gc_freeze: bool = True) -> dict:
-    """One pass of every scenario under ``load`` (``idle`` or ``cpu-hog``);
-    ``gc_freeze``: freeze the heap built so far first (see the module doc)."""
+def run_one(quick: bool = False, load: str = "idle", gc_freeze: bool = True, broker: str = "lite") -> dict:
+    """One pass of every scenario under ``load`` (``idle`` or ``cpu-hog``) on
+    a broker of kind ``broker`` (``lite`` or ``apache``; ``$PULSAR_URL`` when
+    set); ``gc_freeze``: freeze the heap built so far first (see the module doc)."""
     if load not in LOADS:
         raise ValueError(f"load must be one of {LOADS}, not {load!r}")
-    with pulsar_service() as url:
+    with broker_service(broker) as (url, what):
         if gc_freeze:
             gc.collect()
             gc.freeze()
@@ -135,13 +161,15 @@ def run_one(quick: bool = False, load: str = "idle", gc_freeze: bool = True) -> 
             if gc_freeze:
                 gc.unfreeze()
         result["gc_frozen"] = gc_freeze
+        result["broker"] = what
         return result
 
 
-def run(quick: bool = False, loads: Optional[Sequence[str]] = None, gc_freeze: bool = True) -> dict:
+def run(quick: bool = False, loads: Optional[Sequence[str]] = None, gc_freeze: bool = True,
+        broker: str = "lite") -> dict:
     """What ``nacktracker bench`` runs: idle only with ``quick``, else idle
     then with the CPU hog."""
-    runs = [run_one(quick, load, gc_freeze) for load in (loads or (("idle",) if quick else LOADS))]
+    runs = [run_one(quick, load, gc_freeze, broker) for load in (loads or (("idle",) if quick else LOADS))]
     return {"quick": quick, "runs": runs, "all_targets_met": all(r["all_targets_met"] for r in runs)}
 
 
@@ -151,13 +179,13 @@ def _e(e: dict, key: str) -> str:
 
 def table_one(result: dict) -> str:
     """The tables of one load."""
-    cmd = "python bench/pulsar_precision.py" + (" --quick" if result["quick"] else "") + \
+    cmd = result.get("command") or "python bench/pulsar_precision.py" + (" --quick" if result["quick"] else "") + \
         (" --cpu-hog" if result["load"] == "cpu-hog" else "") + ("" if result.get("gc_frozen", True) else " --no-gc-freeze")
     heap = "start-up heap frozen (gc.freeze)" if result.get("gc_frozen", True) else "heap not frozen"
     hog = f" with {result.get('cpu_hog_processes')} busy-looping processes" if result["load"] == "cpu-hog" else ""
     out = [f"### Load: {result['load']}{hog}", "",
            f"`{cmd}` — error = application receives the redelivery − nack time − requested delay (ms); "
-           f"same run, same broker, one subscription each. Load average {result['load_avg_before'][0]} → "
+           f"same run, same broker ({result.get('broker', 'pulsar-lite')}), one subscription each. Load average {result['load_avg_before'][0]} → "
            f"{result['load_avg_after'][0]} on {result['cores']} cores; {result['duration_s']} s; {heap}.", "",
            "| delay | consumer | redeliveries (missing) | min | p50 | p99 | max | \\|error\\| p50 | \\|error\\| p99 "
            "| \\|error\\| max |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -196,23 +224,27 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--cpu-hog", action="store_true", help="one busy-looping process per core during the run")
     p.add_argument("--no-gc-freeze", action="store_true", help="do not freeze the start-up heap (see above)")
-    p.add_argument("--label", default="latest", help="results go to <out>/<label>-<load>.json and .md")
+    p.add_argument("--broker", choices=BROKER_KINDS, default="lite",
+                   help="the broker this script starts: pulsar-lite (default) or Apache Pulsar standalone")
+    p.add_argument("--label", help="results go to <out>/<label>-<load>.json and .md (default: the broker's name, "
+                                   "pulsar-lite or apache-pulsar)")
     p.add_argument("--out", default=str(RESULTS))
     p.add_argument("--json", action="store_true")
     p.add_argument("--no-write", action="store_true", help="print only (--quick never writes)")
     a = p.parse_args(argv)
     load = "cpu-hog" if a.cpu_hog else "idle"
-    result = run(a.quick, (load,), gc_freeze=not a.no_gc_freeze)
+    label = a.label or BROKER_NAMES[a.broker]
+    result = run(a.quick, (load,), gc_freeze=not a.no_gc_freeze, broker=a.broker)
     one = result["runs"][0]
-    one["command"] = "python bench/pulsar_precision.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    one["command"] = ("python bench/pulsar_precision.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
     md = table(result)
     print(json.dumps(one, indent=1, default=str) if a.json else md)
     if not (a.quick or a.no_write):
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"{a.label}-{load}.json").write_text(json.dumps(one, indent=1, default=str))
-        (out / f"{a.label}-{load}.md").write_text(f"{md}\n\nCommand: `{one['command'].strip()}`\n")
-        print(f"wrote {out / a.label}-{load}.json and .md", file=sys.stderr)
+        (out / f"{label}-{load}.json").write_text(json.dumps(one, indent=1, default=str))
+        (out / f"{label}-{load}.md").write_text(f"{md}\n\nCommand: `{one['command']}`\n")
+        print(f"wrote {out / label}-{load}.json and .md", file=sys.stderr)
     return 0
 
 

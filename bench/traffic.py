@@ -17,10 +17,26 @@ per-message delay, so its nacks all ask for its one configured delay.
 Scenarios: ``shared-1`` (one consumer per side, Shared), ``shared-2`` (two
 consumers per side on one Shared subscription), ``cumulative`` (Failover, one
 consumer, one in-order worker acknowledging cumulatively every 100 processed
-messages and once at the end: cumulative acks are refused on Shared),
-``broker-kill`` (``shared-1`` with the broker SIGKILLed when 40% of the
-messages are sent, down 0.5 s, restarted on its data; only with a broker this
-script owns, not with ``$PULSAR_URL``).
+messages and once at the end: cumulative acks are refused on Shared; on
+Exclusive/Failover the tracked consumer redelivers from its own memory),
+``partitioned`` (``shared-2`` on a topic of 3 partitions, created through the
+admin API; not run on pulsar-lite, which cannot redeliver on partitioned
+topics: its row says so), ``key-shared`` (two consumers per side on one
+Key_Shared subscription; message ``n`` has the key ``n % 64`` and the
+producer batches by key), ``broker-restart`` (``shared-1`` with the broker
+stopped gracefully (SIGTERM) when 40% of the messages are sent and started
+again on its data) and ``broker-kill`` (the same with SIGKILL, down 0.5 s).
+The last two need a broker this script owns, not ``$PULSAR_URL``.
+
+Brokers (``--broker``): ``lite`` (pulsar-lite, the default: starts in under a
+second) or ``apache`` (Apache Pulsar standalone from Maven Central,
+:class:`nacktracker.testing.ApacheBroker`; ``--set KEY=VALUE`` adds broker
+settings). On Apache Pulsar both sides use batch-index acknowledgement by
+default (``acknowledgmentAtBatchIndexLevelEnabled`` at the broker,
+``batch_index_ack_enabled`` in both consumers; ``--batch-index-ack off`` for
+the broker's 4.0 default): without it a redelivered entry carries its
+acknowledged siblings to whichever consumer receives it. pulsar-lite has no
+batch-index acks.
 
 Measures, per scenario and side (``traffic_ledger.Ledger``):
 
@@ -33,10 +49,17 @@ Measures, per scenario and side (``traffic_ledger.Ledger``):
   in (``never_delivered``, ``nacked``, ``held``, ``done``).
 * **acked-then-resurfaced**: deliveries (``receive()`` returned) of a message
   the application had already decided to acknowledge (``acknowledge`` called,
-  or a cumulative ack covering it) before that ``receive()`` returned.
+  or a cumulative ack covering it) before that ``receive()`` returned; in
+  brackets, those that reached another consumer of the subscription than the
+  one the application acknowledged it through (which knows nothing of the ack).
 * **held-then-resurfaced**: deliveries of a message one of the application's
   workers held at that moment (received, neither acked nor nacked yet; in the
-  cumulative scenario also processed but not yet covered).
+  cumulative scenario also processed but not yet covered). The application
+  settles such a copy as the holder settles the message, through the
+  consumer that received it (``twins_settled`` in the JSON): a copy left
+  unsettled stays pending at its consumer, and Apache Pulsar redelivers an
+  entry only at the request of the consumer it was last dispatched to, so the
+  holder's nack alone would never bring the message back.
 * **redelivery error**: for each nack, the first delivery of that message
   after it: its arrival (``receive()`` returned, event-loop clock) minus its
   due time (when ``negative_acknowledge`` was called + the requested delay),
@@ -69,15 +92,18 @@ reports the loop lag (how late a 10 ms sleep wakes, p99/max: a late
 redelivery under a large lag is the process's, not the consumer's) and CPU
 seconds.
 
-    python bench/traffic.py                      # full: 20,000 messages, 4 scenarios
-    python bench/traffic.py --quick --no-write   # smoke test, < 30 s: 2,000 messages at 1,000/s,
-                                                 # delays 0.1-1 s, no broker kill
-    python bench/traffic.py --label before-issue10 --rate 1000
+    python bench/traffic.py                      # full: 20,000 messages, every scenario, pulsar-lite
+    python bench/traffic.py --broker apache      # the same on Apache Pulsar
+    python bench/traffic.py --quick --no-write   # smoke test: 2,000 messages at 1,000/s,
+                                                 # delays 0.1-1 s, no broker restart
+    python bench/traffic.py --scenarios shared-2 --rate 1000 --label shared-2-rate1000
 
 It writes ``bench/results/traffic/<label>.json`` and ``.md`` (with the
-machine, load average and command; ``--out`` another folder, ``--no-write``
-nothing). Uses ``$PULSAR_URL`` when set (no
-broker kill then), else starts an embedded pulsar-lite broker.
+broker, machine, load average and command; the label defaults to the
+broker's name, ``pulsar-lite`` or ``apache-pulsar``; ``--out`` another
+folder, ``--no-write`` nothing). Uses ``$PULSAR_URL`` when set (no broker
+restart then; the partitioned scenario needs ``$PULSAR_ADMIN_URL`` too),
+else starts a broker of ``--broker``'s kind.
 """
 
 from __future__ import annotations
@@ -90,6 +116,7 @@ import multiprocessing
 import os
 import sys
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any, Optional
@@ -97,22 +124,46 @@ from typing import Any, Optional
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import pulsar  # noqa: E402
+
 from nacktracker.scenarios import CLOSE_GRACE_S  # noqa: E402
-from nacktracker.testing import EmbeddedBroker  # noqa: E402
-from traffic_ledger import PLAIN, QUICK, SCENARIOS, TRACKED, Config, Scenario  # noqa: E402
+from nacktracker.testing import BROKER_KINDS, make_broker  # noqa: E402
+from traffic_ledger import KEYS, PLAIN, QUICK, SCENARIOS, TRACKED, Config, Scenario  # noqa: E402
 from traffic_side import client, now_ms, quietly, side_main  # noqa: E402
 
 RESULTS = HERE / "results" / "traffic"
 SIDE_START_S = 60.0  # a side process must subscribe within this
+#: What each broker kind is called in the results (and their default file names).
+BROKER_NAMES = {"lite": "pulsar-lite", "apache": "apache-pulsar"}
+#: Why a scenario is not run on a broker: said in the results, never skipped silently.
+CANNOT = {("lite", "partitioned"): "not run: pulsar-lite cannot redeliver nacked messages on partitioned topics "
+                                   "(nacktracker.testing.lite); run it with --broker apache"}
+#: What a scenario's figures on a broker are known to show of the broker rather than of the consumers.
+BROKER_NOTES = {("lite", "key-shared"): "on pulsar-lite both sides stall on this Key_Shared subscription: most "
+                                        "messages are never delivered, to the plain client as to the tracked one, "
+                                        "where Apache Pulsar delivers them all (--broker apache)"}
 
 
-async def produce(url: str, topic: str, cfg: Config, pipes: list, on_sent: Any) -> dict:
+def create_partitioned(admin_url: str, topic: str, partitions: int) -> None:
+    """Create ``topic`` (``persistent://tenant/ns/name``) with ``partitions``
+    partitions through the broker's admin REST API."""
+    path = "/admin/v2/" + topic.replace("://", "/", 1) + "/partitions"
+    request = urllib.request.Request(admin_url.rstrip("/") + path, data=json.dumps(partitions).encode(),
+                                     method="PUT", headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30):
+        pass
+
+
+async def produce(url: str, topic: str, cfg: Config, pipes: list, on_sent: Any, keyed: bool = False) -> dict:
     """Publish ``cfg.messages`` numbered payloads at ``cfg.rate`` on schedule,
-    batched; stream each returned id to the sides every ~50 ms."""
+    batched; stream each returned id to the sides every ~50 ms. ``keyed``:
+    message ``n`` gets the key ``n % KEYS``, batched by key (as a Key_Shared
+    subscription needs: a batch goes to the consumer of its key)."""
     c = client(url)
+    batching = {"batching_type": pulsar.BatchingType.KeyBased} if keyed else {}
     producer = await c.create_producer(topic, batching_enabled=True, batching_max_messages=cfg.batch,
                                        batching_max_publish_delay_ms=10, max_pending_messages=cfg.messages,
-                                       send_timeout_millis=60_000)
+                                       send_timeout_millis=60_000, **batching)
     fresh: list = []
     failed = 0
 
@@ -134,7 +185,8 @@ async def produce(url: str, topic: str, cfg: Config, pipes: list, on_sent: Any) 
     while i < cfg.messages:
         upto = min(cfg.messages, int((now_ms() - start) * cfg.rate / 1000) + 1)
         for number in range(i, upto):
-            fut = asyncio.ensure_future(producer.send(b"%d" % number))
+            key = {"partition_key": str(number % KEYS)} if keyed else {}
+            fut = asyncio.ensure_future(producer.send(b"%d" % number, **key))
             fut.add_done_callback(lambda f, n=number: record(n, f))
             sends.append(fut)
         on_sent(upto)
@@ -165,21 +217,30 @@ async def _receive(conn: Any, kind: str, seconds: float) -> Any:
     raise TimeoutError(f"no {kind!r} from a side process within {seconds:g} s")
 
 
-async def run_scenario(url: str, scenario: Scenario, cfg: Config, broker: Optional[EmbeddedBroker]) -> dict:
+async def run_scenario(url: str, scenario: Scenario, cfg: Config, broker: Any, admin_url: Optional[str]) -> dict:
     topic = f"persistent://public/default/traffic-{scenario.name}-{uuid.uuid4().hex[:8]}"
+    if scenario.partitions:
+        if admin_url is None:
+            raise SystemExit(f"{scenario.name} needs the broker's admin API: set PULSAR_ADMIN_URL too")
+        create_partitioned(admin_url, topic, scenario.partitions)
     ctx = multiprocessing.get_context("spawn")  # never fork a process that has pulsar-client threads
     pipes, procs = [], []
     load_before, started = os.getloadavg(), time.monotonic()
     killer: Optional[asyncio.Task] = None
     killed_at: Optional[float] = None
+    down_s: Optional[float] = None
 
     async def kill_and_restart() -> None:
-        nonlocal killed_at
+        nonlocal killed_at, down_s
         loop = asyncio.get_running_loop()
         killed_at = round(time.monotonic() - produce_started, 2)
-        await loop.run_in_executor(None, broker.kill)
-        await asyncio.sleep(cfg.down_s)
-        await loop.run_in_executor(None, broker.start)
+        if scenario.graceful:
+            await loop.run_in_executor(None, broker.restart)  # SIGTERM, wait for it to stop, start
+        else:
+            await loop.run_in_executor(None, broker.kill)
+            await asyncio.sleep(cfg.down_s)
+            await loop.run_in_executor(None, broker.start)
+        down_s = round(time.monotonic() - produce_started - killed_at, 2)
 
     def on_sent(upto: int) -> None:
         nonlocal killer
@@ -196,7 +257,7 @@ async def run_scenario(url: str, scenario: Scenario, cfg: Config, broker: Option
         for conn in pipes:
             await _receive(conn, "ready", SIDE_START_S)
         produce_started = time.monotonic()
-        produced = await produce(url, topic, cfg, pipes, on_sent)
+        produced = await produce(url, topic, cfg, pipes, on_sent, keyed=scenario.key_shared)
         if killer is not None:
             await killer
         for conn in pipes:
@@ -209,38 +270,76 @@ async def run_scenario(url: str, scenario: Scenario, cfg: Config, broker: Option
                 proc.kill()
                 proc.join()
     return {"scenario": scenario.name, "consumers_per_side": scenario.consumers,
-            "subscription": "Failover" if scenario.cumulative else "Shared",
+            "subscription": scenario.subscription, "partitions": scenario.partitions,
+            "keys": KEYS if scenario.key_shared else None,
             "workers_per_consumer": 1 if scenario.cumulative else cfg.workers, **produced,
-            "broker_killed_at_s": killed_at, "duration_s": round(time.monotonic() - started, 1),
+            "broker_killed_at_s": killed_at, "broker_stop": ("restart" if scenario.graceful else "kill -9")
+            if scenario.kill_at is not None else None, "broker_back_after_s": down_s,
+            "duration_s": round(time.monotonic() - started, 1),
             "load_avg_before": [round(x, 2) for x in load_before],
             "load_avg_after": [round(x, 2) for x in os.getloadavg()], **{e["side"]: e for e in ends}}
 
 
-async def run_async(url: str, cfg: Config, scenarios: list[Scenario], broker: Optional[EmbeddedBroker]) -> list:
+async def run_async(url: str, cfg: Config, scenarios: list[Scenario], broker: Any, kind: str,
+                    admin_url: Optional[str]) -> list:
     results = []
     for scenario in scenarios:
+        why_not = CANNOT.get((kind, scenario.name))
+        if why_not:
+            print(f"traffic: {scenario.name}: {why_not}", file=sys.stderr, flush=True)
+            results.append({"scenario": scenario.name, "subscription": scenario.subscription,
+                            "partitions": scenario.partitions, "not_run": why_not})
+            continue
         print(f"traffic: {scenario.name} ...", file=sys.stderr, flush=True)
-        results.append(await run_scenario(url, scenario, cfg, broker))
+        results.append(await run_scenario(url, scenario, cfg, broker, admin_url))
     await asyncio.sleep(CLOSE_GRACE_S)
     return results
 
 
-def run(quick: bool = False, cfg: Optional[Config] = None, names: Optional[list[str]] = None) -> dict:
-    """Run the scenarios (``names``; default: all, without broker-kill in
-    quick mode or with ``$PULSAR_URL``); return the results (no files)."""
+def _lite_version() -> str:
+    from importlib.metadata import version
+
+    return f"pulsar-lite {version('pulsar-lite')}"
+
+
+def run(quick: bool = False, cfg: Optional[Config] = None, names: Optional[list[str]] = None, broker: str = "lite",
+        settings: Optional[dict] = None) -> dict:
+    """Run the scenarios (``names``; default: all, without the broker
+    restarts in quick mode or with ``$PULSAR_URL``) on a broker of kind
+    ``broker`` (``lite`` or ``apache``; ``settings``: Apache Pulsar broker
+    settings) this script starts, or on ``$PULSAR_URL`` (the partitioned
+    scenario also needs ``$PULSAR_ADMIN_URL`` then); return the results (no files)."""
+    if broker not in BROKER_KINDS:
+        raise ValueError(f"broker must be one of {BROKER_KINDS}, not {broker!r}")
     cfg = cfg or (QUICK if quick else Config())
     url = os.environ.get("PULSAR_URL")
     wanted = names or [s.name for s in SCENARIOS if not (s.kill_at and (quick or url))]
+    unknown = set(wanted) - {s.name for s in SCENARIOS}
+    if unknown:
+        raise SystemExit(f"unknown scenarios {sorted(unknown)}: expected {', '.join(s.name for s in SCENARIOS)}")
     scenarios = [s for s in SCENARIOS if s.name in wanted]
     if url and any(s.kill_at for s in scenarios):
-        raise SystemExit("broker-kill needs a broker this script owns: unset PULSAR_URL")
+        raise SystemExit("broker-restart and broker-kill need a broker this script owns: unset PULSAR_URL")
+    if cfg.batch_index_ack and not url:
+        if broker != "apache":
+            raise SystemExit("pulsar-lite ignores batch-index acks (an ack of one message acks its whole entry): "
+                             "batch-index acks need --broker apache")
+        settings = {"acknowledgmentAtBatchIndexLevelEnabled": True, **(settings or {})}
     started = time.monotonic()
     if url:
-        rows = asyncio.run(run_async(url, cfg, scenarios, None))
+        kind, version = "external", url
+        rows = asyncio.run(run_async(url, cfg, scenarios, None, kind, os.environ.get("PULSAR_ADMIN_URL")))
     else:
-        with EmbeddedBroker() as broker:
-            rows = asyncio.run(run_async(broker.url, cfg, scenarios, broker))
-    return {"quick": quick, "config": dataclasses.asdict(cfg), "scenarios": rows,
+        options = {"settings": settings} if settings else {}
+        if settings and broker != "apache":
+            raise SystemExit("--set is for Apache Pulsar's broker settings (--broker apache)")
+        kind = broker
+        with make_broker(broker, **options) as owned:
+            version = f"Apache Pulsar {owned.version()}" if broker == "apache" else _lite_version()
+            rows = asyncio.run(run_async(owned.url, cfg, scenarios, owned, kind,
+                                         owned.admin_url if broker == "apache" else None))
+    return {"quick": quick, "broker": {"kind": kind, "version": version, "settings": settings or {}},
+            "config": dataclasses.asdict(cfg), "scenarios": rows,
             "duration_s": round(time.monotonic() - started, 1), "cores": os.cpu_count()}
 
 
@@ -254,18 +353,24 @@ def _ms(values: dict, key: str) -> str:
 
 def table(result: dict) -> str:
     cfg = result["config"]
+    broker = result.get("broker", {"kind": "lite", "version": "pulsar-lite", "settings": {}})
+    settings = "".join(f", {k}={v}" for k, v in broker["settings"].items())
     out = ["## Traffic: TrackedConsumer beside the plain client", "",
            f"`{result.get('command', 'python bench/traffic.py' + (' --quick' if result['quick'] else ''))}` — "
+           f"on {broker['version']} ({BROKER_NAMES.get(broker['kind'], broker['kind'])} broker{settings}); "
            f"{cfg['messages']:,} messages at {cfg['rate']:,.0f} msg/s in batches of {cfg['batch']}, "
            f"{cfg['workers']} workers per consumer, nacks {cfg['plan']['min_delay_ms']}-{cfg['plan']['max_delay_ms']} "
            f"ms (plain: its one delay, {cfg['plain_delay_ms']} ms), tracked at precision_bits="
-           f"{cfg['precision_bits']}. Measures defined in bench/traffic.py. {result['duration_s']} s on "
+           f"{cfg['precision_bits']}, batch-index acks {'on' if cfg.get('batch_index_ack') else 'off'}. Measures defined in bench/traffic.py. {result['duration_s']} s on "
            f"{result['cores']} cores.", "",
-           "| scenario | side | published | lost | acked→resurfaced | held→resurfaced | redeliveries (missing) "
+           "| scenario | side | published | lost | acked→resurfaced (elsewhere) | held→resurfaced | redeliveries (missing) "
            "| early / >5 ms early | error min | p50 | p99 | max | records end | pending end "
            "| first-delivery lag p50 / p99 | loop lag p99 / max | CPU s | load avg |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in result["scenarios"]:
+        if row.get("not_run"):
+            out.append(f"| {row['scenario']} | both | {row['not_run']} |" + " |" * 15)
+            continue
         for name in (TRACKED, PLAIN):
             s = row[name]
             if s.get("refused"):
@@ -273,14 +378,16 @@ def table(result: dict) -> str:
                 continue
             e = s["error_ms"]
             out.append(
-                f"| {row['scenario']} | {name} | {s['published']:,} | {s['lost']:,} | {s['acked_resurfaced']:,} "
+                f"| {row['scenario']} | {name} | {s['published']:,} | {s['lost']:,} "
+                f"| {s['acked_resurfaced']:,} ({s.get('acked_resurfaced_elsewhere', 0):,}) "
                 f"| {s['held_resurfaced']:,} | {s['redeliveries']:,} ({s['missing_redeliveries']:,}) "
                 f"| {e['early']:,} / {e['early_beyond_tolerance']:,} | {_e(e, 'min')} | {_e(e, 'p50')} "
                 f"| {_e(e, 'p99')} | {_e(e, 'max')} | {s.get('records_end', '—')} | {s.get('pending_end', '—')} "
                 f"| {_ms(s['first_delivery_lag_ms'], 'p50')} / {_ms(s['first_delivery_lag_ms'], 'p99')} "
                 f"| {s['loop_lag_ms']['p99']:.0f} / {s['loop_lag_ms']['max']:.0f} | {s['cpu_s']} "
                 f"| {row['load_avg_before'][0]} → {row['load_avg_after'][0]} |")
-    elsewhere = [(row["scenario"], name, row[name]["error_ms_at_another_consumer"]) for row in result["scenarios"]
+    ran = [row for row in result["scenarios"] if not row.get("not_run")]
+    elsewhere = [(row["scenario"], name, row[name]["error_ms_at_another_consumer"]) for row in ran
                  for name in (TRACKED, PLAIN) if row[name].get("error_ms_at_another_consumer", {}).get("n")]
     if elsewhere:
         out += ["", "Redeliveries that reached another consumer of the subscription than the one that nacked:", "",
@@ -288,12 +395,26 @@ def table(result: dict) -> str:
                 "|---|---|---|---|---|---|---|---|"]
         out += [f"| {sc} | {name} | {e['n']:,} | {e['early']:,} / {e['early_beyond_tolerance']:,} | {_e(e, 'min')} "
                 f"| {_e(e, 'p50')} | {_e(e, 'p99')} | {_e(e, 'max')} |" for sc, name, e in elsewhere]
-    notes = [f"{row['scenario']}: broker SIGKILLed {row['broker_killed_at_s']} s in" for row in result["scenarios"]
-             if row.get("broker_killed_at_s") is not None]
-    notes += [f"{row['scenario']}/{name}: not drained within {cfg['drain_s']} s" for row in result["scenarios"]
+    notes = [f"{row['scenario']}: {row['subscription']} subscription"
+             + (f", {row['partitions']} partitions" if row.get("partitions") else "")
+             + (f", {row['keys']} keys, key-based batching" if row.get("keys") else "")
+             + (f", {row['consumers_per_side']} consumers per side" if row.get("consumers_per_side", 1) > 1 else "")
+             for row in ran]
+    notes += [f"{row['scenario']}: broker {'SIGKILLed' if row.get('broker_stop', 'kill -9') == 'kill -9' else 'SIGTERMed'}"
+              f" {row['broker_killed_at_s']} s in" + (f", serving again {row['broker_back_after_s']} s later"
+                                                      if row.get("broker_back_after_s") is not None else "")
+              for row in ran if row.get("broker_killed_at_s") is not None]
+    kind = broker["kind"]
+    notes += [f"{row['scenario']}: {BROKER_NOTES[kind, row['scenario']]}" for row in ran
+              if (kind, row["scenario"]) in BROKER_NOTES]
+    notes += [f"{row['scenario']}/{name}: the {a['n']:,} acknowledged messages that surfaced at another consumer did so "
+              f"{a['min']:.0f}-{a['max']:.0f} ms (median {a['p50']:.0f}) after the application acknowledged them"
+              for row in ran for name in (TRACKED, PLAIN)
+              for a in [row[name].get("acked_resurfaced_elsewhere_after_ms", {})] if a.get("n")]
+    notes += [f"{row['scenario']}/{name}: not drained within {cfg['drain_s']} s" for row in ran
               for name in (TRACKED, PLAIN) if not row[name]["drained"] and not row[name].get("refused")]
     notes += [f"{row['scenario']}/{name}: workers died: {'; '.join(row[name]['worker_errors'])}"
-              for row in result["scenarios"] for name in (TRACKED, PLAIN) if row[name].get("worker_errors")]
+              for row in ran for name in (TRACKED, PLAIN) if row[name].get("worker_errors")]
     return "\n".join(out + ([""] + [f"- {n}" for n in notes] if notes else []))
 
 
@@ -308,15 +429,33 @@ def main(argv: Optional[list] = None) -> int:
     p.add_argument("--drain-s", type=float, help="how long a side waits to settle (default 30)")
     p.add_argument("--quiet-s", type=float, help="how long it goes on counting after that (default 3)")
     p.add_argument("--scenarios", default="", help="comma-separated: " + ",".join(s.name for s in SCENARIOS))
-    p.add_argument("--label", default="latest", help="results go to <out>/<label>.json and .md")
+    p.add_argument("--broker", choices=BROKER_KINDS, default="lite",
+                   help="the broker this script starts: pulsar-lite (default) or Apache Pulsar standalone")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="an Apache Pulsar broker setting (--broker apache), e.g. "
+                        "acknowledgmentAtBatchIndexLevelEnabled=true; repeatable")
+    p.add_argument("--batch-index-ack", choices=("on", "off"),
+                   help="batch-index acknowledgement at the broker (acknowledgmentAtBatchIndexLevelEnabled) and "
+                        "in both sides' consumers (batch_index_ack_enabled): on by default with --broker apache, "
+                        "off (and only off) with pulsar-lite")
+    p.add_argument("--label", help="results go to <out>/<label>.json and .md (default: the broker's name, "
+                                   "pulsar-lite or apache-pulsar)")
     p.add_argument("--out", default=str(RESULTS))
     p.add_argument("--no-write", action="store_true", help="print only")
     a = p.parse_args(argv)
     cfg = QUICK if a.quick else Config()
     chosen = {k: getattr(a, k) for k in ("messages", "rate", "workers", "batch", "plain_delay_ms", "drain_s",
                                          "quiet_s")}
-    cfg = dataclasses.replace(cfg, **{k: v for k, v in chosen.items() if v is not None})
-    result = run(a.quick, cfg, [n for n in a.scenarios.split(",") if n] or None)
+    cfg = dataclasses.replace(cfg, **{k: v for k, v in chosen.items() if v is not None},
+                              batch_index_ack=(a.batch_index_ack or ("on" if a.broker == "apache" else "off")) == "on")
+    settings = {}
+    for item in a.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            p.error(f"--set takes KEY=VALUE, not {item!r}")
+        settings[key] = value
+    label = a.label or BROKER_NAMES[a.broker]
+    result = run(a.quick, cfg, [n for n in a.scenarios.split(",") if n] or None, a.broker, settings)
     result["command"] = "python bench/traffic.py " + " ".join(argv if argv is not None else sys.argv[1:])
     from suite import machine  # noqa: E402 (late: suite imports the other benchmarks)
 
@@ -326,11 +465,11 @@ def main(argv: Optional[list] = None) -> int:
     if not a.no_write:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"{a.label}.json").write_text(json.dumps(result, indent=1, default=str))
+        (out / f"{label}.json").write_text(json.dumps(result, indent=1, default=str))
         m = result["machine"]
-        (out / f"{a.label}.md").write_text(f"{md}\n\nMachine: {m['cpu']} ({m['cores']} cores), Python "
-                                           f"{m['python']}, pulsar-client {m['packages'].get('pulsar-client')}.\n")
-        print(f"wrote {out / a.label}.json and .md", file=sys.stderr)
+        (out / f"{label}.md").write_text(f"{md}\n\nMachine: {m['cpu']} ({m['cores']} cores), Python "
+                                         f"{m['python']}, pulsar-client {m['packages'].get('pulsar-client')}.\n")
+        print(f"wrote {out / label}.json and .md", file=sys.stderr)
     return 0
 
 

@@ -19,7 +19,7 @@ from typing import Optional
 
 from nacktracker.scenarios import summarize as quantiles
 
-__all__ = ["Fate", "Verdict", "Plan", "Ledger", "Scenario", "Config", "SCENARIOS", "QUICK", "summarize",
+__all__ = ["Fate", "Verdict", "Plan", "Ledger", "Scenario", "Config", "SCENARIOS", "KEYS", "QUICK", "summarize",
            "TRACKED", "PLAIN"]
 
 TRACKED, PLAIN = "tracked", "plain"  # the two sides
@@ -41,7 +41,7 @@ class Verdict(enum.Enum):
     """What the application does with a delivery (see :meth:`Ledger.delivered`)."""
 
     PROCESS = "process"  # a first delivery, or the redelivery of a nack: a worker handles it
-    IGNORE = "ignore"  # a copy of a message the application still holds: its holder decides
+    IGNORE = "ignore"  # a copy of a message the application still holds: settled as its holder settles it
     REACK = "reack"  # a copy of an acknowledged message (or an unknown one): acknowledge it again
 
 
@@ -96,11 +96,22 @@ class Scenario:
     name: str
     consumers: int = 1  # per side, all on that side's one subscription
     cumulative: bool = False  # Failover, one in-order worker, cumulative acks
-    kill_at: Optional[float] = None  # SIGKILL the broker once this share of messages is sent
+    kill_at: Optional[float] = None  # stop the broker once this share of messages is sent, then start it again
+    graceful: bool = False  # with kill_at: SIGTERM (a restart) rather than SIGKILL (a crash)
+    key_shared: bool = False  # Key_Shared subscription; messages keyed, batched by key
+    partitions: int = 0  # a partitioned topic of this many partitions (0: not partitioned)
+
+    @property
+    def subscription(self) -> str:
+        return "Failover" if self.cumulative else "Key_Shared" if self.key_shared else "Shared"
 
 
 SCENARIOS = (Scenario("shared-1"), Scenario("shared-2", consumers=2), Scenario("cumulative", cumulative=True),
-             Scenario("broker-kill", kill_at=0.4))
+             Scenario("partitioned", consumers=2, partitions=3), Scenario("key-shared", consumers=2, key_shared=True),
+             Scenario("broker-restart", kill_at=0.4, graceful=True), Scenario("broker-kill", kill_at=0.4))
+
+#: Distinct keys of the key-shared scenario (message ``n`` has key ``n % KEYS``).
+KEYS = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +127,7 @@ class Config:
     quiet_s: float = 3.0
     cumulative_every: int = 100
     down_s: float = 0.5
+    batch_index_ack: bool = False  # both sides subscribe with batch_index_ack_enabled (the broker's setting too)
 
 
 QUICK = Config(messages=2_000, rate=1_000.0, plan=Plan(max_delay_ms=1000), drain_s=10.0, quiet_s=1.0,
@@ -136,6 +148,9 @@ class Ledger:
     due: dict = field(default_factory=dict)  # number -> due time (ms) of its pending nack
     nacks: dict = field(default_factory=dict)  # number -> nacks so far
     nacked_at: dict = field(default_factory=dict)  # number -> the consumer its pending nack went through
+    acked_at: dict = field(default_factory=dict)  # number -> the consumer the application acknowledged it through
+    acked_when: dict = field(default_factory=dict)  # number -> when (ms) the application acknowledged it
+    resurfaced_after: array.array = field(default_factory=lambda: array.array("d"))  # ack -> copy elsewhere (ms)
     errors_elsewhere: array.array = field(default_factory=lambda: array.array("d"))  # at another consumer
     errors: array.array = field(default_factory=lambda: array.array("d"))  # redelivery errors (ms)
     first_delivery_lag: array.array = field(default_factory=lambda: array.array("d"))  # publish -> first delivery
@@ -143,11 +158,13 @@ class Ledger:
     acked: int = 0  # distinct numbers acknowledged (individually or covered)
     deliveries: int = 0
     acked_resurfaced: int = 0
+    acked_resurfaced_elsewhere: int = 0  # of which at another consumer than the one that acknowledged it
     held_resurfaced: int = 0
     unexpected: int = 0
     nack_calls: int = 0
     ack_failures: int = 0
     nacked_then_covered: int = 0
+    twins_settled: int = 0  # IGNOREd copies settled (acked or nacked through their consumer) as their holder did
 
     def delivered(self, number: int, mid: tuple, now_ms: float, since_publish_ms: float = 0.0,
                   consumer: int = 0) -> Verdict:
@@ -172,6 +189,10 @@ class Ledger:
             return Verdict.PROCESS
         if fate is Fate.ACKED:
             self.acked_resurfaced += 1
+            if self.acked_at.get(number, consumer) != consumer:
+                self.acked_resurfaced_elsewhere += 1
+                if number in self.acked_when:
+                    self.resurfaced_after.append(now_ms - self.acked_when[number])
             return Verdict.REACK
         self.held_resurfaced += 1  # HELD, or DONE (processed, its cumulative ack still owed)
         return Verdict.IGNORE
@@ -185,11 +206,15 @@ class Ledger:
         self.nacks[number] = self.nacks.get(number, 0) + 1
         self.nack_calls += 1
 
-    def acking(self, number: int) -> None:
-        """The application decided to acknowledge ``number`` (called before the ack is sent)."""
+    def acking(self, number: int, consumer: int = 0, now_ms: Optional[float] = None) -> None:
+        """The application decided at ``now_ms`` to acknowledge ``number``
+        through consumer number ``consumer`` (called before the ack is sent)."""
         if self.fate.get(number) is not Fate.ACKED and number > self.covered:
             self.acked += 1
         self.fate[number] = Fate.ACKED
+        self.acked_at[number] = consumer
+        if now_ms is not None:
+            self.acked_when[number] = now_ms
 
     def done(self, number: int) -> None:
         """Processed; a later cumulative ack will cover it."""
@@ -224,9 +249,13 @@ class Ledger:
             where["never_delivered" if fate is None else fate.value] += 1
         return {"published": len(self.published), "deliveries": self.deliveries, "lost": len(left),
                 "lost_by_state": where, "acked_resurfaced": self.acked_resurfaced,
+                "acked_resurfaced_elsewhere": self.acked_resurfaced_elsewhere,
+                "acked_resurfaced_elsewhere_after_ms": {k: v for k, v in quantiles(self.resurfaced_after).items()
+                                                        if k in ("n", "min", "p50", "max")},
                 "held_resurfaced": self.held_resurfaced, "unexpected": self.unexpected,
                 "nacks": self.nack_calls, "redeliveries": len(self.errors),
                 "missing_redeliveries": len(self.due), "nacked_then_covered": self.nacked_then_covered,
+                "twins_settled": self.twins_settled,
                 "ack_failures": self.ack_failures, "error_ms": summarize(self.errors),
                 "error_ms_at_another_consumer": summarize(self.errors_elsewhere),
                 "first_delivery_lag_ms": {k: v for k, v in quantiles(self.first_delivery_lag).items()

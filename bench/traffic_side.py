@@ -78,10 +78,13 @@ class Side:
         self.consumers: list = []
         self.refused: Optional[str] = None
         self.last_msg: Optional[pulsar.Message] = None  # cumulative: highest-numbered message received
+        self.twins: dict[int, list] = {}  # number -> [(consumer, copy)] that arrived while a worker held it
 
     async def open(self, topic: str, scenario: Scenario, cfg: Config) -> None:
-        kind = pulsar.ConsumerType.Failover if scenario.cumulative else pulsar.ConsumerType.Shared
-        common = dict(consumer_type=kind, initial_position=pulsar.InitialPosition.Earliest)
+        kind = {"Failover": pulsar.ConsumerType.Failover, "Key_Shared": pulsar.ConsumerType.KeyShared,
+                "Shared": pulsar.ConsumerType.Shared}[scenario.subscription]
+        common = dict(consumer_type=kind, initial_position=pulsar.InitialPosition.Earliest,
+                      batch_index_ack_enabled=cfg.batch_index_ack)
         for i in range(scenario.consumers):
             name = f"{self.name}-{i}"
             try:
@@ -136,6 +139,20 @@ async def _ack(side: Side, consumer: Any, msg: pulsar.Message) -> None:
         side.ledger.ack_failures += 1
 
 
+async def settle_twins(side: Side, number: int, delay: Optional[int]) -> None:
+    """Settle the copies of ``number`` that arrived while a worker held it the
+    way that worker settled it: each through the consumer that received it.
+    A copy left unsettled stays the broker's pending entry of its consumer,
+    and Apache Pulsar redelivers an entry only when the consumer it was last
+    dispatched to asks: the holder's nack alone would never bring it back."""
+    for consumer, copy in side.twins.pop(number, ()):
+        side.ledger.twins_settled += 1
+        if delay is None:
+            await _ack(side, consumer, copy)
+        else:
+            await consumer.negative_acknowledge(copy, delay_ms=delay)
+
+
 async def serve(side: Side, consumer: Any, cfg: Config, index: int = 0) -> None:
     """A worker: receive, hold, then nack or acknowledge, per ``cfg.plan``."""
     ledger, plan = side.ledger, cfg.plan
@@ -144,6 +161,7 @@ async def serve(side: Side, consumer: Any, cfg: Config, index: int = 0) -> None:
         number, mid = _identify(msg)
         verdict = ledger.delivered(number, mid, now_ms(), _since_publish_ms(msg), index)
         if verdict is Verdict.IGNORE:
+            side.twins.setdefault(number, []).append((consumer, msg))
             continue
         if verdict is Verdict.REACK:
             await _ack(side, consumer, msg)
@@ -152,11 +170,13 @@ async def serve(side: Side, consumer: Any, cfg: Config, index: int = 0) -> None:
         await asyncio.sleep(plan.hold_s(number, nacks))
         delay = plan.nack(number, nacks)
         if delay is None:
-            ledger.acking(number)
+            ledger.acking(number, index, now_ms())
             await _ack(side, consumer, msg)
         else:
             ledger.nacked(number, now_ms(), delay if side.name == TRACKED else cfg.plain_delay_ms, index)
             await consumer.negative_acknowledge(msg, delay_ms=delay)
+        if side.twins:
+            await settle_twins(side, number, delay)
 
 
 async def serve_cumulative(side: Side, consumer: Any, cfg: Config) -> None:

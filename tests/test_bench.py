@@ -95,17 +95,43 @@ def test_traffic_ledger_tells_redeliveries_at_another_consumer_apart():
     assert s["error_ms_at_another_consumer"]["n"] == 1 and s["error_ms_at_another_consumer"]["min"] == -60.0
 
 
+def test_traffic_ledger_tells_acked_copies_at_another_consumer_apart():
+    ledger = Ledger(sent=2, published={0: (1, 0, 0), 1: (1, 0, 1)})
+    for n in (0, 1):
+        ledger.delivered(n, (1, 0, n), 0.0, consumer=0)
+        ledger.acking(n, consumer=0, now_ms=2.0)
+    assert ledger.delivered(0, (1, 0, 0), 5.0, consumer=0) is Verdict.REACK  # back where it was acked
+    assert ledger.delivered(1, (1, 0, 1), 9.0, consumer=1) is Verdict.REACK  # at a consumer that never saw the ack
+    s = ledger.summary()
+    assert (s["acked_resurfaced"], s["acked_resurfaced_elsewhere"]) == (2, 1)
+    assert s["acked_resurfaced_elsewhere_after_ms"] == {"n": 1, "min": 7.0, "p50": 7.0, "max": 7.0}
+
+
+def test_traffic_scenarios_name_their_subscription_and_topic():
+    by_name = {s.name: s for s in traffic_ledger.SCENARIOS}
+    assert {"shared-1", "shared-2", "cumulative", "partitioned", "key-shared", "broker-restart",
+            "broker-kill"} <= by_name.keys()
+    assert [by_name[n].subscription for n in ("shared-2", "cumulative", "key-shared")] == \
+        ["Shared", "Failover", "Key_Shared"]
+    assert by_name["partitioned"].partitions > 1 and by_name["partitioned"].consumers == 2
+    assert by_name["broker-restart"].graceful and not by_name["broker-kill"].graceful
+
+
 @pytest.mark.slow
 @pytest.mark.broker
 def test_traffic_quick_runs_both_sides_and_writes_results(tmp_path):
     """`python bench/traffic.py --quick` end to end (< 30 s): the shape of what
     it writes; the figures are the benchmark's to judge, not a unit test's."""
-    subprocess.run([sys.executable, "bench/traffic.py", "--quick", "--out", str(tmp_path), "--label", "smoke"],
+    subprocess.run([sys.executable, "bench/traffic.py", "--quick", "--scenarios", "shared-1,shared-2,cumulative,"
+                    "partitioned", "--out", str(tmp_path), "--label", "smoke"],
                    check=True, cwd=ROOT, capture_output=True, text=True, timeout=180)
     result = json.loads((tmp_path / "smoke.json").read_text())
-    assert [r["scenario"] for r in result["scenarios"]] == ["shared-1", "shared-2", "cumulative"]
+    assert [r["scenario"] for r in result["scenarios"]] == ["shared-1", "shared-2", "cumulative", "partitioned"]
     assert result["machine"]["cores"] >= 1 and result["command"].startswith("python bench/traffic.py --quick")
-    for row in result["scenarios"]:
+    assert result["broker"]["kind"] == "lite" and result["broker"]["version"].startswith("pulsar-lite")
+    # pulsar-lite cannot redeliver on partitioned topics: the row says so instead of measuring nothing
+    assert "cannot redeliver" in result["scenarios"][-1]["not_run"]
+    for row in result["scenarios"][:-1]:
         assert row["publish_failed"] == 0 and len(row["load_avg_before"]) == 3
         for side in (traffic_ledger.TRACKED, traffic_ledger.PLAIN):
             s = row[side]
@@ -115,4 +141,29 @@ def test_traffic_quick_runs_both_sides_and_writes_results(tmp_path):
             assert s["worker_errors"] == []  # no worker of the application died
         assert "records_end" in row["tracked"] and "records_end" not in row["plain"]
     md = (tmp_path / "smoke.md").read_text()
-    assert "| shared-2 | tracked |" in md and "load avg" in md
+    assert "| shared-2 | tracked |" in md and "load avg" in md and "| partitioned | both | not run:" in md
+
+
+@pytest.mark.slow
+@pytest.mark.apache
+def test_traffic_quick_on_apache_pulsar_runs_the_partitioned_and_key_shared_scenarios(tmp_path):
+    """`python bench/traffic.py --quick --broker apache` on the two scenarios
+    pulsar-lite cannot show: the partitioned topic is created through the admin
+    API and both sides measure it; batch-index acks are on at the broker."""
+    subprocess.run([sys.executable, "bench/traffic.py", "--quick", "--broker", "apache", "--scenarios",
+                    "partitioned,key-shared", "--out", str(tmp_path), "--label", "smoke"],
+                   check=True, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    result = json.loads((tmp_path / "smoke.json").read_text())
+    assert result["broker"]["kind"] == "apache" and result["broker"]["version"].startswith("Apache Pulsar 4.0.")
+    assert result["broker"]["settings"] == {"acknowledgmentAtBatchIndexLevelEnabled": True}
+    assert result["config"]["batch_index_ack"] is True
+    rows = {r["scenario"]: r for r in result["scenarios"]}
+    assert (rows["partitioned"]["partitions"], rows["key-shared"]["subscription"]) == (3, "Key_Shared")
+    for row in rows.values():
+        assert "not_run" not in row and row["publish_failed"] == 0
+        for side in (traffic_ledger.TRACKED, traffic_ledger.PLAIN):
+            s = row[side]
+            assert s["published"] == traffic_ledger.QUICK.messages and s["worker_errors"] == []
+            assert s["redeliveries"] + s["missing_redeliveries"] <= s["nacks"]
+    md = (tmp_path / "smoke.md").read_text()
+    assert "on Apache Pulsar 4.0." in md and "| partitioned | tracked |" in md

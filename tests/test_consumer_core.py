@@ -381,6 +381,25 @@ def test_copies_at_another_consumer_expire_their_record():
     assert deliver(core, m, 600 + OVERDUE) == [S, H]
 
 
+def test_a_copy_elsewhere_answering_a_later_sibling_still_expires_the_record():
+    """One fire answers every nack of the entry (the tracker cancels the
+    later sibling's bucket). When that copy goes to another consumer, the
+    record must still end: overdue_ms after the later sibling's own time,
+    when its parked wait would have ended (found on Apache Pulsar: records
+    left at the end of bench/traffic.py's two-consumer scenarios)."""
+    core, _ = make()
+    m = [key(0, i, 2) for i in range(2)]
+    deliver(core, m, 0)
+    core.nacked(m[0], 500, m[0], 0)
+    core.nacked(m[1], 2000, m[1], 0)
+    core.fired(500, [m[0].entry], 470)  # no bucket of its own will fire for m[1]
+    core.release(500 + OVERDUE)
+    assert len(core.records) == 1  # m[1]'s copy may still land here and be parked until 2000
+    assert core.next_wakeup_ms() == 2000 + OVERDUE
+    core.release(2000 + OVERDUE)
+    assert len(core.records) == 0 and core.next_wakeup_ms() is None
+
+
 def test_cumulative_ack_settles_records_and_later_copies():
     core, _ = make()
     batch = [key(0, i, 3) for i in range(3)]

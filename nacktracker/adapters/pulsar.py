@@ -213,7 +213,7 @@ class PulsarAdapter:
         insert, even on a closed consumer); should it raise anyway, the burst's
         keys stay queued and are retried after a growing pause (logged).
         An entry sent in an earlier burst whose copy has not arrived yet (for
-        at most 10 s: then it went to another consumer, or was lost) is not sent
+        at most twice the lead: then it went elsewhere or was lost) is not sent
         again: the broker redelivers whole entries, and a second request would
         bring the entry a second time, to another consumer of the subscription.
         Runtime complexity: O(k) for k keys (the burst costs ~11 us per id).
@@ -223,10 +223,12 @@ class PulsarAdapter:
                 raise TypeError(f"keys must be MessageKey, not {type(key).__name__}")
         now = _now_ms()
         handed, in_flight = self._handed, self._in_flight
-        for pending in (handed, in_flight):
+        # A copy later than twice the learned lead (the path's recent maximum) is taken as lost or gone
+        # elsewhere: its entry may be asked for again (a duplicate at worst, never a message left behind).
+        for pending, ttl in ((handed, _HANDED_TTL_MS), (in_flight, 2 * self._lead)):
             while pending:  # forget entries whose copy never came here (oldest first)
                 first = next(iter(pending))
-                if now - pending[first] < _HANDED_TTL_MS:
+                if now - pending[first] < ttl:
                     break
                 del pending[first]
         for key in keys:

@@ -98,6 +98,17 @@ class DeliveryCore:
                 or (key.batch_index >= 0 and (key.entry in self.records or key.entry in self.requested))
                 or self.is_acked(key))
 
+    def seen(self, key: MessageKey) -> bool:
+        """Whether a copy of ``key`` reached this consumer before (held, parked, requested, nacked
+        or acknowledged): an arriving copy of it is then a redelivery, not a first delivery. O(1)."""
+        if key in self.held or key in self.parked or key in self.requested or key in self.forgotten:
+            return True
+        if key.batch_index >= 0:
+            record = self.records.get(key.entry)
+            if (record is not None and key.batch_index in record.nacked) or key.entry in self.requested:
+                return True
+        return self.is_acked(key)
+
     def next_wakeup_ms(self) -> Optional[float]:
         """When :meth:`release` has something to do (a parked copy's time or an
         expiry), or ``None``. Amortised O(1)."""
@@ -209,15 +220,21 @@ class DeliveryCore:
                 nack = self.requested[entry] = Nacked(bucket_ms, True)
                 self._expire_at(bucket_ms + self.overdue_ms, entry, nack)
                 continue
+            latest = bucket_ms
             for nack in record.nacked.values():
                 # The broker redelivers whole entries, so this request's copy answers every nack of
                 # the entry made so far: each is parked until its own time when the copy lands here.
                 # The tracker cancels the entry's later buckets (a second request would bring the
                 # entry again: to another consumer, with every sibling, a duplicate of each).
                 nack.fired = True
+                latest = max(latest, nack.release_ms)
             if self._dedup is None:
                 record.linger_until = max(record.linger_until, bucket_ms + self.overdue_ms)
+            # A later sibling's nack expires overdue_ms after its own time (no bucket of its own
+            # fires now): the record must wake up then too, or it outlives a copy that went elsewhere.
             self._expire_at(bucket_ms + self.overdue_ms, entry, record)
+            if latest > bucket_ms:
+                self._expire_at(latest + self.overdue_ms, entry, record)
 
     def acked(self, key: MessageKey, now_ms: float) -> AckResult:
         """The broker accepted the application's ack of ``key``."""

@@ -160,9 +160,9 @@ class TrackedConsumer:
     async def _admit(self, msg: Any) -> bool:
         """Ask the core about a copy from the broker; whether it goes to the application now."""
         key = self._message_key(msg)
-        if self._arrived is not None and self.adapter.awaiting_arrivals and msg.redelivery_count():
-            # a redelivered copy: the adapter learns its path latency (first copies of an entry's other
-            # messages, still arriving after one of them was nacked, answer no request)
+        if self._arrived is not None and self.adapter.awaiting_arrivals and self.core.seen(key):
+            # a copy of a message seen before: the adapter learns its path latency (first copies of an
+            # entry's other messages, still arriving after one of them was nacked, answer no request)
             self._arrived(key.entry)
         verdict = self._decide(key, msg)
         if verdict is Verdict.SURFACE:
