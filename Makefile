@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: venv demo docs lint test bench bench-quick clean
+.PHONY: venv demo docs lint test mutate bench bench-quick clean
 
 # every extra (what `make test` needs)
 venv: $(STAMP)
@@ -36,8 +36,18 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
+# NACKTRACKER_TEST_REQUIRE=1: a test dependency that is missing (Java, PySpark, pulsar-client,
+# pulsar-lite) or a broker that cannot start fails the run with one line, never skips quietly.
+# Hypothesis runs the derandomized `ci` profile unless $$NACKTRACKER_HYPOTHESIS says otherwise
+# (tests/run_checks.py).
 test: lint docs
-	$(PY) -m pytest -q
+	NACKTRACKER_TEST_REQUIRE=1 $(PY) -m pytest -q
+
+# Mutation testing (mutmut, configured in pyproject.toml: the core modules against the fast
+# tests); not part of `make test`. Writes the score per module and each survivor to mutation/latest.md; the committed
+# report with a reason per survivor is mutation/REPORT.md.
+mutate: $(STAMP)
+	$(PY) tools/mutate.py
 
 bench: $(STAMP)
 	$(PY) -m nacktracker.cli bench --out bench/results/latest

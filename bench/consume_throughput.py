@@ -1,44 +1,80 @@
-"""Receive+ack throughput: TrackedConsumer vs the plain ``pulsar.asyncio.Consumer``.
+"""Receive + ack throughput: TrackedConsumer against the plain ``pulsar.asyncio.Consumer``.
 
-One topic of N messages (64-byte payloads, published with batching) is
-consumed start to finish by a fresh Shared subscription per run, alternately
-by the plain consumer and by TrackedConsumer (``nacktracker.subscribe``, same
-receiver queue), one at a time, ``await receive()`` then ``await
-acknowledge()`` per message, no nacks: the price of the wrapper on the path
-every message takes. A run is timed from the subscription being ready to the
-last ack returning; CPU is the process's (Python and the client's C++
-threads). Reported: median, min and max messages/s over the runs, and the
-median of the per-round ratios tracked/plain (each round runs both, in
-alternating order, so slow phases of a shared machine hit both).
+Three kinds of consumer, side by side on one broker, one process:
 
-Target: TrackedConsumer >= 90% of plain. ``--profile`` also runs one
-TrackedConsumer pass under cProfile and prints where its time goes.
+* ``plain``: ``pulsar.asyncio.Consumer``, ``await receive()`` then ``await
+  acknowledge()`` (or ``negative_acknowledge()``) per message;
+* ``queued``: the same client behind a 16-deep ``asyncio.Queue`` filled by one
+  receive task (the ceiling: TrackedConsumer has such a pump, ``prefetch=16``);
+* ``tracked``: ``nacktracker.subscribe`` (defaults: dedup on, precision 0).
 
-    python bench/consume_throughput.py [--quick] [--json] [--profile]
+Four workloads (each its own topic of 64-byte messages, produced once):
+batched and non-batched entries, no nacks (``--messages``, 200,000) and 10% of
+the messages nacked once, at first sight, with a 200 ms delay (``--nack-messages``,
+50,000: the plain client's ``negative_ack_redelivery_delay_ms=200``, the
+tracked consumer's ``delay_ms=200``), each acknowledged when it comes back. A run
+is one fresh Shared subscription consumed from the earliest message until every
+message is acknowledged, timed from the subscription being ready to the last
+ack returning; CPU is the process's (every thread: Python and the client's C++
+ones; the broker is another process). Each round runs the three kinds in
+turn, the order rotating from round to round, so a slow phase of a shared
+machine hits every kind; the per-round ratios tracked/plain and
+tracked/queued (rate and CPU) are the comparison, reported as median and
+range over the rounds, with the load average around each workload.
 
-Uses ``$PULSAR_URL`` when set, else starts an embedded pulsar-lite broker.
+    python bench/consume_throughput.py [--broker lite|apache] [--url URL] [--set KEY=VALUE]
+        [--batch-index-ack] [--rounds 5] [--messages N] [--nack-messages N] [--only WORKLOAD,...]
+        [--quick] [--json] [--save PATH] [--profile KIND:WORKLOAD]
+
+``--broker lite`` (default) starts an embedded pulsar-lite broker, ``apache``
+an Apache Pulsar standalone (``nacktracker.testing.ApacheBroker``; ``--set``
+passes broker settings, e.g. ``acknowledgmentAtBatchIndexLevelEnabled=true``);
+``--url`` (or ``$PULSAR_URL``) uses a running broker of that kind instead.
+``--batch-index-ack`` subscribes every kind with ``batch_index_ack_enabled=True``.
+``--save`` merges this run into a results file under its broker's name (the
+committed one: ``bench/results/consume-throughput/results.json``; its
+``RESULTS.md`` is rendered beside it; ``--render`` only renders it again).
+``--profile`` runs one pass of a kind on
+a workload under cProfile instead and prints where its time goes.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
 import sys
 import time
 import uuid
+from pathlib import Path
+from typing import Any, Iterator, Optional
 
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
 import nacktracker
 from nacktracker.scenarios import CLOSE_GRACE_S, produce
-from nacktracker.testing import pulsar_service
 
-TARGET = 0.90
-KINDS = ("plain", "tracked")
+KINDS = ("plain", "queued", "tracked")
+KIND_NAMES = {"plain": "plain pulsar.asyncio", "queued": "plain behind a 16-deep receive queue",
+              "tracked": "TrackedConsumer"}
+#: name -> (batched, nack one message in this many, or 0)
+WORKLOADS = {"batched": (True, 0), "non-batched": (False, 0),
+             "batched-nacks": (True, 10), "non-batched-nacks": (False, 10)}
+QUEUE_DEPTH = 16
+NACK_DELAY_MS = 200
+RECEIVER_QUEUE = 1000
+DEFAULT_RESULTS = Path(__file__).resolve().parent / "results" / "consume-throughput" / "results.json"
+#: Done-when targets of the consumer's hot path, per broker: (workload, measure, bound) on the
+#: median per-round ratio tracked/plain; rate ratios are lower bounds, CPU ratios upper bounds.
+TARGETS = {
+    "lite": [("batched", "rate", 1.0), ("non-batched", "rate", 1.0), ("batched", "cpu", 1.05),
+             ("non-batched", "cpu", 1.05), ("non-batched-nacks", "cpu", 1.15)],
+    "apache": [("batched-nacks", "cpu", 1.2)],
+}
 
 
 def _client(url: str) -> pulsar_asyncio.Client:
@@ -46,111 +82,339 @@ def _client(url: str) -> pulsar_asyncio.Client:
                                  operation_timeout_seconds=30)
 
 
-async def consume(url: str, topic: str, n: int, kind: str, subscription: str) -> dict:
-    """Receive and ack ``n`` messages with a fresh subscription; messages/s and CPU µs per message."""
+def _number(msg: Any) -> int:
+    """The message's number (its payload starts with it: ``b"17:xxx"``)."""
+    data = msg.data()
+    cut = data.find(b":")
+    return int(data if cut < 0 else data[:cut])
+
+
+async def consume(url: str, topic: str, n: int, kind: str, subscription: str, nack_every: int,
+                  batch_index_ack: bool = False) -> dict:
+    """Consume the topic's ``n`` messages with a fresh subscription until each
+    is acknowledged (every ``nack_every``-th nacked once first); messages/s and
+    CPU µs per message."""
     client = _client(url)
+    pump: Optional[asyncio.Task] = None
     try:
-        options = dict(initial_position=pulsar.InitialPosition.Earliest, receiver_queue_size=1000)
+        options: dict[str, Any] = dict(initial_position=pulsar.InitialPosition.Earliest,
+                                       receiver_queue_size=RECEIVER_QUEUE,
+                                       batch_index_ack_enabled=batch_index_ack)
         if kind == "tracked":
-            consumer = await nacktracker.subscribe(client, topic, subscription, **options)
+            consumer = await nacktracker.subscribe(client, topic, subscription, delay_ms=NACK_DELAY_MS, **options)
         else:
             consumer = await client.subscribe(topic, subscription, consumer_type=pulsar.ConsumerType.Shared,
-                                              **options)
+                                              negative_ack_redelivery_delay_ms=NACK_DELAY_MS, **options)
+        receive = consumer.receive
+        if kind == "queued":
+            queue: asyncio.Queue = asyncio.Queue(QUEUE_DEPTH)
+
+            async def fill() -> None:
+                while True:
+                    await queue.put(await consumer.receive())
+
+            pump = asyncio.get_running_loop().create_task(fill())
+            receive = queue.get
+        ack, nack = consumer.acknowledge, consumer.negative_acknowledge
+        copies = 0
         cpu0, t0 = time.process_time(), time.perf_counter()
-        for _ in range(n):
-            msg = await consumer.receive()
-            await consumer.acknowledge(msg)
+        if not nack_every:
+            for _ in range(n):
+                await ack(await receive())
+            copies = n
+        else:
+            acked: set[int] = set()
+            nacked: set[int] = set()
+            while len(acked) < n:
+                msg = await receive()
+                copies += 1
+                number = _number(msg)
+                if number % nack_every == 0 and number not in nacked:
+                    nacked.add(number)
+                    await nack(msg)
+                else:
+                    await ack(msg)
+                    acked.add(number)
         elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        if pump is not None:
+            pump.cancel()
+            await asyncio.gather(pump, return_exceptions=True)
         await consumer.close()
     finally:
         await client.close()
-    return {"rate": n / elapsed, "seconds": elapsed, "cpu_us_per_msg": cpu / n * 1e6}
+    return {"rate": round(n / elapsed, 1), "seconds": round(elapsed, 3), "cpu_us_per_msg": round(cpu / n * 1e6, 2),
+            "copies": copies}
 
 
-async def run_async(url: str, quick: bool = False) -> dict:
-    n, rounds = (20_000, 3) if quick else (50_000, 5)
+def _spread(values: list[float], digits: int = 3) -> dict:
+    return {"median": round(statistics.median(values), digits), "min": round(min(values), digits),
+            "max": round(max(values), digits)}
+
+
+async def run_workload(url: str, name: str, n: int, rounds: int, batch_index_ack: bool,
+                       progress: Any = None) -> dict:
+    batched, nack_every = WORKLOADS[name]
+    topic = f"persistent://public/default/consume-{name}-{uuid.uuid4().hex[:8]}"
+    await produce(url, topic, n, batching=batched, payload_bytes=64)
+    await consume(url, topic, min(n, 2000), "plain", "warmup", 0, batch_index_ack)  # first-touch costs out
     load_before = os.getloadavg()
-    topic = f"persistent://public/default/consume-throughput-{uuid.uuid4().hex[:8]}"
-    await produce(url, topic, n, batching=True, payload_bytes=64)
-    await consume(url, topic, min(n, 2000), "plain", "warmup")  # first-touch costs out of the runs
-    runs: dict[str, list] = {kind: [] for kind in KINDS}
-    ratios = []
+    runs: dict[str, list[dict]] = {kind: [] for kind in KINDS}
     for r in range(rounds):
-        order = KINDS if r % 2 == 0 else KINDS[::-1]
+        order = KINDS[r % len(KINDS):] + KINDS[:r % len(KINDS)]
         for kind in order:
-            runs[kind].append(await consume(url, topic, n, kind, f"{kind}-{r}"))
-        ratios.append(runs["tracked"][-1]["rate"] / runs["plain"][-1]["rate"])
-    summary = {}
+            runs[kind].append(await consume(url, topic, n, kind, f"{kind}-{r}", nack_every, batch_index_ack))
+            if progress:
+                progress(f"{name} round {r + 1}/{rounds} {kind}: {runs[kind][-1]['rate']:,.0f} msg/s, "
+                         f"{runs[kind][-1]['cpu_us_per_msg']} µs/msg")
+    out: dict[str, Any] = {"messages": n, "batched": batched, "nack_every": nack_every, "rounds": rounds}
     for kind, rs in runs.items():
-        rates = [x["rate"] for x in rs]
-        summary[kind] = {"median": round(statistics.median(rates)), "min": round(min(rates)), "max": round(max(rates)),
-                         "rates": [round(x) for x in rates],
-                         "cpu_us_per_msg": round(statistics.median(x["cpu_us_per_msg"] for x in rs), 1)}
-    ratio = summary["tracked"]["median"] / summary["plain"]["median"]
-    await asyncio.sleep(CLOSE_GRACE_S)  # let the closed clients' threads finish before exit
-    return {"quick": quick, "messages": n, "rounds": rounds, "batching": True, "payload_bytes": 64,
-            **summary, "ratio_of_medians": round(ratio, 3),
-            "median_round_ratio": round(statistics.median(ratios), 3), "round_ratios": [round(x, 3) for x in ratios],
-            "target": TARGET, "target_met": ratio >= TARGET,
-            "load_avg_before": [round(x, 2) for x in load_before],
-            "load_avg_after": [round(x, 2) for x in os.getloadavg()], "cores": os.cpu_count()}
+        out[kind] = {"rate": _spread([x["rate"] for x in rs], 0), "cpu_us_per_msg": _spread(
+            [x["cpu_us_per_msg"] for x in rs], 2), "runs": rs}
+    ratios: dict[str, Any] = {}
+    for base in ("plain", "queued"):
+        for measure, field in (("rate", "rate"), ("cpu", "cpu_us_per_msg")):
+            per_round = [t[field] / b[field] for t, b in zip(runs["tracked"], runs[base])]
+            ratios[f"tracked/{base} {measure}"] = {**_spread(per_round), "rounds": [round(x, 3) for x in per_round]}
+    per_round = [q["rate"] / p["rate"] for q, p in zip(runs["queued"], runs["plain"])]
+    ratios["queued/plain rate"] = {**_spread(per_round), "rounds": [round(x, 3) for x in per_round]}
+    out["ratios"] = ratios
+    out["load_avg_before"] = [round(x, 2) for x in load_before]
+    out["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
+    return out
 
 
-def run(quick: bool = False) -> dict:
-    with pulsar_service() as url:
-        return asyncio.run(run_async(url, quick))
+@contextlib.contextmanager
+def broker_url(kind: str, url: Optional[str], settings: dict[str, str]) -> Iterator[str]:
+    """A running broker of ``kind``: ``url`` (or ``$PULSAR_URL``) if given, else one started here."""
+    url = url or os.environ.get("PULSAR_URL")
+    if url:
+        yield url
+        return
+    if kind == "lite":
+        if settings:
+            raise SystemExit("--set is for --broker apache (pulsar-lite takes no broker settings here)")
+        from nacktracker.testing import EmbeddedBroker
+        with EmbeddedBroker() as broker:
+            yield broker.url
+        return
+    try:
+        from nacktracker.testing import ApacheBroker  # type: ignore[attr-defined]
+    except ImportError:
+        raise SystemExit("--broker apache needs nacktracker.testing.ApacheBroker, or --url of a running "
+                         "Apache Pulsar standalone") from None
+    with ApacheBroker(settings=settings) as broker:
+        yield broker.url
 
 
-def profile(n: int = 20_000, top: int = 25) -> None:
-    """Print the top functions by own time of one TrackedConsumer pass under cProfile (its own topic)."""
+def run(quick: bool = False, broker: str = "lite", url: Optional[str] = None, settings: Optional[dict] = None,
+        batch_index_ack: bool = False, rounds: Optional[int] = None, messages: Optional[int] = None,
+        nack_messages: Optional[int] = None, only: Optional[list[str]] = None, progress: Any = None) -> dict:
+    rounds = rounds or (3 if quick else 5)
+    messages = messages or (20_000 if quick else 200_000)
+    nack_messages = nack_messages or (10_000 if quick else 50_000)
+    settings = settings or {}
+    names = only or list(WORKLOADS)
+    result: dict[str, Any] = {
+        "command": command_line(quick, broker, settings, batch_index_ack, rounds, messages, nack_messages, only),
+        "broker": broker, "broker_settings": settings, "external_url": bool(url or os.environ.get("PULSAR_URL")),
+        "batch_index_ack_enabled": batch_index_ack, "payload_bytes": 64, "queue_depth": QUEUE_DEPTH,
+        "nack_delay_ms": NACK_DELAY_MS, "receiver_queue_size": RECEIVER_QUEUE, "cores": os.cpu_count(),
+        "python": sys.version.split()[0], "pulsar_client": getattr(pulsar, "__version__", "?"),
+        "nacktracker": nacktracker.__version__ if hasattr(nacktracker, "__version__") else "?",
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "workloads": {}}
+    with broker_url(broker, url, settings) as service:
+        async def go() -> None:
+            for name in names:
+                n = nack_messages if WORKLOADS[name][1] else messages
+                result["workloads"][name] = await run_workload(service, name, n, rounds, batch_index_ack, progress)
+            await asyncio.sleep(CLOSE_GRACE_S)  # let the closed clients' threads finish before exit
+
+        asyncio.run(go())
+    result["targets"] = check_targets(result)
+    return result
+
+
+def command_line(quick: bool, broker: str, settings: dict, batch_index_ack: bool, rounds: int, messages: int,
+                 nack_messages: int, only: Optional[list[str]]) -> str:
+    parts = ["python bench/consume_throughput.py", f"--broker {broker}"]
+    parts += [f"--set {k}={v}" for k, v in settings.items()]
+    if batch_index_ack:
+        parts.append("--batch-index-ack")
+    if quick:
+        parts.append("--quick")
+    else:
+        parts += [f"--rounds {rounds}", f"--messages {messages}", f"--nack-messages {nack_messages}"]
+    if only:
+        parts.append("--only " + ",".join(only))
+    return " ".join(parts)
+
+
+def check_targets(result: dict) -> list[dict]:
+    """The hot path's targets that this run's workloads cover (median per-round ratio tracked/plain)."""
+    out = []
+    for name, measure, bound in TARGETS.get(result["broker"], []):
+        w = result["workloads"].get(name)
+        if w is None:
+            continue
+        got = w["ratios"][f"tracked/plain {measure}"]
+        ok = got["median"] >= bound if measure == "rate" else got["median"] <= bound
+        out.append({"workload": name, "measure": measure, "bound": bound, "median": got["median"],
+                    "min": got["min"], "max": got["max"], "met": ok})
+    return out
+
+
+def table(result: dict) -> str:
+    """A run as markdown."""
+    settings = ", ".join(f"{k}={v}" for k, v in result["broker_settings"].items())
+    out = [f"### {result['broker']}" + (f" ({settings})" if settings else "")
+           + (", batch_index_ack_enabled=True" if result["batch_index_ack_enabled"] else ""), "",
+           f"`{result['command']}` ({result['started']}, {result['cores']} cores, Python {result['python']}, "
+           f"pulsar-client {result['pulsar_client']}). Medians over rounds, [min–max]; ratios are per round.", "",
+           "| workload | messages | " + " | ".join(f"{KIND_NAMES[k]} msg/s · CPU µs/msg" for k in KINDS)
+           + " | tracked/plain rate | tracked/plain CPU | tracked/queued rate | tracked/queued CPU | load avg |",
+           "|---|---|" + "---|" * (len(KINDS) + 5)]
+    for name, w in result["workloads"].items():
+        cells = [f"{w[k]['rate']['median']:,.0f} [{w[k]['rate']['min']:,.0f}–{w[k]['rate']['max']:,.0f}] · "
+                 f"{w[k]['cpu_us_per_msg']['median']}" for k in KINDS]
+        ratio = [f"{r['median']:.2f} [{r['min']:.2f}–{r['max']:.2f}]" for r in (
+            w["ratios"]["tracked/plain rate"], w["ratios"]["tracked/plain cpu"],
+            w["ratios"]["tracked/queued rate"], w["ratios"]["tracked/queued cpu"])]
+        label = name.replace("-nacks", f", {100 // w['nack_every']}% nacked once") if w["nack_every"] else name + ", no nacks"
+        out.append(f"| {label} | {w['messages']:,} | " + " | ".join(cells + ratio)
+                   + f" | {w['load_avg_before'][0]} → {w['load_avg_after'][0]} |")
+    if result["targets"]:
+        out += ["", "Targets (median per-round ratio tracked/plain):", ""]
+        out += [f"- {t['workload']} {t['measure']}: {t['median']:.2f} [{t['min']:.2f}–{t['max']:.2f}] "
+                f"{'≥' if t['measure'] == 'rate' else '≤'} {t['bound']}: **{'met' if t['met'] else 'NOT met'}**"
+                for t in result["targets"]]
+    return "\n".join(out)
+
+
+def readme_line(results: dict) -> str:
+    """README's throughput row (its table of headline figures), rendered from
+    the committed results: pulsar-lite, no nacks, batched and not."""
+    r = results["lite"]
+    cells = []
+    for kind in ("tracked", "plain"):
+        cells.append(" / ".join(f"{r['workloads'][name][kind]['rate']['median']:,.0f} msg/s, "
+                                f"{r['workloads'][name][kind]['cpu_us_per_msg']['median']:.1f} µs CPU/msg"
+                                for name in ("batched", "non-batched")))
+    ratios = " / ".join(f"{r['workloads'][name]['ratios']['tracked/plain rate']['median']:.2f}× rate, "
+                        f"{r['workloads'][name]['ratios']['tracked/plain cpu']['median']:.2f}× CPU"
+                        for name in ("batched", "non-batched"))
+    return (f"| receive + ack throughput, batched / non-batched, no nacks (pulsar-lite, "
+            f"[consume-throughput](bench/results/consume-throughput/RESULTS.md)) | {cells[0]} | "
+            f"plain `pulsar.asyncio.Consumer` {cells[1]} | {ratios} (median of per-round ratios) |")
+
+
+def readme_sentence(results: dict) -> str:
+    """README's one-line throughput claim (``bench/figures.py`` renders it into the
+    ``consume-throughput`` block), from the committed results: pulsar-lite, no nacks."""
+    r = results["lite"]
+    parts = []
+    for name in ("batched", "non-batched"):
+        w = r["workloads"][name]
+        rate, cpu = w["ratios"]["tracked/plain rate"], w["ratios"]["tracked/plain cpu"]
+        parts.append(f"{name}, TrackedConsumer {w['tracked']['rate']['median']:,.0f} msg/s and "
+                     f"{w['tracked']['cpu_us_per_msg']['median']:.1f} µs CPU/msg, plain `pulsar.asyncio.Consumer` "
+                     f"{w['plain']['rate']['median']:,.0f} msg/s and {w['plain']['cpu_us_per_msg']['median']:.1f} "
+                     f"µs/msg: **{rate['median']:.2f}×** the rate, **{cpu['median']:.2f}×** the CPU")
+    loads = [x for name in ("batched", "non-batched") for x in (r["workloads"][name]["load_avg_before"][0],
+                                                               r["workloads"][name]["load_avg_after"][0])]
+    return (f"Receive + ack throughput on pulsar-lite, no nacks, side by side in one run "
+            f"(`python bench/consume_throughput.py`, {r['workloads']['batched']['messages']:,} messages per run, "
+            f"{r['workloads']['batched']['rounds']} alternating rounds, medians of the per-round ratios, load average "
+            f"{min(loads)}–{max(loads)} on {r['cores']} cores): " + "; ".join(parts)
+            + " ([all workloads](bench/results/consume-throughput/RESULTS.md)).")
+
+
+def save(result: dict, path: Path) -> None:
+    """Merge ``result`` into the results file under its broker's name; render RESULTS.md beside it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    results = json.loads(path.read_text()) if path.exists() else {}
+    results[result["broker"]] = result
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    render(path)
+
+
+def render(path: Path) -> None:
+    """RESULTS.md beside a results file, from it."""
+    results = json.loads(path.read_text())
+    md = ["# Consume throughput: TrackedConsumer against the plain client", "",
+          "Written by `python bench/consume_throughput.py ... --save` (each broker's latest run; the command is "
+          "under each heading). See the script's docstring for what is measured.", ""]
+    for broker in sorted(results):
+        md += [table(results[broker]), ""]
+    if "lite" in results and {"batched", "non-batched"} <= set(results["lite"]["workloads"]):
+        md += ["README's row:", "", "```", readme_line(results), "```", ""]
+    (path.parent / "RESULTS.md").write_text("\n".join(md))
+
+
+def profile(kind: str, workload: str, n: int, broker: str, url: Optional[str], settings: dict,
+            batch_index_ack: bool, top: int = 30) -> None:
+    """One pass of ``kind`` on ``workload`` under cProfile: the top functions by own time."""
     import cProfile
     import io
     import pstats
 
-    async def go(url: str) -> None:
+    batched, nack_every = WORKLOADS[workload]
+
+    async def go(service: str) -> None:
         topic = f"persistent://public/default/consume-profile-{uuid.uuid4().hex[:8]}"
-        await produce(url, topic, n, batching=True, payload_bytes=64)
+        await produce(service, topic, n, batching=batched, payload_bytes=64)
         profiler = cProfile.Profile()
         profiler.enable()
-        await consume(url, topic, n, "tracked", "profiled")
+        got = await consume(service, topic, n, kind, "profiled", nack_every, batch_index_ack)
         profiler.disable()
         await asyncio.sleep(CLOSE_GRACE_S)
         stream = io.StringIO()
-        pstats.Stats(profiler, stream=stream).sort_stats("tottime").print_stats(top)
+        stats = pstats.Stats(profiler, stream=stream)
+        stats.sort_stats("tottime").print_stats(top)
+        stats.sort_stats("cumulative").print_stats(top)
+        print(got)
         print(stream.getvalue())
 
-    with pulsar_service() as url:
-        asyncio.run(go(url))
+    with broker_url(broker, url, settings) as service:
+        asyncio.run(go(service))
 
 
-def table(result: dict) -> str:
-    cmd = "python bench/consume_throughput.py" + (" --quick" if result["quick"] else "")
-    out = ["## Consume throughput: TrackedConsumer vs plain pulsar.asyncio.Consumer", "",
-           f"`{cmd}` — {result['messages']:,} batched messages ({result['payload_bytes']} B) per run, receive + "
-           f"ack each, {result['rounds']} rounds of both (alternating order). Load average "
-           f"{result['load_avg_before'][0]} → {result['load_avg_after'][0]} on {result['cores']} cores.", "",
-           "| consumer | median msg/s | min | max | CPU µs/msg (median) | runs |", "|---|---|---|---|---|---|"]
-    for kind, name in (("plain", "pulsar.asyncio.Consumer"), ("tracked", "TrackedConsumer")):
-        s = result[kind]
-        out.append(f"| {name} | {s['median']:,} | {s['min']:,} | {s['max']:,} | {s['cpu_us_per_msg']} | "
-                   f"{', '.join(f'{x:,}' for x in s['rates'])} |")
-    out += ["", f"TrackedConsumer / plain: **{result['ratio_of_medians']:.0%}** of the median "
-            f"(per-round ratios {', '.join(f'{x:.0%}' for x in result['round_ratios'])}; median "
-            f"{result['median_round_ratio']:.0%}). Target ≥ {result['target']:.0%}: "
-            f"**{'met' if result['target_met'] else 'NOT met'}**."]
-    return "\n".join(out)
-
-
-def main(argv=None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--broker", choices=("lite", "apache"), default="lite")
+    p.add_argument("--url", help="a running broker of that kind (default: $PULSAR_URL, else start one)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="broker setting (apache)")
+    p.add_argument("--batch-index-ack", action="store_true", help="batch_index_ack_enabled=True for every kind")
+    p.add_argument("--rounds", type=int)
+    p.add_argument("--messages", type=int, help="messages per run without nacks (200,000)")
+    p.add_argument("--nack-messages", type=int, help="messages per run with nacks (50,000)")
+    p.add_argument("--only", help=f"comma-separated workloads: {','.join(WORKLOADS)}")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--profile", action="store_true", help="also profile one TrackedConsumer pass (cProfile)")
+    p.add_argument("--save", nargs="?", const=str(DEFAULT_RESULTS), help=f"merge into a results file "
+                   f"(default {DEFAULT_RESULTS.relative_to(Path.cwd()) if DEFAULT_RESULTS.is_relative_to(Path.cwd()) else DEFAULT_RESULTS})")
+    p.add_argument("--render", action="store_true", help="only render RESULTS.md from the --save file")
+    p.add_argument("--profile", metavar="KIND:WORKLOAD", help="profile one pass instead (e.g. tracked:batched)")
     a = p.parse_args(argv)
-    result = run(a.quick)
-    print(json.dumps(result, indent=1, default=str) if a.json else table(result))
+    settings = dict(s.split("=", 1) for s in a.set)
+    only = a.only.split(",") if a.only else None
+    for name in only or ():
+        if name not in WORKLOADS:
+            p.error(f"unknown workload {name!r}")
+    if a.render:
+        render(Path(a.save or DEFAULT_RESULTS))
+        return 0
     if a.profile:
-        profile(20_000 if a.quick else 50_000)
+        kind, _, workload = a.profile.partition(":")
+        if kind not in KINDS or workload not in WORKLOADS:
+            p.error(f"--profile takes KIND:WORKLOAD, KIND one of {KINDS}, WORKLOAD one of {tuple(WORKLOADS)}")
+        n = (a.nack_messages or 50_000) if WORKLOADS[workload][1] else (a.messages or 100_000)
+        profile(kind, workload, n, a.broker, a.url, settings, a.batch_index_ack)
+        return 0
+    result = run(a.quick, a.broker, a.url, settings, a.batch_index_ack, a.rounds, a.messages, a.nack_messages,
+                 only, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(json.dumps(result, indent=1) if a.json else table(result))
+    if a.save:
+        save(result, Path(a.save))
     return 0
 
 

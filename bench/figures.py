@@ -83,6 +83,9 @@ def consume_throughput() -> str:
         return ("Receive + ack throughput against the plain `pulsar.asyncio.Consumer`: no committed run yet "
                 "(`python bench/consume_throughput.py --json > bench/results/consume-throughput/results.json`).")
     r = _load(path)
+    if "lite" in r:  # bench/consume_throughput.py --save: runs by broker
+        import consume_throughput as bench
+        return bench.readme_sentence(r)
     rel = path.relative_to(ROOT).as_posix()
     return (f"Receive + ack throughput, side by side in one run (`python bench/consume_throughput.py`, "
             f"{r['messages']:,} messages per run, {r['rounds']} rounds, load average "

@@ -17,6 +17,12 @@ MAX_ID = (1 << 63) - 1
 #: Due times are below 2^62 ms (146 million years): a ceil-rounded bucket
 #: then still fits an int64 and ``pop_due`` can always reach it.
 MAX_DUE = (1 << 62) - 1
+#: A default delay (the tracker's and ``subscribe``'s ``delay_ms``, a built-in
+#: backoff's bounds) is at most half the due-time range, 2^61 - 1 ms (73
+#: million years): every nack that uses it stays in range while the clock
+#: reads below 2^61 ms. An explicit ``add(delay_ms=...)`` is checked against
+#: the clock at the call instead.
+MAX_DEFAULT_DELAY = MAX_DUE >> 1
 #: Entry ids below this fit a 32-bit Roaring bitmap.
 U32 = 1 << 32
 
@@ -69,6 +75,16 @@ def check_delay_ms(name: str, value: object) -> int:
             raise ValueError(f"{name} must be >= 0 ms, got {value}")
         return math.ceil(value)
     return check_int(name, value)
+
+
+def check_default_delay(name: str, value: object) -> int:
+    """:func:`check_delay_ms`, and at most :data:`MAX_DEFAULT_DELAY`: a delay
+    given once for every later nack is refused where it is given, not at
+    each nack that would use it."""
+    delay = check_delay_ms(name, value)
+    if delay > MAX_DEFAULT_DELAY:
+        raise ValueError(f"{name} must be <= {MAX_DEFAULT_DELAY} ms, got {delay}")
+    return delay
 
 
 def check_precision(precision_bits: object, rounding: object) -> tuple[int, int]:

@@ -10,7 +10,7 @@ import math
 import random
 from typing import Optional
 
-from ._checks import check_delay_ms, check_int
+from ._checks import check_default_delay, check_int
 
 __all__ = ["FixedBackoff", "MultiplierBackoff"]
 
@@ -25,7 +25,7 @@ class FixedBackoff:
     __slots__ = ("delay_ms",)
 
     def __init__(self, delay_ms: int) -> None:
-        self.delay_ms = check_delay_ms("delay_ms", delay_ms)
+        self.delay_ms = check_default_delay("delay_ms", delay_ms)
 
     def __call__(self, redelivery_count: int) -> int:
         check_int("redelivery_count", redelivery_count)
@@ -59,8 +59,8 @@ class MultiplierBackoff:
 
     def __init__(self, min_delay_ms: int, max_delay_ms: int, multiplier: float = 2.0, jitter: float = 0.0,
                  rng: Optional[random.Random] = None) -> None:
-        self.min_delay_ms = check_delay_ms("min_delay_ms", min_delay_ms)
-        self.max_delay_ms = check_delay_ms("max_delay_ms", max_delay_ms)
+        self.min_delay_ms = check_default_delay("min_delay_ms", min_delay_ms)
+        self.max_delay_ms = check_default_delay("max_delay_ms", max_delay_ms)
         if self.max_delay_ms < self.min_delay_ms:
             raise ValueError("max_delay_ms must be >= min_delay_ms")
         if isinstance(multiplier, bool) or not isinstance(multiplier, (int, float)):

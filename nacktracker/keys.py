@@ -13,6 +13,9 @@ from ._checks import check_int
 
 __all__ = ["MessageKey", "key_of"]
 
+_new_tuple = tuple.__new__
+_MAX = (1 << 63) - 1  # as check_int's
+
 
 class MessageKey(NamedTuple):
     """A message's position: ``(ledger_id, entry_id)`` names the entry,
@@ -28,8 +31,9 @@ class MessageKey(NamedTuple):
 
     @property
     def entry(self) -> "MessageKey":
-        """The whole entry this message belongs to (``batch_index=-1``)."""
-        return self if self.batch_index == -1 else self._replace(batch_index=-1)
+        """The whole entry this message belongs to (``batch_index=-1``). O(1)
+        (one tuple: ``_replace`` costs a Python-level ``_make`` per call)."""
+        return self if self[3] == -1 else _new_tuple(MessageKey, (self[0], self[1], self[2], -1, self[4]))
 
 
 def _signed(name: str, value: object) -> int:
@@ -72,7 +76,8 @@ def key_of(obj: object) -> tuple[MessageKey, Optional[int]]:
     if type(key.ledger_id) is not int or type(key.entry_id) is not int or (key.ledger_id | key.entry_id) >> 63:
         key = key._replace(ledger_id=check_int("ledger_id", key.ledger_id),
                            entry_id=check_int("entry_id", key.entry_id))
-    if key.partition != -1 or key.batch_index != -1:
+    partition, batch = key[2], key[3]
+    if not (type(partition) is int and type(batch) is int and -1 <= partition <= _MAX and -1 <= batch <= _MAX):
         key = key._replace(partition=_signed("partition", key.partition),
                            batch_index=_signed("batch_index", key.batch_index))
     return key, count

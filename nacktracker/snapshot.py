@@ -296,21 +296,15 @@ def restore(cls: type, data: Any, adapter: Any, *, elapsed: str = "wall", **trac
 def _install(tracker: Any, snap: Snapshot, shift_ms: int) -> None:
     """Recreate the routing slots and the pending buckets in a fresh tracker.
 
-    Builds ``_slots``/``_origins`` directly rather than through
-    ``tracker._slot()``: that method would merge a topic-less origin into the
+    Makes a slot per saved origin (``tracker._new_slot``) rather than going
+    through ``tracker._slot()``: that method would merge a topic-less origin into the
     only topic known for its ledger, which is right for a live key and wrong
     for a saved table in which both exist.
     """
     now = math.ceil(tracker._clock.now_ms())
     slots = []
     for topic, partition, ledger in snap.origins:
-        slot = ledger
-        if slot in tracker._origins:
-            slot = tracker._next_synthetic
-            tracker._next_synthetic += 1
-        tracker._slots.setdefault((partition, ledger), {})[topic] = slot
-        tracker._origins[slot] = (topic, partition, ledger)
-        slots.append(slot)
+        slots.append(tracker._new_slot(topic, partition, ledger))
     index = tracker._index
     for o, remaining, bm in snap.records:
         # a saved delay may be up to MAX_ID (the format's limit); the index takes dues up to MAX_DUE

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from asyncio import _get_running_loop
 import logging
 import math
 import sys
@@ -18,7 +19,7 @@ import time
 from collections import Counter, deque
 from typing import Any, Callable, Literal, NamedTuple, Optional, TypedDict, overload
 
-from ._checks import MAX_DUE, check_delay_ms, check_int, check_precision
+from ._checks import MAX_DUE, check_default_delay, check_delay_ms, check_int, check_precision
 from .adapters.base import RedeliveryAdapter
 from .clock import Clock, LoopClock, TimerHandle
 from .events import NackEvent
@@ -161,7 +162,7 @@ class NegativeAcksTracker:
             raise TypeError(f"adapter must have an async redeliver(keys) method, not {type(adapter).__name__}")
         lead = check_int("adapter.lead_ms", getattr(adapter, "lead_ms", 0) or 0)  # read at every use: see _lead
         self._coalesce = check_int("adapter.coalesce_ms", getattr(adapter, "coalesce_ms", 0) or 0)
-        self._delay_ms = check_delay_ms("delay_ms", delay_ms)
+        self._delay_ms = check_default_delay("delay_ms", delay_ms)
         self._round_add, self._mask = check_precision(precision_bits, rounding)
         for name, fn in (("backoff", backoff), ("on_dead_letter", on_dead_letter), ("on_event", on_event)):
             if fn is not None and not callable(fn):
@@ -193,7 +194,8 @@ class NegativeAcksTracker:
         # one slot per (partition, ledger[, topic]); see _slot()
         self._slots: dict[tuple[int, int], dict[Optional[str], int]] = {}
         self._origins: dict[int, tuple[Optional[str], int, int]] = {}
-        self._next_synthetic = 1 << 62
+        self._free_slots: list[int] = []  # released slot numbers, reused first
+        self._next_slot = 0
         self._timer: Optional[TimerHandle] = None
         self._timer_at: Optional[int] = None
         self._retry_timer: Optional[TimerHandle] = None
@@ -221,7 +223,9 @@ class NegativeAcksTracker:
         backoff is set, else the tracker's ``delay_ms``. ``redelivery_count``
         defaults to the message's own (0 for ids). Returns the due time on the
         tracker's clock (ms), or ``None`` when the message was dead-lettered.
-        Never blocks. Runtime complexity: O(1) amortised.
+        Call it on the tracker's event loop: from another thread it raises
+        ``RuntimeError`` (use :meth:`add_threadsafe`). Never blocks.
+        Runtime complexity: O(1) amortised.
         """
         if self._closed:
             raise TrackerClosedError("tracker is closed")
@@ -234,12 +238,27 @@ class NegativeAcksTracker:
             delay = check_delay_ms("backoff result", self._backoff(count))
         else:
             delay = self._delay_ms
-        if self._loop is None:
-            self._bind(asyncio.get_running_loop())
+        if _get_running_loop() is not self._loop or self._loop is None:  # O(1): the loop this thread runs
+            self._check_thread()
         if self.max_redeliveries is not None and count >= self.max_redeliveries:
             self._dead_letter(key, count, delay)
             return None
         return self._schedule(key, delay, count)
+
+    def _check_thread(self) -> None:
+        """``add`` outside the tracker's loop: bind to the running loop on
+        first use, else refuse (a foreign thread's add would touch the index
+        and the loop's timer unlocked, its redelivery left to whenever the
+        loop next wakes)."""
+        running = _get_running_loop()
+        if self._loop is None and running is not None:
+            self._bind(running)
+            return
+        if self._loop is None:
+            raise RuntimeError("NegativeAcksTracker.add() needs a running event loop (the tracker is bound "
+                               "to it on first use); from another thread use add_threadsafe()")
+        raise RuntimeError("NegativeAcksTracker.add() called outside its event loop's thread (or from another "
+                           "loop): from other threads use add_threadsafe(), which hands the add to the loop")
 
     def add_threadsafe(self, message_id: Any, *, delay_ms: Optional[float] = None,
                        redelivery_count: Optional[int] = None) -> None:
@@ -494,14 +513,18 @@ class NegativeAcksTracker:
             self._clock = LoopClock(loop)
 
     def _schedule(self, key: MessageKey, delay: int, count: int) -> int:
-        due = math.ceil(self._clk.now_ms()) + delay
+        now = math.ceil(self._clk.now_ms())
+        due = now + delay
         if due > MAX_DUE:
             raise ValueError(f"delay_ms {delay} is too large")
         slot = self._slot(key, create=True)
         self._index.add(slot, key.entry_id, due)
         self._n["nacks"] += 1
         fire = ((due + self._round_add) & self._mask) - self._lead
-        if not self._closed and (self._timer_at is None or fire < self._timer_at):
+        armed = self._timer_at
+        # Re-arm only for an earlier fire, and not when the armed one is due already: it runs at the loop's
+        # next iteration and takes every bucket due within the lead (nacks inside the lead window ride along)
+        if not self._closed and (armed is None or (fire < armed and armed > now)):
             self._arm(fire)
         if self._on_event is not None:
             self._emit("nack", key, delay, count)
@@ -660,10 +683,10 @@ class NegativeAcksTracker:
     def _slot(self, key: MessageKey, create: bool) -> Optional[int]:
         """The index's ledger id for a key's ``(topic, partition, ledger)``.
 
-        On a real cluster ledger ids are unique, so the slot is the ledger id
-        itself; some brokers (pulsar-lite) number ledgers per topic, so a
-        ledger id already taken by another topic gets a synthetic slot. A key
-        without a topic matches the only topic known for its ledger.
+        Slots are the tracker's own numbers (:meth:`_new_slot`): ledger ids
+        are unique on a real cluster, but some brokers (pulsar-lite) number
+        ledgers per topic, so two topics may share one. A key without a
+        topic matches the only topic known for its ledger.
         """
         pl = (key.partition, key.ledger_id)
         topics = self._slots.get(pl)
@@ -682,12 +705,20 @@ class NegativeAcksTracker:
                     return slot
         if not create:
             return None
-        slot = key.ledger_id
-        if slot in self._origins:
-            slot = self._next_synthetic
-            self._next_synthetic += 1
-        self._slots.setdefault(pl, {})[key.topic] = slot
-        self._origins[slot] = (key.topic, key.partition, key.ledger_id)
+        return self._new_slot(key.topic, key.partition, key.ledger_id)
+
+    def _new_slot(self, topic: Optional[str], partition: int, ledger: int) -> int:
+        """A slot for a new ``(topic, partition, ledger)``: a number of the
+        tracker's own (a released one first, else the next unused), never the
+        ledger id itself, so no accepted ledger id (any of ``[0, 2^63)``) can
+        meet another origin's slot, live or restored. Runtime: O(1)."""
+        if self._free_slots:
+            slot = self._free_slots.pop()
+        else:
+            slot = self._next_slot
+            self._next_slot += 1
+        self._slots.setdefault((partition, ledger), {})[topic] = slot
+        self._origins[slot] = (topic, partition, ledger)
         return slot
 
     def _release(self, slot: int) -> None:
@@ -698,6 +729,7 @@ class NegativeAcksTracker:
         del topics[topic]
         if not topics:
             del self._slots[(partition, ledger)]
+        self._free_slots.append(slot)  # nothing of it is live: the index takes a reuse as a new ledger
 
     def _emit(self, kind: str, key: MessageKey, delay: int, count: int) -> None:
         if self._on_event is None:

@@ -28,6 +28,10 @@ def broker_kinds() -> list[str]:
         raise pytest.UsageError(f"NACKTRACKER_TEST_BROKERS: unknown kinds {unknown}; expected {BROKER_KINDS}")
     return kinds
 
+
+# hypothesis profiles, timeouts, required dependencies: see run_checks.py
+from run_checks import apply_run_settings, pytest_configure, pytest_report_header  # noqa: E402, F401
+
 # pulsar-client is imported inside the fixtures: tests that need no broker must
 # not depend on it.
 
@@ -86,6 +90,7 @@ def pytest_collection_modifyitems(config, items):
         kind = getattr(item, "callspec", None) and item.callspec.params.get("broker_kind")
         if kind:
             item.add_marker(getattr(pytest.mark, kind))
+    apply_run_settings(items)
 
 
 @pytest.fixture

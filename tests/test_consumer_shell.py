@@ -354,6 +354,8 @@ async def test_boundary_errors_change_nothing(harness):
         TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock, delay=5)
     with pytest.raises(ValueError, match="dedup_capacity needs dedup"):
         TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock, dedup=False, dedup_capacity=5)
+    with pytest.raises(ValueError, match="delay_ms must be <="):  # refused here, not at every nack
+        TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock, delay_ms=2**63)
     assert h.consumer.tracker.pending == 0 and h.consumer.stats()["held"] == 1
 
 
@@ -495,3 +497,97 @@ async def test_seek_drops_the_messages_the_pump_took_before_it(harness):
         await settle()
         got += [m.data() for m in await h.drain()]
     assert first.data() == b"e0.-1" and got == [b"e%d.-1" % i for i in range(6)]  # each once, in order
+
+
+# -- snapshot paths that cannot be used -----------------------------------------------
+
+def _unusable_paths(tmp_path):
+    taken = tmp_path / "a-directory"
+    taken.mkdir()
+    return {"a directory": taken, "no such directory": tmp_path / "missing" / "nacks.snap"}
+
+
+@pytest.mark.parametrize("what", ["a directory", "no such directory"])
+async def test_an_unusable_snapshot_path_is_a_snapshot_error_unless_ignored(tmp_path, caplog, what):
+    """Reading and writing alike: with snapshot_on_error="raise" the consumer
+    refuses to start (a SnapshotError naming the path and the option); with
+    "ignore" it starts without it, and the final save's failure is logged and
+    counted, not raised."""
+    from nacktracker.snapshot import SnapshotError
+    path = _unusable_paths(tmp_path)[what]
+    h = Harness(precision_bits=0)
+    with pytest.raises(SnapshotError, match="snapshot_on_error='ignore'"):
+        TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock, snapshot_path=path)
+    with caplog.at_level(logging.WARNING, logger="nacktracker.consumer"):
+        consumer = TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock, snapshot_path=path,
+                                   snapshot_on_error="ignore", snapshot_interval_s=None)
+    assert "starting without it" in caplog.text and consumer.stats()["restored"] == 0
+    await consumer.close()  # the final save fails: logged and counted
+    assert consumer.stats()["snapshot_failures"] == 1 and "final snapshot" in caplog.text
+    await h.close()
+
+
+async def test_a_save_to_an_unusable_path_raises_a_snapshot_error_at_close(tmp_path):
+    """A path that worked at start and cannot be written at close: the close
+    finishes everything else, then raises a SnapshotError (its cause the
+    OSError)."""
+    from nacktracker.snapshot import SnapshotError
+    path = tmp_path / "sub" / "nacks.snap"
+    path.parent.mkdir()
+    h = Harness(precision_bits=0)
+    consumer = TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock, snapshot_path=path, snapshot_interval_s=None)
+    path.parent.rmdir()
+    with pytest.raises(SnapshotError, match="cannot write snapshot") as info:
+        await consumer.close()
+    assert isinstance(info.value.__cause__, OSError) and consumer.closed
+    await h.close()
+
+
+# -- direct calls into the client's C++ consumer ------------------------------------------
+
+class FakeRawConsumer:
+    """The C++ consumer's async calls: the callback runs during the call
+    (``mode="now"``: a queued message, grouped acks), later from another thread
+    (``"later"``), or during the call with a failure (``"fail"``)."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+
+    def _answer(self, callback, *args):
+        import _pulsar
+        import threading
+        if self.mode == "later":
+            threading.Timer(0.01, callback, (_pulsar.Result.Ok, *args)).start()
+        else:
+            callback(_pulsar.Result.Ok if self.mode == "now" else _pulsar.Result.Timeout, *args)
+
+    def receive_async(self, callback):
+        self._answer(callback, "raw message")
+
+    def acknowledge_async(self, message, callback):
+        self._answer(callback)
+
+
+@pytest.mark.parametrize("mode", ["now", "later", "fail"])
+async def test_direct_calls_take_an_answer_at_once_or_through_a_future(mode):
+    import pulsar.asyncio
+    from nacktracker.consumer.direct import DirectConsumer, ReceivedMessage
+
+    direct = DirectConsumer.of(pulsar.asyncio.Consumer(FakeRawConsumer(mode), "schema"))
+    assert direct is not None and DirectConsumer.of(FakeConsumer()) is None  # anything else: public methods
+    if mode == "fail":
+        with pytest.raises(pulsar.asyncio.PulsarException):
+            direct.receive()
+        with pytest.raises(pulsar.asyncio.PulsarException):
+            direct.acknowledge(direct.wrap("raw message"))
+        return
+    got = direct.receive()
+    if mode == "later":
+        assert isinstance(got, asyncio.Future) and not got.done()
+        got = direct.wrap(await asyncio.wait_for(got, 5))
+    assert type(got) is ReceivedMessage and got._message == "raw message" and got._schema == "schema"
+    acked = direct.acknowledge(got)
+    if mode == "now":
+        assert acked is None  # accepted during the call: nothing to await
+    else:
+        assert await asyncio.wait_for(acked, 5) is None

@@ -112,6 +112,8 @@ async def test_an_adapter_raising_cancelled_error_is_retried_like_any_failure():
         clock.advance(1)
         await settle(3)
     assert adapter.delivered == [K(1)]
+    s = tracker.stats()
+    assert s["failures"] == 1 and s["redelivered"] == 1 and s["unsent"] == 0  # counted like any failure
     await tracker.close()
 
 
@@ -181,7 +183,8 @@ async def test_close_timeout_bounds_the_wait_for_a_hung_adapter():
     tracker.add(K(1), delay_ms=1)
     clock.advance(1)
     await settle()
-    await tracker.close(timeout=0.05)
+    # bounded here too: a close() that ignored its timeout would otherwise hang the test
+    await asyncio.wait_for(tracker.close(timeout=0.05), 5)
     assert tracker.closed and tracker.stats()["unsent"] == 1
 
 

@@ -55,6 +55,10 @@ def call(fn, *args, **kw):
 
 entry_lists = st.one_of(
     st.lists(ids, max_size=8),
+    # past add_many's bulk threshold (32 ids), from a narrow range: bulk adds meet pending ids
+    st.lists(st.integers(0, 50), min_size=32, max_size=64),
+    st.lists(st.one_of(st.integers(0, 40), st.integers(2**32 - 2, 2**32 + 2)), min_size=32, max_size=48)
+    .map(lambda v: array.array("Q", v)),
     st.lists(st.integers(0, 2**33), max_size=8).map(lambda v: array.array("Q", v)),
     st.lists(st.integers(0, 100), max_size=8).map(lambda v: array.array("I", v)),
     st.lists(st.integers(-3, 100), max_size=8).map(lambda v: array.array("q", v)),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import array
 import json
 import math
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -44,6 +45,73 @@ def test_ceil_is_never_early_and_at_most_2_bits_late(cls, bits):
         b = idx.bucket_of(due)
         assert due <= b < due + (1 << bits)
         assert b % (1 << bits) == 0
+
+
+# The reference models, checked against cases worked out by hand (not against the index,
+# nor against a formula shared with it): a bucket is a multiple of 2^bits ms, the one at or
+# below the due time (floor) or at or above it (ceil).
+HAND_WORKED = [  # (bits, due, floor bucket, ceil bucket)
+    (0, 0, 0, 0), (0, 17, 17, 17), (0, 2**62 - 1, 2**62 - 1, 2**62 - 1),
+    (1, 7, 6, 8), (1, 8, 8, 8),
+    (3, 0, 0, 0), (3, 1, 0, 8), (3, 7, 0, 8), (3, 8, 8, 8), (3, 9, 8, 16), (3, 17, 16, 24), (3, 23, 16, 24),
+    (8, 255, 0, 256), (8, 256, 256, 256), (8, 1000, 768, 1024), (8, 1024, 1024, 1024), (8, 1025, 1024, 1280),
+    (10, 123_456_789, 123_456_512, 123_457_536),  # 120_563 * 1024 and 120_564 * 1024
+    (10, 2**62 - 1, 2**62 - 1024, 2**62),
+    (30, 2**30 - 1, 0, 2**30), (30, 3 * 2**30 + 5, 3 * 2**30, 4 * 2**30),
+]
+
+
+@pytest.mark.parametrize("model", [DictIndex, HeapIndex])
+@pytest.mark.parametrize("bits,due,floor,ceil", HAND_WORKED)
+def test_reference_models_bucket_as_worked_by_hand(model, bits, due, floor, ceil):
+    assert model(bits, "floor").bucket_of(due) == floor
+    assert model(bits, "ceil").bucket_of(due) == ceil
+    for rounding, bucket in (("floor", floor), ("ceil", ceil)):
+        m = model(bits, rounding)
+        m.add(1, 1, due)
+        m.add_many(2, list(range(40)), due)  # a bulk add: the same bucket
+        assert m.next_due_ms() == bucket and len(m) == 41
+        if bucket:
+            assert m.pop_due(bucket - 1) == [] and len(m) == 41
+        assert m.pop_due(bucket) == [(1, 1)] + [(2, e) for e in range(40)] and len(m) == 0
+
+
+@pytest.mark.parametrize("model", [DictIndex, HeapIndex])
+def test_reference_models_count_and_order_as_worked_by_hand(model):
+    m = model(3, "floor")          # 8 ms buckets
+    m.add(1, 1, 10)                # bucket 8
+    m.add(1, 1, 15)                # bucket 8 again: still once
+    m.add(1, 1, 17)                # bucket 16: pending twice
+    m.add_many(2, [3, 3, 4], 9)    # bucket 8: 3 once, 4
+    m.add(0, 9, 16)                # bucket 16
+    assert len(m) == 5 and m.next_due_ms() == 8
+    assert m.pop_due(7) == []
+    assert m.pop_due(15) == [(1, 1), (2, 3), (2, 4)]  # bucket, then ledger, then entry
+    assert len(m) == 2 and (1, 1) in m and m.next_due_ms() == 16
+    assert m.discard(1, 1) is True and m.discard(1, 1) is False and len(m) == 1
+    assert m.pop_due(10**6) == [(0, 9)] and m.next_due_ms() is None
+    c = model(3, "ceil")
+    c.add(5, 5, 9)                 # ceil: bucket 16
+    c.add(5, 6, 16)                # exactly on a bucket: 16
+    c.add(5, 7, 17)                # 24
+    assert c.pop_due(15) == [] and c.pop_due(16) == [(5, 5), (5, 6)] and c.pop_due(23) == []
+    assert c.pop_due(24) == [(5, 7)]
+
+
+def test_bulk_add_many_of_ids_already_pending_counts_each_once(cls):
+    """add_many's bulk path (32 ids and more) meets ids already pending: each
+    (id, bucket) is pending once, ids pending in another bucket twice."""
+    idx = cls(precision_bits=0)
+    idx.add_many(1, range(0, 40), 100)
+    idx.add_many(1, range(20, 60), 100)  # 20 of them pending already, in this bucket
+    assert len(idx) == 60
+    idx.add_many(1, array.array("I", range(50, 90)), 200)  # another bucket: 10 pending twice
+    idx.add(1, 2**32 + 1, 200)
+    idx.add_many(1, [2**32 + 1] + list(range(80, 120)), 200)  # a 64-bit id, pending already
+    assert len(idx) == 60 + 40 + 1 + 30
+    assert idx.pop_due(100) == [(1, e) for e in range(60)]
+    assert idx.pop_due(200) == [(1, e) for e in range(50, 120)] + [(1, 2**32 + 1)]
+    assert len(idx) == 0
 
 
 def test_pop_due_respects_bucket_time(cls):
@@ -230,9 +298,14 @@ def test_numpy_integer_scalars_are_ids(cls):
 ledger_s = st.integers(0, 3)
 entry_s = st.one_of(st.integers(0, 40), st.integers(2**22 - 2, 2**22 + 2), st.integers(2**32 - 2, 2**32 + 2))
 due_s = st.integers(0, 300)
+# add_many takes its bulk path from PROMOTE (32) ids on: draw past it, from a narrow range
+# so a bulk add often meets ids already pending
+bulk_s = st.one_of(st.lists(st.integers(0, 60), min_size=32, max_size=70),
+                   st.lists(entry_s, min_size=32, max_size=48))
 op_s = st.one_of(
     st.tuples(st.just("add"), ledger_s, entry_s, due_s),
     st.tuples(st.just("add_many"), ledger_s, st.lists(entry_s, max_size=8), due_s),
+    st.tuples(st.just("add_many"), ledger_s, bulk_s, due_s),
     st.tuples(st.just("discard"), ledger_s, entry_s),
     st.tuples(st.just("pop_due"), due_s),
     st.tuples(st.just("next_due"),),
@@ -297,3 +370,64 @@ def test_due_times_stop_below_2_62_so_every_bucket_stays_reachable(cls):
         with pytest.raises(ValueError):
             call()
     assert idx.pop_due(2**63 - 1) == [(1, 1)] and len(idx) == 0
+
+
+# -- under a sampling profiler --------------------------------------------------
+
+INDEX_DIR = str(ROOT / "nacktracker" / "index")
+
+
+@pytest.mark.parametrize("bits", [0, 4, 8])
+def test_state_stays_whole_under_a_hook_reading_frame_locals(bits):
+    """A sampling profiler or debugger reads ``frame.f_locals``; on Python 3.11
+    the frame's locals dict then keeps whatever the locals held (numpy views of
+    the index's arrays included) until the next read or the frame's end. A
+    profile hook reading the index's frames at a random ~20% of C calls (as a
+    sampler does: reading at every event re-syncs the dict and hides the
+    fault) must leave every operation's result as DictIndex's."""
+    rng = random.Random(bits)
+    sample = random.Random(1000 + bits)
+
+    def hook(frame, event, arg):
+        if event == "c_call" and sample.random() < 0.2:
+            while frame is not None:
+                if frame.f_code.co_filename.startswith(INDEX_DIR):
+                    frame.f_locals  # noqa: B018  (the read is the point)
+                frame = frame.f_back
+
+    idx, ref = TimeBucketIndex(precision_bits=bits), DictIndex(precision_bits=bits)
+    now, steps, pops = 0, [], 0
+    old = sys.getprofile()
+    sys.setprofile(hook)
+    try:
+        for i in range(12_000):
+            roll = rng.random()
+            ledger = rng.randrange(8)
+            due = now + rng.randrange(1, 3_000)
+            if roll < 0.80:  # sparse adds
+                op = ("add", ledger, rng.randrange(1 << 20), due)
+            elif roll < 0.85:  # a burst into one cell
+                start = rng.randrange(1 << 20)
+                op = ("add_many", ledger, list(range(start, start + rng.randrange(1, 80))), due)
+            elif roll < 0.93:  # an ack of something maybe pending
+                op = ("discard", ledger, rng.randrange(1 << 20))
+            else:
+                op = ("next_due",)
+            if i % 10 == 9:
+                now += 40
+                op = ("pop_due", now)
+            name, *args = op
+            got = []
+            for m in (idx, ref):
+                if name == "next_due":
+                    got.append(m.next_due_ms())
+                else:
+                    got.append(getattr(m, name)(*args))
+            pops += name == "pop_due" and bool(got[1])
+            if got[0] != got[1] or len(idx) != len(ref):
+                steps.append((i, name, len(idx), len(ref)))
+    finally:
+        sys.setprofile(old)
+    assert pops > 500  # the workload reached the pops it meant to
+    assert not steps, steps[:5]
+    assert idx.pop_due(2**62) == ref.pop_due(2**62) and len(idx) == 0

@@ -32,6 +32,7 @@ IMPURE_IMPORTS = {"pulsar", "_pulsar", "asyncio", "time", "os", "socket", "threa
 PULSAR_IMPORTERS = {
     "adapters/pulsar.py": "the adapter: the one redelivery path into the client",
     "consumer/shell.py": "the consumer's Pulsar shell",
+    "consumer/direct.py": "the shell's receives and acks straight into the client's C++ consumer",
     "consumer/options.py": "subscribe() makes the client's consumer",
     "consumer/errors.py": "its exceptions are the client's exceptions too",
     "consumer/dead_letters.py": "publishes dead letters through the client's producers (issue 11)",

@@ -297,7 +297,7 @@ async def test_a_corrupted_snapshot_refuses_to_start_unless_told_to_ignore_it(cl
         consumer = await tracked(client, t, snapshot_path=path)
     assert "belongs to another snapshot" in caplog.text
     await consumer.close()
-    with pytest.raises(FileNotFoundError, match="directory"):
+    with pytest.raises(SnapshotError, match="directory does not exist"):
         await tracked(client, t, snapshot_path=tmp_path / "missing" / "nacks.snap")
     with pytest.raises(ValueError, match="snapshot_on_error"):
         await tracked(client, t, snapshot_path=path, snapshot_on_error="warn")
@@ -327,8 +327,9 @@ async def test_a_failing_snapshot_write_is_counted_and_the_final_one_raises(clie
     where.rmdir()
     await asyncio.sleep(0.35)
     assert consumer.stats()["snapshot_failures"] >= 2
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(SnapshotError, match="cannot write snapshot") as info:
         await consumer.close()
+    assert isinstance(info.value.__cause__, FileNotFoundError)
     assert consumer.closed and consumer.tracker.closed
 
 

@@ -1,4 +1,4 @@
-"""Smoke test of bench/soak.py: the quick variant runs, loses nothing, gives memory back."""
+"""Smoke test of bench/soak.py: the quick variant runs, loses nothing, gives memory back (nbytes and RSS)."""
 
 from __future__ import annotations
 
@@ -22,3 +22,7 @@ def test_quick_soak_redelivers_everything_and_returns_to_its_start():
         assert cycle["peak_pending"] > 1_000  # it really held a backlog
         assert cycle["nbytes_end"] == result["start"]["nbytes"]  # the pending set is gone, exactly
     assert result["checks"]["no_loss_no_duplicates"]
+    # "memory comes back": the process's RSS too, not only the tracker's own count
+    # (bench/soak.py: every cycle's RSS within 5% of the start, no growth across cycles)
+    assert all(abs(cycle["rss_vs_start"]) <= 0.05 for cycle in result["cycles"]), result["cycles"]
+    assert result["checks"]["rss_within_5pct"] and result["checks"]["no_growth_across_cycles"], result["checks"]

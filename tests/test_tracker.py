@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nacktracker import (FixedBackoff, ManualClock, MessageKey, MultiplierBackoff, NegativeAcksTracker,
                          TrackerClosedError)
@@ -370,6 +373,49 @@ async def test_add_threadsafe_from_a_listener_thread():
     await tracker.close()
 
 
+async def test_a_plain_add_from_another_thread_is_refused_naming_add_threadsafe():
+    """add() touches the index and the loop's timer: from a foreign thread it
+    raises at once (the nack is not taken: it would wait for the loop's next
+    wakeup), and the error says what to call instead."""
+    tracker = NegativeAcksTracker(MemoryAdapter(), precision_bits=0, delay_ms=10)
+    tracker.add(K(1))  # on the loop: bound
+    raised = []
+
+    def listener():
+        try:
+            tracker.add(K(2))
+        except RuntimeError as exc:
+            raised.append(str(exc))
+
+    thread = threading.Thread(target=listener)
+    thread.start()
+    thread.join()
+    assert len(raised) == 1 and "add_threadsafe" in raised[0]
+    assert tracker.pending == 1 and K(2) not in tracker
+    await tracker.close()
+
+
+def test_add_outside_any_loop_is_refused_naming_add_threadsafe():
+    tracker, _, _ = make()
+    with pytest.raises(RuntimeError, match="add_threadsafe"):
+        tracker.add(K(1))
+    assert tracker.pending == 0
+
+
+@pytest.mark.parametrize("build", [
+    lambda d: NegativeAcksTracker(MemoryAdapter(), delay_ms=d),
+    lambda d: FixedBackoff(d),
+    lambda d: MultiplierBackoff(1, d),
+])
+def test_a_default_delay_past_the_due_time_range_is_refused_where_it_is_given(build):
+    """A default used by every later nack is checked once, at construction:
+    2^63 ms would make every nack using it raise."""
+    for bad in (2**63, 2**62, 2**61):
+        with pytest.raises(ValueError, match="<= 2305843009213693951"):
+            build(bad)
+    build(2**61 - 1)
+
+
 async def test_add_threadsafe_refuses_in_the_calling_thread_what_add_refuses():
     """A delay past the clock's range and a backoff that raises or returns a bad
     delay raise in the listener thread, as add() would; nothing is queued."""
@@ -533,3 +579,110 @@ async def test_an_adapter_coalesce_window_folds_nearby_buckets_into_one_call():
     await settle()
     assert [k.entry_id for k in adapter.calls[0].keys] == [0, 1, 2]  # 110 and 120 ride along
     assert tracker.next_fire_ms() == t0 + 121
+
+
+# -- routing: the tracker's own slot numbers never meet a ledger id ---------------
+
+TOPICS = ("persistent://public/default/a", "persistent://public/default/b", "persistent://public/default/c")
+
+
+async def test_a_ledger_id_at_2_62_never_takes_another_topics_slot():
+    """(A, 5, 1), (C, 2^62, 7), (B, 5, 2): each comes back as itself, and so do
+    a second nack of C's and an unrelated one after the first fire."""
+    tracker, adapter, clock = make(precision_bits=0)
+    a, b, c = TOPICS[:3]
+    first = [MessageKey(5, 1, topic=a), MessageKey(2**62, 7, topic=c), MessageKey(5, 2, topic=b)]
+    for key in first:
+        tracker.add(key, delay_ms=10)
+    clock.advance(10)
+    await settle()
+    assert sorted(adapter.redelivered, key=str) == sorted(first, key=str)
+    again = [MessageKey(2**62, 7, topic=c), MessageKey(9, 9, topic=a)]
+    for key in again:
+        tracker.add(key, delay_ms=10)
+    clock.advance(10)
+    await settle()
+    assert sorted(adapter.redelivered, key=str) == sorted(first + again, key=str)
+    assert tracker.pending == 0 and tracker._origins == {} and tracker._slots == {}
+
+
+_SHARED_LEDGERS = (0, 1, 5, 2**62 - 1, 2**62, 2**62 + 1, 2**63 - 1)
+_routing_key = st.builds(
+    MessageKey,
+    ledger_id=st.one_of(st.sampled_from(_SHARED_LEDGERS), st.integers(0, 2**63 - 1)),
+    entry_id=st.one_of(st.integers(0, 3), st.integers(0, 2**63 - 1)),
+    partition=st.sampled_from((-1, 0, 1)),
+    batch_index=st.just(-1),
+    topic=st.sampled_from(TOPICS))
+_routing_op = st.one_of(
+    st.tuples(st.just("add"), _routing_key, st.integers(0, 30)),
+    st.tuples(st.just("ack"), _routing_key),
+    st.tuples(st.just("advance"), st.integers(1, 20)),
+    st.tuples(st.just("restore")))
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=st.lists(_routing_op, max_size=40))
+def test_every_nack_comes_back_as_itself_live_and_after_restore(ops):
+    """Several topics sharing ledger ids over the whole id range (a topic-less
+    id joins the only topic known for its ledger: tested above), acks, fires
+    and snapshot/restore in between: the redeliveries are exactly the keys
+    nacked, each once per request (its earliest pending due time; the fire
+    cancels the entry's later buckets), as a dict of due times per key says."""
+    async def run():
+        clock = ManualClock(start_ms=1_000)
+        adapter = MemoryAdapter(clock=clock.now_ms)
+        tracker = NegativeAcksTracker(adapter, clock=clock, precision_bits=0)
+        model: dict[MessageKey, set[int]] = {}  # key -> due times pending
+        expected: list[MessageKey] = []
+        got: list[MessageKey] = []
+        for op in ops:
+            if op[0] == "add":
+                _, key, delay = op
+                due = tracker.add(key, delay_ms=delay)
+                model.setdefault(key, set()).add(due)
+            elif op[0] == "ack":
+                tracker.discard(op[1])
+                model.pop(op[1], None)
+            elif op[0] == "advance":
+                clock.advance(op[1])
+                await settle()
+                now = clock.now_ms()
+                for key, dues in list(model.items()):
+                    if min(dues) <= now:  # one request per entry: its fire cancels the entry's later buckets
+                        expected.append(key)
+                        del model[key]
+            else:  # a snapshot and a new tracker on the same clock: due times stay exact
+                await tracker.close()
+                got.extend(adapter.redelivered)
+                adapter = MemoryAdapter(clock=clock.now_ms)
+                tracker = NegativeAcksTracker.restore(tracker.snapshot(), adapter, clock=clock, elapsed="none")
+        clock.advance(100)
+        await settle()
+        for dues in model.values():
+            assert all(d <= clock.now_ms() for d in dues)
+        expected.extend(model)
+        got.extend(adapter.redelivered)
+        assert Counter(got) == Counter(expected)
+        assert tracker.pending == 0 and tracker._origins == {} and tracker._slots == {}
+
+    asyncio.run(run())
+
+
+async def test_nacks_inside_the_lead_window_share_one_armed_fire():
+    """With a lead above the delays every nack is due to go at once: the first
+    arms the timer, the rest of the loop's iteration ride along (no re-arm per
+    nack, even for an earlier bucket), and one fire hands all of them over."""
+    tracker, adapter, clock = make(precision_bits=0, lead_ms=250)
+    armed = []
+    call_at = clock.call_at
+    clock.call_at = lambda when, fn: armed.append(when) or call_at(when, fn)
+    for i, delay in enumerate([200, 150, 100, 50, 0]):  # each bucket earlier than the last
+        tracker.add(K(i), delay_ms=delay)
+    assert len(armed) == 1
+    clock.advance(0)
+    await settle()
+    assert sorted(k.entry_id for k in adapter.redelivered) == [0, 1, 2, 3, 4]
+    assert tracker.stats()["fires"] == 1 and tracker.pending == 0
+    tracker.add(K(9), delay_ms=1_000)  # beyond the lead: a timer of its own
+    assert armed[1:] == [1_000_000 + 1_000 - 250]

@@ -5,13 +5,11 @@ feeds it what happens -- a copy arrives from the broker, the application acks or
 bucket to the adapter -- each with the tracker's clock reading ``now_ms``, and does what it answers.
 ``tests/test_consumer_core.py`` drives it with arbitrary interleavings (hypothesis) against the promises it keeps:
 
-* nothing the application acknowledged surfaces again (acked ids live in a
-  :class:`~nacktracker.Deduplicator`; with ``dedup=False`` only acks made
-  while their entry has a record are remembered, as long as it lives);
+* nothing the application acknowledged surfaces again (acked ids live in a :class:`~nacktracker.Deduplicator`;
+  with ``dedup=False`` only acks made while their entry has a record are remembered, as long as it lives);
 * nothing the application still holds surfaces again;
-* each nack surfaces its message once, never before its bucket's time (the
-  due time minus the bucket rounding: ``2^bits - 1`` ms for ``"floor"``,
-  never early for bits 0 or ``"ceil"``): a copy that arrives earlier is
+* each nack surfaces its message once, never before its bucket's time (the due time minus the bucket rounding:
+  ``2^bits - 1`` ms for ``"floor"``, never early for bits 0 or ``"ceil"``): a copy that arrives earlier is
   *parked* and released at that time;
 * per-entry records end when their entry is settled, and requests whose copy never came (it went to
   another consumer of the subscription) expire ``overdue_ms`` after their time, so nothing grows without bound.
@@ -30,7 +28,8 @@ import math
 from typing import Any, Callable, Iterable, Optional
 
 from ..keys import MessageKey
-from .state import AckResult, EntryRecord, Held, Nacked, Parked, Token, Verdict, _Deadline
+from .state import ACKED as _ACKED, ACKED_FRESH as _ACKED_FRESH, ALL_INDICES, FRESH as _FRESH, HELD as _HELD
+from .state import AckResult, EntryRecord, Held, Nacked, Parked, Positions, Token, Verdict, _Deadline
 
 __all__ = ["DeliveryCore", "Verdict", "AckResult", "Held", "Nacked", "Parked", "EntryRecord"]
 
@@ -38,13 +37,11 @@ __all__ = ["DeliveryCore", "Verdict", "AckResult", "Held", "Nacked", "Parked", "
 class DeliveryCore:
     """Per-copy decisions for one consumer.
 
-    ``precision``: ``(round_add, mask)`` of the tracker's buckets (see
-    :func:`nacktracker._checks.check_precision`). ``dedup``: a
-    :class:`~nacktracker.Deduplicator` or ``None``. ``pending(key) -> bool``:
-    whether the tracker holds the entry (a pure lookup, asked only for copies
-    that may be redeliveries). ``overdue_ms``: how long after its time a
-    requested copy may still arrive before it is taken to have gone to another
-    consumer. All times are the tracker's clock, in ms.
+    ``precision``: ``(round_add, mask)`` of the tracker's buckets (see :func:`nacktracker._checks.check_precision`).
+    ``dedup``: a :class:`~nacktracker.Deduplicator` or ``None``. ``pending(key) -> bool``: whether the tracker
+    holds the entry (a pure lookup, asked only for copies that may be redeliveries). ``overdue_ms``: how long
+    after its time a requested copy may still arrive before it is taken to have gone to another consumer.
+    All times are the tracker's clock, in ms.
 
     Every method is O(1) unless its docstring says otherwise.
     """
@@ -63,7 +60,7 @@ class DeliveryCore:
         self._release_heap: list[_Deadline] = []
         self._expiry_heap: list[_Deadline] = []
         self._seq = itertools.count()
-        self._high: dict[tuple[Optional[str], int], tuple[int, int]] = {}  # highest position seen
+        self._positions = Positions()  # at or beyond every copy with state here, per partition
         self._cumulative: dict[tuple[Optional[str], int], tuple[int, int, int]] = {}
         self.blind = False  # restored batch entries without records: hold their copies while pending
         # per verdict (keyed by Verdict.value: the hot path counts without hashing an enum member)
@@ -86,28 +83,22 @@ class DeliveryCore:
         if self._dedup is not None and key.topic is not None \
                 and (key.topic, key.ledger_id, key.entry_id, key.batch_index) in self._dedup:
             return True
-        record = self.records.get(key.entry) if key.batch_index >= 0 else None
-        if record is None:
-            return False
-        return record.acked is not None and key.batch_index in record.acked
+        record = self.records.get(key.entry) if key.batch_index >= 0 and self.records else None
+        return record is not None and record.acked is not None and key.batch_index in record.acked
 
     def knows(self, key: MessageKey) -> bool:
-        """Whether this consumer received ``key``: held (or before a redeliver-all), parked, requested,
-        in a batch record, or acknowledged as far as remembered (pending nacks: the tracker's). O(1)."""
-        return (key in self.held or key in self.parked or key in self.requested or key in self.forgotten
-                or (key.batch_index >= 0 and (key.entry in self.records or key.entry in self.requested))
-                or self.is_acked(key))
+        """Whether this consumer received ``key``: :meth:`seen`, or a message of a batch entry with a
+        record (pending nacks: the tracker's). O(1)."""
+        return self.seen(key) or (key.batch_index >= 0 and key.entry in self.records)
 
     def seen(self, key: MessageKey) -> bool:
-        """Whether a copy of ``key`` reached this consumer before (held, parked, requested, nacked
-        or acknowledged): an arriving copy of it is then a redelivery, not a first delivery. O(1)."""
+        """Whether a copy of ``key`` reached this consumer before (held, or before a redeliver-all,
+        parked, requested, nacked or acknowledged): a copy of it now is a redelivery. O(1)."""
         if key in self.held or key in self.parked or key in self.requested or key in self.forgotten:
             return True
-        if key.batch_index >= 0:
-            record = self.records.get(key.entry)
-            if (record is not None and key.batch_index in record.nacked) or key.entry in self.requested:
-                return True
-        return self.is_acked(key)
+        record = self.records.get(key.entry) if key.batch_index >= 0 else None
+        return (record is not None and key.batch_index in record.nacked) or key.entry in self.requested \
+            or self.is_acked(key)
 
     def next_wakeup_ms(self) -> Optional[float]:
         """When :meth:`release` has something to do (a parked copy's time or an
@@ -122,11 +113,22 @@ class DeliveryCore:
 
     # -- what happens ------------------------------------------------------------------
 
+    def first_delivery(self, key: MessageKey) -> bool:
+        """Whether a copy from the broker is a first delivery, then held as :meth:`arrive` would leave it:
+        beyond its partition's :class:`~.state.Positions`, so nothing of it is acknowledged, held, parked,
+        requested, recorded or pending. Else nothing changes (ask :meth:`arrive`). O(1), no allocation."""
+        if not self._positions.advance(key):
+            return False
+        self.held[key] = _FRESH
+        self.counts["surface"] += 1
+        return True
+
     def arrive(self, key: MessageKey, batch_size: int, token: Token, now_ms: float) -> Verdict:
-        """A copy of ``key`` (``batch_size``: messages in its entry, 0 when
-        unknown or not batched) arrived from the broker. Amortised O(1), plus
-        the tracker lookup for a non-batched copy at or behind the highest
-        position seen (only those can be redeliveries)."""
+        """A copy of ``key`` (``batch_size``: messages in its entry, 0 when unknown or not batched) arrived
+        from the broker. Amortised O(1), plus the tracker lookup for a non-batched copy that is not a first
+        delivery (:meth:`first_delivery`): it may be a redelivery."""
+        if self.first_delivery(key):
+            return Verdict.SURFACE
         verdict = self._arrive(key, batch_size, token, now_ms)
         self.counts[verdict._value_] += 1
         return verdict
@@ -138,6 +140,7 @@ class DeliveryCore:
         held = self.held.get(key)
         if held is not None:
             if batched:
+                held = self.held[key] = Held() if not held.tokens else held  # a shared empty one: its own now
                 held.tokens.append(token)
             return Verdict.DROP_HELD
         parked = self.parked.get(key) if self.parked else None
@@ -149,9 +152,9 @@ class DeliveryCore:
             nack = self.requested.pop(key, None) if self.requested else None
             if nack is not None:
                 return self._due_or_park(key, nack.release_ms, token, nack.tokens, now_ms)
-            if self._maybe_redelivery(key) and self._pending(key):
+            if self._pending(key):  # at or behind the position kept: maybe a redelivery
                 return Verdict.DROP_EARLY
-            self.held[key] = Held()
+            self.held[key] = _HELD
             return Verdict.SURFACE
         entry = key.entry
         record = self.records.get(entry)
@@ -175,16 +178,13 @@ class DeliveryCore:
         return self._surface(key, [])
 
     def nacked(self, key: MessageKey, due_ms: Optional[int], token: Token, now_ms: float) -> None:
-        """The application nacked ``key``; the tracker scheduled it at
-        ``due_ms`` (``None``: it is being dead-lettered and may come back at
-        any time). Call :meth:`is_acked` first: a nack of an acknowledged
+        """The application nacked ``key``; the tracker scheduled it at ``due_ms`` (``None``: it is being
+        dead-lettered and may come back at any time). Call :meth:`is_acked` first: a nack of an acknowledged
         message must not reach the tracker (the broker would never send it)."""
-        tokens = []
+        self._positions.cover(key[4], key[2], key[0], key[1], key[3])
         held = self.held.pop(key, None)
-        if held is not None:
-            tokens = held.tokens
-        if self.forgotten:
-            self.forgotten.discard(key)
+        tokens: list[Token] = [] if held is None or not held.tokens else held.tokens
+        self.forgotten.discard(key)
         parked = self.parked.pop(key, None)  # nacked by id while a copy waited: that copy goes
         if parked is not None:
             tokens += parked.tokens + [parked.token]
@@ -208,11 +208,11 @@ class DeliveryCore:
         self.counts["nacks_after_ack"] += 1
 
     def fired(self, bucket_ms: int, entries: Iterable[MessageKey], now_ms: float) -> None:
-        """The tracker handed the bucket at ``bucket_ms`` (these entries) to the
-        adapter: their copies are on their way, each answering every nack of
-        its entry made so far (the tracker cancels the entry's later buckets).
-        O(k) for k entries, plus the entry's nacked messages for a batch entry."""
+        """The tracker handed the bucket at ``bucket_ms`` (these entries) to the adapter: their copies
+        are on their way, each answering every nack of its entry made so far (the tracker cancels the
+        entry's later buckets). O(k) for k entries, plus the entry's nacked messages for a batch entry."""
         for entry in entries:
+            self._positions.cover(entry.topic, entry.partition, entry.ledger_id, entry.entry_id, ALL_INDICES)
             record = self.records.get(entry)
             if record is None and self.is_acked(entry):
                 continue  # acked cumulatively meanwhile: the broker sends nothing
@@ -220,38 +220,34 @@ class DeliveryCore:
                 nack = self.requested[entry] = Nacked(bucket_ms, True)
                 self._expire_at(bucket_ms + self.overdue_ms, entry, nack)
                 continue
-            latest = bucket_ms
+            # The broker redelivers whole entries: this request's copy answers every nack of the entry so
+            # far, each parked until its own time here (the tracker cancels the entry's later buckets: a
+            # second request would send the entry again, to another consumer, a duplicate of each).
             for nack in record.nacked.values():
-                # The broker redelivers whole entries, so this request's copy answers every nack of
-                # the entry made so far: each is parked until its own time when the copy lands here.
-                # The tracker cancels the entry's later buckets (a second request would bring the
-                # entry again: to another consumer, with every sibling, a duplicate of each).
                 nack.fired = True
-                latest = max(latest, nack.release_ms)
             if self._dedup is None:
                 record.linger_until = max(record.linger_until, bucket_ms + self.overdue_ms)
-            # A later sibling's nack expires overdue_ms after its own time (no bucket of its own
-            # fires now): the record must wake up then too, or it outlives a copy that went elsewhere.
-            self._expire_at(bucket_ms + self.overdue_ms, entry, record)
-            if latest > bucket_ms:
-                self._expire_at(latest + self.overdue_ms, entry, record)
+            # and the record wakes overdue_ms after its latest nack's time, or it outlives a copy gone elsewhere
+            latest = max([bucket_ms, *(n.release_ms for n in record.nacked.values())])
+            self._expire_at(latest + self.overdue_ms, entry, record)
 
     def acked(self, key: MessageKey, now_ms: float) -> AckResult:
         """The broker accepted the application's ack of ``key``."""
         held = self.held.pop(key, None)
-        tokens: list[Token] = held.tokens if held is not None else []
+        tokens: list[Token] = [] if held is None or not held.tokens else held.tokens
+        if held is None:  # not held here: it may not have arrived yet
+            self._positions.cover(key[4], key[2], key[0], key[1], key[3])
         if self.parked:
             parked = self.parked.pop(key, None)
             if parked is not None:
                 tokens += parked.tokens + [parked.token]
         if self.requested:
             self.requested.pop(key, None)
-        if self.forgotten:
-            self.forgotten.discard(key)
+        self.forgotten.discard(key)
         if self._dedup is not None and key.topic is not None:
             self._dedup.seen_or_add(key.topic, key.ledger_id, key.entry_id, key.batch_index)
-        if key.batch_index < 0:
-            return AckResult(tokens, True)
+        if key.batch_index < 0 or not (self.records or self.blind):  # no record of its entry (FRESH: state.py)
+            return AckResult(tokens, True) if tokens else _ACKED_FRESH if held is _FRESH and key[3] < 0 else _ACKED
         record = self.records.get(key.entry)
         if record is None:  # nothing of the entry waits for a bucket: any left in the tracker is spurious
             return AckResult(tokens, not self.blind)
@@ -271,6 +267,7 @@ class DeliveryCore:
         where = (key.topic, key.partition)
         mark = (key.ledger_id, key.entry_id, key.batch_index)
         self._cumulative[where] = max(mark, self._cumulative.get(where, mark))
+        self._positions.cover(key.topic, key.partition, key.ledger_id, key.entry_id, key.batch_index)
         tokens = []
 
         def covered(k: MessageKey) -> bool:
@@ -293,9 +290,8 @@ class DeliveryCore:
         return tokens
 
     def release(self, now_ms: float) -> list[Token]:
-        """Parked copies whose time has come (now the application's), in
-        release order; expires overdue requests and records on the way.
-        O(r log n) for r copies released or states expired."""
+        """Parked copies whose time has come (now the application's), in release order; expires
+        overdue requests and records on the way. O(r log n) for r copies released or states expired."""
         out = []
         heap = self._release_heap
         while heap and heap[0].at_ms <= now_ms:
@@ -332,6 +328,7 @@ class DeliveryCore:
         ``fired``: its bucket fired before the save (or the restored tracker
         does not hold the entry), so the copy the broker resends is the one to
         park until due: nothing else will ask for it."""
+        self._positions.cover(entry.topic, entry.partition, entry.ledger_id, entry.entry_id, ALL_INDICES)
         record = self.records[entry] = EntryRecord(acked=None if self._dedup is not None else set())
         for index, due, fired in nacked:
             record.nacked[index] = Nacked(self.bucket_ms(due), fired)
@@ -340,8 +337,7 @@ class DeliveryCore:
 
     def note_position(self, topic: Optional[str], partition: int, ledger_id: int, entry_id: int) -> None:
         """Copies at or behind this position may be redeliveries (a restore)."""
-        where = (topic, partition)
-        self._high[where] = max(self._high.get(where, (-1, -1)), (ledger_id, entry_id))
+        self._positions.cover(topic, partition, ledger_id, entry_id, ALL_INDICES)
 
     def pending_batch_nacks(self) -> Iterable[tuple[MessageKey, int, int, bool]]:
         """``(entry, batch_index, release_ms, fired)`` of every nacked batch
@@ -357,7 +353,7 @@ class DeliveryCore:
     # -- internals ---------------------------------------------------------------------
 
     def _surface(self, key: MessageKey, tokens: list[Token]) -> Verdict:
-        self.held[key] = Held(tokens)
+        self.held[key] = Held(tokens) if tokens else _HELD
         return Verdict.SURFACE
 
     def _due_or_park(self, key: MessageKey, release_ms: int, token: Token, tokens: list[Token],
@@ -368,16 +364,6 @@ class DeliveryCore:
         parked = self.parked[key] = Parked(release_ms, token, tokens)
         heapq.heappush(self._release_heap, _Deadline(release_ms, next(self._seq), key, parked))
         return Verdict.PARK
-
-    def _maybe_redelivery(self, key: MessageKey) -> bool:
-        """First deliveries arrive in position order per partition: only a copy
-        at or behind the highest position seen can be a redelivery."""
-        where, position = (key.topic, key.partition), (key.ledger_id, key.entry_id)
-        high = self._high.get(where)
-        if high is None or position > high:
-            self._high[where] = position
-            return False
-        return True
 
     def _maybe_end(self, entry: MessageKey, record: EntryRecord, now_ms: float) -> None:
         """Drop a record with nothing nacked left, unless (``dedup=False``) it

@@ -12,8 +12,9 @@ import _pulsar
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
-from .._checks import MAX_DUE, check_delay_ms, check_int, check_precision
+from .._checks import MAX_DUE, check_default_delay, check_delay_ms, check_int, check_precision
 from ..adapters.pulsar import MIN_NACK_DELAY_MS
+from .direct import ReceivedMessage, message_key_of
 from ..keys import MessageKey, key_of
 
 __all__ = ["ConsumerOptions", "subscribe", "batch_size", "check_timeout_ms", "seek_target", "key_and_count",
@@ -42,6 +43,10 @@ class ConsumerOptions:
     prefetch: int = 16
     snapshot_path: Optional[str] = None
     snapshot_interval_s: Optional[float] = 5.0
+    #: a snapshot path that cannot be restored at start (corrupted, unreadable, its directory missing) or
+    #: written at close: "raise" a SnapshotError (at start nothing starts; at close once all else is closed),
+    #: or "ignore" (logged, counted in snapshot_failures; a corrupted file is moved aside). The saves in
+    #: between never raise (logged and counted either way).
     snapshot_on_error: str = "raise"
     dedup: bool = True
     dedup_capacity: int = 1_000_000
@@ -63,7 +68,7 @@ class ConsumerOptions:
         if unknown:
             raise TypeError(f"unknown TrackedConsumer option(s): {', '.join(sorted(unknown))}")
         o = dict(options)
-        o["delay_ms"] = check_delay_ms("delay_ms", o.get("delay_ms", 60_000))
+        o["delay_ms"] = check_default_delay("delay_ms", o.get("delay_ms", 60_000))
         check_precision(o.get("precision_bits", 0), "floor")
         for name in ("lead_ms", "min_gap_ms"):
             if o.get(name) is not None:
@@ -172,6 +177,8 @@ def key_and_count(message: Any, own_topic: Optional[str],
     """The key and redelivery count of a Message or id the application passed;
     a bare id gets ``own_topic``, or on a multi-topic consumer (``None``) the
     topic of the ``held`` message it names (O(held)). A MessageKey: TypeError."""
+    if type(message) is ReceivedMessage:  # its key was built on arrival
+        return message_key_of(message), message.redelivery_count()
     if isinstance(message, MessageKey):
         raise TypeError("pass a pulsar Message or MessageId, not a MessageKey")
     if isinstance(message, pulsar.MessageId):
@@ -188,6 +195,8 @@ def key_and_count(message: Any, own_topic: Optional[str],
 def message_key(message: Any, own_topic: Optional[str], held: Iterable[MessageKey]) -> MessageKey:
     """:func:`key_and_count` without the count; a received ``pulsar.Message``
     (the hot path: every receive and ack) skips the generic checks. O(1)."""
+    if type(message) is ReceivedMessage:
+        return message_key_of(message)  # built once, on arrival
     if type(message) is pulsar.Message:
         mid = message.message_id()
         return MessageKey(mid.ledger_id(), mid.entry_id(), mid.partition(), mid.batch_index(), message.topic_name())

@@ -89,12 +89,17 @@ class SnapshotStore:
                                    "loop (restored delays count on its clock); nacktracker.subscribe does "
                                    "that") from None
         path = self.path
+        unread = "its nacked messages surface as soon as the broker resends them; saves to it fail (counted)"
         try:
             data = _snapshot.read_file(path)
         except FileNotFoundError:
             if not os.path.isdir(os.path.dirname(path)):
-                raise FileNotFoundError(f"snapshot_path {path!r}: its directory does not exist") from None
+                self._refuse_or_skip(path, SnapshotError("its directory does not exist"), unread, keep=True)
             return NegativeAcksTracker(adapter, **options), 0  # a first start
+        except OSError as exc:  # a directory, no permission, an I/O error
+            self._refuse_or_skip(path, SnapshotError(f"it cannot be read ({exc.strerror or exc})"), unread,
+                                 keep=True)
+            return NegativeAcksTracker(adapter, **options), 0
         try:
             snap = _snapshot.decode(data)
         except SnapshotError as exc:
@@ -151,6 +156,8 @@ class SnapshotStore:
             raw = _snapshot.read_file(path)
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            raise SnapshotError(f"batch records cannot be read ({exc.strerror or exc})") from None
         head, _, body = raw.partition(b"\n")
         try:
             if len(head) != 8 or int(head, 16) != zlib.crc32(body):
@@ -169,12 +176,22 @@ class SnapshotStore:
             raise SnapshotError(f"corrupted batch records: {exc}") from None
         return entries
 
-    def _refuse_or_skip(self, path: str, exc: SnapshotError, consequence: str) -> None:
-        """A corrupted file at start: refuse (default), or move it aside and go on."""
+    def _refuse_or_skip(self, path: str, exc: SnapshotError, consequence: str, keep: bool = False) -> None:
+        """A snapshot file that cannot be restored at start: refuse (default),
+        or go on without it (a corrupted file is moved aside, ``keep``: a path
+        that cannot be read is left as it is)."""
         if self.on_error == "raise":
-            raise SnapshotError(f"cannot restore {path}: {exc}. Nothing was started: move the file away, or pass "
+            raise SnapshotError(f"cannot restore {path}: {exc}. Nothing was started: fix or move the path, or pass "
                                 f"snapshot_on_error='ignore' to start without it ({consequence})") from None
-        os.replace(path, path + ".corrupt")
+        if keep:
+            log.warning("cannot restore %s (%s); starting without it: %s", path, exc, consequence)
+            return
+        try:
+            os.replace(path, path + ".corrupt")
+        except OSError as move:
+            log.warning("cannot restore %s (%s) nor move it aside (%s); starting without it: %s",
+                        path, exc, move, consequence)
+            return
         log.warning("cannot restore %s (%s); moved to %s.corrupt and starting without it: %s",
                     path, exc, path, consequence)
 
@@ -204,21 +221,28 @@ class SnapshotStore:
         self.saved += 1
 
     async def final_save(self, tracker: NegativeAcksTracker, core: DeliveryCore) -> Optional[Exception]:
-        """The save on close: a failure is logged, counted and returned (the
-        consumer raises it once everything else is closed)."""
+        """The save on close: a failure is logged and counted, and returned
+        (the consumer raises it once everything else is closed) unless
+        ``snapshot_on_error="ignore"``."""
         try:
             await self.save(tracker, core)
         except Exception as exc:
             self.failures += 1
             log.error("final snapshot to %s failed: %r", self.path, exc)
-            return exc
+            return exc if self.on_error == "raise" else None
         return None
 
     def _write_files(self, data: bytes, batches: bytes, counts: Optional[bytes] = None) -> None:
-        _snapshot.write_atomic(self.path, data)
-        _snapshot.write_atomic(self.path + BATCHES_SUFFIX, batches)
+        """The files, atomically each; a path that cannot be written is a
+        :class:`SnapshotError` (its ``__cause__`` the ``OSError``)."""
+        files = [(self.path, data), (self.path + BATCHES_SUFFIX, batches)]
         if counts is not None:
-            _snapshot.write_atomic(self.path + COUNTS_SUFFIX, counts)
+            files.append((self.path + COUNTS_SUFFIX, counts))
+        for path, content in files:
+            try:
+                _snapshot.write_atomic(path, content)
+            except OSError as exc:
+                raise SnapshotError(f"cannot write snapshot {path}: {exc.strerror or exc}") from exc
 
     async def run_saver(self, interval_s: float, tracker: NegativeAcksTracker, core: DeliveryCore) -> None:
         """Save every ``interval_s``. A failed save (disk full, the directory
@@ -231,16 +255,28 @@ class SnapshotStore:
                 self.failures += 1
                 log.warning("snapshot to %s failed (next try in %g s): %r", self.path, interval_s, exc)
 
-    async def remove(self) -> None:
+    async def remove(self) -> Optional[Exception]:
         """Delete both files (after unsubscribing: the nacks went with the
-        subscription), once a write in flight has finished."""
+        subscription), once a write in flight has finished. A path that
+        cannot be deleted is logged and counted, and returned as a
+        :class:`SnapshotError` (raised by the consumer once everything else is
+        closed) unless ``snapshot_on_error="ignore"``."""
         if self._writing is not None:
             await asyncio.wait({self._writing})
+        error: Optional[Exception] = None
         for path in (self.path, self.path + BATCHES_SUFFIX, self.path + COUNTS_SUFFIX):
             try:
                 os.unlink(path)
             except FileNotFoundError:
                 pass
+            except OSError as exc:
+                self.failures += 1
+                log.error("cannot remove snapshot %s after unsubscribing: %r", path, exc)
+                if error is None and self.on_error == "raise":
+                    error = SnapshotError(f"cannot remove snapshot {path} after unsubscribing: "
+                                          f"{exc.strerror or exc}")
+                    error.__cause__ = exc
+        return error
 
 
 def _nacked(item: Any) -> tuple[int, int, int]:

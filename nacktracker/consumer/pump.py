@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Awaitable, Callable, Optional
+from typing import Any, Awaitable, Callable, Optional, Union
 
 from .errors import ConsumerClosed, ReceiveTimeout
 
@@ -19,20 +19,31 @@ __all__ = ["ReceivePump"]
 log = logging.getLogger("nacktracker.consumer")
 
 _STOP = object()  # queue sentinel: the pump stopped (closed or failed)
+_FUTURE = asyncio.Future
 
 
 class ReceivePump:
     """Pulls from ``consumer`` into a queue of at most ``prefetch`` messages
     (the client's receiver queue does the real buffering); ``admit(msg)``
-    decides what goes in. ``put`` adds a message from elsewhere (a parked
-    copy released at its time). ``on_resume()`` is called when the pump goes
-    on after waiting for the application: what arrives next sat in the
-    client's queue meanwhile (the adapter must not learn its path latency
-    from those)."""
+    decides what goes in: ``True`` (queue it), ``False`` (drop it), or an
+    awaitable to finish before the next receive (e.g. acks of dropped
+    copies). ``put`` adds a message from elsewhere (a parked copy released at
+    its time). ``on_resume()`` is called when the pump goes on after waiting
+    for the application: what arrives next sat in the client's queue
+    meanwhile (the adapter must not learn its path latency from those).
 
-    def __init__(self, consumer: Any, admit: Callable[[Any], Awaitable[bool]], prefetch: int,
-                 on_resume: Optional[Callable[[], None]] = None) -> None:
+    ``direct(consumer)``: a :class:`~.direct.DirectConsumer` for it or
+    ``None``, made when the pump starts (on the loop); with one the pump
+    takes the messages already in the client's queue without a loop round
+    trip each (up to ``prefetch`` per loop iteration), else it awaits
+    ``consumer.receive()``."""
+
+    def __init__(self, consumer: Any, admit: Callable[[Any], Union[bool, Awaitable[Any]]], prefetch: int,
+                 on_resume: Optional[Callable[[], None]] = None,
+                 direct: Optional[Callable[[Any], Any]] = None) -> None:
         self._consumer = consumer
+        self._make_direct = direct
+        self.direct: Any = None  # the consumer's DirectConsumer, once started
         self._admit = admit
         self._prefetch = prefetch
         self._on_resume = on_resume
@@ -44,6 +55,7 @@ class ReceivePump:
         self.expect_failure = False  # closing or unsubscribing: a failing receive() is no news
 
     def start(self) -> None:
+        self.direct = self._make_direct(self._consumer) if self._make_direct is not None else None
         self.task = asyncio.get_running_loop().create_task(self._run(), name="nacktracker-pump")
 
     @property
@@ -55,9 +67,27 @@ class ReceivePump:
     def put(self, msg: Any) -> None:
         self._queue.put_nowait(msg)
 
+    def poll(self) -> Any:
+        """The next message if one waits, else ``None`` (then await
+        :meth:`get`); the pump's error or :class:`ConsumerClosed` once it
+        stopped. O(1), no await: a receive that finds a message waiting costs
+        no loop iteration."""
+        queue = self._queue
+        if queue.empty():
+            return None
+        item = queue.get_nowait()
+        if item is _STOP:
+            queue.put_nowait(_STOP)  # keep waking the other receivers
+            raise self.error if self.error is not None else ConsumerClosed()
+        if queue.qsize() < self._prefetch:
+            self._space.set()
+        return item
+
     async def get(self, timeout_ms: Optional[int]) -> Any:
         """The next message; :class:`ReceiveTimeout` after ``timeout_ms``; the
         pump's error or :class:`ConsumerClosed` once it stopped. O(1)."""
+        if not self._queue.empty():
+            return self.poll()  # no loop iteration
         if timeout_ms is None:
             item = await self._queue.get()
         elif timeout_ms == 0:  # a poll (wait_for with 0 would not even look at the queue)
@@ -106,17 +136,26 @@ class ReceivePump:
         self._queue.put_nowait(_STOP)
 
     async def _run(self) -> None:
+        direct, queue, admit = self.direct, self._queue, self._admit
         try:
             while True:
-                if self._queue.qsize() >= self._prefetch:
+                if queue.qsize() >= self._prefetch:
                     self._space.clear()
                     await self._space.wait()
                     if self._on_resume is not None:
                         self._on_resume()
-                msg = await self._consumer.receive()
+                if direct is None:
+                    msg = await self._consumer.receive()
+                else:
+                    msg = direct.receive()  # a message already in the client's queue, or a future of the next
+                    if type(msg) is _FUTURE:
+                        msg = direct.wrap(await msg)
                 self.received += 1
-                if await self._admit(msg):
-                    self._queue.put_nowait(msg)
+                admitted = admit(msg)
+                if admitted is True:
+                    queue.put_nowait(msg)
+                elif admitted is not False:
+                    await admitted
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the consumer was closed or failed: tell the receivers

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable, Optional, Union
+from typing import Any, Awaitable, Callable, Optional, Union
 
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
@@ -26,6 +26,7 @@ from ..keys import MessageKey
 from ..tracker import FiredCell, NegativeAcksTracker
 from .core import DeliveryCore, Verdict
 from .dead_letters import quietly
+from .direct import DirectConsumer, acknowledged
 from .errors import ConsumerClosed, NotReceivedError
 from .failures import ConsumerDeadLetters, FailureHandling, dead_letter, reconsume_later
 from .lateness import RedeliveryLateness
@@ -97,7 +98,7 @@ class TrackedConsumer:
                                  pending=self._pending, overdue_ms=COPY_OVERDUE_MS)
         self.lateness = RedeliveryLateness(self.core)  # stats()["lateness_ms"]; add_listener: the metrics' histogram
         self._pump = ReceivePump(consumer, self._admit, opts.prefetch,
-                                 on_resume=getattr(self.adapter, "forget_handed", None))
+                                 on_resume=getattr(self.adapter, "forget_handed", None), direct=DirectConsumer.of)
         self._saver: Optional[asyncio.Task] = None
         self._release = ReleaseTimer(self.core, lambda: self.tracker.clock, self._pump.put)
         self._closed = False
@@ -130,10 +131,9 @@ class TrackedConsumer:
     # -- receiving -----------------------------------------------------------------
 
     async def receive(self, timeout_ms: Optional[int] = None) -> pulsar.Message:
-        """The next message. ``timeout_ms``: give up after that long and raise
-        :class:`ReceiveTimeout` (a ``pulsar.Timeout``); no message is lost by
-        the timeout or by cancelling the caller. Raises :class:`ConsumerClosed`
-        once closed. Runtime: O(1)."""
+        """The next message. ``timeout_ms``: give up after that long and raise :class:`ReceiveTimeout` (a
+        ``pulsar.Timeout``); no message is lost by the timeout or by cancelling the caller. Raises
+        :class:`ConsumerClosed` once closed. Runtime: O(1), no loop iteration when a message waits."""
         if timeout_ms is not None:
             timeout_ms = check_timeout_ms(timeout_ms)
         self._check_open()
@@ -157,19 +157,19 @@ class TrackedConsumer:
                 self._store.run_saver(self.options.snapshot_interval_s, self.tracker, self.core),
                 name="nacktracker-snapshots")
 
-    async def _admit(self, msg: Any) -> bool:
-        """Ask the core about a copy from the broker; whether it goes to the application now."""
+    def _admit(self, msg: Any) -> Union[bool, Awaitable[None]]:
+        """Whether a copy from the broker goes to the application now, or what to await first (acks)."""
         key = self._message_key(msg)
         if self._arrived is not None and self.adapter.awaiting_arrivals and self.core.seen(key):
             # a copy of a message seen before: the adapter learns its path latency (first copies of an
             # entry's other messages, still arriving after one of them was nacked, answer no request)
             self._arrived(key.entry)
-        verdict = self._decide(key, msg)
+        verdict = Verdict.SURFACE if self.core.first_delivery(key) else self._decide(key, msg)  # first: O(1)
         if verdict is Verdict.SURFACE:
             return self._failures.surfacing(msg)
         if verdict is Verdict.DROP_ACKED:
-            await self._ack_copies([msg])  # tells the broker again (an ack lost in a restart)
-        elif verdict is Verdict.DROP_EARLY and self._local is not None:
+            return self._ack_copies([msg])  # tells the broker again (an ack lost in a restart)
+        if verdict is Verdict.DROP_EARLY and self._local is not None:
             self._local.held_back(key, msg)
         return False
 
@@ -194,7 +194,7 @@ class TrackedConsumer:
 
     async def _acknowledge(self, message: Any, key: Optional[MessageKey] = None) -> None:  # dead letters too
         key = key or self._message_key(message)
-        await self._consumer.acknowledge(message)
+        await acknowledged(self._pump.direct, self._consumer, message)
         result = self.core.acked(key, self.tracker.clock.now_ms())
         self._failures.acked(key)
         if self._local is not None:
@@ -226,7 +226,7 @@ class TrackedConsumer:
         batch-index acks). A failure is logged: the message itself is acked."""
         for token in tokens:
             try:
-                await self._consumer.acknowledge(token)
+                await acknowledged(self._pump.direct, self._consumer, token)
             except Exception as exc:
                 self._counts["copy_ack_failures"] += 1
                 log.debug("ack of a dropped copy failed: %r", exc)
@@ -387,7 +387,7 @@ class TrackedConsumer:
         if self._store is not None and close_consumer:
             save_error = await self._store.final_save(self.tracker, self.core)
         elif self._store is not None:  # unsubscribed: the nacks went with the subscription
-            await self._store.remove()
+            save_error = await self._store.remove()
         aclose = getattr(self.adapter, "aclose", None)
         if aclose is not None:
             await aclose()

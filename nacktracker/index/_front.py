@@ -194,33 +194,43 @@ class FrontMixin:
                     low = min(low, o)
             w.packed = keep if keep else NO_PACKED
         else:  # compacted in place, into the tail's own arrays (new arrays per take fragmented the heap)
+            got, rest, low = self._split_tail(w, off)
             arrays = [*w.spill, packed] if packed else list(w.spill)
-            views = w.tail()
-            tail = np.concatenate(views) if len(views) > 1 else views[0]
-            offs = lay.offsets(tail)
-            hit = offs == off
-            got = u64_array(tail[hit])
-            rest = tail[~hit]
-            left = len(rest)
-            low = int(offs[~hit].min()) if left else Window.NO_TAIL
-            at = 0
-            for part in views:  # refill the arrays in order; the emptied ones at the end go
-                k = min(len(part), len(rest) - at)
-                part[:k] = rest[at:at + k]
+            left, at = len(rest), 0
+            for a in arrays:  # refill the arrays in order; the emptied ones at the end go
+                k = min(len(a), left - at)
+                if k > 0:  # through a view that dies with this statement (none is kept in a local)
+                    np.frombuffer(a, dtype=np.uint64)[:k] = rest[at:at + k]
                 at += k
-            del views, part, tail, offs, hit, rest  # no view may outlive this: the arrays shrink below
             keep = []
             for a in arrays:
                 if left <= 0:
                     break
                 if len(a) > left:
-                    del a[left:]
+                    try:
+                        del a[left:]
+                    except BufferError:  # someone else holds a view of it (a debugger's frame): copy
+                        a = a[:left]
                 keep.append(a)
                 left -= len(a)
             w.packed = keep.pop() if keep else NO_PACKED
             w.spill = keep if keep else NO_SEGMENTS
         w.tail_min = low
         return got
+
+    def _split_tail(self, w: Window, off: int) -> tuple[array.array, np.ndarray, int]:
+        """The tail's copies of bucket ``off`` (a new array), the others (a
+        copy, in order) and their smallest offset, changing nothing. Only
+        copies leave this frame: a view of the tail's arrays kept past here
+        (even in a frame's ``f_locals`` dict, which a profiler or debugger
+        reading locals fills and keeps until the frame goes) would make the
+        resize that follows raise ``BufferError``. Runtime: O(t) in C."""
+        tail = np.concatenate(w.tail())  # a copy, even of one array; the views were a temporary
+        offs = self._lay.offsets(tail)
+        hit = offs == off
+        rest = tail[~hit]
+        low = int(offs[~hit].min()) if len(rest) else Window.NO_TAIL
+        return u64_array(tail[hit]), rest, low
 
     def _by_slot(self, parts: list[array.array]) -> Iterator[tuple[int, BitMap]]:
         """Packed values of one bucket as ``(slot, bitmap of entry ids)``: a

@@ -1,0 +1,169 @@
+"""Receives and acks that skip ``pulsar.asyncio``'s round trip through the event loop.
+
+``pulsar.asyncio`` completes every call through ``loop.call_soon_threadsafe``: one
+wakeup of the event loop (a write to its self-pipe, a ``select``, a task step) per
+``receive()`` and per ``acknowledge()``, although the C++ client calls back at once,
+in the calling thread, when a message is already in its receiver queue (receive)
+or acks are grouped (acknowledge; its default). :class:`DirectConsumer` takes such
+an answer at once; only an answer that comes later, from the client's threads,
+goes through a future as ``pulsar.asyncio`` does. Measured by
+``bench/consume_throughput.py``.
+
+Used only for a ``pulsar.asyncio.Consumer`` whose C++ consumer and schema are in
+``._consumer`` and ``._schema`` (pulsar-client 3.x; see :meth:`DirectConsumer.of`);
+anything else goes through its public async methods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from threading import get_ident
+from typing import Any, Awaitable, Optional, Union
+
+import _pulsar
+import pulsar
+import pulsar.asyncio as pulsar_asyncio
+
+from ..keys import MessageKey
+
+__all__ = ["DirectConsumer", "ReceivedMessage", "acknowledge", "acknowledged", "message_key_of"]
+
+_OK = _pulsar.Result.Ok
+
+
+class ReceivedMessage(pulsar.Message):
+    """A ``pulsar.Message`` as the client's own wrapper makes it (``_message``,
+    ``_schema``), plus its :class:`MessageKey` once the consumer has built it:
+    a message's key is built once, on arrival, and its ack reuses it."""
+
+    __slots__ = ("nacktracker_key",)
+
+
+class _Call:
+    """One call into the C++ consumer: its answer, taken at once when the
+    client calls back during the call in this thread, else through a future."""
+
+    __slots__ = ("answer", "value", "calling", "future", "loop", "thread")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, thread: int) -> None:
+        self.answer: Any = None  # the client's Result, once called back during the call
+        self.value: Any = None
+        self.calling = True
+        self.future: Optional[asyncio.Future] = None
+        self.loop, self.thread = loop, thread
+
+    def done(self, result: Any, value: Any = None) -> None:
+        """The client's callback: in the calling thread during the call, or
+        later in one of the client's threads (or in this one, from another
+        call into the client: e.g. a close that fails the pending receive)."""
+        if self.calling and get_ident() == self.thread:
+            self.answer, self.value = result, value
+            return
+        try:
+            self.loop.call_soon_threadsafe(self._settle, result, value)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
+
+    def _settle(self, result: Any, value: Any) -> None:
+        future = self.future
+        if future is None or future.done():  # the waiter was cancelled (the pump stopped)
+            return
+        if result == _OK:
+            future.set_result(value)
+        else:
+            future.set_exception(pulsar_asyncio.PulsarException(result))
+
+
+class DirectConsumer:
+    """The receive and acknowledge of one ``pulsar.asyncio.Consumer``, without a
+    loop round trip when the client answers at once. Create it on the loop."""
+
+    def __init__(self, consumer: pulsar_asyncio.Consumer) -> None:
+        self._raw = consumer._consumer
+        self._schema = consumer._schema
+        self._loop = asyncio.get_running_loop()
+        self._thread = get_ident()
+
+    @classmethod
+    def of(cls, consumer: Any) -> Optional["DirectConsumer"]:
+        """One for ``consumer`` if it is a ``pulsar.asyncio.Consumer`` laid out
+        as this module expects (else ``None``: use its public methods)."""
+        if type(consumer) is not pulsar_asyncio.Consumer:
+            return None
+        raw = getattr(consumer, "_consumer", None)
+        if not (callable(getattr(raw, "receive_async", None)) and callable(getattr(raw, "acknowledge_async", None))
+                and hasattr(consumer, "_schema")):
+            return None
+        return cls(consumer)
+
+    def receive(self) -> Union[ReceivedMessage, "asyncio.Future[Any]"]:
+        """The next message if the client has one queued (no loop round trip),
+        else a future of the client's message (pass its result to
+        :meth:`wrap`). Raises ``PulsarException`` as ``receive()``. Cancelling
+        the future loses the message it would have got to this consumer (it
+        goes back to the subscription when the consumer closes), as
+        cancelling ``receive()`` does: only the pump, stopping, does that."""
+        call = _Call(self._loop, self._thread)
+        try:
+            self._raw.receive_async(call.done)
+        finally:
+            call.calling = False
+        if call.answer is None:
+            call.future = self._loop.create_future()
+            return call.future
+        if call.answer != _OK:
+            raise pulsar_asyncio.PulsarException(call.answer)
+        return self.wrap(call.value)
+
+    def wrap(self, raw: Any) -> ReceivedMessage:
+        """A client's message in the wrapper ``receive()`` would return."""
+        msg = ReceivedMessage()
+        msg._message = raw
+        msg._schema = self._schema
+        msg.nacktracker_key = None
+        return msg
+
+    def acknowledge(self, message: pulsar.Message) -> Optional["asyncio.Future[None]"]:
+        """Acknowledge a received message: ``None`` once the client accepted
+        it during the call, else a future of its answer. Raises
+        ``PulsarException`` as ``acknowledge()``."""
+        call = _Call(self._loop, self._thread)
+        try:
+            self._raw.acknowledge_async(message._message, call.done)
+        finally:
+            call.calling = False
+        if call.answer is None:
+            call.future = self._loop.create_future()
+            return call.future
+        if call.answer != _OK:
+            raise pulsar_asyncio.PulsarException(call.answer)
+        return None
+
+
+def acknowledge(direct: Optional[DirectConsumer], consumer: Any, message: Any) -> Optional[Awaitable[None]]:
+    """Acknowledge ``message``: through ``direct`` for a message it received
+    (``None`` once accepted at once), else ``consumer.acknowledge(message)``
+    (a coroutine to await)."""
+    if direct is not None and type(message) is ReceivedMessage:
+        return direct.acknowledge(message)
+    return consumer.acknowledge(message)
+
+
+async def acknowledged(direct: Optional[DirectConsumer], consumer: Any, message: Any) -> None:
+    """:func:`acknowledge`, awaited: no loop iteration when the client accepts
+    the ack during the call."""
+    waiting = acknowledge(direct, consumer, message)
+    if waiting is not None:
+        await waiting
+
+
+def message_key_of(msg: ReceivedMessage) -> MessageKey:
+    """The key of a received message, built once (from the C++ message: two
+    Python frames fewer than through the wrapper). O(1)."""
+    key = msg.nacktracker_key
+    if key is None:
+        raw = msg._message
+        mid = raw.message_id()
+        key = msg.nacktracker_key = MessageKey(mid.ledger_id(), mid.entry_id(), mid.partition(), mid.batch_index(),
+                                               raw.topic_name())
+    return key

@@ -1,0 +1,92 @@
+"""`make mutate`: mutation testing of the core modules against the fast tests.
+
+Runs mutmut (configured in pyproject.toml, ``[tool.mutmut]``: tracker.py,
+consumer/core.py, index/, backoff.py, snapshot.py; the tests that need no
+broker, no Spark and no subprocess), times it, and writes
+``mutation/latest.md``: the score per module (killed / all mutants tested,
+timeouts count as killed) and every survivor with its diff. The committed
+``mutation/REPORT.md`` gives a reason for each survivor kept (an equivalent
+mutant) or names the test added for it.
+
+    python tools/mutate.py [--max-children N] [--only-report]
+
+Hypothesis runs its derandomized ``ci`` profile (tests/run_checks.py), so a
+rerun on the same code gives the same survivors. It takes long (tens of
+minutes to hours on 2 cores): it is not part of ``make test``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+KILLED = {1, 3, 36, 24, -24, 152, 255, 37}  # killed, pytest internal error, timeouts, type check
+SURVIVED = {0}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--only-report", action="store_true", help="summarise the last run, run nothing")
+    ap.add_argument("--out", default=str(ROOT / "mutation" / "latest.md"))
+    args = ap.parse_args()
+    mutmut = [sys.executable, "-m", "mutmut"]
+    seconds = None
+    if not args.only_report:
+        env = {**os.environ, "NACKTRACKER_HYPOTHESIS": "ci"}
+        started = time.monotonic()
+        proc = subprocess.run([*mutmut, "run", "--max-children", str(args.max_children)], cwd=ROOT, env=env)
+        seconds = time.monotonic() - started
+        if proc.returncode not in (0, 1):
+            print(f"mutmut run exited {proc.returncode}", file=sys.stderr)
+            return proc.returncode
+    by_module: dict[str, Counter] = defaultdict(Counter)
+    survivors: list[tuple[str, str]] = []
+    for meta in sorted((ROOT / "mutants").rglob("*.py.meta")):
+        module = str(meta.relative_to(ROOT / "mutants"))[: -len(".meta")]
+        data = json.loads(meta.read_text())
+        for name, code in sorted(data["exit_code_by_key"].items()):
+            kind = "killed" if code in KILLED else "survived" if code in SURVIVED else \
+                "not checked" if code is None else "no tests" if code in (5, 33) else f"other ({code})"
+            by_module[module][kind] += 1
+            if kind != "killed":
+                survivors.append((module, name))
+    if not by_module:
+        print("no mutmut results under mutants/: run without --only-report first", file=sys.stderr)
+        return 1
+    lines = ["# Mutation testing: the last `make mutate`", ""]
+    if seconds is not None:
+        lines += [f"Run time: {seconds / 60:.1f} min with --max-children {args.max_children}; "
+                  f"load average at the end: {Path('/proc/loadavg').read_text().split()[0]}.", ""]
+    lines += ["| module | mutants | killed | survived | no tests | not checked | score |", "|---|---|---|---|---|---|---|"]
+    total = Counter()
+    for module, c in sorted(by_module.items()):
+        total.update(c)
+        n = sum(c.values())
+        tested = c["killed"] + c["survived"]
+        lines.append(f"| {module} | {n} | {c['killed']} | {c['survived']} | {c['no tests']} | {c['not checked']} | "
+                     f"{c['killed'] / tested:.1%} |" if tested else f"| {module} | {n} | 0 | 0 | - | - | - |")
+    tested = total["killed"] + total["survived"]
+    lines.append(f"| **all** | {sum(total.values())} | {total['killed']} | {total['survived']} | {total['no tests']} | "
+                 f"{total['not checked']} | {total['killed'] / max(tested, 1):.1%} |")
+    lines += ["", "## Survivors (and mutants no test reaches)", ""]
+    for _module, name in survivors:
+        diff = subprocess.run([*mutmut, "show", name], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        lines += [f"### {name}", "", "```diff", diff, "```", ""]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines[: lines.index("## Survivors (and mutants no test reaches)")]))
+    print(f"written: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
