@@ -102,6 +102,8 @@ def missing_dependencies() -> list[str]:
     java = _java_problem()
     if java:
         problems.append(java)
+    if shutil.which("mvn") is None:  # the Apache Pulsar test broker's class path comes from Maven Central
+        problems.append("Maven is not installed (no `mvn` on PATH: Apache Pulsar's test broker is resolved with it)")
     return problems
 
 
