@@ -12,7 +12,15 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import time
 from typing import Callable, Protocol
+
+
+def wall_ms() -> float:
+    """Wall-clock milliseconds since the epoch: only to place a time another
+    process wrote (a retry letter's publish time plus its delay) on a monotonic
+    clock, never to schedule by."""
+    return time.time() * 1000.0
 
 
 class TimerHandle(Protocol):

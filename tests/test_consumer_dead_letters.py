@@ -130,19 +130,15 @@ async def test_a_dead_letter_failing_during_close_stays_pending_and_in_the_snaps
     assert restored.pending == 1 and copy in restored
     # a restart finds it: it comes back (not acknowledged), and its next nack dead-letters it. Apache
     # Pulsar resends a closed consumer's messages with the redelivery count reset to 0 (pulsar-lite
-    # counts the close as a redelivery): there it takes one more nack, as for any consumer restart.
+    # counts the close as a redelivery); the consumer's own count, restored with the snapshot, still
+    # says at least 1 (docs/retries.md), so on both brokers the next nack dead-letters it.
     dlq = f"{t}-sub-DLQ"
     inspect = pumps(await client.subscribe(dlq, "inspect", consumer_type=Shared, initial_position=Earliest))
     async with await nacktracker.subscribe(client, t, "sub", initial_position=Earliest, precision_bits=0,
                                            max_redeliveries=1, snapshot_path=path) as again:
         assert again.stats()["restored"] == 1
         back = await again.receive(timeout_ms=10_000)
-        assert back.data() == b"m0"
-        if broker_kind == "apache":
-            assert back.redelivery_count() == 0
-            await again.negative_acknowledge(back, delay_ms=100)
-            back = await again.receive(timeout_ms=10_000)
-        assert back.data() == b"m0" and back.redelivery_count() >= 1
+        assert back.data() == b"m0"  # (its broker count: 0 or more on Apache Pulsar, 1 or more on pulsar-lite)
         await again.negative_acknowledge(back)
         _, dead = await inspect.get(10)
         assert dead.data() == b"m0"

@@ -15,6 +15,10 @@ thin front over ``Fetcher``/``SubscriptionState``:
 * :mod:`.options` -- option checks and :func:`subscribe`.
 * :mod:`.persist` -- snapshots (pending nacks and batch records across restarts).
 * :mod:`.dead_letters` -- dead-letter publishing (one producer per dead-letter topic, in order).
+* :mod:`.failures` -- retry letters (``reconsume_later``), terminal dead letters
+  (``dead_letter``), ack timeouts and the consumer's own delivery counts, over
+  :mod:`.retry_letters` (Java's names and properties, pure), :mod:`.retries`,
+  :mod:`.ack_timeout` and :mod:`.counts` (pure); see ``docs/retries.md``.
 * :mod:`.errors` -- the exceptions.
 
 Only the core is imported eagerly: it needs no pulsar-client.

@@ -53,18 +53,19 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import datetime
 import logging
 import secrets
 import string
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Optional, Union
+from typing import Any, Optional, Union
 
 import _pulsar
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
 import pulsar.schema
 
-__all__ = ["DeadLetterPublisher", "ConsumerDeadLetters", "DeadLetterError", "DeadLetterPublisherClosed", "dead_letter_topic",
+__all__ = ["DeadLetterPublisher", "DeadLetterError", "DeadLetterPublisherClosed", "dead_letter_topic",
            "producer_name", "java_message_id", "quietly", "PROPERTY_REAL_TOPIC", "PROPERTY_REAL_SUBSCRIPTION", "PROPERTY_ORIGIN_MESSAGE_ID"]
 
 log = logging.getLogger(__name__)
@@ -105,9 +106,10 @@ def dead_letter_topic(source_topic: str, subscription: str) -> str:
     return f"{source_topic}-{subscription}-DLQ"
 
 
-def producer_name(source_topic: str, subscription: str, consumer_name: str) -> str:
-    """Java's dead-letter producer name: ``<topic>-<subscription>-<consumerName>-<5 random>-DLQ``."""
-    return f"{source_topic}-{subscription}-{consumer_name}-{random_name()}-DLQ"
+def producer_name(source_topic: str, subscription: str, consumer_name: str, kind: str = "DLQ") -> str:
+    """Java's dead-letter producer name: ``<topic>-<subscription>-<consumerName>-<5 random>-DLQ``
+    (``kind="RETRY"``: the same shape for a retry-letter producer)."""
+    return f"{source_topic}-{subscription}-{consumer_name}-{random_name()}-{kind}"
 
 
 def random_name() -> str:
@@ -164,7 +166,8 @@ class DeadLetterPublisher:
 
     def __init__(self, client: pulsar_asyncio.Client, *, subscription: str, consumer_name: str,
                  dead_letter_topic: Optional[str] = None, initial_subscription: Optional[str] = None,
-                 schema: Optional[pulsar.schema.Schema] = None, send_timeout_ms: int = 30_000) -> None:
+                 schema: Optional[pulsar.schema.Schema] = None, send_timeout_ms: int = 30_000,
+                 kind: str = "DLQ") -> None:
         if not isinstance(client, pulsar_asyncio.Client):
             raise TypeError(f"client must be a pulsar.asyncio.Client, not {type(client).__name__}")
         for name, value, optional in (("subscription", subscription, False), ("consumer_name", consumer_name, False),
@@ -185,6 +188,7 @@ class DeadLetterPublisher:
         self.initial_subscription = initial_subscription
         self._schema = _RawBytes(schema or pulsar.schema.BytesSchema())
         self._send_timeout_ms = send_timeout_ms
+        self.kind = kind  # "DLQ", or "RETRY" for the retry-letter producer (names only)
         self._producers: dict[str, pulsar_asyncio.Producer] = {}  # dead-letter topic -> its producer
         self._subscribed: set[str] = set()  # topics whose initial subscription exists
         self._queue: collections.deque[_Letter] = collections.deque()
@@ -199,9 +203,13 @@ class DeadLetterPublisher:
         """The dead-letter topic of a message from ``source_topic``. O(1)."""
         return self.dead_letter_topic or dead_letter_topic(source_topic, self.subscription)
 
-    def publish(self, message: Message) -> "asyncio.Future[pulsar.MessageId]":
+    def publish(self, message: Message, *, properties: Optional[dict] = None,
+                deliver_after_ms: Optional[int] = None) -> "asyncio.Future[pulsar.MessageId]":
         """Queue ``message`` as a dead letter; its place in the order is taken
-        by this call. Returns a future: the dead letter's id once published,
+        by this call. ``properties``: send these instead of the message's own
+        plus the dead-letter ones (retry letters, terminal dead letters: see
+        :mod:`.retry_letters`); ``deliver_after_ms``: the broker's delayed
+        delivery (retry letters). Returns a future: the dead letter's id once published,
         or :class:`DeadLetterError` (nothing published: keep the message
         pending). Raises :class:`DeadLetterPublisherClosed` after
         :meth:`close`, ``TypeError`` for anything but a received Message,
@@ -216,11 +224,14 @@ class DeadLetterPublisher:
             raise DeadLetterPublisherClosed("dead-letter publisher is closed")
         source = message.topic_name()
         origin = java_message_id(message.message_id())
-        properties = dict(message.properties())
-        properties.setdefault(PROPERTY_REAL_TOPIC, source)
-        properties.setdefault(PROPERTY_REAL_SUBSCRIPTION, self.subscription)
-        properties.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, origin)
+        if properties is None:
+            properties = dict(message.properties())
+            properties.setdefault(PROPERTY_REAL_TOPIC, source)
+            properties.setdefault(PROPERTY_REAL_SUBSCRIPTION, self.subscription)
+            properties.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, origin)
         options: dict[str, Any] = {"properties": properties}
+        if deliver_after_ms:
+            options["deliver_after"] = datetime.timedelta(milliseconds=deliver_after_ms)
         if message.partition_key():
             options["partition_key"] = message.partition_key()
         if message.ordering_key():
@@ -232,6 +243,13 @@ class DeadLetterPublisher:
         if self._drainer is None or self._drainer.done():
             self._drainer = loop.create_task(self._drain(), name="nacktracker-dead-letters")
         return done
+
+    async def open(self, source_topic: str) -> None:
+        """Create the producer for messages from ``source_topic`` now, before the
+        first letter (a retry's due time counts from its publish time: the
+        first must not wait for a producer). Call before anything is published."""
+        loop = self._check_loop()
+        await self._producer(_Letter(source_topic, self.topic_for(source_topic), "", b"", {}, loop.create_future()))
 
     async def close(self) -> None:
         """Publish what is queued (each caller's future gets its outcome),
@@ -327,7 +345,8 @@ class DeadLetterPublisher:
             await self._create_initial_subscription(letter.target)
             self._subscribed.add(letter.target)
         producer = await self._client.create_producer(
-            letter.target, producer_name=producer_name(letter.source_topic, self.subscription, self.consumer_name),
+            letter.target, producer_name=producer_name(letter.source_topic, self.subscription, self.consumer_name,
+                                                       self.kind),
             schema=self._schema, batching_enabled=False, send_timeout_millis=self._send_timeout_ms)
         self._counts["producers_created"] += 1
         self._producers[letter.target] = producer
@@ -345,50 +364,6 @@ class DeadLetterPublisher:
                 return
             raise
         await quietly(consumer.close())
-
-
-class ConsumerDeadLetters:
-    """A TrackedConsumer's dead letters: the tracker's ``on_dead_letter`` hook
-    over its :class:`DeadLetterPublisher` (``None``: no ``max_redeliveries``).
-    The consumer sets ``candidate`` to the message being nacked around
-    ``tracker.add`` (the hook gets only its key); ``ack`` acknowledges a
-    published one (also while the consumer closes)."""
-
-    def __init__(self, publisher: Optional[DeadLetterPublisher], ack: Callable[[Any], Awaitable[None]]) -> None:
-        self.publisher = publisher
-        self._ack = ack
-        self.candidate: Any = None
-
-    @property
-    def hook(self) -> Optional[Callable[[Any], Awaitable[None]]]:
-        """The tracker's ``on_dead_letter``; ``None`` without a publisher."""
-        return None if self.publisher is None else self._on_dead_letter
-
-    def _on_dead_letter(self, key: Any) -> Awaitable[None]:
-        """Queue the message being nacked now (its place in the order is taken
-        here) and return what acknowledges it once published. A bare id (no
-        payload: ``TypeError``) or a failed publish (:class:`DeadLetterError`)
-        leaves it pending: the tracker redelivers it, the next nack tries again."""
-        assert self.publisher is not None  # the hook exists only with a publisher
-        message = self.candidate
-        published = self.publisher.publish(message)
-        return self._ack_when_published(message, published)
-
-    async def _ack_when_published(self, message: Any, published: "asyncio.Future[Any]") -> None:
-        await published
-        await self._ack(message)
-
-    def stats(self) -> dict[str, int]:
-        """The consumer's ``dead_letter_*`` stats (see
-        :meth:`DeadLetterPublisher.stats`). Runtime: O(queued)."""
-        pub = self.publisher.stats() if self.publisher is not None else {}
-        return {f"dead_letter_{name}": pub.get(name, 0)
-                for name in ("published", "failed", "producers_created", "producers_open", "pending")}
-
-    async def close(self) -> None:
-        """Publish what is queued, close the producers (see :meth:`DeadLetterPublisher.close`)."""
-        if self.publisher is not None:
-            await self.publisher.close()
 
 
 async def quietly(awaitable: Any) -> None:

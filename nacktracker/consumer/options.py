@@ -53,6 +53,13 @@ class ConsumerOptions:
     #: "broker": nacked messages come back through the client's nack path (Shared, Key_Shared);
     #: "local": from this consumer's memory (Exclusive, Failover: see adapters/local.py)
     redelivery: str = "broker"
+    #: Java's enableRetry: reconsume_later() and the retry letter topic (subscribe() names it and subscribes)
+    enable_retry: bool = False
+    retry_letter_topic: Optional[str] = None
+    retry_lead_ms: int = 2_000  # retries ask the broker for delivery this much before due (consumer/retries.py)
+    #: ack timeout (Java's ackTimeout, PIP-130's ackTimeoutRedeliveryBackoff): consumer/ack_timeout.py
+    ack_timeout_ms: Optional[int] = None
+    ack_timeout_backoff: Optional[Callable[[int], int]] = None
 
     @classmethod
     def check(cls, options: dict[str, Any], has_client: bool) -> "ConsumerOptions":
@@ -92,6 +99,9 @@ class ConsumerOptions:
         if check_int("prefetch", o.get("prefetch", 16)) < 1:
             raise ValueError("prefetch must be >= 1")
         _check_reliability(o)
+        _check_failure_options(o)
+        if o.get("enable_retry") and not has_client:
+            raise ValueError("enable_retry needs the client (to publish retry letters)")
         if o.get("snapshot_path") is not None:
             o["snapshot_path"] = os.path.abspath(os.fspath(o["snapshot_path"]))
         if o.get("dedup_capacity") is None:
@@ -121,6 +131,35 @@ def _check_reliability(o: dict[str, Any]) -> None:
             raise ValueError("dedup_capacity needs dedup=True")
         if check_int("dedup_capacity", o["dedup_capacity"]) < 1:
             raise ValueError("dedup_capacity must be >= 1")
+
+
+def _check_failure_options(o: dict[str, Any]) -> None:
+    """Retry letters and ack timeouts (see :func:`subscribe`)."""
+    if not isinstance(o.get("enable_retry", False), bool):
+        raise TypeError(f"enable_retry must be a bool, not {type(o['enable_retry']).__name__}")
+    topic = o.get("retry_letter_topic")
+    if topic is not None:
+        if not isinstance(topic, str):
+            raise TypeError(f"retry_letter_topic must be a str, not {type(topic).__name__}")
+        if not topic:
+            raise ValueError("retry_letter_topic must not be empty")
+        if not o.get("enable_retry"):
+            raise ValueError("retry_letter_topic needs enable_retry=True")
+    if "retry_lead_ms" in o:
+        o["retry_lead_ms"] = check_delay_ms("retry_lead_ms", o["retry_lead_ms"])
+    timeout = o.get("ack_timeout_ms")
+    if timeout is not None:
+        o["ack_timeout_ms"] = timeout = check_delay_ms("ack_timeout_ms", timeout)  # whole ms (floats up)
+        if timeout < 1:
+            raise ValueError("ack_timeout_ms must be >= 1")
+        if timeout > MAX_DUE:
+            raise ValueError(f"ack_timeout_ms must be <= {MAX_DUE}")
+    backoff = o.get("ack_timeout_backoff")
+    if backoff is not None:
+        if not callable(backoff):
+            raise TypeError(f"ack_timeout_backoff must be callable, not {type(backoff).__name__}")
+        if timeout is None:
+            raise ValueError("ack_timeout_backoff needs ack_timeout_ms")
 
 
 def check_timeout_ms(timeout_ms: object) -> int:
@@ -221,6 +260,27 @@ def _varint(data: bytes, i: int) -> tuple[int, int]:
             return value, i
 
 
+def _with_retry_topic(topic: Union[str, list], subscription: str, own: dict[str, Any]) -> list:
+    """Java's ``enableRetry`` defaults, set in ``own``: the retry topic (of the
+    first topic), the dead-letter topic beside it, ``max_redeliveries`` 16.
+    Returns the topics to subscribe to (the retry topic added)."""
+    from .retry_letters import MAX_RECONSUMETIMES, full_topic_name, retry_dead_letter_topic, retry_letter_topic
+
+    topics = [topic] if isinstance(topic, str) else list(topic)
+    if not topics or not all(isinstance(t, str) for t in topics):
+        raise TypeError("enable_retry needs a topic name or a list of them (not a pattern)")
+    first = topics[0]
+    own["retry_letter_topic"] = retry = full_topic_name(own.get("retry_letter_topic")
+                                                        or retry_letter_topic(first, subscription))
+    if own.get("dead_letter_topic") is None:
+        own["dead_letter_topic"] = retry_dead_letter_topic(first, subscription)
+    if own.get("max_redeliveries") is None:
+        own["max_redeliveries"] = MAX_RECONSUMETIMES
+    if retry not in (full_topic_name(t) for t in topics):
+        topics.append(retry)
+    return topics
+
+
 async def subscribe(client: pulsar_asyncio.Client, topic: Union[str, list], subscription: str, *,
                     consumer_type: pulsar.ConsumerType = pulsar.ConsumerType.Shared,
                     batch_index_ack_enabled: bool = False, **options: Any) -> Any:
@@ -248,7 +308,15 @@ async def subscribe(client: pulsar_asyncio.Client, topic: Union[str, list], subs
     by default; parked nacked copies released at their time come on top),
     ``snapshot_path``, ``snapshot_interval_s``, ``snapshot_on_error``,
     ``dedup`` (True: acknowledged ids are remembered so no copy of one
-    surfaces again; well under a byte per dense id), ``dedup_capacity``.
+    surfaces again; well under a byte per dense id), ``dedup_capacity``,
+    ``enable_retry`` (Java's ``enableRetry``: ``reconsume_later()``, subscribing
+    to ``retry_letter_topic`` too, default ``<topic>-<subscription>-RETRY``;
+    ``retry_lead_ms``, 2000: how early the broker is asked to deliver a retry,
+    held until due;
+    then ``dead_letter_topic`` defaults to ``<topic>-<subscription>-DLQ`` of
+    the first topic and ``max_redeliveries`` to 16), ``ack_timeout_ms`` and
+    ``ack_timeout_backoff`` (redeliver what is received and neither acked nor
+    nacked in time); see ``docs/retries.md``.
 
     ``batch_index_ack_enabled`` (default False) is passed to the client. Turn
     it on where the broker has ``acknowledgmentAtBatchIndexLevelEnabled``
@@ -298,6 +366,8 @@ async def subscribe(client: pulsar_asyncio.Client, topic: Union[str, list], subs
     if options.get("dead_letter_policy") is not None:
         raise ValueError("dead_letter_policy is not supported: use max_redeliveries and dead_letter_topic")
     ConsumerOptions.check(own, has_client=True)  # bad options fail before a subscription is made
+    if own.get("enable_retry"):
+        topic = _with_retry_topic(topic, subscription, own)
     queue_size = options.get("receiver_queue_size", CLIENT_RECEIVER_QUEUE_SIZE)
     if isinstance(queue_size, int) and not isinstance(queue_size, bool):  # else the client's own error
         # the pump takes no more ahead of the application than the client would (0: a zero queue, 1 here)
@@ -306,7 +376,14 @@ async def subscribe(client: pulsar_asyncio.Client, topic: Union[str, list], subs
                                       negative_ack_redelivery_delay_ms=MIN_NACK_DELAY_MS,
                                       batch_index_ack_enabled=batch_index_ack_enabled, **options)
     try:
-        return TrackedConsumer(consumer, client=client, schema=options.get("schema"), **own)
+        tracked = TrackedConsumer(consumer, client=client, schema=options.get("schema"), **own)
     except BaseException:
         await quietly(consumer.close())
         raise
+    if tracked._failures.retries is not None:  # the retry producer exists before the first retry
+        try:
+            await tracked._failures.retries.retry.open(own["retry_letter_topic"])
+        except BaseException:
+            await quietly(tracked.close())
+            raise
+    return tracked

@@ -29,6 +29,7 @@ from ..keys import MessageKey
 from ..snapshot import SnapshotError
 from ..tracker import NegativeAcksTracker
 from .core import DeliveryCore
+from .counts import COUNTS_SUFFIX, DeliveryCounts
 
 __all__ = ["SnapshotStore", "BATCHES_SUFFIX"]
 
@@ -46,6 +47,33 @@ class SnapshotStore:
         self.on_error = on_error
         self.saved = self.failures = 0
         self._writing: Optional[asyncio.Future] = None  # the write in flight (in a thread)
+        self.counts: Optional[DeliveryCounts] = None  # saved beside the snapshot when set (consumer/counts.py)
+        self.due_at_restore: list[MessageKey] = []  # restored nacks whose time passed during the downtime
+
+    def load_counts(self) -> int:
+        """Read ``<path>.counts`` into :attr:`counts` (a consumer's own
+        redelivery counts); a missing file reads as none, a corrupted one as
+        the snapshot's own corruption is treated (``snapshot_on_error``).
+        Returns how many were read. O(size of the file)."""
+        if self.counts is None:
+            return 0
+        due, self.due_at_restore = self.due_at_restore, []
+        read = self._read_counts()
+        self.counts.redelivered(due)  # their redelivery is the broker's resend: no fire will count it
+        return read
+
+    def _read_counts(self) -> int:
+        assert self.counts is not None
+        path = self.path + COUNTS_SUFFIX
+        try:
+            raw = _snapshot.read_file(path)
+        except FileNotFoundError:
+            return 0
+        try:
+            return self.counts.restore(raw, None)
+        except ValueError as exc:
+            self._refuse_or_skip(path, SnapshotError(str(exc)), "redelivery counts start from the broker's")
+            return 0
 
     def load(self, adapter: Any, options: dict, core: DeliveryCore) -> tuple[NegativeAcksTracker, int]:
         """The tracker for a start: empty on a first start, else restored from
@@ -88,6 +116,11 @@ class SnapshotStore:
         # unacknowledged message to a new consumer at once, and those copies surface).
         shift = max(0, (time.time_ns() - snap.taken_wall_ns) // 1_000_000)
         restored = snap.pending
+        # Nacks due during the downtime are left out below (the broker's resend is their redelivery): they
+        # count as redelivered all the same (load_counts), or a restart would grant a poison message more.
+        # (Remaining 0: the unsent outbox, whose fire counted them already.)
+        self.due_at_restore = [MessageKey(snap.origins[o][2], entry, snap.origins[o][1], -1, snap.origins[o][0])
+                               for o, r, bm in snap.records if 0 < r <= shift for entry in bm]
         snap = dataclasses.replace(snap, records=tuple((o, r - shift, bm) for o, r, bm in snap.records
                                                        if r - shift > 0))
         # Due times on a clock reading no later than the tracker's restore takes: a record's bucket
@@ -180,9 +213,10 @@ class SnapshotStore:
         in order; a cancelled caller leaves its write to finish."""
         data = tracker.snapshot()
         batches = self.batch_records(data, core, tracker.clock.now_ms())
+        counts = None if self.counts is None else self.counts.encode(zlib.crc32(data))
         if self._writing is not None:
             await asyncio.wait({self._writing})
-        self._writing = asyncio.get_running_loop().run_in_executor(None, self._write_files, data, batches)
+        self._writing = asyncio.get_running_loop().run_in_executor(None, self._write_files, data, batches, counts)
         await asyncio.shield(self._writing)
         self.saved += 1
 
@@ -198,10 +232,13 @@ class SnapshotStore:
             return exc if self.on_error == "raise" else None
         return None
 
-    def _write_files(self, data: bytes, batches: bytes) -> None:
-        """Both files, atomically each; a path that cannot be written is a
+    def _write_files(self, data: bytes, batches: bytes, counts: Optional[bytes] = None) -> None:
+        """The files, atomically each; a path that cannot be written is a
         :class:`SnapshotError` (its ``__cause__`` the ``OSError``)."""
-        for path, content in ((self.path, data), (self.path + BATCHES_SUFFIX, batches)):
+        files = [(self.path, data), (self.path + BATCHES_SUFFIX, batches)]
+        if counts is not None:
+            files.append((self.path + COUNTS_SUFFIX, counts))
+        for path, content in files:
             try:
                 _snapshot.write_atomic(path, content)
             except OSError as exc:
@@ -227,7 +264,7 @@ class SnapshotStore:
         if self._writing is not None:
             await asyncio.wait({self._writing})
         error: Optional[Exception] = None
-        for path in (self.path, self.path + BATCHES_SUFFIX):
+        for path in (self.path, self.path + BATCHES_SUFFIX, self.path + COUNTS_SUFFIX):
             try:
                 os.unlink(path)
             except FileNotFoundError:

@@ -25,9 +25,10 @@ from ..dedup import Deduplicator
 from ..keys import MessageKey
 from ..tracker import FiredCell, NegativeAcksTracker
 from .core import DeliveryCore, Verdict
-from .dead_letters import ConsumerDeadLetters, DeadLetterPublisher, quietly, random_name
+from .dead_letters import quietly
 from .direct import DirectConsumer, acknowledged
 from .errors import ConsumerClosed, NotReceivedError
+from .failures import ConsumerDeadLetters, FailureHandling, dead_letter, reconsume_later
 from .lateness import RedeliveryLateness
 from .options import ConsumerOptions, batch_size, check_timeout_ms, key_and_count, message_key, seek_target
 from .persist import SnapshotStore
@@ -87,14 +88,8 @@ class TrackedConsumer:
         self._local = None if not isinstance(self.adapter, LocalRedeliveryAdapter) else LocalNacks(
             self.adapter, lambda msg: self._decide(self._message_key(msg), msg), lambda msg: self._pump.put(msg))
         self._arrived: Optional[Callable[[MessageKey], None]] = getattr(self.adapter, "arrived", None)
-        # The client leaves a multi-topic consumer subscribed without consumer_name unnamed; the
-        # dead-letter producers are named after the consumer (Java's names), so give it one as Java does.
-        name: str = consumer.consumer_name() or random_name()
-        # one producer per dead-letter topic, dead letters published in the order they were decided
-        self._dead_letters = ConsumerDeadLetters(None if opts.max_redeliveries is None else DeadLetterPublisher(
-            client, subscription=consumer.subscription_name(), consumer_name=name,
-            dead_letter_topic=opts.dead_letter_topic, initial_subscription=opts.dead_letter_initial_subscription,
-            schema=schema), ack=self._acknowledge)
+        # one producer per dead-letter topic, in the order decided; an unnamed consumer is named (failures.py)
+        self._dead_letters, name = ConsumerDeadLetters.of(consumer, client, opts, schema, ack=self._acknowledge)
         # a single-topic consumer's ids need no topic; remember it for bare-id calls
         self._own_topic = None if getattr(self.adapter, "multi_topic", False) else consumer.topic()
         self._dedup = Deduplicator(opts.dedup_capacity) if opts.dedup else None
@@ -118,6 +113,7 @@ class TrackedConsumer:
         else:
             self.tracker, self._counts["restored"] = self._store.load(self.adapter, tracker_options, self.core)
         self.tracker.add_fire_listener(self._on_fired)
+        self._failures = FailureHandling(self, client, schema)  # retries, dead_letter(), ack timeouts, counts
         try:
             asyncio.get_running_loop()
             self._start()
@@ -143,7 +139,7 @@ class TrackedConsumer:
         self._check_open()
         if self._pump.task is None:
             self._start()
-        return await self._pump.get(timeout_ms)
+        return self._failures.received(await self._pump.get(timeout_ms))
 
     def __aiter__(self) -> "TrackedConsumer":
         return self
@@ -170,7 +166,7 @@ class TrackedConsumer:
             self._arrived(key.entry)
         verdict = Verdict.SURFACE if self.core.first_delivery(key) else self._decide(key, msg)  # first: O(1)
         if verdict is Verdict.SURFACE:
-            return True
+            return self._failures.surfacing(msg)
         if verdict is Verdict.DROP_ACKED:
             return self._ack_copies([msg])  # tells the broker again (an ack lost in a restart)
         if verdict is Verdict.DROP_EARLY and self._local is not None:
@@ -200,6 +196,7 @@ class TrackedConsumer:
         key = key or self._message_key(message)
         await acknowledged(self._pump.direct, self._consumer, message)
         result = self.core.acked(key, self.tracker.clock.now_ms())
+        self._failures.acked(key)
         if self._local is not None:
             self._local.acked(key)
         if result.discard and self.tracker.pending:
@@ -260,6 +257,7 @@ class TrackedConsumer:
             self.core.nack_refused(key)
             log.warning("nack of %s ignored: it was acknowledged already", key)
             return
+        count = self._failures.nacking(key, count, message)  # ends an ack timeout; the consumer's own count
         self._dead_letters.candidate = message  # what the tracker's dead-letter hook publishes
         try:
             due = self.tracker.add(key, delay_ms=delay_ms, redelivery_count=count or 0)
@@ -270,6 +268,7 @@ class TrackedConsumer:
         self.core.nacked(key, due, message, self.tracker.clock.now_ms())
         self._release.rearm()
 
+    reconsume_later, dead_letter = reconsume_later, dead_letter  # Java's reconsumeLater; a terminal nack (failures.py)
     # -- the tracker's side ----------------------------------------------------------
 
     def _on_fired(self, cell: FiredCell) -> None:
@@ -337,7 +336,7 @@ class TrackedConsumer:
         unit: the docs' "Stats and metrics" page). Runtime: O(1) plus the tracker's."""
         return {**self.tracker.stats(), "lateness_ms": self.lateness.summary(), "received": self._pump.received,
                 "prefetched": self._pump.queued, **core_stats(self.core), **self._counts,
-                **self._dead_letters.stats(),
+                **self._dead_letters.stats(), **self._failures.stats(),
                 "snapshots_saved": self._store.saved if self._store else 0,
                 "snapshot_failures": self._store.failures if self._store else 0,
                 "bursts": len(getattr(self.adapter, "bursts", ())), "lead_ms": getattr(self.adapter, "lead_ms", 0),

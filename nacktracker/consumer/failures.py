@@ -1,0 +1,378 @@
+"""What a TrackedConsumer does around failure besides nacks, gathered in one
+part the shell delegates to: retry letters (``reconsume_later``), terminal dead
+letters (``dead_letter``), ack timeouts, its own delivery counts, and holding
+retry copies the broker sends early until they are due.
+
+Each concern is its own module (:mod:`.retries`, :mod:`.retry_letters`,
+:mod:`.ack_timeout`, :mod:`.counts`); this one wires them to the shell's
+state (core, tracker, pump) and keeps the shell thin. Time is read only
+through the tracker's clock (a retry letter's wall-clock due time is placed on
+it with one wall reading, :func:`nacktracker.clock.wall_ms`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import math
+from typing import Any, Awaitable, Callable, Optional
+
+import pulsar
+
+from .._checks import check_delay_ms
+from ..clock import wall_ms
+from ..keys import MessageKey
+from .ack_timeout import AckTimeouts
+from .counts import DeliveryCounts
+from .dead_letters import DeadLetterPublisher, random_name
+from .options import batch_size
+from .retries import RetryLetters, TerminalDeadLetters
+from .retry_letters import reconsume_times
+
+__all__ = ["FailureHandling", "ConsumerDeadLetters", "reconsume_later", "dead_letter"]
+
+log = logging.getLogger("nacktracker.consumer")
+
+
+class FailureHandling:
+    """The failure side of one TrackedConsumer (``owner``): made by the shell
+    once its dead-letter publisher, tracker, core and pump exist."""
+
+    def __init__(self, owner: Any, client: Any, schema: Any) -> None:
+        self._owner = owner
+        opts = owner.options
+        if opts.enable_retry and (opts.retry_letter_topic is None or opts.max_redeliveries is None):
+            raise ValueError("enable_retry needs retry_letter_topic and max_redeliveries here "
+                             "(nacktracker.subscribe sets Java's defaults)")
+        publisher: Optional[DeadLetterPublisher] = owner._dead_letters.publisher
+        self.counts = DeliveryCounts()
+        self.terminal = None if publisher is None else TerminalDeadLetters(publisher)
+        self.retries = None
+        if opts.enable_retry and publisher is not None:
+            retry = DeadLetterPublisher(client, subscription=publisher.subscription,
+                                        consumer_name=publisher.consumer_name,
+                                        dead_letter_topic=opts.retry_letter_topic, schema=schema, kind="RETRY")
+            self.retries = RetryLetters(retry, publisher, topic=opts.retry_letter_topic,
+                                        max_redeliveries=opts.max_redeliveries, lead_ms=opts.retry_lead_ms)
+        self.ack_timeouts = None if opts.ack_timeout_ms is None else AckTimeouts(
+            opts.ack_timeout_ms, opts.ack_timeout_backoff, schedule=self._schedule_ack_timeout,
+            discard=owner.tracker.discard, last=self._ack_timeout_last, clock=lambda: owner.tracker.clock,
+            max_redeliveries=opts.max_redeliveries)
+        self.wall_ms = wall_ms  # replaceable in tests (a fake wall clock beside a ManualClock)
+        self._early: list[tuple[int, int, Any]] = []  # (due on the tracker's clock, seq, message): retry copies
+        self._seq = itertools.count()
+        self._timer: Any = None
+        self._timer_at: Optional[float] = None
+        self.early_held = 0
+        self.dropped_in_flight = 0
+        owner._dead_letters.failures = self  # closed with the dead letters
+        owner.tracker.add_fire_listener(lambda cell: self.counts.redelivered(cell.keys))
+        store = owner._store
+        if store is not None:
+            store.counts = self.counts
+            store.load_counts()
+
+    # -- the shell's hooks -------------------------------------------------------------
+
+    def surfacing(self, msg: Any) -> bool:
+        """A copy the core let through: ``False`` when it is another copy of a message whose
+        letter is being published (dropped: the letter's ack settles it), or a retry copy the
+        broker sent before it is due (held here until then). O(log n)."""
+        in_flight = self._owner._dead_letters.in_flight
+        if in_flight and self._owner._message_key(msg) in in_flight:
+            key = self._owner._message_key(msg)
+            if key.batch_index < 0:  # (a batch message's copy must be acked with it: the core keeps those)
+                self._owner.core.held.pop(key, None)
+                self.dropped_in_flight += 1
+                return False
+        if self.retries is None:
+            return True
+        due_wall = self.retries.due_wall_ms(msg)
+        if due_wall is None:
+            return True
+        clock = self._owner.tracker.clock
+        now = clock.now_ms()
+        due = math.ceil(now + (due_wall - self.wall_ms()))
+        if due <= now:
+            return True
+        heapq.heappush(self._early, (due, next(self._seq), msg))
+        self.early_held += 1
+        if self._timer_at is None or due < self._timer_at:
+            self._arm(due)
+        return False
+
+    def received(self, msg: Any) -> Any:
+        """The application receives ``msg`` (returned): its ack timeout starts. O(1) amortised."""
+        if self.ack_timeouts is not None:
+            key, count = self._owner._key(msg)
+            own = self._own_count(key, msg)  # (an entry of several messages: the broker's count)
+            self.ack_timeouts.started(key, self.counts.count(key.entry, count or 0) if own else count or 0, msg)
+        return msg
+
+    def nacking(self, key: MessageKey, count: Optional[int], message: Any) -> Optional[int]:
+        """A nack of ``key`` (the broker's redelivery count ``count``, ``None``
+        for a bare id): ends its ack timeout; returns the count to decide with."""
+        if self.ack_timeouts is not None:
+            self.ack_timeouts.cancel(key)
+        if count is None or not self._own_count(key, message):
+            return count
+        count = self.counts.count(key.entry, count)
+        self.counts.at_least(key.entry, count)
+        return count
+
+    @staticmethod
+    def _own_count(key: MessageKey, message: Any) -> bool:
+        """Whether the consumer's own count applies: a message alone in its entry (batched or not).
+        An entry of several messages keeps the broker's count: siblings nacked apart make several
+        requests of the entry, which the broker may answer once (the entry acked meanwhile by
+        another consumer's dead letters) while each counts here; measured: three Shared consumers
+        dead-lettered batched messages twice with the consumer's own counts."""
+        if key.batch_index < 0:
+            return True
+        mid = message.message_id() if callable(getattr(message, "message_id", None)) else None
+        return mid is not None and batch_size(mid) <= 1
+    def acked(self, key: MessageKey) -> None:
+        """``key`` was acknowledged (the core knows): its entry's count goes, unless a batch sibling
+        still waits for its redelivery (nacked in the entry's record, or its copy parked). O(1) for
+        an entry without a count (nearly all); O(parked) for a batch entry with one."""
+        entry = key.entry
+        if not self.counts.has(entry):
+            return
+        core = self._owner.core
+        if key.batch_index >= 0 and (entry in core.records or any(k.entry == entry for k in core.parked)):
+            return
+        self.counts.forget(entry)
+
+    def stats(self) -> dict[str, int]:
+        out = {"delivery_counts": len(self.counts), "retry_copies_held": len(self._early),
+               "letter_copies_dropped": self.dropped_in_flight,
+               "terminal_dead_letters": self.terminal.published if self.terminal is not None else 0,
+               "reconsumed": 0, "reconsume_dead_lettered": 0,
+               "ack_timeouts_started": 0, "ack_timeouts_cancelled": 0, "ack_timeouts_last": 0}
+        if self.retries is not None:
+            out.update(self.retries.counts)
+        if self.ack_timeouts is not None:
+            out.update(self.ack_timeouts.counts)
+        return out
+
+    async def close(self) -> None:
+        """Closing: timers off, the retry producer closed (after what it has queued). Held retry
+        copies stay unacknowledged: the broker resends them to the subscription."""
+        if self.ack_timeouts is not None:
+            self.ack_timeouts.close()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = self._timer_at = None
+        if self.retries is not None:
+            await self.retries.close()
+
+    # -- the public calls (TrackedConsumer.reconsume_later / dead_letter) -------------------
+
+    async def reconsume_later(self, message: Any, delay_ms: Optional[int],
+                              properties: Optional[dict[str, str]]) -> None:
+        owner = self._owner
+        self._check_open()
+        if self.retries is None:
+            raise RuntimeError("reconsume_later needs subscribe(..., enable_retry=True)")
+        self._check_message("reconsume_later", message)
+        if properties is not None and (not isinstance(properties, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in properties.items())):
+            raise TypeError("properties must be a dict of str to str")
+        key = self._settle_check(message, "reconsume")
+        if delay_ms is not None:
+            delay = check_delay_ms("delay_ms", delay_ms)
+        elif owner.options.backoff is not None:
+            delay = check_delay_ms("backoff result", owner.options.backoff(reconsume_times(message.properties())))
+        else:
+            delay = owner.options.delay_ms
+        await self._settle(message, key, self.retries.reconsume(message, delay, properties))
+
+    async def dead_letter(self, message: Any, reason: str, exception: Optional[BaseException]) -> None:
+        self._check_open()
+        if self.terminal is None:
+            raise RuntimeError("dead_letter needs the client (use nacktracker.subscribe)")
+        self._check_message("dead_letter", message)
+        if not isinstance(reason, str):
+            raise TypeError(f"reason must be a str, not {type(reason).__name__}")
+        if exception is not None and not isinstance(exception, BaseException):
+            raise TypeError(f"exception must be an exception, not {type(exception).__name__}")
+        key = self._settle_check(message, "dead-letter")
+        await self._settle(message, key, self.terminal.publish(message, reason, exception))
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        self._owner._check_open()
+
+    async def _settle(self, message: Any, key: MessageKey, publishing: Any) -> None:
+        """Publish a letter, then acknowledge the message; other copies of it are dropped meanwhile."""
+        letters = self._owner._dead_letters
+        letters.in_flight[key] = letters.in_flight.get(key, 0) + 1
+        try:
+            await publishing
+            await self._owner._acknowledge(message, key)
+        finally:
+            letters.settled(key)
+
+    @staticmethod
+    def _check_message(call: str, message: Any) -> None:
+        if not isinstance(message, pulsar.Message):
+            raise TypeError(f"{call} takes a received pulsar Message (it carries the payload), "
+                            f"not {type(message).__name__}")
+
+    def _settle_check(self, message: Any, what: str) -> MessageKey:
+        owner = self._owner
+        key = owner._key(message)[0]
+        owner._received(key)
+        if owner.core.is_acked(key):
+            raise ValueError(f"{key} was acknowledged already: nothing to {what}")
+        return key
+
+    def _arm(self, at_ms: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = at_ms
+        self._timer = self._owner.tracker.clock.call_at(at_ms, self._release)
+
+    def _release(self) -> None:
+        """Hand the retry copies now due to the application, in due order."""
+        self._timer = self._timer_at = None
+        now = self._owner.tracker.clock.now_ms()
+        while self._early and self._early[0][0] <= now:
+            self._owner._pump.put(heapq.heappop(self._early)[2])
+        if self._early:
+            self._arm(self._early[0][0])
+
+    def _schedule_ack_timeout(self, key: MessageKey, delay_ms: int, count: int, msg: Any) -> None:
+        owner = self._owner
+        due = owner.tracker.add(key, delay_ms=delay_ms, redelivery_count=count)
+        owner.core.nacked(key, due, msg, owner.tracker.clock.now_ms())
+        owner._release.rearm()
+
+    def _ack_timeout_last(self, msg: Any) -> None:
+        """A last delivery's ack timeout passed: nack it now (the tracker dead-letters it)."""
+        if not self._owner.closed:
+            asyncio.get_running_loop().create_task(self._quiet_nack(msg))
+
+    async def _quiet_nack(self, msg: Any) -> None:
+        try:
+            await self._owner.negative_acknowledge(msg, delay_ms=0)
+        except Exception as exc:  # closed or acknowledged meanwhile: nothing to do
+            log.debug("ack timeout of a last delivery not nacked: %r", exc)
+
+
+async def reconsume_later(self: Any, message: Any, delay_ms: Optional[int] = None,
+                          properties: Optional[dict[str, str]] = None) -> None:
+    """Java's ``reconsumeLater`` (a ``TrackedConsumer`` method): publish
+    ``message`` to the retry topic, due ``delay_ms`` from now (default: the
+    consumer's ``backoff`` of its reconsume count, else its ``delay_ms``),
+    then acknowledge it. It comes back from the retry topic (the consumer
+    subscribes to it) at its due time exactly: a copy the broker sends early
+    is held until then. The retry carries Java's properties
+    (``RECONSUMETIMES``, ``DELAY_TIME``, ``REAL_TOPIC``, ``ORIGIN_MESSAGE_ID``
+    ...: :mod:`.retry_letters`) plus ``properties``; once ``RECONSUMETIMES``
+    would pass ``max_redeliveries`` it goes to the dead-letter topic instead,
+    with the same properties. Needs ``subscribe(..., enable_retry=True)``
+    (``RuntimeError`` otherwise) and a received Message (``TypeError``); a
+    message already acknowledged: ``ValueError``. A failed publish raises
+    :class:`~.dead_letters.DeadLetterError` and leaves the message
+    unacknowledged. Runtime: a broker round trip to publish, one to acknowledge.
+    """
+    await self._failures.reconsume_later(message, delay_ms, properties)
+
+
+async def dead_letter(self: Any, message: Any, reason: str, exception: Optional[BaseException] = None) -> None:
+    """A terminal nack (a ``TrackedConsumer`` method): publish ``message`` to
+    the dead-letter topic now, through the consumer's one ordered dead-letter
+    producer (after the dead letters decided before it), with
+    ``DEAD_LETTER_REASON`` = ``reason`` and, given an ``exception``,
+    ``DEAD_LETTER_EXCEPTION`` = its type's ``module.QualifiedName``, besides
+    the usual dead-letter properties (``REAL_TOPIC``, ``REAL_SUBSCRIPTION``,
+    ``ORIGIN_MESSAGE_ID``); then acknowledge it. The dead-letter topic is
+    ``dead_letter_topic`` (default ``<topic>-<subscription>-DLQ``), with or
+    without ``max_redeliveries``. Needs a received Message (``TypeError``); a
+    message already acknowledged: ``ValueError``. A failed publish raises
+    :class:`~.dead_letters.DeadLetterError` and leaves the message
+    unacknowledged. Runtime: a broker round trip to publish, one to acknowledge.
+    """
+    await self._failures.dead_letter(message, reason, exception)
+
+
+class ConsumerDeadLetters:
+    """A TrackedConsumer's dead letters: the tracker's ``on_dead_letter`` hook
+    over its :class:`DeadLetterPublisher` (``None``: no ``max_redeliveries``).
+    The consumer sets ``candidate`` to the message being nacked around
+    ``tracker.add`` (the hook gets only its key); ``ack`` acknowledges a
+    published one (also while the consumer closes)."""
+
+    def __init__(self, publisher: Optional[DeadLetterPublisher], ack: Callable[[Any], Awaitable[None]],
+                 hooked: bool = True) -> None:
+        self.publisher = publisher
+        self._ack = ack
+        self._hooked = hooked  # False: the publisher serves explicit dead letters only (no max_redeliveries)
+        self.candidate: Any = None
+        self.failures: Optional[FailureHandling] = None  # closed with these (set by FailureHandling)
+        #: messages whose letter (dead letter, retry) is being published, until acknowledged: another
+        #: copy of one (a broker restart's resend beside the requested one) must not surface meanwhile
+        self.in_flight: dict[Any, int] = {}
+
+    @classmethod
+    def of(cls, consumer: Any, client: Any, opts: Any, schema: Any,
+           ack: Callable[[Any], Awaitable[None]]) -> tuple["ConsumerDeadLetters", str]:
+        """A consumer's dead letters, and the consumer's name. With a client there is a publisher
+        (for ``dead_letter()`` and ``reconsume_later()`` too); the tracker's hook needs
+        ``max_redeliveries``. The client leaves a multi-topic consumer subscribed without
+        ``consumer_name`` unnamed; the dead-letter producers are named after the consumer (Java's
+        names), so it gets a name as Java's client gives one."""
+        name: str = consumer.consumer_name() or random_name()
+        publisher = None if client is None else DeadLetterPublisher(
+            client, subscription=consumer.subscription_name(), consumer_name=name,
+            dead_letter_topic=opts.dead_letter_topic, initial_subscription=opts.dead_letter_initial_subscription,
+            schema=schema)
+        return cls(publisher, ack=ack, hooked=opts.max_redeliveries is not None), name
+
+    @property
+    def hook(self) -> Optional[Callable[[Any], Awaitable[None]]]:
+        """The tracker's ``on_dead_letter``; ``None`` without a publisher or ``max_redeliveries``."""
+        return None if self.publisher is None or not self._hooked else self._on_dead_letter
+
+    def _on_dead_letter(self, key: Any) -> Awaitable[None]:
+        """Queue the message being nacked now (its place in the order is taken
+        here) and return what acknowledges it once published. A bare id (no
+        payload: ``TypeError``) or a failed publish (:class:`DeadLetterError`)
+        leaves it pending: the tracker redelivers it, the next nack tries again."""
+        assert self.publisher is not None  # the hook exists only with a publisher
+        message = self.candidate
+        published = self.publisher.publish(message)
+        return self._ack_when_published(message, published, key)
+
+    async def _ack_when_published(self, message: Any, published: "asyncio.Future[Any]", key: Any) -> None:
+        self.in_flight[key] = self.in_flight.get(key, 0) + 1
+        try:
+            await published
+            await self._ack(message)
+        finally:
+            self.settled(key)
+
+    def settled(self, key: Any) -> None:
+        """A letter of ``key`` was published and acknowledged, or failed (see :attr:`in_flight`)."""
+        left = self.in_flight.pop(key, 1) - 1
+        if left:
+            self.in_flight[key] = left
+
+    def stats(self) -> dict[str, int]:
+        """The consumer's ``dead_letter_*`` stats (see
+        :meth:`DeadLetterPublisher.stats`). Runtime: O(queued)."""
+        pub = self.publisher.stats() if self.publisher is not None else {}
+        return {f"dead_letter_{name}": pub.get(name, 0)
+                for name in ("published", "failed", "producers_created", "producers_open", "pending")}
+
+    async def close(self) -> None:
+        """Publish what is queued, close the producers (see :meth:`DeadLetterPublisher.close`), and
+        the consumer's other failure parts (:class:`FailureHandling`: timers, the retry producer)."""
+        if self.failures is not None:
+            await self.failures.close()
+        if self.publisher is not None:
+            await self.publisher.close()
