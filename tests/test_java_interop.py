@@ -32,7 +32,7 @@ def java_classpath() -> str:
     jar, cp = target / "retry-interop-1.jar", target / "classpath.txt"
     sources = [JAVA_DIR / "pom.xml", *sorted((JAVA_DIR / "src").rglob("*.java"))]
     if not (jar.exists() and cp.exists() and jar.stat().st_mtime >= max(p.stat().st_mtime for p in sources)):
-        subprocess.run(["mvn", "-q", "-B", "-s", str(JAVA_DIR / "settings.xml"), "package",
+        subprocess.run(["mvn", "-q", "-B", "package",
                         "dependency:build-classpath"], cwd=JAVA_DIR, check=True, timeout=900)
     return f"{jar}{os.pathsep}{cp.read_text().strip()}"
 
