@@ -127,7 +127,7 @@ def test_no_internal_words_in_user_text(doc):
 
 def test_readme_is_a_one_page_front_page():
     lines = (ROOT / "README.md").read_text().splitlines()
-    assert len(lines) <= 160, len(lines)  # ~150: a front page (with the per-broker guarantees)
+    assert len(lines) <= 150, len(lines)
     text = "\n".join(lines)
     for must in ("make demo", "make test", "PULSAR_URL", "pulsar_service()", ".whl", "docs/guarantees.md",
                  "python -m nacktracker.testing apache", "| pulsar-lite | Apache Pulsar |"):
