@@ -39,6 +39,7 @@ PULSAR_IMPORTERS = {
     "consumer/failures.py": "retry letters and terminal dead letters take received pulsar Messages",
     "testing/lite.py": "probes the pulsar-lite broker it starts",
     "testing/apache.py": "probes the Apache Pulsar broker it starts",
+    "testing/owned.py": "a broker's readiness probe: a real client creates a producer",
 }
 #: The demo and the broker scenarios it and bench/ run drive a real broker beside the plain client,
 #: and measure it.
@@ -54,6 +55,7 @@ TIME_READERS = {
     "events.py": "event records carry wall timestamps",
     "testing/lite.py": "waits for the pulsar-lite broker to start",
     "testing/apache.py": "waits for the Apache Pulsar broker to start, times Maven",
+    "testing/owned.py": "stamps a broker's log at each launch",
     "workloads.py": "benchmark workloads",
 }
 TIME_FUNCS = {"time", "monotonic", "perf_counter", "time_ns", "monotonic_ns", "perf_counter_ns"}

@@ -35,18 +35,16 @@ import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
-import tempfile
 import time
 import urllib.error
 import urllib.request
-import weakref
 from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from ._process import BrokerStartError, free_port, kill_quietly, log_tail, port_in_use, spawn, stop
+from ._process import BrokerStartError
+from .owned import OwnedBroker, probe
 
 __all__ = ["ApacheBroker", "PULSAR_VERSION", "DEFAULT_SETTINGS", "resolve_classpath"]
 
@@ -107,7 +105,6 @@ _JVM_FLAGS = (
 )
 _MAIN = "org.apache.pulsar.PulsarStandaloneStarter"
 _CONF = "standalone.conf"
-_LOG = "broker.log"
 
 
 def _resource(name: str) -> bytes:
@@ -169,7 +166,7 @@ def _render(value: object) -> str:
     return str(value)
 
 
-class ApacheBroker:
+class ApacheBroker(OwnedBroker):
     """One Apache Pulsar standalone broker on 127.0.0.1, owned by this object.
 
     ``settings`` are broker configuration keys (``standalone.conf``; see
@@ -190,6 +187,7 @@ class ApacheBroker:
     """
 
     kind = "apache"
+    name = f"Apache Pulsar {PULSAR_VERSION}"
 
     def __init__(
         self,
@@ -204,24 +202,17 @@ class ApacheBroker:
         startup_timeout: float = 120.0,
         stop_timeout: float = 10.0,
     ) -> None:
-        self._owns_dir = data_dir is None
-        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="nacktracker-apache-")).absolute()
-        self.settings: dict[str, object] = {**DEFAULT_SETTINGS, **(settings or {})}
+        settings = {**DEFAULT_SETTINGS, **(settings or {})}
         for key in ("brokerServicePort", "webServicePort"):
-            if key in self.settings:
+            if key in settings:
                 raise ValueError(f"set the port with port= / admin_port=, not settings[{key!r}]")
+        super().__init__(data_dir, prefix="nacktracker-apache-", keep_data=keep_data,
+                         startup_timeout=startup_timeout, stop_timeout=stop_timeout)
+        self.settings: dict[str, object] = settings
         self.port = port
         self.admin_port = admin_port
-        self.keep_data = keep_data
         self.heap = heap
         self.jvm_options = tuple(jvm_options)
-        self.startup_timeout = startup_timeout
-        self.stop_timeout = stop_timeout
-        self._proc: Optional[subprocess.Popen[bytes]] = None
-        self._finalizer: Optional[weakref.finalize] = None
-        self._started_once = False
-
-    # -- public surface -------------------------------------------------------
 
     @property
     def url(self) -> str:
@@ -236,63 +227,6 @@ class ApacheBroker:
         if self.admin_port is None:
             raise RuntimeError("broker has not been started yet")
         return f"http://127.0.0.1:{self.admin_port}"
-
-    @property
-    def pid(self) -> Optional[int]:
-        """The JVM's process id while it runs, else None."""
-        return self._proc.pid if self._proc is not None and self.running else None
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    @property
-    def log_path(self) -> Path:
-        return self.data_dir / _LOG
-
-    def start(self) -> "ApacheBroker":
-        """Launch the broker and wait until it serves producers. Idempotent."""
-        if self.running:
-            return self
-        classpath = resolve_classpath()
-        java = _require("java", "Apache Pulsar's broker is a Java program (Java 17+)")
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        # Ports we chose ourselves can be taken before the JVM binds them: retry with others,
-        # but only before the first successful start (later the data belongs to these URLs).
-        ours = not self._started_once and self.port is None and self.admin_port is None
-        attempts = 3 if ours else 1
-        for attempt in range(attempts):
-            port = self.port or free_port()
-            admin_port = self.admin_port or free_port()
-            try:
-                self._launch(java, classpath, port, admin_port)
-                self.port, self.admin_port = port, admin_port
-                self._started_once = True
-                return self
-            except BrokerStartError as error:
-                if attempt == attempts - 1 or "in use" not in str(error).lower():
-                    raise
-                log.warning("a port was taken before the broker bound it; retrying with others")
-        raise AssertionError("unreachable")
-
-    def stop(self) -> None:
-        """SIGTERM the broker's process group, SIGKILL after ``stop_timeout``; remove an owned temp dir."""
-        self._terminate(signal.SIGTERM)
-        if self._owns_dir and not self.keep_data:
-            shutil.rmtree(self.data_dir, ignore_errors=True)
-
-    def kill(self) -> None:
-        """SIGKILL the broker (a crash, ``kill -9``). Data is kept; :meth:`start` resumes it."""
-        self._terminate(signal.SIGKILL)
-
-    def restart(self) -> "ApacheBroker":
-        """Stop gracefully and start again on the same data and ports."""
-        self._terminate(signal.SIGTERM)
-        return self.start()
-
-    def log_tail(self, lines: int = 40) -> str:
-        """The last ``lines`` lines the broker logged."""
-        return log_tail(self.log_path, lines)
 
     def admin(self, method: str, path: str, body: Any = None, *, timeout: float = 30.0) -> Any:
         """Call the admin REST API: ``admin("GET", "/admin/v2/brokers/version")``.
@@ -323,21 +257,21 @@ class ApacheBroker:
         """The version the running broker reports (``/admin/v2/brokers/version``)."""
         return str(self.admin("GET", "/admin/v2/brokers/version"))
 
-    def __enter__(self) -> "ApacheBroker":
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
     def __repr__(self) -> str:
         state = f"pid={self.pid}" if self.running else "stopped"
         return f"<ApacheBroker {PULSAR_VERSION} port={self.port} admin_port={self.admin_port} {state}>"
 
-    # -- internals ------------------------------------------------------------
+    # -- what OwnedBroker asks ---------------------------------------------------
+
+    def _ports(self) -> tuple[Optional[int], ...]:
+        return (self.port, self.admin_port)
+
+    def _keep_ports(self, ports: tuple[int, ...]) -> None:
+        self.port, self.admin_port = ports
+
+    def _prepare(self) -> tuple[str, list[str]]:
+        classpath = resolve_classpath()
+        return _require("java", "Apache Pulsar's broker is a Java program (Java 17+)"), classpath
 
     def _write_config(self, port: int, admin_port: int) -> Path:
         lines = [f"{k}={_render(v)}" for k, v in self.settings.items()]
@@ -347,11 +281,9 @@ class ApacheBroker:
         (self.data_dir / "log4j2.properties").write_bytes(_resource("log4j2.properties"))
         return conf
 
-    def _launch(self, java: str, classpath: list[str], port: int, admin_port: int) -> None:
-        for p in (port, admin_port):
-            if port_in_use(p):
-                raise BrokerStartError(f"127.0.0.1:{p} is already in use by another process")
-        conf = self._write_config(port, admin_port)
+    def _command(self, ports: tuple[int, ...], prepared: tuple[str, list[str]]) -> tuple[list[str], dict[str, str]]:
+        java, classpath = prepared
+        conf = self._write_config(*ports)
         first = not (self.data_dir / "metadata").exists()
         cmd = [
             java, f"-Xms{self.heap}", f"-Xmx{self.heap}", "-XX:MaxDirectMemorySize=512m", *_JVM_FLAGS,
@@ -364,20 +296,7 @@ class ApacheBroker:
             "--zookeeper-dir", str(self.data_dir / "zookeeper-unused"),
             *(["--wipe-data"] if first else []),
         ]
-        env = {k: v for k, v in os.environ.items() if k != "PULSAR_STANDALONE_USE_ZOOKEEPER"}
-        with open(self.log_path, "ab") as out:
-            out.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} Apache Pulsar {PULSAR_VERSION} on "
-                      f"127.0.0.1:{port} (admin {admin_port})\n".encode())
-            out.flush()
-            self._proc = spawn(cmd, cwd=self.data_dir, log_file=out, env=env)
-        self._finalizer = weakref.finalize(self, kill_quietly, self._proc)
-        log.info("started Apache Pulsar pid=%d on 127.0.0.1:%d, admin %d (%s)",
-                 self._proc.pid, port, admin_port, self.data_dir)
-        try:
-            self._wait_ready(port, admin_port)
-        except BaseException:
-            self._terminate(signal.SIGKILL)
-            raise
+        return cmd, {k: v for k, v in os.environ.items() if k != "PULSAR_STANDALONE_USE_ZOOKEEPER"}
 
     def _get_status(self, url: str) -> int:
         try:
@@ -387,9 +306,10 @@ class ApacheBroker:
         except urllib.error.HTTPError as error:
             return error.code
 
-    def _wait_ready(self, port: int, admin_port: int) -> None:
+    def _wait_ready(self, ports: tuple[int, ...]) -> None:
         import pulsar
 
+        port, admin_port = ports
         deadline = time.monotonic() + self.startup_timeout
         base = f"http://127.0.0.1:{admin_port}"
         proc = self._proc
@@ -405,35 +325,10 @@ class ApacheBroker:
                 elif self._get_status(base + "/admin/v2/namespaces/public/default") != 200:
                     last_error = "namespace public/default not created yet"
                 else:
-                    _probe(f"pulsar://127.0.0.1:{port}", min(10.0, max(1.0, deadline - time.monotonic())))
+                    probe(f"pulsar://127.0.0.1:{port}", min(10.0, max(1.0, deadline - time.monotonic())),
+                          __name__ + ".probe")
                     return
             except (OSError, pulsar.PulsarException) as error:
                 last_error = error
             time.sleep(0.2)
-        if "Address already in use" in self.log_tail(200):
-            last_error = f"{last_error} (a port is already in use)"
-        raise BrokerStartError(
-            f"Apache Pulsar {PULSAR_VERSION} on 127.0.0.1:{port} did not become ready "
-            f"(startup_timeout={self.startup_timeout:g}s): {last_error}\n"
-            f"--- tail of {self.log_path} ---\n{self.log_tail()}")
-
-    def _terminate(self, sig: int) -> None:
-        proc, self._proc = self._proc, None
-        if self._finalizer is not None:
-            self._finalizer.detach()
-            self._finalizer = None
-        if proc is not None:
-            stop(proc, sig, self.stop_timeout, "Apache Pulsar")
-
-
-def _probe(url: str, timeout: float) -> None:
-    """Prove the broker works end to end: a real client creates a producer."""
-    import pulsar
-
-    client = pulsar.Client(url, operation_timeout_seconds=max(1, round(timeout)),
-                           connection_timeout_ms=int(timeout * 1000),
-                           logger=logging.getLogger(__name__ + ".probe"))
-    try:
-        client.create_producer("persistent://public/default/__nacktracker_broker_probe").close()
-    finally:
-        client.close()
+        raise self._not_ready(port, last_error)

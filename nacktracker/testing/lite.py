@@ -40,31 +40,21 @@ Example::
 
 from __future__ import annotations
 
-import logging
 import os
-import shutil
-import signal
 import socket
-import subprocess
-import tempfile
 import time
-import weakref
-from pathlib import Path
 from typing import Optional, Union
 
-from ._process import BrokerStartError, free_port, kill_quietly, log_tail, port_in_use, spawn, stop
+from ._process import BrokerStartError
+from .owned import OwnedBroker, probe
 
 __all__ = ["EmbeddedBroker"]
 
-log = logging.getLogger(__name__)
-
 _CONFIG = "pulsar-lite.toml"
-_LOG = "broker.log"
 _DB = "broker"  # the broker stores <data_dir>/broker.rocksdb and broker.metadata.json
-_PROBE_TOPIC = "persistent://public/default/__embedded_broker_probe"
 
 
-class EmbeddedBroker:
+class EmbeddedBroker(OwnedBroker):
     """One pulsar-lite broker process on 127.0.0.1, owned by this object.
 
     ``data_dir`` holds the broker's storage, its ``pulsar-lite.toml`` (metrics
@@ -85,10 +75,11 @@ class EmbeddedBroker:
     """
 
     kind = "lite"
+    name = "pulsar-lite"
 
     def __init__(
         self,
-        data_dir: Union[str, os.PathLike, None] = None,
+        data_dir: Union[str, "os.PathLike[str]", None] = None,
         *,
         port: Optional[int] = None,
         keep_data: bool = False,
@@ -96,17 +87,10 @@ class EmbeddedBroker:
         stop_timeout: float = 5.0,
         log_level: str = "info",
     ) -> None:
-        self._owns_dir = data_dir is None
-        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="nacktracker-broker-")).absolute()
+        super().__init__(data_dir, prefix="nacktracker-broker-", keep_data=keep_data,
+                         startup_timeout=startup_timeout, stop_timeout=stop_timeout)
         self.port = port
-        self.keep_data = keep_data
-        self.startup_timeout = startup_timeout
-        self.stop_timeout = stop_timeout
         self.log_level = log_level
-        self._proc: Optional[subprocess.Popen] = None
-        self._finalizer: Optional[weakref.finalize] = None
-
-    # -- public surface -------------------------------------------------------
 
     @property
     def url(self) -> str:
@@ -114,104 +98,38 @@ class EmbeddedBroker:
             raise RuntimeError("broker has not been started yet")
         return f"pulsar://127.0.0.1:{self.port}"
 
-    @property
-    def pid(self) -> Optional[int]:
-        """The broker's process id while it runs, else None."""
-        return self._proc.pid if self._proc is not None and self.running else None
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    @property
-    def log_path(self) -> Path:
-        return self.data_dir / _LOG
-
-    def start(self) -> "EmbeddedBroker":
-        """Launch the broker and wait until it serves producers. Idempotent."""
-        if self.running:
-            return self
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        (self.data_dir / _CONFIG).write_text("[metrics]\nenabled = false\n")
-        # A port picked by free_port() can be taken before the broker binds it: retry
-        # with another one, but only if we chose it and never served on it.
-        attempts = 3 if self.port is None else 1
-        for attempt in range(attempts):
-            chosen = self.port or free_port()
-            try:
-                self._launch(chosen)
-                self.port = chosen
-                return self
-            except BrokerStartError as error:  # its text includes the log tail
-                if attempt == attempts - 1 or "in use" not in str(error).lower():
-                    raise
-                log.warning("port %d was taken before the broker bound it; retrying", chosen)
-        raise AssertionError("unreachable")
-
-    def stop(self) -> None:
-        """SIGTERM the broker, SIGKILL it after ``stop_timeout``, wait; remove an owned temp dir."""
-        self._terminate(signal.SIGTERM)
-        if self._owns_dir and not self.keep_data:
-            shutil.rmtree(self.data_dir, ignore_errors=True)
-
-    def kill(self) -> None:
-        """SIGKILL the broker (a crash, for fault tests). Data is kept; :meth:`start` resumes."""
-        self._terminate(signal.SIGKILL)
-
-    def restart(self) -> "EmbeddedBroker":
-        """Stop gracefully and start again on the same data dir and port."""
-        self._terminate(signal.SIGTERM)
-        return self.start()
-
-    def log_tail(self, lines: int = 40) -> str:
-        """The last ``lines`` lines the broker printed (stdout and stderr)."""
-        return log_tail(self.log_path, lines)
-
-    def __enter__(self) -> "EmbeddedBroker":
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()  # __exit__ will not run: do not leak an owned temp dir
-            raise
-
-    def __exit__(self, *exc_info) -> None:
-        self.stop()
-
     def __repr__(self) -> str:
         state = f"pid={self.pid}" if self.running else "stopped"
         return f"<EmbeddedBroker port={self.port} {state} data_dir={str(self.data_dir)!r}>"
 
-    # -- internals ------------------------------------------------------------
+    # -- what OwnedBroker asks ---------------------------------------------------
 
-    def _launch(self, port: int) -> None:
+    def _ports(self) -> tuple[Optional[int], ...]:
+        return (self.port,)
+
+    def _keep_ports(self, ports: tuple[int, ...]) -> None:
+        (self.port,) = ports
+
+    def _prepare(self) -> None:
+        (self.data_dir / _CONFIG).write_text("[metrics]\nenabled = false\n")
+
+    def _command(self, ports: tuple[int, ...], prepared: object) -> tuple[list[str], None]:
         from pulsar_lite.binary_finder import find_pulsar_lite_binary
 
-        if port_in_use(port):
-            raise BrokerStartError(f"127.0.0.1:{port} is already in use by another process")
-        cmd = [
+        return [
             find_pulsar_lite_binary(),
-            "--addr", f"127.0.0.1:{port}",
+            "--addr", f"127.0.0.1:{ports[0]}",
             "--db-path", str(self.data_dir / _DB),
             "--config", str(self.data_dir / _CONFIG),
             "--log-level", self.log_level,
-        ]
-        with open(self.log_path, "ab") as out:  # the child keeps its own copy of the fd
-            out.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(cmd)}\n".encode())
-            out.flush()
-            self._proc = spawn(cmd, cwd=self.data_dir, log_file=out)
-        self._finalizer = weakref.finalize(self, kill_quietly, self._proc)
-        log.info("started pulsar-lite pid=%d on 127.0.0.1:%d (%s)", self._proc.pid, port, self.data_dir)
-        try:
-            self._wait_ready(port)
-        except BrokerStartError:
-            self._terminate(signal.SIGKILL)
-            raise
+        ], None
 
-    def _wait_ready(self, port: int) -> None:
-        deadline = time.monotonic() + self.startup_timeout
-        last_error: object = None
+    def _wait_ready(self, ports: tuple[int, ...]) -> None:
         import pulsar
 
+        (port,) = ports
+        deadline = time.monotonic() + self.startup_timeout
+        last_error: object = None
         proc = self._proc
         if proc is None:
             raise BrokerStartError("the broker process is not running")
@@ -223,36 +141,10 @@ class EmbeddedBroker:
                 with socket.create_connection(("127.0.0.1", port), timeout=0.5):
                     pass
                 # Short attempts, so a broker that died meanwhile is noticed quickly.
-                self._probe(port, min(2.0, max(1.0, deadline - time.monotonic())))
+                probe(f"pulsar://127.0.0.1:{port}", min(2.0, max(1.0, deadline - time.monotonic())),
+                      __name__ + ".probe")
                 return
             except (OSError, pulsar.PulsarException) as error:  # connection refused, or the client's timeout
                 last_error = error
                 time.sleep(0.05)
-        raise BrokerStartError(
-            f"pulsar-lite on 127.0.0.1:{port} did not become ready "
-            f"(startup_timeout={self.startup_timeout:g}s): {last_error}\n"
-            f"--- tail of {self.log_path} ---\n{self.log_tail()}"
-        )
-
-    def _probe(self, port: int, timeout: float) -> None:
-        """Prove the broker works end to end: a real client creates a producer."""
-        import pulsar
-
-        client = pulsar.Client(
-            f"pulsar://127.0.0.1:{port}",
-            operation_timeout_seconds=max(1, round(timeout)),
-            connection_timeout_ms=int(timeout * 1000),
-            logger=logging.getLogger(__name__ + ".probe"),
-        )
-        try:
-            client.create_producer(_PROBE_TOPIC).close()
-        finally:
-            client.close()
-
-    def _terminate(self, sig: int) -> None:
-        proc, self._proc = self._proc, None
-        if self._finalizer is not None:
-            self._finalizer.detach()
-            self._finalizer = None
-        if proc is not None:
-            stop(proc, sig, self.stop_timeout, "pulsar-lite")
+        raise self._not_ready(port, last_error)
