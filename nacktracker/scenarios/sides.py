@@ -243,8 +243,8 @@ class BuiltinSide:
         await quietly(self.client.close())
 
 
-async def _admit_all(msg: pulsar.Message) -> bool:
-    return True
+def _admit_all(msg: pulsar.Message) -> bool:
+    return True  # the pump queues what admit() answers True (an awaitable is only awaited)
 
 
 _OPENERS: dict[str, Callable[[pulsar_asyncio.Client, str, SideOptions], Awaitable[Side]]] = {
