@@ -23,46 +23,49 @@ SMALL_WINDOW = 64
 
 
 class Windows:
-    """Windows by id (``by_id``) and a heap of their ids: one per window, not
-    per bucket or per (bucket, ledger) (the time order). A window's id is
-    ``bucket >> window_shift``; an empty window leaves when it reaches the
-    front.
+    """Windows by id (``by_id``) and the id of the earliest (``first_id``, -1
+    when there is none): the time order is one entry per window, not per
+    bucket or per (bucket, ledger). A window's id is ``bucket >>
+    window_shift``; an empty window leaves when it reaches the front.
 
-    Why a heap and not a sorted map (``sortedcontainers.SortedDict``, Java's
-    AVL map): an index holds a handful of windows (60 s of delays is four
-    at 2^14 ms), so the order costs next to nothing either way, while a
-    ``SortedDict`` object costs ~1.6 KB against ~380 bytes for a dict and a
-    heap of four ids: at 10 nacks/s an index holds ~300 pending messages of
-    ~10 bytes each, so that alone would add ~40% to its memory.
+    Why no ordered structure: an index holds a handful of windows (60 s of
+    delays is four at 2^14 ms), and only the earliest is ever asked for.
+    Keeping its id is O(1) per new window and O(W) when the front window
+    leaves (once per window), and costs one slot. A heap of the ids cost
+    ~100 bytes more (the list and its items), and a sorted map
+    (``sortedcontainers.SortedDict``, Java's AVL map) ~1.6 KB more per index
+    (``held_size`` and tracemalloc of one with four windows): at 10 nacks/s
+    an index holds ~175-300 pending messages at ~20-30 bytes each, so a
+    ``SortedDict`` would add 20-30% to its memory. Ordered iteration
+    (snapshots, ``iter_bitmaps``) sorts the few ids instead.
     """
 
-    __slots__ = ("lay", "bits", "by_id", "heap")
+    __slots__ = ("lay", "by_id", "first_id")
 
     def __init__(self, lay: Layout) -> None:
         self.lay = lay
-        self.bits = lay.bits
         self.by_id: dict[int, Window] = {}
-        self.heap: list[int] = []  # window ids; one per window in by_id
+        self.first_id = -1  # the smallest key of by_id (the same int object), -1 when empty
 
     def window(self, bucket: int) -> Window:
-        """The window of a bucket time, made if new. Runtime: O(1), O(log W) for a new one."""
+        """The window of a bucket time, made if new. Runtime: O(1)."""
         wid = bucket >> self.lay.window_shift
         w = self.by_id.get(wid)
         if w is None:
             w = self.by_id[wid] = Window()
-            heapq.heappush(self.heap, wid)
+            if self.first_id < 0 or wid < self.first_id:
+                self.first_id = wid
         return w
 
     def first(self) -> tuple[int, Window] | None:
         """The earliest window (maybe empty), or None. Runtime: O(1)."""
-        if not self.heap:
-            return None
-        wid = self.heap[0]
-        return wid, self.by_id[wid]
+        wid = self.first_id
+        return None if wid < 0 else (wid, self.by_id[wid])
 
     def drop_first(self) -> None:
-        """The earliest window, empty, leaves. Runtime: O(log W)."""
-        del self.by_id[heapq.heappop(self.heap)]
+        """The earliest window, empty, leaves. Runtime: O(W) for the W windows left."""
+        del self.by_id[self.first_id]
+        self.first_id = min(self.by_id) if self.by_id else -1
 
     def in_order(self) -> Iterator[tuple[int, Window]]:
         """``(id, window)`` in time order. Runtime: O(W log W)."""
@@ -228,7 +231,7 @@ class Windows:
         w = self.by_id.get(bucket >> lay.window_shift)
         if w is None:
             return False
-        off = (bucket >> self.bits) & lay.offset_mask
+        off = (bucket >> lay.bits) & lay.offset_mask
         cell = w.dense.get(off << 32 | slot)
         if cell is not None and has(cell, entry_id):
             return True
@@ -298,7 +301,7 @@ class Windows:
         """Bytes of the time order and the windows: objects, ids, segments,
         dense cells (CRoaring's heap included). Runtime: O(windows + cells)."""
         size = held_size
-        total = size(self) + layout.time_order_bytes(self.by_id, self.heap)
+        total = size(self) + layout.time_order_bytes(self.by_id)
         for wid, w in self.by_id.items():
             total += size(wid) + size(w) + (size(w.packed) if w.packed is not NO_PACKED else 0)
             for segments in (w.full, w.spill):

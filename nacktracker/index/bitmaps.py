@@ -67,7 +67,7 @@ def overlaps(a: Cell, b: Cell) -> bool:
     return BitMap64(a).intersect(BitMap64(b)) if type(a) is not type(b) else a.intersect(b)  # type: ignore[arg-type]
 
 
-def distinct(values: npt.NDArray[np.integer]) -> npt.NDArray[np.integer]:  # type: ignore[type-arg]
+def distinct(values: npt.NDArray[np.integer]) -> npt.NDArray[np.integer]:
     """The sorted distinct values of a 1-d array: ``np.unique`` without its
     first-call import of ``numpy.ma`` (over 1 MB of RSS that a process using
     the index never needs), and without numpy 2's hashing first, which took
@@ -82,24 +82,24 @@ def distinct(values: npt.NDArray[np.integer]) -> npt.NDArray[np.integer]:  # typ
     return s[keep]
 
 
-def u32_array(values: npt.NDArray[np.integer]) -> array.array[int]:  # type: ignore[type-arg]
+def u32_array(values: npt.NDArray[np.integer]) -> array.array[int]:
     """The low 32 bits of integer values as ``array('I')`` (what a bitmap's
     ``update`` takes in one C call), copied once more than needed at most
     (``tobytes`` would add a copy). Runtime: O(n) in C."""
     out = array.array("I")
-    out.frombytes(values.astype(np.uint32, copy=False).view(np.uint8))
+    out.frombytes(values.astype(np.uint32, copy=False).view(np.uint8))  # type: ignore[arg-type]  # numpy arrays are buffers
     return out
 
 
-def u64_array(values: npt.NDArray[np.integer]) -> array.array[int]:  # type: ignore[type-arg]
+def u64_array(values: npt.NDArray[np.integer]) -> array.array[int]:
     """Integer values as ``array('Q')`` (what a ``BitMap64`` takes in one
     C call); see :func:`u32_array`. Runtime: O(n) in C."""
     out = array.array("Q")
-    out.frombytes(values.astype(np.uint64, copy=False).view(np.uint8))
+    out.frombytes(values.astype(np.uint64, copy=False).view(np.uint8))  # type: ignore[arg-type]  # numpy arrays are buffers
     return out
 
 
-def bitmap_of(ids: npt.NDArray[np.integer]) -> Cell:  # type: ignore[type-arg]
+def bitmap_of(ids: npt.NDArray[np.integer]) -> Cell:
     """A bitmap of entry ids, 32-bit when they all fit. Runtime: O(k) in C."""
     if len(ids) and int(ids.max()) >> 32:
         return BitMap64(u64_array(ids))

@@ -39,7 +39,7 @@ from ._ledgers import Ledgers
 from ._live import LiveIds, in_listed, listed_cells
 from ._windows import Windows
 from .bitmaps import common, merge_into, overlaps
-from .layout import COUNTER_INTS, LIVE_ENTRY_BITS, LIVE_SLOT_BITS, M32, NO_CELLS, NO_PACKED, PROMOTE, WIDE_LIVE_SHIFT, Cell, Layout, Window, held_size
+from .layout import COUNTER_INTS, NO_WINDOW, LIVE_ENTRY_BITS, LIVE_SLOT_BITS, M32, NO_CELLS, NO_PACKED, PROMOTE, WIDE_LIVE_SHIFT, Cell, Layout, Window, held_size
 
 __all__ = ["TimeBucketIndex"]
 # add() inlines the narrow bounds of the live bitmap (a literal, not a
@@ -87,7 +87,12 @@ class TimeBucketIndex:
         self._windows: dict[int, Window] = self._time.by_id
         self._by_id: dict[int, int] = self._ledgers.by_id
         self._count = 0  # live occurrences
-        self._reset_hot()
+        # the fast path: the cell the last add went to (bucket, slot, ledger id, window, offset), its
+        # bitmap if dense and whether its ledger lists it, and where its run of adds started
+        self._hot_bucket, self._hot_slot, self._hot_lid, self._hot_off = -1, -1, -1, -1
+        self._hot_win: Window = NO_WINDOW
+        self._hot_dense: Cell | None = None
+        self._hot_start, self._hot_listed = 0, False
 
     def bucket_of(self, due_ms: int) -> int:
         """The bucket time a due time maps to. Runtime complexity: O(1)."""
@@ -130,14 +135,13 @@ class TimeBucketIndex:
                 else:
                     key = slot << ids.shift | entry_id
                 live = ids.bits
-                if self._hot_listed:  # a listed dense cell (so ext is set): the id is stored there only
-                    assert ext is not None and self._hot_dense is not None
-                    if key in live or (entry_id <= ext.hi and in_listed(ext, entry_id)):
+                if self._hot_listed:  # a listed dense cell (so ext and the cell are set): the id is stored there only
+                    if key in live or (entry_id <= ext.hi and in_listed(ext, entry_id)):  # type: ignore[union-attr, arg-type]
                         self._add_again(slot, entry_id, bucket)
                         return
-                    self._hot_dense.add(entry_id)
-                    if entry_id > ext.hi:
-                        ext.hi = entry_id
+                    self._hot_dense.add(entry_id)  # type: ignore[union-attr]
+                    if entry_id > ext.hi:  # type: ignore[union-attr]
+                        ext.hi = entry_id  # type: ignore[union-attr]
                     self._count += 1
                     return
                 try:
@@ -154,12 +158,10 @@ class TimeBucketIndex:
                 if cell is not None:
                     cell.add(entry_id)
                     return
-                w = self._hot_win
-                assert w is not None
-                packed = w.packed
+                packed = self._hot_win.packed
                 packed.append((self._hot_off << self._cshift | slot) << 32 | entry_id)
                 if len(packed) - self._hot_start >= PROMOTE:
-                    self._promote(w)
+                    self._promote(self._hot_win)
                 return
         else:
             try:  # a subscript, not .get(): no method call on the common path
@@ -486,7 +488,6 @@ class TimeBucketIndex:
         """Store one new physical copy (live state already updated)."""
         if bucket == self._hot_bucket and slot == self._hot_slot:
             w, off, cell = self._hot_win, self._hot_off, self._hot_dense
-            assert w is not None
         else:
             w, off, cell = self._make_hot(slot, bucket)
         self._ids.churn += 1
@@ -542,9 +543,7 @@ class TimeBucketIndex:
 
     def _reset_hot(self) -> None:
         self._hot_bucket, self._hot_slot, self._hot_lid, self._hot_off = -1, -1, -1, -1
-        self._hot_win: Window | None = None
-        self._hot_dense: Cell | None = None
-        self._hot_start, self._hot_listed = 0, False
+        self._hot_win, self._hot_dense, self._hot_start, self._hot_listed = NO_WINDOW, None, 0, False
 
     def _set_cell(self, w: Window, off: int, slot: int, cell: Cell) -> Cell:
         """Put ``cell`` at ``(off, slot)``; a listed cell replaced by a new

@@ -307,6 +307,10 @@ class Window:
             self.dense, self.dense_keys = NO_CELLS, NO_KEYS
 
 
+#: The fast path's window when it has none (never written to: no bucket maps to its cell).
+NO_WINDOW: Final = Window()
+
+
 class LedgerExt:
     """The rare state of one ledger; most ledgers have none.
 
@@ -411,10 +415,10 @@ def ledger_record_bytes() -> int:
     return held_size(LedgerExt())
 
 
-def time_order_bytes(windows: dict[int, Window], heap: list[int]) -> int:
-    """Bytes of the index's time order: the windows dict and the heap of
-    their ids (each id's int is counted with its window)."""
-    return held_size(windows) + held_size(heap)
+def time_order_bytes(windows: dict[int, Window]) -> int:
+    """Bytes of the index's time order: the dict of windows by id (each id's
+    int is counted with its window; the earliest id is one of them)."""
+    return held_size(windows)
 
 
 #: malloc bytes of an empty ``BitMap64`` (CRoaring's ``roaring64_bitmap_t`` with
