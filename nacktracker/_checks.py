@@ -87,24 +87,6 @@ def check_default_delay(name: str, value: object) -> int:
     return delay
 
 
-def check_precision(precision_bits: object, rounding: object) -> tuple[int, int]:
-    """Validate ``precision_bits``/``rounding``; return ``(add, mask)``.
-
-    A due time maps to its bucket as ``(due + add) & mask``: ``add`` is 0 for
-    ``"floor"`` (Pulsar's trim: up to 2^bits-1 ms early) and ``2^bits - 1`` for
-    ``"ceil"`` (up to 2^bits-1 ms late, never early).
-    """
-    bits = check_int("precision_bits", precision_bits, 30)
-    if rounding not in ("floor", "ceil"):
-        raise ValueError(f"rounding must be 'floor' or 'ceil', got {rounding!r}")
-    width = 1 << bits
-    # one pair per precision and rounding: an index does not hold its own int objects
-    return _PRECISION.setdefault((bits, rounding), ((0 if rounding == "floor" else width - 1), ~(width - 1)))
-
-
-_PRECISION: dict[tuple[int, str], tuple[int, int]] = {}
-
-
 def _from_numpy(ids) -> array.array:
     np = sys.modules["numpy"]
     if ids.ndim != 1:

@@ -33,7 +33,8 @@ from typing import Iterable, Iterator
 
 from pyroaring import BitMap, BitMap64
 
-from .._checks import MAX_DUE, check_int, check_precision, entry_array, message_id
+from .._checks import MAX_DUE, check_int, entry_array, message_id
+from ..precision import Precision
 from . import layout
 from ._ledgers import Ledgers
 from ._live import LiveIds, in_listed, listed_cells
@@ -66,15 +67,16 @@ class TimeBucketIndex:
     [(3, 9), (7, 1), (7, 2)]
     """
 
-    __slots__ = ("precision_bits", "rounding", "_add", "_mask", "_lay", "_wshift", "_cshift", "_omask", "_slot_limit",
+    __slots__ = ("precision", "precision_bits", "_add", "_mask", "_lay", "_wshift", "_cshift", "_omask", "_slot_limit",
                  "_ledgers", "_ids", "_time", "_windows", "_by_id", "_count",
                  "_hot_bucket", "_hot_slot", "_hot_lid", "_hot_win", "_hot_off", "_hot_dense", "_hot_start", "_hot_listed")
 
     def __init__(self, precision_bits: int = 8, rounding: str = "floor") -> None:
-        self._add, self._mask = check_precision(precision_bits, rounding)
-        self.precision_bits: int = precision_bits
-        self.rounding: str = rounding
-        lay = self._lay = Layout.for_bits(precision_bits)
+        # add() inlines Precision.bucket with these (no call on its hottest path)
+        precision = self.precision = Precision.of(precision_bits, rounding)
+        self._add, self._mask = precision.add, precision.mask
+        self.precision_bits: int = precision.bits
+        lay = self._lay = Layout.for_bits(precision.bits)
         # the layout's ints, copied for add() (shared objects: see Layout.for_bits)
         self._wshift, self._slot_limit = lay.window_shift, lay.slot_limit
         # a copy packs as (offset << _cshift | slot) << 32 | entry: two small-int ops, then the 64-bit ones
@@ -96,7 +98,7 @@ class TimeBucketIndex:
 
     def bucket_of(self, due_ms: int) -> int:
         """The bucket time a due time maps to. Runtime complexity: O(1)."""
-        return (check_int("due_ms", due_ms, MAX_DUE) + self._add) & self._mask
+        return self.precision.bucket(check_int("due_ms", due_ms, MAX_DUE))
 
     def add(self, ledger_id: int, entry_id: int, due_ms: int) -> None:
         """Track ``(ledger_id, entry_id)`` as due at ``due_ms`` (monotonic ms).
@@ -118,7 +120,7 @@ class TimeBucketIndex:
             ledger_id = check_int("ledger_id", ledger_id)
             entry_id = check_int("entry_id", entry_id)
             due_ms = check_int("due_ms", due_ms, MAX_DUE)
-        bucket = (due_ms + self._add) & self._mask
+        bucket = (due_ms + self._add) & self._mask  # Precision.bucket, inlined
         ids = self._ids
         if ledger_id == self._hot_lid:
             slot = self._hot_slot
@@ -243,7 +245,7 @@ class TimeBucketIndex:
             for e in new:
                 self.add(ledger_id, e, due_ms)
             return
-        bucket = (due_ms + self._add) & self._mask
+        bucket = self.precision.bucket(due_ms)
         ids.bits |= keyed  # type: ignore[operator]
         if type(new) is BitMap64 and new.max() >> 32:
             ext = self._ledgers.ext_of(slot)
@@ -345,6 +347,11 @@ class TimeBucketIndex:
         """
         front = self._front()
         return None if front is None else front[0]
+
+    @property
+    def rounding(self) -> str:
+        """``"floor"`` or ``"ceil"`` (see :class:`~nacktracker.precision.Precision`)."""
+        return self.precision.rounding
 
     def __len__(self) -> int:
         """Pending occurrences (a message pending in two buckets counts twice). O(1)."""
