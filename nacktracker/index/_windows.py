@@ -31,13 +31,13 @@ class Windows:
     Why no ordered structure: an index holds a handful of windows (60 s of
     delays is four at 2^14 ms), and only the earliest is ever asked for.
     Keeping its id is O(1) per new window and O(W) when the front window
-    leaves (once per window), and costs one slot. A heap of the ids cost
-    ~100 bytes more (the list and its items), and a sorted map
-    (``sortedcontainers.SortedDict``, Java's AVL map) ~1.6 KB more per index
-    (``held_size`` and tracemalloc of one with four windows): at 10 nacks/s
-    an index holds ~175-300 pending messages at ~20-30 bytes each, so a
-    ``SortedDict`` would add 20-30% to its memory. Ordered iteration
-    (snapshots, ``iter_bitmaps``) sorts the few ids instead.
+    leaves (once per window), and costs one slot. With four windows a heap
+    of the ids cost 88 bytes more (the list and its items), and a sorted map
+    (``sortedcontainers.SortedDict``, Java's AVL map) 1,649 bytes more
+    (``python bench/time_order.py``): at 10 nacks/s an index holds ~175-300
+    pending messages at ~20-30 bytes each, so a ``SortedDict`` would add
+    20-30% to its memory. Ordered iteration (snapshots, ``iter_bitmaps``)
+    sorts the few ids instead.
     """
 
     __slots__ = ("lay", "by_id", "first_id")
