@@ -116,6 +116,7 @@ class Layout:
     entry id the low 32. Sorted packed values are therefore in
     ``(bucket, slot, entry)`` order.
 
+    >>> from nacktracker.index.layout import Layout
     >>> lay = Layout.for_bits(8)
     >>> lay.offset_bits, lay.window_shift, lay.slot_limit
     (6, 14, 67108864)
