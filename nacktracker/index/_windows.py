@@ -34,7 +34,7 @@ class Windows:
     leaves (once per window), and costs one slot. With four windows a heap
     of the ids cost 88 bytes more (the list and its items), and a sorted map
     (``sortedcontainers.SortedDict``, Java's AVL map) 1,649 bytes more
-    (``python bench/time_order.py``): at 10 nacks/s an index holds ~175-300
+    (``python -m bench.lab.time_order``): at 10 nacks/s an index holds ~175-300
     pending messages at ~20-30 bytes each, so a ``SortedDict`` would add
     20-30% to its memory. Ordered iteration (snapshots, ``iter_bitmaps``)
     sorts the few ids instead.

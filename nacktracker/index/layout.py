@@ -73,7 +73,7 @@ M32: Final = (1 << 32) - 1
 #: with one array per window, grown in small steps and cut from the front,
 #: the C heap was left fragmented: uniform k=3 L=1 1,000/s bits 0 grew 5.8
 #: B/pending of free C heap beside 9.8 in use, and with segments none
-#: (``python bench/heap_breakdown.py '<cell>' 0`` here and in a copy of 4bee518).
+#: (``python -m bench.lab.heap_breakdown '<cell>' 0`` here and in a copy of 4bee518).
 #: Read as ``layout.SEGMENT`` wherever it is used, so a test can set it here
 #: alone (small segments exercise rolling and taking across segment ends).
 SEGMENT = 512
@@ -85,7 +85,7 @@ SEGMENT = 512
 #: once and for good, to a ``BitMap64`` of ``slot << 32 | entry`` (O(n) in C).
 #: The ``BitMap64`` costs ~40 bytes more per ledger (its ART leaf and node)
 #: and ~200 for its header: 2,376 against 1,683 bytes of malloc for 16 ledgers
-#: of 11 ids built by adds (``python bench/roaring_bytes.py``), ~3.9 bytes per
+#: of 11 ids built by adds (``python -m bench.roaring_bytes``), ~3.9 bytes per
 #: pending message where a consumer nacks 10/s over 16 ledgers. Ids >= 2^32 are in their ledger's ``wide`` bitmap either way.
 LIVE_ENTRY_BITS: Final = 22
 LIVE_SLOT_BITS: Final = 10
@@ -423,7 +423,7 @@ def time_order_bytes(windows: dict[int, Window]) -> int:
 
 
 #: malloc bytes of an empty ``BitMap64`` (CRoaring's ``roaring64_bitmap_t`` with
-#: its ART), measured by ``python bench/roaring_bytes.py`` (pyroaring 1.2.0,
+#: its ART), measured by ``python -m bench.roaring_bytes`` (pyroaring 1.2.0,
 #: CRoaring 5.2.2: 210 B, where the 32-bit header's 64 B were counted before).
 BITMAP64_EMPTY: Final = 210
 
@@ -465,13 +465,13 @@ def roaring_bytes(bm: Cell, grown: bool = False, refit: bool = False) -> int:
     bitmap was built by adds and only shrunk now and then (the index's live
     bitmap), so its array containers and container arrays have the capacity
     CRoaring grows them to (the average container's), not their size
-    (``python bench/roaring_bytes.py``, "live bitmap by adds" rows: counted
+    (``python -m bench.roaring_bytes``, "live bitmap by adds" rows: counted
     against malloc). ``refit`` (with ``grown``): it has been shrunk to fit
     since (the index's live bitmap after its first compaction), so each array
     container has grown from its size at the shrink, by one step of
-    CRoaring's growth, not along the steps from 16 (``python
-    bench/heap_breakdown.py``, backoff k=3 L=16 1000/s bits 10: the live
-    bitmaps freed 2.59 B/pending, counted so 2.56; ``bench/roaring_bytes.py``,
+    CRoaring's growth, not along the steps from 16 (``python -m
+    bench.lab.heap_breakdown``, backoff k=3 L=16 1000/s bits 10: the live
+    bitmaps freed 2.59 B/pending, counted so 2.56; ``python -m bench.roaring_bytes``,
     "refit" rows). Runtime: O(1).
     """
     s = bm.get_statistics()

@@ -8,7 +8,7 @@ of them holding ``n`` window ids each, beside a ~20-30 bytes per pending
 message index that holds ~175-300 pending messages at 10 nacks/s
 (bench/index_grid.py's 10/s cells).
 
-    python bench/time_order.py
+    python -m bench.lab.time_order
 """
 
 from __future__ import annotations
