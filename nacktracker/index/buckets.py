@@ -530,7 +530,9 @@ class TimeBucketIndex:
             if n >= PROMOTE and n.bit_length() > self._hot_start.bit_length():
                 old_cell.run_optimize()
                 old_cell.shrink_to_fit()
-        w = self._time.window(bucket)
+        w = self._windows.get(bucket >> self._wshift)
+        if w is None:
+            w = self._time.window(bucket)
         off = (bucket >> self.precision_bits) & self._omask
         cell = None
         if w.dense:
@@ -541,7 +543,7 @@ class TimeBucketIndex:
                 w.packed = array.array("Q")
             elif len(w.packed) >= layout.SEGMENT:
                 w.roll()
-        self._hot_lid = self._ledgers.ledger_id(slot)
+        self._hot_lid = self._ledgers.lid[slot]  # type: ignore[assignment]  # a slot in use holds its ledger id
         # _hot_start: where the hot run starts in the array, or the dense cell's size
         self._hot_dense, self._hot_start = cell, len(w.packed) if cell is None else len(cell)
         ext = self._ledgers.ext_at(slot) if cell is not None else None
