@@ -38,10 +38,11 @@ __all__ = ["DeliveryCore", "Verdict", "AckResult", "Held", "Nacked", "Parked", "
 class DeliveryCore:
     """Per-copy decisions for one consumer.
 
-    ``precision``: the tracker's buckets (a :class:`~nacktracker.precision.Precision`). ``dedup``: a
-    :class:`~nacktracker.Deduplicator` or ``None``. ``pending(key) -> bool``: whether the tracker holds the entry
-    (a pure lookup, asked only for copies that may be redeliveries). ``overdue_ms``: how long after its time a
-    requested copy may still arrive before it is taken to have gone to another consumer. Times: the tracker's ms.
+    ``precision``: the tracker's buckets (a :class:`~nacktracker.precision.Precision`).
+    ``dedup``: a :class:`~nacktracker.Deduplicator` or ``None``. ``pending(key) -> bool``: whether the tracker
+    holds the entry (a pure lookup, asked only for copies that may be redeliveries). ``overdue_ms``: how long
+    after its time a requested copy may still arrive before it is taken to have gone to another consumer.
+    All times are the tracker's clock, in ms.
 
     Every method is O(1) unless its docstring says otherwise.
     """

@@ -96,7 +96,8 @@ class TrackedConsumer:
         self._dedup = Deduplicator(opts.dedup_capacity) if opts.dedup else None
         self.tracker: NegativeAcksTracker
         precision = Precision.of(opts.precision_bits)  # floor: a redelivery may come early, never late
-        self.core = DeliveryCore(precision, dedup=self._dedup, pending=self._pending, overdue_ms=COPY_OVERDUE_MS)
+        self.core = DeliveryCore(precision, dedup=self._dedup,
+                                 pending=self._pending, overdue_ms=COPY_OVERDUE_MS)
         self.lateness = RedeliveryLateness(self.core)  # stats()["lateness_ms"]; add_listener: the metrics' histogram
         self._pump = ReceivePump(consumer, self._admit, opts.prefetch,
                                  on_resume=getattr(self.adapter, "forget_handed", None), direct=DirectConsumer.of)
