@@ -586,3 +586,34 @@ def test_first_deliveries_take_the_o1_check_and_state_made_ahead_of_arrival_is_h
     other = MessageKey(1, 3, 0, -1, TOPIC)  # another partition keeps its own position
     assert core.first_delivery(other) and core.first_delivery(key(13, 0, 1))
     assert core.counts["surface"] == len(first) + 2
+
+
+def test_seen_and_knows_name_each_state_a_copy_can_be_in():
+    """seen(): a copy of the key reached this consumer (held, forgotten by a
+    redeliver-all, parked, requested, nacked in a batch record, its entry
+    requested, acknowledged); knows(): seen, or a message of a batch entry with
+    a record. Each state alone answers yes; a key in none answers no."""
+    core, _ = make()
+    forgotten, held, parked, requested = key(0, 0, 1), key(1, 0, 1), key(2, 0, 1), key(3, 0, 1)
+    batch = [key(4, i, 3) for i in range(3)]
+    other = [key(5, i, 2) for i in range(2)]
+    blind = [key(6, i, 2) for i in range(2)]
+    acked = key(7, 0, 1)
+    deliver(core, [forgotten], 0)
+    core.forget_held()
+    deliver(core, [held, parked, requested, *batch, other[1], acked], 0)
+    core.acked(acked, 0)
+    for k in (parked, requested):
+        core.nacked(k, 1000, k, 0)
+    core.nacked(batch[0], 1000, batch[0], 0)  # index 0: the record's only trace of it
+    core.nacked(other[1], 1000, other[1], 0)  # other[0] never came: known by its record only
+    core.fired(1000, [parked, requested, blind[0].entry], 970)  # blind: an entry without a record
+    assert deliver(core, [parked], 980) == [P]
+    states = {"held": core.held, "forgotten": core.forgotten, "parked": core.parked, "requested": core.requested}
+    where = {name: [k for k in (forgotten, held, parked, requested) if k in d] for name, d in states.items()}
+    assert where == {"held": [held], "forgotten": [forgotten], "parked": [parked], "requested": [requested]}
+    for k in (forgotten, held, parked, requested, batch[0], blind[1], acked):
+        assert core.seen(k) and core.knows(k), k
+    assert not core.seen(other[0]) and core.knows(other[0])
+    for k in (key(9, 0, 1), key(10, 1, 3), key(4, 0, 1)):
+        assert not core.seen(k) and not core.knows(k), k
