@@ -617,3 +617,40 @@ def test_seen_and_knows_name_each_state_a_copy_can_be_in():
     assert not core.seen(other[0]) and core.knows(other[0])
     for k in (key(9, 0, 1), key(10, 1, 3), key(4, 0, 1)):
         assert not core.seen(k) and not core.knows(k), k
+
+
+def test_counts_lateness_and_pending_batch_nacks_of_a_worked_case():
+    """Every verdict, release and expiry is counted; each redelivered copy that
+    surfaces reports how late it is against its bucket's time (at once when it
+    arrives after it, at the release when it was parked); the snapshot's view
+    lists every nacked batch message not surfaced yet, parked ones included."""
+    core, pending = make()
+    late: list = []
+    core.on_redelivered = late.append
+    single, other = key(0, 0, 1), key(1, 0, 1)
+    m = [key(2, i, 3) for i in range(3)]
+    assert deliver(core, [single, other, *m], 0) == [S] * 5
+    core.nacked(single, 1000, single, 0)
+    core.nacked(m[0], 1000, m[0], 0)
+    core.nacked(m[1], 1200, m[1], 0)
+    assert sorted(core.pending_batch_nacks()) == [(m[0].entry, 0, 1000, False), (m[0].entry, 1, 1200, False)]
+    pending.add(single.entry)
+    assert deliver(core, [single, m[1], m[2]], 10) == [E, E, H]  # their buckets have not fired
+    pending.discard(single.entry)
+    core.fired(1000, [single, m[0].entry], 970)
+    assert deliver(core, m, 990) == [P, P, H]  # early: parked until 1000 and 1200
+    assert deliver(core, [m[0]], 991) == [Verdict.DROP_TWIN]
+    assert sorted(core.pending_batch_nacks()) == [(m[0].entry, 0, 1000, True), (m[0].entry, 1, 1200, True)]
+    assert deliver(core, [single], 1007) == [S]  # 7 ms after its bucket's time
+    assert core.release(1004) == [m[0]]  # released 4 ms late (the shell's wakeup came late)
+    core.acked(other, 1005)
+    assert deliver(core, [other], 1006) == [A]
+    core.nack_refused(other)
+    assert core.release(1200) == [m[1]] and late == [7, 4, 0]
+    assert list(core.pending_batch_nacks()) == []
+    core.nacked(m[2], 1500, m[2], 1201)
+    core.fired(1500, [m[2].entry], 1470)  # its copy goes elsewhere: the record expires
+    core.release(1500 + OVERDUE)
+    assert core.counts == {"surface": 6, "park": 2, "acked": 1, "held": 2, "early": 2, "twin": 1,
+                           "released": 2, "expired": 1, "nacks_after_ack": 1}
+    assert len(core.records) == 0 and core.next_wakeup_ms() is None

@@ -898,7 +898,7 @@ async def test_fire_listeners_get_each_cell_until_removed_and_a_failing_one_is_l
     await settle()
     assert cells == [FiredCell(start + 10, 0, [K(1)]), FiredCell(start + 10, 0, [K(2, ledger=8)])]
     assert bad_calls == [start + 10, start + 10]
-    assert sum("fire listener" in r.getMessage() and "failed" in r.getMessage() for r in caplog.records) == 2
+    assert [r.getMessage() for r in caplog.records] == [f"fire listener {bad!r} failed"] * 2
     remove()
     remove()  # removing twice is harmless
     clock.advance(5)
@@ -907,4 +907,68 @@ async def test_fire_listeners_get_each_cell_until_removed_and_a_failing_one_is_l
     assert sorted(k.entry_id for k in adapter.redelivered) == [1, 2, 3]
     with pytest.raises(TypeError, match="^listener must be callable, not int$"):
         tracker.add_fire_listener(3)
+    await tracker.close()
+
+
+class _LeadAdapter(MemoryAdapter):
+    def __init__(self, lead_ms=0, coalesce_ms=0):
+        super().__init__()
+        self.lead_ms, self.coalesce_ms = lead_ms, coalesce_ms
+
+
+@pytest.mark.parametrize("adapter,kwargs,error", [
+    (None, {"delay_ms": -5}, (ValueError, "delay_ms must be >= 0 ms, got -5")),
+    (None, {"precision_bits": 31}, (ValueError, "precision_bits must be <= 30, got 31")),
+    (None, {"rounding": "nearest"}, (ValueError, "rounding must be 'floor' or 'ceil', got 'nearest'")),
+    (None, {"backoff": 5}, (TypeError, "backoff must be callable, not int")),
+    (None, {"on_dead_letter": 5}, (TypeError, "on_dead_letter must be callable, not int")),
+    (None, {"on_event": "x"}, (TypeError, "on_event must be callable, not str")),
+    (None, {"max_redeliveries": 0, "on_dead_letter": print}, (ValueError, "max_redeliveries must be >= 1")),
+    (None, {"max_redeliveries": "1", "on_dead_letter": print}, (TypeError, "max_redeliveries must be an int, not str")),
+    (None, {"max_redeliveries": 2},
+     (ValueError, "max_redeliveries needs on_dead_letter: the tracker never drops a message silently")),
+    (None, {"clock": object()}, (TypeError, "clock must provide now_ms() and call_at(when_ms, callback)")),
+    (None, {"clock": type("NoTimer", (), {"now_ms": lambda self: 0})()},
+     (TypeError, "clock must provide now_ms() and call_at(when_ms, callback)")),
+    (None, {"retry_min_ms": -1}, (ValueError, "retry_min_ms must be >= 0 ms, got -1")),
+    (None, {"retry_max_ms": -1}, (ValueError, "retry_max_ms must be >= 0 ms, got -1")),
+    (object(), {}, (TypeError, "adapter must have an async redeliver(keys) method, not object")),
+    (_LeadAdapter(lead_ms=-1), {}, (ValueError, "adapter.lead_ms must be >= 0, got -1")),
+    (_LeadAdapter(coalesce_ms=-1), {}, (ValueError, "adapter.coalesce_ms must be >= 0, got -1")),
+])
+def test_construction_refusals_name_the_argument_at_fault(adapter, kwargs, error):
+    kind, message = error
+    with pytest.raises(kind) as info:
+        NegativeAcksTracker(adapter if adapter is not None else MemoryAdapter(), **kwargs)
+    assert str(info.value) == message
+
+
+def test_construction_keeps_its_arguments_and_repairs_the_retry_bounds():
+    """retry_min_ms 0 waits 1 ms (a retry never spins); a retry_max_ms below the minimum is the minimum."""
+    hook = print
+    tracker = NegativeAcksTracker(MemoryAdapter(), clock=ManualClock(), delay_ms=250, precision_bits=3,
+                                  rounding="ceil", max_redeliveries=4, on_dead_letter=hook, consumer_name="c1")
+    assert (tracker.delay_ms, tracker.precision_bits, tracker.rounding, tracker.max_redeliveries,
+            tracker.consumer_name) == (250, 3, "ceil", 4, "c1")
+    assert repr(tracker) == "NegativeAcksTracker(pending=0, precision_bits=3, rounding='ceil', closed=False)"
+    for lo, hi, want in ((0, 0, (1, 1)), (500, 100, (500, 500)), (20, 300, (20, 300))):
+        t = NegativeAcksTracker(MemoryAdapter(), clock=ManualClock(), retry_min_ms=lo, retry_max_ms=hi)
+        assert (t._retry_min, t._retry_max) == want
+
+
+async def test_a_lead_ms_that_turns_invalid_is_logged_once_and_the_last_valid_one_kept(caplog):
+    adapter = _LeadAdapter(lead_ms=5)
+    tracker, _, clock = make(adapter=adapter, precision_bits=0)
+    for bad in (-1, 3_600_001, 2.5, True):
+        adapter.lead_ms = bad
+        tracker.add(K(1), delay_ms=100)
+        tracker.add(K(2), delay_ms=100)
+    adapter.lead_ms = 3_600_000  # the largest valid lead: taken
+    assert tracker._lead == 3_600_000
+    adapter.lead_ms = 7
+    start = clock.now_ms()
+    tracker.add(K(3), delay_ms=50)
+    assert tracker.next_fire_ms() == start + 50 - 7
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert errors == [f"adapter.lead_ms {bad!r} is not a valid delay; keeping 5" for bad in (-1, 3_600_001, 2.5, True)]
     await tracker.close()
