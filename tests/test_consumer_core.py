@@ -654,3 +654,15 @@ def test_counts_lateness_and_pending_batch_nacks_of_a_worked_case():
     assert core.counts == {"surface": 6, "park": 2, "acked": 1, "held": 2, "early": 2, "twin": 1,
                            "released": 2, "expired": 1, "nacks_after_ack": 1}
     assert len(core.records) == 0 and core.next_wakeup_ms() is None
+
+
+def test_a_noted_position_makes_copies_at_or_behind_it_take_the_full_path_in_its_partition_only():
+    """After a restore the shell notes how far each partition got: a copy at or
+    behind that is not a first delivery (it may be a redelivery); beyond it, and
+    in any other topic or partition, first deliveries take the O(1) path."""
+    core, _ = make()
+    core.note_position(TOPIC, -1, 1, 5)
+    assert not core.first_delivery(key(5, 0, 1)) and not core.first_delivery(key(3, 1, 2))
+    assert core.first_delivery(MessageKey(1, 5, 0, -1, TOPIC))  # partition 0: its own position
+    assert core.first_delivery(MessageKey(1, 5, -1, -1, "u"))  # another topic
+    assert core.first_delivery(key(6, 0, 1))
