@@ -84,7 +84,7 @@ def main() -> int:
             kind = "killed" if code in KILLED else "survived" if code in SURVIVED else \
                 "not checked" if code is None else "no tests" if code in (5, 33) else f"other ({code})"
             by_module[module][kind] += 1
-            if kind != "killed":
+            if kind not in ("killed", "not checked"):
                 survivors.append((module, name))
     if not by_module:
         print("no mutmut results under mutants/: run without --only-report first", file=sys.stderr)
