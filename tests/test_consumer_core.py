@@ -731,3 +731,13 @@ def test_a_noted_position_makes_copies_at_or_behind_it_take_the_full_path_in_its
     assert core.first_delivery(MessageKey(1, 5, 0, -1, TOPIC))  # partition 0: its own position
     assert core.first_delivery(MessageKey(1, 5, -1, -1, "u"))  # another topic
     assert core.first_delivery(key(6, 0, 1))
+
+
+def test_a_cumulative_ack_covers_copies_not_arrived_yet_and_an_older_one_never_lowers_it():
+    core, _ = make()
+    core.acked_cumulative(key(5, 0, 1), 0)  # nothing of the partition arrived yet
+    core.acked_cumulative(key(3, 0, 1), 1)  # an older cumulative ack, answered late
+    assert core.is_acked(key(4, 0, 1)) and not core.is_acked(key(6, 0, 1))
+    assert not core.first_delivery(key(4, 0, 1)) and deliver(core, [key(4, 0, 1)], 2) == [A]
+    assert deliver(core, [key(6, 0, 1)], 3) == [S]
+    assert deliver(core, [MessageKey(1, 4, 0, -1, TOPIC)], 4) == [S]  # another partition: not acked
