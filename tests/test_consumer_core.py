@@ -405,7 +405,8 @@ def deliver(core, keys, now):
     return [core.arrive(k, 0, k, now) for k in keys]
 
 
-S, P, A, H, E = Verdict.SURFACE, Verdict.PARK, Verdict.DROP_ACKED, Verdict.DROP_HELD, Verdict.DROP_EARLY
+S, P, A, H, E, T = (Verdict.SURFACE, Verdict.PARK, Verdict.DROP_ACKED, Verdict.DROP_HELD, Verdict.DROP_EARLY,
+                    Verdict.DROP_TWIN)
 
 
 def test_batch_of_four_acked_and_held_siblings_never_surface_again():
@@ -741,3 +742,62 @@ def test_a_cumulative_ack_covers_copies_not_arrived_yet_and_an_older_one_never_l
     assert not core.first_delivery(key(4, 0, 1)) and deliver(core, [key(4, 0, 1)], 2) == [A]
     assert deliver(core, [key(6, 0, 1)], 3) == [S]
     assert deliver(core, [MessageKey(1, 4, 0, -1, TOPIC)], 4) == [S]  # another partition: not acked
+
+
+def test_every_copy_the_application_did_not_get_is_handed_back_with_the_ack():
+    """Copies dropped while a batch message was nacked (its bucket had not fired)
+    travel with it: when its redelivery surfaces and is acked, the ack hands back
+    the nacked copy and the dropped one (acking them completes their deliveries)."""
+    core, pending = make()
+    m = [key(0, i, 2) for i in range(2)]
+    assert [core.arrive(k, 0, f"{k.batch_index}#1", 0) for k in m] == [S, S]
+    core.nacked(m[0], 1000, "0#1", 0)
+    pending.add(m[0].entry)
+    assert core.arrive(m[0], 0, "0#2", 10) == E
+    pending.discard(m[0].entry)
+    core.fired(1000, [m[0].entry], 970)
+    assert core.arrive(m[0], 0, "0#3", 1005) == S  # past its time: surfaces at once
+    assert sorted(core.acked(m[0], 1006).tokens) == ["0#1", "0#2"]
+    assert core.arrive(m[1], 0, "1#2", 1007) == H
+    assert core.acked(m[1], 1008).tokens == ["1#2"]
+
+
+def test_a_cumulative_ack_hands_back_every_copy_it_settles_and_only_those():
+    core, _ = make()
+    held, nacked_parked = key(0, 0, 3), key(0, 1, 3)
+    single, forgotten_below, forgotten_beyond = (MessageKey(0, 7, -1, -1, TOPIC), MessageKey(0, 3, -1, -1, TOPIC),
+                                                 key(5, 0, 1))
+    beyond, other_partition = key(2, 0, 2), MessageKey(1, 0, 0, 0, TOPIC)
+    below = [key(1, 0, 2), key(1, 1, 2)]
+    for k in (forgotten_below, forgotten_beyond):
+        core.arrive(k, 0, "f", 0)
+    core.forget_held()
+    for k in (single, held, nacked_parked, beyond, other_partition, *below):
+        core.arrive(k, 0, f"{k.entry_id}.{k.batch_index}#1", 0)
+    assert core.arrive(held, 0, "0.0#2", 1) == H
+    core.nacked(single, 800, "7.-1#1", 1)
+    core.nacked(nacked_parked, 1000, "0.1#1", 1)
+    for k in (beyond, other_partition, *below):  # records made in this order: two skipped before the settled one
+        core.nacked(k, 5000, f"{k.entry_id}.{k.batch_index}#1", 1)
+    core.fired(800, [single], 770)
+    core.fired(1000, [nacked_parked.entry], 970)
+    assert core.arrive(nacked_parked, 0, "0.1#2", 990) == P and core.arrive(nacked_parked, 0, "0.1#3", 991) == T
+    tokens = core.acked_cumulative(below[1], 995)
+    assert sorted(tokens) == ["0.0#2", "0.1#1", "0.1#2", "0.1#3", "1.0#1", "1.1#1"]
+    assert not core.requested and not core.parked and core.forgotten == {forgotten_beyond}
+    assert set(core.records) == {beyond.entry, other_partition.entry}
+    assert deliver(core, [single, nacked_parked, below[0], beyond, other_partition], 996) == [A, A, A, E, E]
+
+
+def test_a_restored_record_expires_when_its_copy_never_comes_and_remembers_acks_without_dedup():
+    for dedup in (True, False):
+        core, _ = make(dedup=dedup)
+        a, b = key(0, 0, 2), key(0, 1, 2)
+        core.restore_record(a.entry, [(0, 300, True)])
+        assert deliver(core, [b], 10) == [S]
+        core.acked(b, 11)
+        assert deliver(core, [b], 12) == [A]  # remembered (without dedup: while the record lives)
+        core.release(300 + OVERDUE - 1)
+        assert len(core.records) == 1 and core.next_wakeup_ms() == 300 + OVERDUE
+        core.release(300 + OVERDUE)  # a's copy went elsewhere
+        assert len(core.records) == 0 and core.counts["expired"] == 1 and core.next_wakeup_ms() is None
