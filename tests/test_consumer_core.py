@@ -801,3 +801,18 @@ def test_a_restored_record_expires_when_its_copy_never_comes_and_remembers_acks_
         assert len(core.records) == 1 and core.next_wakeup_ms() == 300 + OVERDUE
         core.release(300 + OVERDUE)  # a's copy went elsewhere
         assert len(core.records) == 0 and core.counts["expired"] == 1 and core.next_wakeup_ms() is None
+
+
+def test_copies_parked_for_the_same_time_are_released_in_arrival_order_with_their_dropped_copies():
+    core, pending = make()
+    m = [key(0, i, 3) for i in range(3)]
+    assert [core.arrive(k, 0, f"{k.batch_index}#1", 0) for k in m] == [S, S, S]
+    for k in m[:2]:
+        core.nacked(k, 1000, f"{k.batch_index}#1", 0)
+    pending.add(m[0].entry)
+    assert core.arrive(m[1], 0, "1#2", 10) == E  # dropped: its bucket has not fired
+    pending.discard(m[0].entry)
+    core.fired(1000, [m[0].entry], 970)
+    assert [core.arrive(k, 0, f"{k.batch_index}#3", 980) for k in (m[1], m[0])] == [P, P]
+    assert core.release(1000) == ["1#3", "0#3"]  # one time: in the order they were parked
+    assert sorted(core.acked(m[1], 1001).tokens) == ["1#1", "1#2"] and core.acked(m[0], 1001).tokens == ["0#1"]

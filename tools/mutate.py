@@ -9,7 +9,8 @@ every survivor with its diff. The committed ``mutation/REPORT.md`` gives a
 reason for each survivor kept (an equivalent mutant) or names the test added
 for it.
 
-    python tools/mutate.py [--max-children N] [--module nacktracker/tracker.py ...] [--only-report]
+    python tools/mutate.py [--max-children N] [--module nacktracker/tracker.py ... [--survivors]]
+                           [--only-report]
 
 ``--module`` runs the mutants of those modules only (mutmut's mutant names,
 ``nacktracker.tracker.*``), each against the tests that call the mutated
@@ -40,15 +41,17 @@ KILLED = {1, 3, 36, 24, -24, 152, 255, 37}  # killed, pytest internal error, tim
 SURVIVED = {0}
 
 
-def _not_killed(module: str) -> list[str]:
+def _not_killed(module: str, survivors_only: bool = False) -> list[str]:
     """The mutants of ``module`` to run: those not killed by an earlier run (the
     tests only grow; mutmut resets the results of a function whose code
-    changed), or all of them (mutmut's name pattern) before its first run."""
+    changed), or all of them (mutmut's name pattern) before its first run;
+    ``survivors_only``: those run and not killed."""
     meta = ROOT / "mutants" / (module + ".meta")
     if not meta.exists():
         return [module.removesuffix(".py").replace("/", ".") + ".*"]
     codes = json.loads(meta.read_text())["exit_code_by_key"]
-    return sorted(name for name, code in codes.items() if code not in KILLED)
+    return sorted(name for name, code in codes.items()
+                  if code not in KILLED and not (survivors_only and code is None))
 
 
 def main() -> int:
@@ -56,6 +59,8 @@ def main() -> int:
     ap.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--module", action="append", default=[], metavar="PATH",
                     help="run (and report) the mutants of this module only, e.g. nacktracker/tracker.py; repeatable")
+    ap.add_argument("--survivors", action="store_true",
+                    help="with --module: run only the mutants that survived a run (after adding tests)")
     ap.add_argument("--only-report", action="store_true", help="summarise the last run, run nothing")
     ap.add_argument("--out", default=str(ROOT / "mutation" / "latest.md"))
     args = ap.parse_args()
@@ -64,7 +69,7 @@ def main() -> int:
     if not args.only_report:
         env = {**os.environ, "NACKTRACKER_HYPOTHESIS": "mutate"}
         started = time.monotonic()
-        names = [name for m in args.module for name in _not_killed(m)]
+        names = [name for m in args.module for name in _not_killed(m, args.survivors)]
         if args.module and not names:
             print("every mutant of those modules is killed already: nothing to run", file=sys.stderr)
             return 0
