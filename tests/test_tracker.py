@@ -972,3 +972,48 @@ async def test_a_lead_ms_that_turns_invalid_is_logged_once_and_the_last_valid_on
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert errors == [f"adapter.lead_ms {bad!r} is not a valid delay; keeping 5" for bad in (-1, 3_600_001, 2.5, True)]
     await tracker.close()
+
+
+async def test_stats_and_events_of_a_worked_case(monkeypatch):
+    """Every counter and gauge, and every event field, through nacks in two
+    origins, a dead letter, a failed adapter call and its retry."""
+    import nacktracker.tracker as tracker_module
+    from nacktracker.events import NackEvent
+
+    monkeypatch.setattr(tracker_module.time, "time_ns", lambda: 1_700_000_000_123_456_789)
+    ts = 1_700_000_000_123
+    events, dead = [], []
+    clock = ManualClock(start_ms=1_000)
+    adapter = MemoryAdapter(clock=clock.now_ms)
+    tracker = NegativeAcksTracker(adapter, clock=clock, precision_bits=0, retry_min_ms=10, max_redeliveries=3,
+                                  on_dead_letter=dead.append, on_event=events.append, consumer_name="c1")
+    one, two, three, four = K(1, topic="t", partition=2), K(2), K(3), K(4)
+    assert tracker.add(one, delay_ms=10) == 1_010 and tracker.add(two, delay_ms=10) == 1_010
+    assert tracker.add(three, delay_ms=30, redelivery_count=1) == 1_030
+    assert tracker.add(four, redelivery_count=3) is None and dead == [four]
+    adapter.fail_next(1)
+    clock.advance(10)
+    await settle()
+    s = tracker.stats()
+    assert (s["pending"], s["unsent"], s["nacks"], s["redelivered"], s["failures"], s["fires"]) == (1, 2, 3, 0, 1, 1)
+    assert s["buckets"] >= 1 and s["bitmaps"] >= 1 and s["nbytes"] == tracker.nbytes() > 0
+    clock.advance(10)  # the retry
+    await settle()
+    clock.advance(10)
+    await settle()
+    assert adapter.redelivered == [one, two, three]
+    s = tracker.stats()
+    assert s == {"pending": 0, "unsent": 0, "buckets": 0, "bitmaps": 0, "nbytes": tracker.nbytes(), "nacks": 3,
+                 "redelivered": 3, "dead_lettered": 1, "dead_letter_failures": 0, "failures": 1, "fires": 2,
+                 "rejected_after_close": 0, "threadsafe_failures": 0,
+                 "timer_lag_ms": {"count": 3, "p50": 0, "p99": 0, "max": 0}}
+    assert events == [
+        NackEvent(ts, "nack", 7, 1, 10, 0, 2, -1, "t", "c1"),
+        NackEvent(ts, "nack", 7, 2, 10, 0, -1, -1, None, "c1"),
+        NackEvent(ts, "nack", 7, 3, 30, 1, -1, -1, None, "c1"),
+        NackEvent(ts, "dead_letter", 7, 4, 60_000, 3, -1, -1, None, "c1"),
+        NackEvent(ts, "redeliver", 7, 1, 0, 0, 2, -1, "t", "c1"),
+        NackEvent(ts, "redeliver", 7, 2, 0, 0, -1, -1, None, "c1"),
+        NackEvent(ts, "redeliver", 7, 3, 0, 0, -1, -1, None, "c1"),
+    ]
+    await tracker.close()
