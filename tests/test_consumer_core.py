@@ -816,3 +816,19 @@ def test_copies_parked_for_the_same_time_are_released_in_arrival_order_with_thei
     assert [core.arrive(k, 0, f"{k.batch_index}#3", 980) for k in (m[1], m[0])] == [P, P]
     assert core.release(1000) == ["1#3", "0#3"]  # one time: in the order they were parked
     assert sorted(core.acked(m[1], 1001).tokens) == ["1#1", "1#2"] and core.acked(m[0], 1001).tokens == ["0#1"]
+
+
+def test_an_ack_ahead_of_arrival_covers_a_batched_copy_and_an_ack_answers_a_request():
+    core, _ = make()
+    ahead = MessageKey(1, 9, -1, 1, TOPIC)  # a batched message acknowledged by id before its copy came
+    core.acked(ahead, 0)
+    assert not core.first_delivery(ahead) and deliver(core, [ahead], 1) == [A]
+    single = key(10, 0, 1)
+    deliver(core, [single], 2)
+    core.nacked(single, 500, single, 2)
+    core.fired(500, [single], 470)
+    assert single in core.requested
+    core.acked(single, 480)  # acked by id while its redelivery is on its way
+    assert not core.requested and deliver(core, [single], 490) == [A]
+    core.release(500 + OVERDUE)
+    assert core.counts["expired"] == 0 and core.next_wakeup_ms() is None
