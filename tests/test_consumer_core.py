@@ -832,3 +832,54 @@ def test_an_ack_ahead_of_arrival_covers_a_batched_copy_and_an_ack_answers_a_requ
     assert not core.requested and deliver(core, [single], 490) == [A]
     core.release(500 + OVERDUE)
     assert core.counts["expired"] == 0 and core.next_wakeup_ms() is None
+
+
+def test_what_an_ack_answers_dropped_copies_and_whether_the_tracker_may_hold_the_entry():
+    """AckResult: the dropped copies to acknowledge with it, and ``discard``: whether
+    the tracker may hold a nack of the entry (False only for a first delivery of a
+    single message: nothing of it can be pending)."""
+    core, pending = make()
+    fresh, redelivered, parked = key(0, 0, 1), key(1, 0, 1), key(2, 0, 1)
+    batch = [key(3, i, 2) for i in range(2)]
+    nacked_batch = key(4, 0, 2)
+    assert deliver(core, [fresh, redelivered, parked, *batch, nacked_batch], 0) == [S] * 6
+    core.nacked(nacked_batch, 5_000, nacked_batch, 0)  # a record exists from now on
+    for k in (redelivered, parked):
+        core.nacked(k, 100, k, 0)
+    core.fired(100, [redelivered, parked], 70)
+    assert core.arrive(redelivered, 0, "r#2", 100) == S
+    assert core.arrive(parked, 0, "p#2", 80) == P
+    assert core.arrive(batch[0], 0, "b#2", 81) == H  # a twin of a held batch message
+    def ack(k, now):
+        result = core.acked(k, now)
+        return list(result.tokens), result.discard
+
+    assert ack(fresh, 90) == ([], False)
+    assert ack(redelivered, 101) == ([], True)  # its entry may still be pending
+    assert ack(parked, 90) == (["p#2"], True)  # acked by id while its copy was parked
+    assert ack(batch[0], 91) == (["b#2"], True)
+    assert not core.parked and not core.requested
+
+
+def test_acks_remove_forgotten_and_a_request_for_another_message_stays():
+    core, _ = make()
+    forgotten, other = key(0, 0, 1), key(1, 0, 1)
+    deliver(core, [forgotten, other], 0)
+    core.forget_held()
+    core.acked(forgotten, 1)
+    assert core.forgotten == {other}
+    core.arrive(other, 0, other, 2)
+    core.nacked(other, 100, other, 2)
+    core.fired(100, [other], 70)
+    core.acked(forgotten, 71)  # an ack of another message (a repeat) leaves the request alone
+    assert other in core.requested
+
+
+def test_without_dedup_an_ack_of_batch_index_0_is_remembered_while_the_record_lives():
+    core, _ = make(dedup=False)
+    m = [key(0, i, 2) for i in range(2)]
+    deliver(core, m, 0)
+    core.nacked(m[1], 500, m[1], 1)
+    core.acked(m[0], 2)
+    core.fired(500, [m[0].entry], 470)
+    assert deliver(core, m, 500) == [A, S]
