@@ -883,3 +883,98 @@ def test_without_dedup_an_ack_of_batch_index_0_is_remembered_while_the_record_li
     core.acked(m[0], 2)
     core.fired(500, [m[0].entry], 470)
     assert deliver(core, m, 500) == [A, S]
+
+
+def test_twins_of_a_held_batch_message_are_all_handed_back():
+    core, _ = make()
+    m = key(0, 0, 2)
+    assert core.arrive(m, 0, "#1", 0) == S
+    assert [core.arrive(m, 0, t, 1) for t in ("#2", "#3")] == [H, H]
+    assert sorted(core.acked(m, 2).tokens) == ["#2", "#3"]
+
+
+def test_requests_for_single_messages_expire_each_counted_and_a_stale_park_releases_nothing():
+    core, _ = make()
+    a, b, c, d = (key(i, 0, 1) for i in range(4))
+    deliver(core, [a, b, c, d], 0)
+    for k in (a, b):
+        core.nacked(k, 100, k, 0)
+    core.fired(100, [a, b], 70)
+    assert core.next_wakeup_ms() == 100 + OVERDUE  # the requests' expiry
+    assert deliver(core, [d], 71) == [H]  # requests pending for others: d is simply held
+    core.release(100 + OVERDUE - 1)
+    assert set(core.requested) == {a, b}
+    core.release(100 + OVERDUE)  # both copies went elsewhere
+    assert not core.requested and core.counts["expired"] == 2 and core.next_wakeup_ms() is None
+    core.nacked(c, 200, c, 1)
+    core.fired(200, [c], 170)
+    assert deliver(core, [c], 180) == [P]
+    core.nacked(c, 600, "nacked while parked", 181)  # by id: the parked copy goes with it
+    core.fired(600, [c], 570)
+    assert deliver(core, [c], 580) == [P]
+    assert core.release(200) == [] and core.next_wakeup_ms() == 600  # the stale park is not live
+    assert core.release(600) == [c]
+
+
+def test_fired_for_an_entry_never_seen_here_parks_its_early_copy_and_skips_only_acked_entries():
+    """A restored tracker fires entries this core never saw: their copies are not first deliveries."""
+    core, _ = make()
+    acked, never_seen, other_partition = key(0, 0, 1), key(5, 0, 1), MessageKey(1, 5, 0, -1, TOPIC)
+    core.acked_cumulative(acked, 0)
+    core.fired(100, [acked, never_seen, other_partition], 70)
+    assert set(core.requested) == {never_seen, other_partition}
+    assert deliver(core, [never_seen, other_partition], 80) == [P, P]
+
+
+def test_a_batch_copy_at_exactly_its_time_surfaces_and_ends_the_record():
+    core, pending = make()
+    m = [key(0, i, 2) for i in range(2)]
+    deliver(core, m, 0)
+    core.nacked(m[0], 100, m[0], 0)
+    pending.add(m[0].entry)
+    assert deliver(core, [m[0]], 100) == [S]  # not fired yet, but its time has come
+    assert len(core.records) == 0
+
+
+def test_an_ack_may_discard_the_tracker_entry_only_when_no_sibling_waits_for_a_bucket():
+    core, _ = make()
+    m = [key(0, i, 3) for i in range(3)]
+    deliver(core, m, 0)
+    core.nacked(m[0], 100, m[0], 0)
+    core.nacked(m[1], 900, m[1], 0)
+    assert core.acked(m[2], 1).discard is False  # m[1]'s bucket has not fired: keep the entry
+    core.fired(100, [m[0].entry], 70)
+    assert core.acked(m[0], 71).discard is True  # every nack of the entry is answered by that copy
+
+
+def test_a_fired_nack_waits_overdue_ms_and_an_unfired_one_never_expires():
+    core, _ = make()
+    m = [key(0, i, 3) for i in range(3)]
+    deliver(core, m, 0)
+    core.nacked(m[0], 500, m[0], 0)
+    core.fired(500, [m[0].entry], 470)  # answers m[0]; its copy will go elsewhere
+    core.nacked(m[1], 3_000, m[1], 600)  # after that fire: waits for its own bucket
+    core.nacked(m[2], 300, m[2], 600)  # due already, the tracker has not fired it yet
+    core.release(500 + OVERDUE)
+    assert sorted(core.pending_batch_nacks()) == [(m[0].entry, 1, 3_000, False), (m[0].entry, 2, 300, False)]
+    core.fired(3_000, [m[0].entry], 2_970)
+    core.release(3_000 + OVERDUE - 1)
+    assert sorted(i for _, i, _, _ in core.pending_batch_nacks()) == [1, 2]
+    assert deliver(core, [m[1]], 2_990) == [P]  # its copy came: parked until its time
+
+
+def test_a_blind_restored_entry_parks_each_message_of_its_copy_until_the_last_one():
+    """A restored tracker entry without records (blind): its fired request parks each
+    message of the copy until the bucket's time; the copy's last message answers it."""
+    core, pending = make()
+    core.blind = True
+    entry = key(0, 0, 3).entry
+    core.note_position(TOPIC, -1, 1, 0)
+    pending.add(entry)
+    core.fired(100, [entry], 70)
+    pending.discard(entry)
+    m = [key(0, i, 3) for i in range(3)]
+    assert core.arrive(m[0], 0, m[0], 80) == P  # batch size unknown: the request stays
+    assert core.arrive(m[1], 3, m[1], 80) == P and entry in core.requested
+    assert core.arrive(m[2], 3, m[2], 80) == P and entry not in core.requested
+    assert core.release(100) == m
