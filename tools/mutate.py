@@ -10,13 +10,17 @@ reason for each survivor kept (an equivalent mutant) or names the test added
 for it.
 
     python tools/mutate.py [--max-children N] [--module nacktracker/tracker.py ... [--survivors]]
-                           [--only-report]
+                           [--tests 'tests/test_x.py ...'] [--only-report]
 
 ``--module`` runs the mutants of those modules only (mutmut's mutant names,
 ``nacktracker.tracker.*``), each against the tests that call the mutated
 function (mutmut's own per-mutant test mapping, recorded by one traced run of
 the configured selection); the report then covers those modules. Without it,
 every configured module is run.
+
+``--tests`` checks the mutants against those tests instead of the configured
+selection (tools/mutmut_tests.py), e.g. the index's modules against the index
+tests.
 
 Hypothesis runs its ``mutate`` profile (tests/run_checks.py): ``ci``'s
 derandomized examples without shrinking a failure, so a rerun on the same code
@@ -30,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -61,6 +66,9 @@ def main() -> int:
                     help="run (and report) the mutants of this module only, e.g. nacktracker/tracker.py; repeatable")
     ap.add_argument("--survivors", action="store_true",
                     help="with --module: run only the mutants that survived a run (after adding tests)")
+    ap.add_argument("--tests", type=shlex.split, metavar="'ARGS'",
+                    help="the tests to run instead of [tool.mutmut]'s selection, one quoted string of pytest "
+                         "arguments (e.g. 'tests/test_index.py --deselect ID'): the tests that own the modules' behaviour")
     ap.add_argument("--only-report", action="store_true", help="summarise the last run, run nothing")
     ap.add_argument("--out", default=str(ROOT / "mutation" / "latest.md"))
     args = ap.parse_args()
@@ -73,7 +81,8 @@ def main() -> int:
         if args.module and not names:
             print("every mutant of those modules is killed already: nothing to run", file=sys.stderr)
             return 0
-        proc = subprocess.run([*mutmut, "run", "--max-children", str(args.max_children), *names], cwd=ROOT, env=env)
+        runner = [sys.executable, str(ROOT / "tools" / "mutmut_tests.py"), json.dumps(args.tests)] if args.tests else mutmut
+        proc = subprocess.run([*runner, "run", "--max-children", str(args.max_children), *names], cwd=ROOT, env=env)
         seconds = time.monotonic() - started
         if proc.returncode not in (0, 1):
             print(f"mutmut run exited {proc.returncode}", file=sys.stderr)
