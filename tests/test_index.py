@@ -431,3 +431,14 @@ def test_state_stays_whole_under_a_hook_reading_frame_locals(bits):
     assert pops > 500  # the workload reached the pops it meant to
     assert not steps, steps[:5]
     assert idx.pop_due(2**62) == ref.pop_due(2**62) and len(idx) == 0
+
+
+def test_bucket_of_refuses_a_bad_due_time_naming_it():
+    idx = TimeBucketIndex(precision_bits=0)
+    with pytest.raises(TypeError, match=r"^due_ms must be an int, not float$"):
+        idx.bucket_of(1.5)
+    with pytest.raises(ValueError, match=r"^due_ms "):
+        idx.bucket_of(-1)
+    with pytest.raises(ValueError, match=r"^due_ms "):
+        idx.bucket_of(1 << 62)
+    assert idx.bucket_of((1 << 62) - 1) == (1 << 62) - 1

@@ -15,6 +15,7 @@ from pyroaring import BitMap, BitMap64
 
 from nacktracker import DictIndex, TimeBucketIndex
 from nacktracker.index import _live, layout
+from nacktracker.index._windows import SMALL_WINDOW
 from nacktracker.index._ledgers import NO_EXTS, NO_SLOTS
 from nacktracker.index._live import NO_GHOSTS, NO_MULTI
 from nacktracker.index.layout import (LISTED, LISTING, LIVE_ENTRY_BITS, LIVE_SLOT_BITS, NO_CELLS, NO_KEYS, NO_PACKED,
@@ -352,6 +353,22 @@ def test_count_bounds_are_cheap_upper_bounds_of_the_exact_counts(bits):
         few.add(7, e * 5, 5_000)
     few.add(8, 1, 5_000)
     assert (few.bucket_count_bound(), few.bitmap_count_bound()) == (few.bucket_count(), few.bitmap_count()) == (1, 2)
+
+
+@pytest.mark.parametrize("bits", [0, 4, 14])
+def test_count_bounds_count_a_window_exactly_up_to_64_copies_then_cheaply(bits):
+    """The bound's rule itself: a window of at most SMALL_WINDOW (64) copies
+    is counted exactly, one more and it is the fewer of its copies and the
+    buckets the window spans (here above the exact count: one bucket)."""
+    for n in (SMALL_WINDOW, SMALL_WINDOW + 1):
+        idx = TimeBucketIndex(precision_bits=bits)
+        for i in range(n):  # n ledgers, one copy each, all in one bucket
+            idx.add(1_000 + i, 1, 5_000)
+        assert (idx.bucket_count(), idx.bitmap_count()) == (1, n)
+        span = 1 << idx._lay.offset_bits
+        expected = 1 if n <= SMALL_WINDOW else min(n, span)
+        assert expected > 1 or n == SMALL_WINDOW
+        assert (idx.bucket_count_bound(), idx.bitmap_count_bound()) == (expected, n)
 
 
 def test_a_burst_is_stored_once_in_a_listed_cell():
