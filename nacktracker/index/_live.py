@@ -138,16 +138,6 @@ class LiveIds:
         else:
             self.bits.discard(slot << self.shift | entry_id)
 
-    def in_bits(self, slot: int, entry_id: int) -> bool:
-        """Whether the id is in the live bitmap or its ledger's ``wide`` (not
-        the listed cells). Runtime: O(1)."""
-        ext = self.ledgers.ext_at(slot)
-        if entry_id >> 32:
-            return ext is not None and ext.wide is not None and entry_id in ext.wide
-        if self.shift == LIVE_ENTRY_BITS and (entry_id >> LIVE_ENTRY_BITS or slot >> LIVE_SLOT_BITS):
-            return False  # the narrow live bitmap cannot key it: it was never added
-        return (slot << self.shift | entry_id) in self.bits
-
     def acked(self, slot: int, entry_id: int, in_bits: bool, taken: int) -> int:
         """An ack of a pending id: leave the live state; the copies not taken
         out of listed cells (``taken``) become ghosts. Returns the live
