@@ -345,6 +345,7 @@ def test_count_bounds_are_cheap_upper_bounds_of_the_exact_counts(bits):
     assert idx.bucket_count_bound() >= idx.bucket_count() > 0
     assert idx.bitmap_count_bound() >= idx.bitmap_count() > 0
     assert idx.bucket_count_bound() <= len(idx._windows) << idx._lay.offset_bits  # no more than windows span
+    assert idx.bitmap_count_bound() <= (len(idx._windows) << idx._lay.offset_bits) * 8  # ... times the 8 ledgers
     idx.pop_due(1_040_000)
     assert idx.bucket_count_bound() >= idx.bucket_count()
     assert idx.bitmap_count_bound() >= idx.bitmap_count()
