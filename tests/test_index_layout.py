@@ -372,6 +372,18 @@ def test_count_bounds_count_a_window_exactly_up_to_64_copies_then_cheaply(bits):
         assert (idx.bucket_count_bound(), idx.bitmap_count_bound()) == (expected, n)
 
 
+@pytest.mark.parametrize("bits", [0, 4, 14])
+def test_counts_take_a_bucket_with_sparse_and_dense_copies_once(bits):
+    """A bucket (and a cell) holding both a dense cell and sparse copies is
+    one bucket (one cell) for the exact counts."""
+    idx = TimeBucketIndex(precision_bits=bits)
+    idx.add_many(500, range(64), 5_000)  # a dense cell
+    idx.add(7, 1, 5_000)  # a sparse copy of another ledger in the same bucket
+    assert (idx.bucket_count(), idx.bitmap_count()) == (1, 2)
+    idx.add(500, 1_000, 5_000)  # a sparse copy in the dense cell's (bucket, ledger)
+    assert (idx.bucket_count(), idx.bitmap_count()) == (1, 2)
+
+
 def test_a_burst_is_stored_once_in_a_listed_cell():
     """Seed 000's case: a ledger's run of ids in one bucket sits in its dense
     cell only, not in the live bitmap too; acks and re-adds still answer
