@@ -335,8 +335,9 @@ def run_plan(spark, trace: str, bits: Sequence[int] = DEFAULT_BITS, *,
     """Run the whole plan job on ``trace``; return the tables for the report.
 
     Raises :class:`~nacktracker.events.TraceError` for unusable traces.
-    Cost: two scans of the log, one shuffle of its nack rows (+ a sort, see
-    :func:`_sorted_nacks`), and the
+    Cost: two scans of the log (the validation's reads four columns of a
+    Parquet log with statistics, :func:`~.load.load_trace`), one shuffle of
+    its nack rows (+ a sort, see :func:`_sorted_nacks`), and the
     per-consumer kernel (see :mod:`.pending`).
     """
     bits = tuple(sorted(set(int(b) for b in bits)))
