@@ -76,7 +76,7 @@ QUICK = dict(delays=("uniform",), ks=(3,), ledgers=(16,), rates=(1_000,), bits=(
 # 50,000 pending per cell. The RSS per pending message of a cell depends on how
 # many indexes share its process, not only on the index: at 200,000 (4x the
 # replicas) the 1,000/s cells read closer to nbytes() and the 10/s cells
-# further from it (bench/results/index-grid/NOTES.md, "At 200,000 pending")
+# further from it (bench/results/index-grid/HISTORY.md, "At 200,000 pending")
 FULL["target_pending"] = 50_000
 
 
@@ -355,7 +355,7 @@ def side_by_side(first, stream: Traffic, cell: Cell, now: int, calls: int) -> di
     bests may come from different moments: six ``--one`` runs of uniform
     k=8 L=16 100/s bits 4 read 1,335-2,422 ns per index ``add`` and
     1.72-1.89x the dict's, where a whole grid run had read 2.64x
-    (bench/results/index-grid/NOTES.md)."""
+    (bench/results/index-grid/HISTORY.md)."""
     import nacktracker
 
     twin = nacktracker.DictIndex(precision_bits=first.precision_bits)
