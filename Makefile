@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: venv demo docs lint test mutate bench bench-quick clean
+.PHONY: venv demo docs lint check test mutate bench bench-quick clean
 
 # every extra (what `make test` needs)
 venv: $(STAMP)
@@ -35,6 +35,14 @@ docs: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m mypy
+
+# The inner loop (<= 90 s on 2 cores): ruff, mypy and the tests that need neither a broker nor
+# Spark, without the ones marked `slow` (whole benchmark runs and other long subprocess tests:
+# `nacktracker bench --quick`, the traffic bench, the demo, the pipeline's subprocess runs).
+# `make test` runs everything, these included.
+CHECK_TESTS := not broker and not lite and not apache and not external and not spark and not slow
+check: lint
+	$(PY) -m pytest -q -m "$(CHECK_TESTS)"
 
 # NACKTRACKER_TEST_REQUIRE=1: a test dependency that is missing (Java, PySpark, pulsar-client,
 # pulsar-lite) or a broker that cannot start fails the run with one line, never skips quietly.
