@@ -328,7 +328,7 @@ def readme_sentence(results: dict) -> str:
                      f"µs/msg: **{rate['median']:.2f}×** the rate, **{cpu['median']:.2f}×** the CPU")
     loads = [x for name in ("batched", "non-batched") for x in (r["workloads"][name]["load_avg_before"][0],
                                                                r["workloads"][name]["load_avg_after"][0])]
-    return (f"Receive + ack throughput on pulsar-lite, no nacks, side by side in one run "
+    return (f"Receive + ack throughput on pulsar-lite, no nacks, the three kinds side by side in each run "
             f"(`python bench/consume_throughput.py`, {r['workloads']['batched']['messages']:,} messages per run, "
             f"{r['workloads']['batched']['rounds']} alternating rounds, medians of the per-round ratios, load average "
             f"{min(loads)}–{max(loads)} on {r['cores']} cores): " + "; ".join(parts)
