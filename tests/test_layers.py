@@ -41,9 +41,9 @@ PULSAR_IMPORTERS = {
     "testing/apache.py": "probes the Apache Pulsar broker it starts",
     "testing/owned.py": "a broker's readiness probe: a real client creates a producer",
 }
-#: The demo and the broker scenarios it and bench/ run drive a real broker beside the plain client,
+#: The demo and its scenarios (bench/ runs them too) drive a real broker beside the plain client,
 #: and measure it.
-DRIVERS = ("demo/", "scenarios/", "demo.py")
+DRIVERS = ("demo/",)
 
 TIME_READERS = {
     "tracker.py": "the tracker knows time (event timestamps)",
@@ -56,7 +56,6 @@ TIME_READERS = {
     "testing/lite.py": "waits for the pulsar-lite broker to start",
     "testing/apache.py": "waits for the Apache Pulsar broker to start, times Maven",
     "testing/owned.py": "stamps a broker's log at each launch",
-    "workloads.py": "benchmark workloads",
 }
 TIME_FUNCS = {"time", "monotonic", "perf_counter", "time_ns", "monotonic_ns", "perf_counter_ns"}
 

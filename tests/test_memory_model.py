@@ -12,7 +12,7 @@ from nacktracker.index._parts import LISTED, LISTING
 from nacktracker.pipeline.memory_model import (IndexCosts, array_bytes, calibration_build, index_state,
                                                live_replay, synthetic_nacks)
 from nacktracker.pipeline.pending import analyse_consumer
-from nacktracker.workloads import workload
+from nacktracker.pipeline.memory_experiment import workload
 
 
 @pytest.fixture(scope="module")

@@ -113,6 +113,8 @@ class TrackedConsumer:
         else:
             self.tracker, self._counts["restored"] = self._store.load(self.adapter, tracker_options, self.core)
         self.tracker.add_fire_listener(self._on_fired)
+        if isinstance(self.adapter, PulsarAdapter):  # a request waits while the application holds a sibling
+            self.adapter.sibling_held = self.core.holds_sibling
         self._failures = FailureHandling(self, client, schema)  # retries, dead_letter(), ack timeouts, counts
         try:
             asyncio.get_running_loop()
@@ -267,7 +269,8 @@ class TrackedConsumer:
             self._dead_letters.candidate = None
         if self._local is not None:
             self._local.nacked(key, message)
-        self.core.nacked(key, due, message, self.tracker.clock.now_ms())
+        size = batch_size(message.message_id()) if key.batch_index >= 0 and isinstance(message, pulsar.Message) else 0
+        self.core.nacked(key, due, message, self.tracker.clock.now_ms(), size)
         self._release.rearm()
 
     reconsume_later, dead_letter = reconsume_later, dead_letter  # Java's reconsumeLater; a terminal nack (failures.py)
@@ -341,6 +344,7 @@ class TrackedConsumer:
                 "snapshots_saved": self._store.saved if self._store else 0,
                 "snapshot_failures": self._store.failures if self._store else 0,
                 "bursts": len(getattr(self.adapter, "bursts", ())), "lead_ms": getattr(self.adapter, "lead_ms", 0),
+                "settle_waits": getattr(self.adapter, "settle_waits", 0),
                 "dedup_remembered": len(self._dedup) if self._dedup is not None else 0,
                 "locally_kept": self._local.adapter.stored if self._local is not None else 0}
 
