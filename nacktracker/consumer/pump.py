@@ -198,6 +198,7 @@ class ReceivePump:
                 if len(self._items) >= prefetch:
                     self._space = loop.create_future()
                     await self._space
+                    caught_up = False  # what arrived meanwhile waits in the client's queue already
                     if self._on_resume is not None:
                         self._on_resume()
                 if direct is None:
