@@ -47,8 +47,10 @@ class ReceivePump:
     :data:`COALESCE_S` pass before it asks again, and what arrived
     meanwhile is taken at once: a consumer that keeps up with the broker
     then wakes up about once a millisecond, not once a message (its CPU per
-    message: ``bench/consume_throughput.py``). The cost: a message arriving
-    within that millisecond reaches the application up to 1 ms later.
+    message: ``python -m bench.consume_throughput``). The cost: a message
+    arriving within that millisecond reaches the application up to 1 ms
+    later. Only with a ``prefetch`` above 1 (``subscribe`` sets 1 for a
+    client queue of one message or none, where nothing could gather).
 
     The queue is a deque with the waiting receivers' futures beside it
     (``asyncio.Queue`` costs a dozen Python calls per message: its unfinished
@@ -193,6 +195,8 @@ class ReceivePump:
         direct, admit, prefetch, receivers = self.direct, self._admit, self._prefetch, self._receivers
         loop = asyncio.get_running_loop()
         caught_up = False  # the last message came through a future: the client's queue had run empty
+        # (a prefetch of 1: the client's queue holds one message, or none (a zero queue): nothing to gather)
+        coalesce = COALESCE_S if prefetch > 1 else 0
         try:
             while True:
                 if len(self._items) >= prefetch:
@@ -204,9 +208,9 @@ class ReceivePump:
                 if direct is None:
                     msg = await self._consumer.receive()
                 else:
-                    if caught_up:
+                    if caught_up and coalesce:
                         caught_up = False
-                        await asyncio.sleep(COALESCE_S)
+                        await asyncio.sleep(coalesce)
                     msg = direct.receive()  # a message already in the client's queue, or a future of the next
                     if type(msg) is _FUTURE:
                         caught_up = True
