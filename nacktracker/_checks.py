@@ -105,7 +105,7 @@ def check_precision(precision_bits: object, rounding: object) -> tuple[int, int]
 _PRECISION: dict[tuple[int, str], tuple[int, int]] = {}
 
 
-def _from_numpy(ids) -> array.array:
+def _from_numpy(ids: Any) -> "array.array[int]":
     np = sys.modules["numpy"]
     if ids.ndim != 1:
         raise ValueError(f"entry_ids must be one-dimensional, got shape {ids.shape}")
@@ -128,7 +128,7 @@ def _from_numpy(ids) -> array.array:
     return out
 
 
-def _from_signed_array(ids: array.array) -> array.array:
+def _from_signed_array(ids: "array.array[int]") -> "array.array[int]":
     # A C-level conversion rejects negatives (OverflowError) without a Python loop.
     try:
         return array.array("I", ids)
@@ -141,13 +141,13 @@ def _from_signed_array(ids: array.array) -> array.array:
     return _check_wide(wide)
 
 
-def _check_wide(wide: array.array) -> array.array:
+def _check_wide(wide: "array.array[int]") -> "array.array[int]":
     if len(wide) and max(wide) > MAX_ID:
         raise ValueError(f"entry ids must be <= {MAX_ID}")
     return wide
 
 
-def entry_array(ids: object) -> array.array:
+def entry_array(ids: object) -> "array.array[int]":
     """Convert ``entry_ids`` to ``array('I')`` (all < 2^32) or ``array('Q')``.
 
     Fast paths (no per-element Python code): ``array.array`` of any integer

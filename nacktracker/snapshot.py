@@ -77,6 +77,7 @@ from typing import Any, Optional, Union
 from pyroaring import BitMap, BitMap64
 
 from ._checks import MAX_DUE, MAX_ID
+from .errors import SnapshotError
 
 __all__ = ["SnapshotError", "Snapshot", "encode", "decode", "restore", "write_atomic", "read_file",
            "MAGIC", "VERSION"]
@@ -93,11 +94,6 @@ _ROUNDINGS = ("floor", "ceil")
 
 Origin = tuple[Optional[str], int, int]  # (topic, partition, ledger_id), as the tracker's _origins
 Bitmap = Union[BitMap, BitMap64]
-
-
-class SnapshotError(ValueError):
-    """The bytes are not a snapshot this version can read: foreign, truncated,
-    corrupted, or written by a newer format version. Nothing was loaded."""
 
 
 @dataclass(frozen=True)

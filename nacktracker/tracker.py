@@ -22,6 +22,7 @@ from typing import Any, Callable, Literal, NamedTuple, Optional, TypedDict, over
 from ._checks import MAX_DUE, check_default_delay, check_delay_ms, check_int, check_precision
 from .adapters.base import RedeliveryAdapter
 from .clock import Clock, LoopClock, TimerHandle
+from .errors import TrackerClosedError
 from .events import NackEvent
 from .index import TimeBucketIndex
 from .keys import MessageKey, key_of
@@ -33,10 +34,6 @@ __all__ = ["NegativeAcksTracker", "TrackerClosedError", "LatencyHistogram", "Tra
 log = logging.getLogger(__name__)
 
 _FOREVER = (1 << 63) - 1
-
-
-class TrackerClosedError(RuntimeError):
-    """The tracker was closed; it accepts no more nacks."""
 
 
 class LatencySummary(TypedDict):

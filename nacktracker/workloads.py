@@ -17,7 +17,7 @@ import gc
 import os
 import random
 import time
-from typing import Iterator
+from typing import Any, Iterator
 
 __all__ = ["JAVA_MB", "JAVA_HEAP_MB", "seed_estimate", "workload", "rss_bytes", "measure", "table"]
 
@@ -64,7 +64,7 @@ def rss_bytes() -> int:
 
 
 def measure(index: str, kind: str, messages: int, x: int, y: int,
-            entries_per_ledger: int = 50_000, share: float = 0.1) -> dict:
+            entries_per_ledger: int = 50_000, share: float = 0.1) -> dict[str, Any]:
     """Build one index in this process and measure it: ``nbytes()`` and RSS
     growth, per message. Run it in a fresh interpreter for honest RSS."""
     import nacktracker
@@ -98,7 +98,7 @@ def measure(index: str, kind: str, messages: int, x: int, y: int,
     return row
 
 
-def table(rows: list[dict], grid_columns: bool = False) -> str:
+def table(rows: list[dict[str, Any]], grid_columns: bool = False) -> str:
     """The memory table; ``grid_columns`` adds entries/ledger and share (the sweep's)."""
     head = ("| index | workload | x | y | messages | nbytes B/msg | RSS B/msg | total MB (RSS) "
             "| seed estimate B/msg | Java MB (seed 000) |")

@@ -47,9 +47,9 @@ class ReceivePump:
         self._admit = admit
         self._prefetch = prefetch
         self._on_resume = on_resume
-        self._queue: asyncio.Queue = asyncio.Queue()
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._space = asyncio.Event()
-        self.task: Optional[asyncio.Task] = None
+        self.task: Optional[asyncio.Task[None]] = None
         self.error: Optional[BaseException] = None
         self.received = 0
         self.expect_failure = False  # closing or unsubscribing: a failing receive() is no news

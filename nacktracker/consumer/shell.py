@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Awaitable, Callable, Optional, Union
+from typing import Any, Awaitable, Callable, Optional, Union, Unpack
 
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
@@ -30,7 +30,8 @@ from .direct import DirectConsumer, acknowledged
 from .errors import ConsumerClosed, NotReceivedError
 from .failures import ConsumerDeadLetters, FailureHandling, dead_letter, reconsume_later
 from .lateness import RedeliveryLateness
-from .options import ConsumerOptions, batch_size, check_timeout_ms, key_and_count, message_key, seek_target
+from .ids import batch_size, key_and_count, message_key, seek_target
+from .options import ConsumerOptions, ConsumerOptionsDict, check_timeout_ms
 from .persist import SnapshotStore
 from .local import LocalNacks
 from .pump import ReceivePump
@@ -71,8 +72,9 @@ class TrackedConsumer:
     """
 
     def __init__(self, consumer: Any, *, client: Optional[pulsar_asyncio.Client] = None,
-                 adapter: Any = None, clock: Optional[Clock] = None, schema: Any = None, **options: Any) -> None:
-        opts = ConsumerOptions.check(options, has_client=client is not None)
+                 adapter: Any = None, clock: Optional[Clock] = None, schema: Any = None,
+                 **options: Unpack[ConsumerOptionsDict]) -> None:
+        opts = ConsumerOptions.check(dict(options), has_client=client is not None)
         if adapter is None and not isinstance(consumer, pulsar_asyncio.Consumer):
             raise TypeError(f"consumer must be a pulsar.asyncio.Consumer, not {type(consumer).__name__}")
         if client is not None and not isinstance(client, pulsar_asyncio.Client):
@@ -99,7 +101,7 @@ class TrackedConsumer:
         self.lateness = RedeliveryLateness(self.core)  # stats()["lateness_ms"]; add_listener: the metrics' histogram
         self._pump = ReceivePump(consumer, self._admit, opts.prefetch,
                                  on_resume=getattr(self.adapter, "forget_handed", None), direct=DirectConsumer.of)
-        self._saver: Optional[asyncio.Task] = None
+        self._saver: Optional[asyncio.Task[None]] = None
         self._release = ReleaseTimer(self.core, lambda: self.tracker.clock, self._pump.put)
         self._closed = False
         self._counts = {"restored": 0, "copy_ack_failures": 0}
@@ -220,7 +222,7 @@ class TrackedConsumer:
         if tokens:
             await self._ack_copies(tokens)
 
-    async def _ack_copies(self, tokens: list) -> None:
+    async def _ack_copies(self, tokens: list[Any]) -> None:
         """Acknowledge dropped copies of acknowledged messages: completes their
         deliveries' batch ackers (what acks a batch entry at the broker without
         batch-index acks). A failure is logged: the message itself is acked."""
@@ -315,13 +317,13 @@ class TrackedConsumer:
         self._consumer.redeliver_unacknowledged_messages()
 
     def topic(self) -> str:
-        return self._consumer.topic()
+        return str(self._consumer.topic())
 
     def subscription_name(self) -> str:
-        return self._consumer.subscription_name()
+        return str(self._consumer.subscription_name())
 
     def consumer_name(self) -> str:
-        return self._consumer.consumer_name()
+        return str(self._consumer.consumer_name())
 
     @property
     def closed(self) -> bool:

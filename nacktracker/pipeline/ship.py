@@ -45,6 +45,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
+from ..errors import ExecutorCheckError
+
 __all__ = ["EXECUTOR_DISTRIBUTIONS", "PROBE_MODULES", "ALIAS", "ExecutorEnv", "ExecutorCheckError",
            "ProbeReport", "build_executor_env", "ship", "probe_executors", "prepare_executors",
            "package_fingerprint", "cache_dir", "prune_executor_envs", "KEEP_EXECUTOR_ENVS"]
@@ -62,10 +64,6 @@ ALIAS = "nacktracker-env"
 # (rebuilt on first import), console scripts outside site-packages.
 _SKIP_DIRS = {"__pycache__", "tests", "include"}
 _SKIP_SUFFIXES = (".pyc", ".pyx", ".pxd", ".pxi", ".h", ".hpp", ".cc", ".cpp", ".c")
-
-
-class ExecutorCheckError(RuntimeError):
-    """The executors cannot run the job; the message is one line and names the fix."""
 
 
 @dataclass(frozen=True)
