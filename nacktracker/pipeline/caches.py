@@ -44,7 +44,10 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
+
+if TYPE_CHECKING:
+    from .memory_model import IndexCosts
 
 __all__ = ["cache_root", "enabled", "cached_costs", "class_archive_options", "prune", "MAX_BYTES"]
 
@@ -172,7 +175,7 @@ _costs_lock = threading.Lock()
 
 
 @functools.lru_cache(maxsize=1)
-def cached_costs():
+def cached_costs() -> IndexCosts:
     """:meth:`IndexCosts.measure`'s result, read from the cache when one was
     measured with the same key (~30 ms), else measured (~2-3 s) and stored.
     Once per process (a thread asking while another measures waits for it,
@@ -181,7 +184,7 @@ def cached_costs():
         return _load_or_measure_costs()
 
 
-def _load_or_measure_costs():
+def _load_or_measure_costs() -> IndexCosts:
     from .memory_model import IndexCosts
 
     if not enabled():

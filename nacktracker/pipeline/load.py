@@ -15,10 +15,14 @@ import glob
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..events import (COLUMN_TYPES, COLUMNS, KINDS, NON_NEGATIVE_COLUMNS, NOT_NULL_COLUMNS, ColumnTypeError,
                       EmptyTraceError, TraceError, check_schema, check_stats)
+
+if TYPE_CHECKING:  # pyarrow and pyspark are imported where they are used (the `spark` extra)
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
 __all__ = ["TraceSummary", "read_events", "summarize", "load_trace", "check_trace_path", "UNNAMED", "FORMATS"]
 
@@ -89,7 +93,7 @@ def check_trace_path(path: str, fmt: str = "auto") -> None:
             raise TraceError(f"{f}: not a Parquet file; plan reads {FORMATS}")
 
 
-def _spark_logical(dt) -> str:
+def _spark_logical(dt: Any) -> str:
     from pyspark.sql import types as T
 
     if isinstance(dt, (T.LongType, T.IntegerType, T.ShortType, T.ByteType)):
@@ -98,7 +102,7 @@ def _spark_logical(dt) -> str:
         return "integer"
     if isinstance(dt, (T.StringType, T.NullType)):
         return "string" if isinstance(dt, T.StringType) else "null"
-    return dt.simpleString()
+    return str(dt.simpleString())
 
 
 def _is_local_path(path: str) -> bool:
@@ -118,7 +122,7 @@ def _data_files(local: str) -> list[str]:
     return out
 
 
-def _parquet_schema(paths: list[str]):
+def _parquet_schema(paths: list[str]) -> StructType:
     """Check every Parquet file's own columns (its footer, not the Spark schema
     a writer may have left in its metadata) and return the Spark schema to read
     them all with: each known column present, integers at the widest width
@@ -180,7 +184,7 @@ def one_line_read_error(exc: BaseException, path: str) -> TraceError:
     return TraceError(f"{path}: cannot read the log: {first[:300]}")
 
 
-def read_events(spark, path: str, fmt: str = "auto"):
+def read_events(spark: SparkSession, path: str, fmt: str = "auto") -> DataFrame:
     """Open a trace and check its schema. Returns a DataFrame with the
     :data:`~nacktracker.events.COLUMNS` that are present, integer columns cast
     to their on-disk width and a null ``consumer`` named :data:`UNNAMED`.
@@ -240,7 +244,7 @@ def read_events(spark, path: str, fmt: str = "auto"):
     return df.select(*cols, *raw)
 
 
-def summarize(events, path: str) -> TraceSummary:
+def summarize(events: DataFrame, path: str) -> TraceSummary:
     """Check values (nulls, negatives, kinds, empty) in one pass; return counts.
 
     One ``groupBy(consumer, kind)`` aggregation of counts and minima (the
@@ -287,21 +291,21 @@ def summarize(events, path: str) -> TraceSummary:
     kinds = {k: sum(r["rows"] for r in rows if r["kind"] == k) for k in KINDS}
     consumers: dict[str, dict[str, int]] = {}
     for r in rows:
-        c = consumers.setdefault(r["consumer"], {"events": 0, "nacks": 0, "redeliver": 0, "dead_letter": 0,
-                                                 "first_ms": r["min_ts_ms"], "last_ms": r["last_ms"],
-                                                 "last_due_ms": r["last_due_ms"]})
-        c["events"] += r["rows"]
-        c["nacks" if r["kind"] == "nack" else r["kind"]] += r["rows"]
-        c["first_ms"] = min(c["first_ms"], r["min_ts_ms"])
-        c["last_ms"] = max(c["last_ms"], r["last_ms"])
+        seen = consumers.setdefault(r["consumer"], {"events": 0, "nacks": 0, "redeliver": 0, "dead_letter": 0,
+                                                    "first_ms": r["min_ts_ms"], "last_ms": r["last_ms"],
+                                                    "last_due_ms": r["last_due_ms"]})
+        seen["events"] += r["rows"]
+        seen["nacks" if r["kind"] == "nack" else r["kind"]] += r["rows"]
+        seen["first_ms"] = min(seen["first_ms"], r["min_ts_ms"])
+        seen["last_ms"] = max(seen["last_ms"], r["last_ms"])
         if r["kind"] == "nack":
-            c["last_due_ms"] = max(c["last_due_ms"], r["last_due_ms"])
+            seen["last_due_ms"] = max(seen["last_due_ms"], r["last_due_ms"])
     maxima = {c: max((r[f"max_{c}"] for r in rows if r[f"max_{c}"] is not None), default=None)
               for c in ("ledger_id", "entry_id")}
     return TraceSummary(path=path, rows=stats["rows"], kinds=kinds, consumers=consumers, maxima=maxima)
 
 
-def load_trace(spark, path: str, fmt: str = "auto") -> tuple:
+def load_trace(spark: SparkSession, path: str, fmt: str = "auto") -> tuple[DataFrame, TraceSummary]:
     """:func:`read_events` + :func:`summarize`: ``(events DataFrame, TraceSummary)``."""
     events = read_events(spark, path, fmt)
     return events, summarize(events, path)

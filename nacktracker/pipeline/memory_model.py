@@ -49,12 +49,13 @@ from __future__ import annotations
 import array
 import sys
 from dataclasses import asdict, dataclass
-from typing import NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 from pyroaring import BitMap, BitMap64
 
-from ..index import DictIndex, TimeBucketIndex, _roaring_bytes
+from ..index import DictIndex, TimeBucketIndex
+from ..index._bytes import _roaring_bytes
 from ..index._bytes import held, held_size
 from ..index._parts import (COMPACT_CHURN, LIVE_ENTRY_BITS, LIVE_SLOT_BITS, SEGMENT, WIDE_LIVE_SHIFT, Layout, LedgerExt, Window, bitmap_of,
                              u32_array, u64_array)
@@ -79,15 +80,15 @@ def _sizes(kind: str, k: int) -> list[int]:
         return table
     upto = max(k + 1, 2 * len(table), 1024)
     if kind == "literal":
-        obj: dict | set | list = {0: None}
-        table[:] = [0, held_size(obj)]
+        literal: dict[int, None] = {0: None}
+        table[:] = [0, held_size(literal)]
         for i in range(1, upto - 1):
-            obj[i] = None
-            table.append(held_size(obj))
+            literal[i] = None
+            table.append(held_size(literal))
     else:
-        obj = {"empty": {}, "set": set(), "list": []}[kind]
+        obj: Any = {"empty": {}, "set": set(), "list": []}[kind]  # grown by the matching put below
         table[:] = [held_size(obj)]
-        put = {"empty": lambda i: obj.__setitem__(i, None), "set": lambda i: obj.add(i),
+        put: Callable[[int], None] = {"empty": lambda i: obj.__setitem__(i, None), "set": lambda i: obj.add(i),
                "list": lambda i: obj.append(i)}[kind]
         for i in range(upto - 1):
             put(i)
@@ -149,7 +150,7 @@ def segmented_bytes(n: np.ndarray) -> np.ndarray:
     counts. Runtime: O(len log) numpy."""
     n = np.asarray(n, dtype=np.int64)
     full, rest = n // SEGMENT, n % SEGMENT
-    out = np.where(rest > 0, array_bytes(rest), 0) + full * int(array_bytes(np.asarray([SEGMENT]))[0])
+    out: np.ndarray = np.where(rest > 0, array_bytes(rest), 0) + full * int(array_bytes(np.asarray([SEGMENT]))[0])
     if len(n) and full.max() > 0:
         out += np.where(full > 0, np.asarray(_sizes("list", int(full.max())), dtype=np.int64)[full], 0)
     return out
@@ -302,7 +303,8 @@ def _table(kind: str, ks: np.ndarray) -> np.ndarray:
     """:func:`_sizes` looked up for an array of counts."""
     if len(ks) == 0:
         return np.zeros(0, dtype=np.int64)
-    return np.asarray(_sizes(kind, int(ks.max())), dtype=np.int64)[ks]
+    sizes: np.ndarray = np.asarray(_sizes(kind, int(ks.max())), dtype=np.int64)[ks]
+    return sizes
 
 
 def index_state(ledger: np.ndarray, entry: np.ndarray, bucket: np.ndarray, start: np.ndarray,
@@ -426,7 +428,7 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
         # not run-optimised, as the index never does (its compaction only shrinks it);
         # and not BitMap(values), which run-optimises
         if wide_live[c]:
-            live = BitMap64()
+            live: BitMap | BitMap64 = BitMap64()
             live.update(u64_array(keys[key_heads[c]:key_heads[c + 1]]))
         else:
             live = BitMap()
@@ -526,7 +528,7 @@ class IndexCosts:
     multi_entry_bytes: int     # a (slot, entry) tuple and its count (nbytes() counts the tuple, not its ints)
     int_bytes: int             # one int in a per-ledger set
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
@@ -561,7 +563,8 @@ class IndexCosts:
         return cls(**{**base.as_dict(), "max_model_error": float(worst)})
 
 
-def synthetic_nacks(n: int = 40_000, rate: int = 1_000, ledgers: int = 16, k: int = 3, seed: int = 5):
+def synthetic_nacks(n: int = 40_000, rate: int = 1_000, ledgers: int = 16, k: int = 3,
+                    seed: int = 5) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """A consumer's nacks as arrays ``(ledger, entry, ts, due)``: ``rate``/s
     round-robin over interleaved ledgers, ids ``k`` apart, delays uniform in
     0.1-60 s, with every tenth ledger getting bursts of 64 (dense cells)."""
@@ -577,7 +580,8 @@ def synthetic_nacks(n: int = 40_000, rate: int = 1_000, ledgers: int = 16, k: in
     return ledger, entry, ts, due
 
 
-def calibration_build(bits: int, costs: IndexCosts, nacks=None) -> tuple[int, int]:
+def calibration_build(bits: int, costs: IndexCosts,
+                      nacks: Optional[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = None) -> tuple[int, int]:
     """``(model bytes, nbytes())`` for a live build from ``nacks`` (default
     :func:`synthetic_nacks`) stopped at its peak pending instant."""
     from .pending import analyse_consumer
@@ -588,7 +592,8 @@ def calibration_build(bits: int, costs: IndexCosts, nacks=None) -> tuple[int, in
     return r.index_bytes, idx.nbytes()
 
 
-def live_replay(ledger, entry, ts, due, bits: int, stop_at=None, rounding: str = "floor") -> TimeBucketIndex:
+def live_replay(ledger: np.ndarray, entry: np.ndarray, ts: np.ndarray, due: np.ndarray, bits: int,
+                stop_at: Optional[int] = None, rounding: str = "floor") -> TimeBucketIndex:
     """A TimeBucketIndex fed the nacks in time order, popping due buckets as a
     tracker's timer does, up to and including instant ``stop_at``: the timer
     is armed at the earliest bucket added; when it fires it pops what is due
