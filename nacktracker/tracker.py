@@ -346,6 +346,12 @@ class NegativeAcksTracker:
             log.error("adapter.lead_ms %r is not a valid delay; keeping %d", lead, self._lead_ok)
         return self._lead_ok
 
+    @property
+    def lead_ms(self) -> int:
+        """How early the timer fires for the adapter's path latency: its ``lead_ms`` now (0 when it declares
+        none; the last valid value if it turned invalid). O(1)."""
+        return self._lead
+
     def next_fire_ms(self) -> Optional[int]:
         """When the timer is armed for, on the tracker's clock (None: idle)."""
         return self._timer_at

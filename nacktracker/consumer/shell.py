@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Awaitable, Callable, Optional, Union, Unpack
+from typing import Any, Awaitable, Optional, Union, Unpack
 
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
 from .._checks import check_delay_ms, check_precision
+from ..adapters.base import ClosesAsync, KnowsTopics, LearnsPathLatency, RedeliversLocally, ReportsBursts
 from ..adapters.local import LocalRedeliveryAdapter
-from ..adapters.pulsar import _MULTI_TOPIC_MARK, PulsarAdapter
+from ..adapters.pulsar import PulsarAdapter, is_multi_topic
 from ..clock import Clock
 from ..dedup import Deduplicator
 from ..keys import MessageKey
@@ -65,10 +66,9 @@ class TrackedConsumer:
 
     ``schema``: the consumer's (dead letters are published under it). After
     :meth:`close` every call that would reach the broker raises :class:`ConsumerClosed`.
-    ``adapter``/``clock``: the seams that make it testable without a broker
-    (as httpx's ``transport=``): with an ``adapter`` the ``consumer`` may be
-    any object with the ``pulsar.asyncio.Consumer`` methods; ``clock`` is the
-    tracker's (default: the event loop's).
+    ``adapter``/``clock``: the seams that make it testable without a broker (as httpx's ``transport=``):
+    with an ``adapter`` the ``consumer`` may be any object with the ``pulsar.asyncio.Consumer`` methods
+    (its optional capabilities: :mod:`nacktracker.adapters.base`); ``clock``: the tracker's (default: the loop's).
     """
 
     def __init__(self, consumer: Any, *, client: Optional[pulsar_asyncio.Client] = None,
@@ -84,31 +84,30 @@ class TrackedConsumer:
         # Copies that arrive early are parked until due, so the lead starts on the high side and is
         # learned down: an early copy costs a short wait, a late one costs precision.
         if adapter is None and opts.redelivery == "local":  # Exclusive/Failover: see adapters/local.py
-            adapter = LocalRedeliveryAdapter(multi_topic=_MULTI_TOPIC_MARK in consumer.topic())
+            adapter = LocalRedeliveryAdapter(multi_topic=is_multi_topic(consumer))
         self.adapter = adapter if adapter is not None else PulsarAdapter(
             consumer, lead_ms=opts.lead_ms, min_gap_ms=opts.min_gap_ms, initial_lead_ms=INITIAL_LEAD_MS)
-        self._local = None if not isinstance(self.adapter, LocalRedeliveryAdapter) else LocalNacks(
+        self._local = None if not isinstance(self.adapter, RedeliversLocally) else LocalNacks(  # capabilities: base.py
             self.adapter, lambda msg: self._decide(self._message_key(msg), msg), lambda msg: self._pump.put(msg))
-        self._arrived: Optional[Callable[[MessageKey], None]] = getattr(self.adapter, "arrived", None)
+        self._arrived = learns = self.adapter if isinstance(self.adapter, LearnsPathLatency) else None
         # one producer per dead-letter topic, in the order decided; an unnamed consumer is named (failures.py)
         self._dead_letters, name = ConsumerDeadLetters.of(consumer, client, opts, schema, ack=self._acknowledge)
         # a single-topic consumer's ids need no topic; remember it for bare-id calls
-        self._own_topic = None if getattr(self.adapter, "multi_topic", False) else consumer.topic()
+        self._own_topic = None if isinstance(self.adapter, KnowsTopics) and self.adapter.multi_topic else consumer.topic()
         self._dedup = Deduplicator(opts.dedup_capacity) if opts.dedup else None
         self.tracker: NegativeAcksTracker
         self.core = DeliveryCore(check_precision(opts.precision_bits, "floor"), dedup=self._dedup,
                                  pending=self._pending, overdue_ms=COPY_OVERDUE_MS)
         self.lateness = RedeliveryLateness(self.core)  # stats()["lateness_ms"]; add_listener: the metrics' histogram
         self._pump = ReceivePump(consumer, self._admit, opts.prefetch,
-                                 on_resume=getattr(self.adapter, "forget_handed", None), direct=DirectConsumer.of)
+                                 on_resume=learns.forget_handed if learns else None, direct=DirectConsumer.of)
         self._saver: Optional[asyncio.Task[None]] = None
         self._release = ReleaseTimer(self.core, lambda: self.tracker.clock, self._pump.put)
         self._closed = False
         self._counts = {"restored": 0, "copy_ack_failures": 0}
         tracker_options: dict[str, Any] = dict(
             delay_ms=opts.delay_ms, precision_bits=opts.precision_bits, rounding="floor", backoff=opts.backoff,
-            max_redeliveries=opts.max_redeliveries, clock=clock,
-            on_dead_letter=self._dead_letters.hook, consumer_name=name)
+            max_redeliveries=opts.max_redeliveries, clock=clock, on_dead_letter=self._dead_letters.hook, consumer_name=name)
         self._store = None if opts.snapshot_path is None else SnapshotStore(opts.snapshot_path, opts.snapshot_on_error)
         if self._store is None:
             self.tracker = NegativeAcksTracker(self.adapter, **tracker_options)
@@ -143,7 +142,7 @@ class TrackedConsumer:
             self._start()
         return self._failures.received(await self._pump.get(timeout_ms))
 
-    def __aiter__(self) -> "TrackedConsumer":
+    def __aiter__(self) -> TrackedConsumer:
         return self
 
     async def __anext__(self) -> pulsar.Message:
@@ -162,10 +161,10 @@ class TrackedConsumer:
     def _admit(self, msg: Any) -> Union[bool, Awaitable[None]]:
         """Whether a copy from the broker goes to the application now, or what to await first (acks)."""
         key = self._message_key(msg)
-        if self._arrived is not None and self.adapter.awaiting_arrivals and self.core.seen(key):
+        if self._arrived is not None and self._arrived.awaiting_arrivals and self.core.seen(key):
             # a copy of a message seen before: the adapter learns its path latency (first copies of an
             # entry's other messages, still arriving after one of them was nacked, answer no request)
-            self._arrived(key.entry)
+            self._arrived.arrived(key.entry)
         verdict = Verdict.SURFACE if self.core.first_delivery(key) else self._decide(key, msg)  # first: O(1)
         if verdict is Verdict.SURFACE:
             return self._failures.surfacing(msg)
@@ -341,7 +340,8 @@ class TrackedConsumer:
                 **self._dead_letters.stats(), **self._failures.stats(),
                 "snapshots_saved": self._store.saved if self._store else 0,
                 "snapshot_failures": self._store.failures if self._store else 0,
-                "bursts": len(getattr(self.adapter, "bursts", ())), "lead_ms": getattr(self.adapter, "lead_ms", 0),
+                "bursts": len(self.adapter.bursts) if isinstance(self.adapter, ReportsBursts) else 0,
+                "lead_ms": self.tracker.lead_ms,
                 "dedup_remembered": len(self._dedup) if self._dedup is not None else 0,
                 "locally_kept": self._local.adapter.stored if self._local is not None else 0}
 
@@ -390,9 +390,8 @@ class TrackedConsumer:
             save_error = await self._store.final_save(self.tracker, self.core)
         elif self._store is not None:  # unsubscribed: the nacks went with the subscription
             save_error = await self._store.remove()
-        aclose = getattr(self.adapter, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        if isinstance(self.adapter, ClosesAsync):
+            await self.adapter.aclose()
         await self._dead_letters.close()  # the tracker's close awaited every dead letter it decided
         if close_consumer:
             await quietly(self._consumer.close())

@@ -107,7 +107,7 @@ class PlanResult:
 
 
 def measured_costs() -> IndexCosts:
-    """:meth:`IndexCosts.measure`, once per process, and read from the cache
+    """:func:`~.calibration.measure_index_costs`, once per process, and read from the cache
     of an earlier run measured with the same code and libraries
     (:func:`~.caches.cached_costs`: ~20 ms; measuring is 2-3 s)."""
     costs: IndexCosts = cached_costs()

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 from ..errors import ExecutorCheckError
+from .cache_dirs import cache_root
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -83,8 +84,6 @@ class ExecutorEnv:
 
 def cache_dir() -> Path:
     """``$NACKTRACKER_CACHE_DIR/executor-env`` or ``~/.cache/nacktracker/executor-env``."""
-    from .caches import cache_root
-
     return cache_root() / "executor-env"
 
 
