@@ -47,7 +47,7 @@ async def consume(client: pulsar.asyncio.Client) -> None:
     await subscribe(client, "t", "s", precison_bits=8)  # type: ignore[call-arg]
     await subscribe(client, "t", "s", redelivery="sometimes")  # type: ignore[arg-type]
     consumer.no_such_method()  # type: ignore[attr-defined]
-    nacktracker.no_such_name  # type: ignore[attr-defined]
+    print(nacktracker.no_such_name)  # type: ignore[attr-defined]
 
 
 def tracker_side() -> None:
