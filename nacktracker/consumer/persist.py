@@ -137,7 +137,7 @@ class SnapshotStore:
         if batches is None and snap.records:
             log.warning("%s: no batch records for this snapshot; copies of restored batch entries are held "
                         "until the entry's last nack is due", path)
-            core.blind = True
+            core.restored_without_records()
         # The broker resends everything unacknowledged at once: copies at or behind a restored
         # position are redeliveries and must pay the tracker lookup.
         for o, _, bm in snap.records:
