@@ -6,31 +6,25 @@ already has (``ValueError``, ``TypeError``, ``RuntimeError``, ``ImportError``,
 ``pulsar.Timeout``, ``pulsar.AlreadyClosed``, ``pulsar.asyncio.PulsarException``)
 keep working. The names are also importable from the modules that raise them.
 
-========================== ============================================ =========================
-exception                  raised when                                  also a
-========================== ============================================ =========================
-NacktrackerError           (the root)                                   Exception
-TrackerClosedError         a nack reaches a closed tracker              RuntimeError
-SnapshotError              snapshot bytes are foreign, truncated,       ValueError
-                           corrupted or of a newer format
-AdapterError               the failure ``MemoryAdapter`` injects        RuntimeError
-NotReceivedError           an ack or nack of a message this consumer    ValueError
-                           did not receive
-TraceError                 a nack event log that cannot be used         ValueError
-MissingColumnError         a required event-log column is absent        TraceError
-ColumnTypeError            an event-log column has the wrong type       TraceError, TypeError
-BadValueError              an event-log column holds a forbidden value  TraceError
-EmptyTraceError            an event log with no events                  TraceError
-MissingExtraError          an optional dependency is missing            ModuleNotFoundError
-ExecutorCheckError         Spark executors cannot run the job           RuntimeError
-BrokerStartError           a test broker did not become ready           RuntimeError
-DeadLetterError            a dead letter was not published              RuntimeError
-ReceiveTimeout             ``receive(timeout_ms=...)`` found nothing    pulsar.Timeout,
-                                                                        pulsar.asyncio.PulsarException
-ConsumerClosed             a call on a closed consumer                  pulsar.AlreadyClosed,
-                                                                        pulsar.asyncio.PulsarException
-DeadLetterPublisherClosed  a dead letter after its publisher closed     pulsar.AlreadyClosed
-========================== ============================================ =========================
+| exception | raised when | also a |
+|---|---|---|
+| `NacktrackerError` | (the root) | `Exception` |
+| `TrackerClosedError` | a nack reaches a closed tracker | `RuntimeError` |
+| `SnapshotError` | snapshot bytes are foreign, truncated, corrupted or newer | `ValueError` |
+| `AdapterError` | the failure `MemoryAdapter` injects | `RuntimeError` |
+| `NotReceivedError` | an ack or nack of a message this consumer did not receive | `ValueError` |
+| `TraceError` | a nack event log that cannot be used | `ValueError` |
+| `MissingColumnError` | a required event-log column is absent | `TraceError` |
+| `ColumnTypeError` | an event-log column has the wrong type | `TraceError`, `TypeError` |
+| `BadValueError` | an event-log column holds a forbidden value | `TraceError` |
+| `EmptyTraceError` | an event log with no events | `TraceError` |
+| `MissingExtraError` | an optional dependency is missing | `ModuleNotFoundError` |
+| `ExecutorCheckError` | Spark executors cannot run the job | `RuntimeError` |
+| `BrokerStartError` | a test broker did not become ready | `RuntimeError` |
+| `DeadLetterError` | a dead letter was not published | `RuntimeError` |
+| `ReceiveTimeout` | `receive(timeout_ms=...)` found no message | `pulsar.Timeout`, `pulsar.asyncio.PulsarException` |
+| `ConsumerClosed` | a call on a closed consumer | `pulsar.AlreadyClosed`, `pulsar.asyncio.PulsarException` |
+| `DeadLetterPublisherClosed` | a dead letter after its publisher closed | `pulsar.AlreadyClosed` |
 
 The last three subclass pulsar-client's exceptions, so they are defined in
 :mod:`nacktracker.consumer.errors` and loaded from here on first use: importing
