@@ -76,6 +76,8 @@ class World:
     acked: set = field(default_factory=set)         # ... acknowledged these (this process)
     nacks: dict = field(default_factory=dict)       # ... nacked these, not surfaced since
     surfaced_before: set = field(default_factory=set)
+    requests: dict = field(default_factory=dict)    # entry -> requests for it so far (buckets fired)
+    parked_after: dict = field(default_factory=dict)  # parked message -> requests for its entry when parked
 
 
 class DeliveryMachine(RuleBasedStateMachine):
@@ -110,6 +112,7 @@ class DeliveryMachine(RuleBasedStateMachine):
         if verdict is Verdict.SURFACE:
             self._surfaced(k, remembered)
         elif verdict is Verdict.PARK:
+            self.w.parked_after[k] = self.w.requests.get(k.entry_id, 0)
             nack = self.w.nacks.get(k)
             if nack is not None and not nack.lenient and self.now >= self._bucket(nack.due):
                 self.violations.append(("parked when due", k, self.now, nack.due))
@@ -120,6 +123,11 @@ class DeliveryMachine(RuleBasedStateMachine):
             self.violations.append(("acked surfaced again", k, self.now))
         if k in w.held:
             self.violations.append(("held surfaced again", k, self.now))
+        parked_after = w.parked_after.pop(k, None)
+        if released and k.batch_index >= 0 and parked_after != w.requests.get(k.entry_id, 0):
+            # a request for its entry went out while this copy was parked: the broker took the entry back
+            # and sent it again (maybe to another consumer, which may have acknowledged it since)
+            self.violations.append(("released a copy its entry's later request gave back", k, self.now))
         nack = w.nacks.pop(k, None)
         if nack is not None and not nack.lenient:
             if self.now < self._bucket(nack.due):
@@ -147,6 +155,7 @@ class DeliveryMachine(RuleBasedStateMachine):
                 if due:
                     # the tracker asks once: the copy brings the whole entry, its later buckets are cancelled
                     del self.w.pending[entry]
+                    self.w.requests[entry] = self.w.requests.get(entry, 0) + 1
                     self.core.fired(due[0], [MessageKey(1, entry, -1, -1, TOPIC)], self.now)
                     answers = tuple(n for k, n in self.w.nacks.items() if k.entry_id == entry)
                     self.w.copies.append(Copy(entry, self._indices(entry), due[0], answers))
@@ -231,6 +240,7 @@ class DeliveryMachine(RuleBasedStateMachine):
             self.w.pending.pop(k.entry_id, None)
         self.w.held.discard(k)
         self.w.nacks.pop(k, None)
+        self.w.parked_after.pop(k, None)
         self.w.acked.add(k)
 
     @precondition(lambda self: self.w.nacks)
@@ -334,6 +344,7 @@ class DeliveryMachine(RuleBasedStateMachine):
                 nack.lenient = True  # its bucket fired: only the tracker knew it, and it is gone
         self.w.held.clear()
         self.w.acked.clear()
+        self.w.parked_after.clear()
         for entry in range(len(self.w.sizes)):  # the broker resends everything unacknowledged
             self.w.copies.append(Copy(entry, self._indices(entry)))
 
@@ -454,6 +465,47 @@ def test_a_copy_elsewhere_answering_a_later_sibling_still_expires_the_record():
     assert core.next_wakeup_ms() == 2000 + OVERDUE
     core.release(2000 + OVERDUE)
     assert len(core.records) == 0 and core.next_wakeup_ms() is None
+
+
+def test_a_request_for_an_entry_takes_back_its_parked_copies():
+    """A sibling parked here until its time, then another sibling of the entry is nacked again and
+    its bucket fires: the broker takes the whole entry back and sends it again, maybe to another
+    consumer of the subscription, which may acknowledge the parked sibling meanwhile. The parked copy
+    is no longer this consumer's to release (found on Apache Pulsar: acknowledged messages surfaced at
+    the other consumer of bench/traffic.py's two-consumer scenarios): only the new copy surfaces it,
+    here at its own time, or never here if that copy went elsewhere."""
+    core, _ = make()
+    m = [key(0, i, 3) for i in range(3)]
+    deliver(core, m, 0)
+    core.nacked(m[0], 500, m[0], 0)
+    core.nacked(m[1], 2000, m[1], 0)
+    core.fired(500, [m[0].entry], 470)
+    assert deliver(core, m, 480) == [P, P, H]  # the copy: both nacked siblings parked until due
+    assert core.release(500) == [m[0]]
+    core.nacked(m[0], 900, m[0], 500)  # nacked again: its bucket asks for the entry once more
+    core.fired(900, [m[0].entry], 870)
+    assert not core.parked and core.awaits_copy(m[0].entry)
+    assert core.release(2000) == []  # m[1]'s old copy is not released
+    assert deliver(core, m, 2010) == [S, S, H]  # the new copy: both past due, surface here
+    core.acked(m[0], 2010)
+    core.acked(m[1], 2010)
+    core.release(2010 + OVERDUE)
+    assert not core.records and not core.awaits_copy(m[0].entry)
+
+
+def test_an_entry_sent_elsewhere_never_surfaces_its_parked_copy_here():
+    core, _ = make()
+    m = [key(0, i, 2) for i in range(2)]
+    deliver(core, m, 0)
+    core.nacked(m[0], 500, m[0], 0)
+    core.nacked(m[1], 2000, m[1], 0)
+    core.fired(500, [m[0].entry], 470)
+    assert deliver(core, m, 480) == [P, P]
+    assert core.release(500) == [m[0]]
+    core.nacked(m[0], 900, m[0], 500)
+    core.fired(900, [m[0].entry], 870)  # and that copy goes to another consumer
+    assert core.release(2000 + OVERDUE) == []
+    assert not core.records and not core.parked and core.counts["expired"] == 2
 
 
 def test_cumulative_ack_settles_records_and_later_copies():

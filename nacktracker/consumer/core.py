@@ -56,6 +56,8 @@ class DeliveryCore:
         self.requested: dict[MessageKey, Nacked] = {}  # non-batched (and blind-restored) entries fired
         self.records: dict[MessageKey, EntryRecord] = {}  # batch entry -> record
         self.parked: dict[MessageKey, Parked] = {}
+        # batch entry -> indices of its parked copies: a request for the entry surrenders them (below)
+        self._parked_in: dict[MessageKey, set[int]] = {}
         self._release_heap: list[_Deadline] = []
         self._expiry_heap: list[_Deadline] = []
         self._seq = itertools.count()
@@ -98,6 +100,11 @@ class DeliveryCore:
         record = self.records.get(key.entry) if key.batch_index >= 0 else None
         return (record is not None and key.batch_index in record.nacked) or key.entry in self.requested \
             or self.is_acked(key)
+
+    def awaits_copy(self, entry: MessageKey) -> bool:
+        """Whether a message of batch ``entry`` waits here for a redelivered copy or its time: nacked
+        in the entry's record, or its copy parked. O(1)."""
+        return entry in self.records or entry in self._parked_in
 
     def next_wakeup_ms(self) -> Optional[float]:
         """When :meth:`release` has something to do (a parked copy's time or an
@@ -184,7 +191,7 @@ class DeliveryCore:
         held = self.held.pop(key, None)
         tokens: list[Token] = [] if held is None or not held.tokens else held.tokens
         self.forgotten.discard(key)
-        parked = self.parked.pop(key, None)  # nacked by id while a copy waited: that copy goes
+        parked = self._unpark(key) if self.parked else None  # nacked by id while a copy waited: that copy goes
         if parked is not None:
             tokens += parked.tokens + [parked.token]
         self.requested.pop(key, None)
@@ -212,6 +219,8 @@ class DeliveryCore:
         entry's later buckets). O(k) for k entries, plus the entry's nacked messages for a batch entry."""
         for entry in entries:
             self._positions.cover(entry.topic, entry.partition, entry.ledger_id, entry.entry_id, ALL_INDICES)
+            if self._parked_in:
+                self._surrender(entry)
             record = self.records.get(entry)
             if record is None and self.is_acked(entry):
                 continue  # acked cumulatively meanwhile: the broker sends nothing
@@ -230,6 +239,34 @@ class DeliveryCore:
             latest = max([bucket_ms, *(n.release_ms for n in record.nacked.values())])
             self._expire_at(latest + self.overdue_ms, entry, record)
 
+    def _surrender(self, entry: MessageKey) -> None:
+        """A request for ``entry`` went out: the broker takes back every message of it that this consumer
+        has not acknowledged and sends the entry again, maybe to another consumer of the subscription. Copies
+        of it parked here are no longer this consumer's to release (the broker's new copy answers their nacks:
+        parked again here until due, or surfacing over there); releasing one would surface a message the
+        other consumer may have acknowledged meanwhile. Each goes back to its entry's record, as fired.
+        O(parked copies of the entry)."""
+        indices = self._parked_in.pop(entry, None)
+        if not indices:
+            return
+        record = self.records.get(entry)
+        if record is None:
+            record = self.records[entry] = EntryRecord(acked=None if self._dedup is not None else set())
+        for index in sorted(indices):
+            parked = self.parked.pop(entry._replace(batch_index=index))
+            record.nacked[index] = Nacked(parked.release_ms, True, parked.tokens + [parked.token])
+
+    def _unpark(self, key: MessageKey) -> Optional[Parked]:
+        """Take ``key``'s parked copy out of the parked state (released, nacked or acked by id). O(1)."""
+        parked = self.parked.pop(key, None)
+        if parked is not None and key.batch_index >= 0:
+            indices = self._parked_in.get(key.entry)
+            if indices is not None:
+                indices.discard(key.batch_index)
+                if not indices:
+                    del self._parked_in[key.entry]
+        return parked
+
     def acked(self, key: MessageKey, now_ms: float) -> AckResult:
         """The broker accepted the application's ack of ``key``."""
         held = self.held.pop(key, None)
@@ -237,7 +274,7 @@ class DeliveryCore:
         if held is None:  # not held here: it may not have arrived yet
             self._positions.cover(key[4], key[2], key[0], key[1], key[3])
         if self.parked:
-            parked = self.parked.pop(key, None)
+            parked = self._unpark(key)
             if parked is not None:
                 tokens += parked.tokens + [parked.token]
         if self.requested:
@@ -275,7 +312,8 @@ class DeliveryCore:
         for k in [k for k in self.held if covered(k)]:
             tokens += self.held.pop(k).tokens
         for k in [k for k in self.parked if covered(k)]:
-            parked = self.parked.pop(k)
+            parked = self._unpark(k)
+            assert parked is not None
             tokens += parked.tokens + [parked.token]
         for k in [k for k in self.requested if covered(k)]:
             del self.requested[k]
@@ -297,7 +335,7 @@ class DeliveryCore:
             item = heapq.heappop(heap)
             parked = self.parked.get(item.key)
             if parked is not None and parked is item.state:
-                del self.parked[item.key]
+                self._unpark(item.key)
                 self.held[item.key] = Held(parked.tokens)
                 self.counts["released"] += 1
                 out.append(parked.token)
@@ -362,6 +400,8 @@ class DeliveryCore:
             self.on_redelivered(now_ms - release_ms)
             return self._surface(key, tokens)
         parked = self.parked[key] = Parked(release_ms, token, tokens)
+        if key.batch_index >= 0:
+            self._parked_in.setdefault(key.entry, set()).add(key.batch_index)
         heapq.heappush(self._release_heap, _Deadline(release_ms, next(self._seq), key, parked))
         return Verdict.PARK
 

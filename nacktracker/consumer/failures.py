@@ -136,12 +136,11 @@ class FailureHandling:
     def acked(self, key: MessageKey) -> None:
         """``key`` was acknowledged (the core knows): its entry's count goes, unless a batch sibling
         still waits for its redelivery (nacked in the entry's record, or its copy parked). O(1) for
-        an entry without a count (nearly all); O(parked) for a batch entry with one."""
+        an entry without a count (nearly all) and for a batch entry with one."""
         entry = key.entry
         if not self.counts.has(entry):
             return
-        core = self._owner.core
-        if key.batch_index >= 0 and (entry in core.records or any(k.entry == entry for k in core.parked)):
+        if key.batch_index >= 0 and self._owner.core.awaits_copy(entry):
             return
         self.counts.forget(entry)
 
