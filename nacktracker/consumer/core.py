@@ -344,12 +344,14 @@ class DeliveryCore:
         return out
 
     def forget_held(self) -> None:
-        """``redeliver_unacknowledged_messages``: what the application holds may surface again (:meth:`knows` it)."""
+        """The application asked for everything unacknowledged again (``redeliver_unacknowledged_messages``):
+        what it holds may surface once more (and may still be acked or nacked: :meth:`knows`)."""
         self.forgotten.update(self.held)
         self.held.clear()
 
     def sought(self) -> None:
-        """Rewound (``seek``): what was acked or held is sent again and surfaces; nacks stay. O(held + records)."""
+        """The subscription was rewound (``seek``): what the application acknowledged or holds is
+        sent again and surfaces; pending nacks stay scheduled. O(held + records)."""
         self._cumulative.clear()
         if self._dedup is not None:
             self._dedup.clear()
@@ -370,8 +372,10 @@ class DeliveryCore:
         if any(n.fired for n in record.nacked.values()):
             self._expire_at(max(n.release_ms for n in record.nacked.values()) + self.overdue_ms, entry, record)
 
-    def restored_without_records(self) -> None:  # snapshots without batch records: see persist.py
-        self.blind = True  # copies of restored batch entries are held while pending
+    def restored_without_records(self) -> None:
+        """Restored nacks came without their batch records (see persist.py): copies of their batch
+        entries are held while pending."""
+        self.blind = True
 
     def note_position(self, topic: Optional[str], partition: int, ledger_id: int, entry_id: int) -> None:
         """Copies at or behind this position may be redeliveries (a restore)."""
