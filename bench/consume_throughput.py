@@ -22,7 +22,7 @@ machine hits every kind; the per-round ratios tracked/plain and
 tracked/queued (rate and CPU) are the comparison, reported as median and
 range over the rounds, with the load average around each workload.
 
-    python bench/consume_throughput.py [--broker lite|apache] [--url URL] [--set KEY=VALUE]
+    python -m bench.consume_throughput [--broker lite|apache] [--url URL] [--set KEY=VALUE]
         [--batch-index-ack] [--rounds 5] [--messages N] [--nack-messages N] [--only WORKLOAD,...]
         [--quick] [--json] [--save PATH] [--profile KIND:WORKLOAD]
 
@@ -56,7 +56,8 @@ import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
 import nacktracker
-from nacktracker.scenarios import CLOSE_GRACE_S, produce
+from nacktracker.demo.measure import CLOSE_GRACE_S
+from nacktracker.demo.sides import produce
 
 KINDS = ("plain", "queued", "tracked")
 KIND_NAMES = {"plain": "plain pulsar.asyncio", "queued": "plain behind a 16-deep receive queue",
@@ -236,7 +237,7 @@ def run(quick: bool = False, broker: str = "lite", url: Optional[str] = None, se
 
 def command_line(quick: bool, broker: str, settings: dict, batch_index_ack: bool, rounds: int, messages: int,
                  nack_messages: int, only: Optional[list[str]]) -> str:
-    parts = ["python bench/consume_throughput.py", f"--broker {broker}"]
+    parts = ["python -m bench.consume_throughput", f"--broker {broker}"]
     parts += [f"--set {k}={v}" for k, v in settings.items()]
     if batch_index_ack:
         parts.append("--batch-index-ack")
@@ -322,7 +323,7 @@ def readme_sentence(results: dict) -> str:
     loads = [x for name in ("batched", "non-batched") for x in (r["workloads"][name]["load_avg_before"][0],
                                                                r["workloads"][name]["load_avg_after"][0])]
     return (f"Receive + ack throughput on pulsar-lite, no nacks, side by side in one run "
-            f"(`python bench/consume_throughput.py`, {r['workloads']['batched']['messages']:,} messages per run, "
+            f"(`python -m bench.consume_throughput`, {r['workloads']['batched']['messages']:,} messages per run, "
             f"{r['workloads']['batched']['rounds']} alternating rounds, medians of the per-round ratios, load average "
             f"{min(loads)}–{max(loads)} on {r['cores']} cores): " + "; ".join(parts)
             + " ([all workloads](bench/results/consume-throughput/RESULTS.md)).")
@@ -341,7 +342,7 @@ def render(path: Path) -> None:
     """RESULTS.md beside a results file, from it."""
     results = json.loads(path.read_text())
     md = ["# Consume throughput: TrackedConsumer against the plain client", "",
-          "Written by `python bench/consume_throughput.py ... --save` (each broker's latest run; the command is "
+          "Written by `python -m bench.consume_throughput ... --save` (each broker's latest run; the command is "
           "under each heading). See the script's docstring for what is measured.", ""]
     for broker in sorted(results):
         md += [table(results[broker]), ""]

@@ -12,8 +12,8 @@ time per ``seen_or_add`` for a first sight (miss) and a repeat (hit).
 * ``fallback``: entry ids >= 2^40 (not packable: the exact set path);
 * ``python-set``: the naive baseline, a set of ``(ledger, entry, batch)`` tuples.
 
-    python bench/dedup.py                 # 10M ids (fallback and python-set: 1M)
-    python bench/dedup.py --ids 1000000 --json
+    python -m bench.dedup                 # 10M ids (fallback and python-set: 1M)
+    python -m bench.dedup --ids 1000000 --json
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ import gc
 import json
 import os
 import random
-import subprocess
 import sys
 import time
+
+from bench import run_module
 
 WORKLOADS = ("sequential", "batched100", "sparse10", "fallback", "python-set")
 ENTRIES_PER_LEDGER = 50_000
@@ -109,14 +110,13 @@ def run(quick: bool = False, n_ids: int | None = None, workloads=WORKLOADS) -> d
     rows = []
     for w in workloads:
         size = min(n, 1_000_000) if w in SLOW else n
-        out = subprocess.run([sys.executable, __file__, "--child", w, "--ids", str(size)],
-                             check=True, capture_output=True, text=True)
+        out = run_module("bench.dedup", "--child", w, "--ids", str(size))
         rows.append(json.loads(out.stdout))
     return {"ids": n, "rows": rows, "quick": quick}
 
 
 def table(result: dict) -> str:
-    out = [f"`python bench/dedup.py --ids {result['ids']}` — one key, capacity ids/2 (both generations full)", "",
+    out = [f"`python -m bench.dedup --ids {result['ids']}` — one key, capacity ids/2 (both generations full)", "",
            "| workload | ids | nbytes/id | RSS growth/id | miss ns/call | hit ns/call | exact fallback |",
            "|---|---|---|---|---|---|---|"]
     for r in result["rows"]:

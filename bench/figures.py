@@ -10,12 +10,12 @@ and is written by this script from a results file under ``bench/results/``,
 never by hand. ``tests/test_docs.py`` fails when a block differs from what
 its results file renders, so the text cannot go stale.
 
-    python bench/figures.py            # rewrite every block from the results files
-    python bench/figures.py --check    # exit 1 and name the blocks that differ
-    python bench/figures.py record-demo   # run `nacktracker demo --json`, save bench/results/demo/results.json
+    python -m bench.figures            # rewrite every block from the results files
+    python -m bench.figures --check    # exit 1 and name the blocks that differ
+    python -m bench.figures record-demo   # run `nacktracker demo --json`, save bench/results/demo/results.json
 
 Blocks: ``demo`` (the demo's table), ``consume-throughput`` (TrackedConsumer
-against the plain consumer, from ``bench/consume_throughput.py --json``),
+against the plain consumer, from ``python -m bench.consume_throughput --json``),
 ``index-grid`` (the index on real client traffic, by precision).
 """
 
@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Callable, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
 
 #: The files whose marked blocks are rendered here.
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -81,13 +80,13 @@ def consume_throughput() -> str:
     path = _throughput_file()
     if path is None:
         return ("Receive + ack throughput against the plain `pulsar.asyncio.Consumer`: no committed run yet "
-                "(`python bench/consume_throughput.py --json > bench/results/consume-throughput/results.json`).")
+                "(`python -m bench.consume_throughput --json > bench/results/consume-throughput/results.json`).")
     r = _load(path)
     if "lite" in r:  # bench/consume_throughput.py --save: runs by broker
-        import consume_throughput as bench
-        return bench.readme_sentence(r)
+        from bench import consume_throughput
+        return consume_throughput.readme_sentence(r)
     rel = path.relative_to(ROOT).as_posix()
-    return (f"Receive + ack throughput, side by side in one run (`python bench/consume_throughput.py`, "
+    return (f"Receive + ack throughput, side by side in one run (`python -m bench.consume_throughput`, "
             f"{r['messages']:,} messages per run, {r['rounds']} rounds, load average "
             f"{r['load_avg_before'][0]} → {r['load_avg_after'][0]} on {r['cores']} cores): TrackedConsumer "
             f"{r['tracked']['median']:,} msg/s, plain `pulsar.asyncio.Consumer` {r['plain']['median']:,} msg/s, "
@@ -96,10 +95,10 @@ def consume_throughput() -> str:
 
 def index_grid() -> str:
     """Bytes and CPU per call of the index by precision, DictIndex beside it (medians over the grid's cells)."""
-    import index_grid_report
+    from bench import index_grid_report
 
     r = _load(INDEX_GRID)
-    return (f"{index_grid_report.summary(r)}\n\n`python bench/index_grid.py`: {len(r['rows'])} fresh processes "
+    return (f"{index_grid_report.summary(r)}\n\n`python -m bench.index_grid`: {len(r['rows'])} fresh processes "
             f"in {r['duration_s']:.0f} s, load average {r['loadavg_before'][0]:.2f} → {r['loadavg_after'][0]:.2f} "
             f"on {r['cores']} cores; every cell: [RESULTS.md](bench/results/index-grid/RESULTS.md).")
 
@@ -169,7 +168,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--check", action="store_true", help="change nothing; exit 1 if a block is stale")
     a = p.parse_args(argv)
     if a.command == "record-demo":
-        print(f"wrote {record_demo().relative_to(ROOT)}; now run: python bench/figures.py")
+        print(f"wrote {record_demo().relative_to(ROOT)}; now run: python -m bench.figures")
         return 0
     if a.check:
         bad = stale()

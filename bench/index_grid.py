@@ -37,8 +37,8 @@ Three scenarios beside the grid:
 * ``listed_miss``: one ledger with 8 listed dense cells (seed 000's bursts),
   discard-miss CPU of ids never nacked (results.json only).
 
-    python bench/index_grid.py --out bench/results/index-grid    # full: ~11 min on 2 free cores
-    python bench/index_grid.py --quick --out /tmp/grid            # seconds (the test runs it)
+    python -m bench.index_grid --out bench/results/index-grid    # full: ~11 min on 2 free cores
+    python -m bench.index_grid --quick --out /tmp/grid            # seconds (the test runs it)
 """
 
 from __future__ import annotations
@@ -52,13 +52,13 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from pathlib import Path
+
+from bench import run_module
 
 REPEATS = 5  # per-call timings: best of this many chunks
 #: ``side_by_side``: rounds of ``calls`` each on the index and its DictIndex
@@ -477,8 +477,7 @@ def parked(rate: int = 10_000, seconds: int = 90, bits: int = 0) -> dict:
 # -- running the grid ------------------------------------------------------------------
 
 def _fresh(args: list[str]) -> dict:
-    out = subprocess.run([sys.executable, __file__, *args], check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(run_module("bench.index_grid", *args).stdout.strip().splitlines()[-1])
 
 
 def configurations(spec: dict) -> list[tuple[str, Cell, int]]:
@@ -521,7 +520,6 @@ def scenarios(quick: bool) -> dict:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from index_grid_report import main
+    from bench.index_grid_report import main
 
     sys.exit(main(sys.argv[1:]))

@@ -1,6 +1,6 @@
 """Command line, tables, targets and plot of ``bench/index_grid.py``.
 
-    python bench/index_grid.py [--quick] [--out DIR] [--workers N]
+    python -m bench.index_grid [--quick] [--out DIR] [--workers N]
 
 Writes ``results.json``, ``RESULTS.md`` and ``grid.png`` into ``--out``. The
 targets of issue 12 are checked from the rows (never typed in): each is
@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-import index_grid as grid
+from bench import index_grid as grid
 
 #: Issue 12's "Done when" bounds.
 RSS_VS_DICT = 4.0          # TimeBucketIndex RSS/pending <= DictIndex / 4
@@ -135,7 +135,7 @@ def summary(result: dict) -> str:
 
 
 def render(result: dict) -> str:
-    cmd = "python bench/index_grid.py" + (" --quick" if result["quick"] else "")
+    cmd = "python -m bench.index_grid" + (" --quick" if result["quick"] else "")
     la, lb = result["loadavg_before"], result["loadavg_after"]
     out = ["# TimeBucketIndex on real client traffic (issue 12 grid)", "",
            f"`{cmd}` — {len(result['rows'])} fresh processes in {result['duration_s']:.0f} s, "

@@ -1,23 +1,25 @@
 """Memory per tracked nack: seed 000's experiment, in fresh processes.
 
-The workloads and the measurement live in ``nacktracker/workloads.py``
-(shared with the Spark ``nacktracker sweep``).
+The workloads and the measurement live in
+``nacktracker/pipeline/memory_experiment.py`` (shared with the Spark
+``nacktracker sweep``).
 
 Each configuration is built in a fresh subprocess and reports ``nbytes()`` and
 the growth of the process's resident set (RSS) while building, per message.
 
-    python bench/memory.py                       # the seed grid, 10M messages
-    python bench/memory.py --x 8 --y 10 --json   # one row, machine-readable
+    python -m bench.memory                       # the seed grid, 10M messages
+    python -m bench.memory --x 8 --y 10 --json   # one row, machine-readable
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 
-from nacktracker.workloads import JAVA_HEAP_MB, JAVA_MB, measure as measure_one, seed_estimate, table, workload  # noqa: F401
+from nacktracker.pipeline.memory_experiment import JAVA_HEAP_MB, JAVA_MB, measure as measure_one, seed_estimate, workload  # noqa: F401
+
+from bench import run_module
 
 INDEXES = ("TimeBucketIndex", "DictIndex", "HeapIndex")
 GRID = [(x, y) for x in (1, 4, 8) for y in (8, 10, 15)]
@@ -26,10 +28,8 @@ GRID = [(x, y) for x in (1, 4, 8) for y in (8, 10, 15)]
 def run_fresh(index: str, kind: str, messages: int, x: int, y: int,
               entries_per_ledger: int = 50_000, share: float = 0.1) -> dict:
     """Run :func:`measure_one` in a fresh interpreter and return its row."""
-    cmd = [sys.executable, __file__, "--one", "--index", index, "--workload", kind,
-           "--messages", str(messages), "--x", str(x), "--y", str(y),
-           "--entries-per-ledger", str(entries_per_ledger), "--share", str(share)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    out = run_module("bench.memory", "--one", "--index", index, "--workload", kind, "--messages", str(messages),
+                     "--x", str(x), "--y", str(y), "--entries-per-ledger", str(entries_per_ledger), "--share", str(share))
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -45,6 +45,32 @@ def configurations(messages: int, indexes, grid, random_y=(10,), baselines_at=No
     for y in random_y:
         for index in indexes:
             yield index, "random", messages, 1, y
+
+
+def table(rows: list[dict], grid_columns: bool = False) -> str:
+    """The memory table; ``grid_columns`` adds entries/ledger and share (the sweep's)."""
+    head = ("| index | workload | x | y | messages | nbytes B/msg | RSS B/msg | total MB (RSS) "
+            "| seed estimate B/msg | Java MB (seed 000) |")
+    if grid_columns:
+        head += " entries/ledger | share |"
+    lines = [head, "|" + "---|" * head.count(" |")]
+    if rows and min(r["messages"] for r in rows) < 5_000_000:
+        lines.insert(0, "RSS is page-granular: below ~1 MB of growth trust nbytes more than RSS.\n")
+    for r in rows:
+        seq = r["index"] == "TimeBucketIndex" and r["workload"] == "sequential"
+        java: float | str | None = None
+        if seq and r.get("entries_per_ledger", 50_000) == 50_000:
+            java = JAVA_MB.get((r["x"], r["y"]))
+        elif r["index"] == "HeapIndex":
+            java = f"{JAVA_HEAP_MB} (heap of triples)"
+        est = seed_estimate(r["x"], r["y"], r.get("entries_per_ledger", 50_000)) if seq else None
+        line = (f"| {r['index']} | {r['workload']} | {r['x']} | {r['y']} | {r['messages']:,} "
+                f"| {r['nbytes_per_msg']:.3f} | {r['rss_per_msg']:.3f} | {r['rss_growth'] / 2**20:.1f} "
+                f"| {'' if est is None else f'{est:.3f}'} | {'' if java is None else java} |")
+        if grid_columns:
+            line += f" {r['entries_per_ledger']:,} | {r['share']:g} |"
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -78,7 +104,7 @@ def main(argv=None) -> int:
     if a.json:
         print(json.dumps(rows, indent=1))
     else:
-        print(f"`python bench/memory.py --messages {a.messages}`\n")
+        print(f"`python -m bench.memory --messages {a.messages}`\n")
         print(table(rows))
     return 0
 

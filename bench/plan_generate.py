@@ -2,7 +2,7 @@
 by side (alternating, so both see the same load): wall time from process
 start to exit (JVM start and exit included) and the load average.
 
-    python bench/plan_generate.py --baseline /tmp/nacktracker-main --events 8000000 --consumers 20000
+    python -m bench.plan_generate --baseline /tmp/nacktracker-main --events 8000000 --consumers 20000
 
 Writes ``plan_generate.json`` and ``.md`` into ``--out``; the traces are
 written under ``--trace-dir`` and removed.
@@ -19,9 +19,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(HERE / "bench"))
 
-from plan_scale import run_sampled  # noqa: E402
+from bench.plan_scale import run_sampled
 
 
 def main(argv=None) -> int:
@@ -51,7 +50,7 @@ def main(argv=None) -> int:
               "date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count()}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "plan_generate.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
-    lines = [f"`python bench/plan_generate.py --baseline {args.baseline} --events {args.events} --consumers "
+    lines = [f"`python -m bench.plan_generate --baseline {args.baseline} --events {args.events} --consumers "
              f"{args.consumers} --repeats {args.repeats}` on {os.cpu_count()} cores, {result['date']}", "",
              "| side | run | wall (s) | load average before-after |", "|---|---:|---:|---|"]
     lines += [f"| {r['side']} | {r['run']} | {r['wall_s']} | {r['load_before']}-{r['load_after']} |" for r in runs]

@@ -2,7 +2,7 @@
 user would write for the same figure (each consumer's peak of pending nacks
 at bits 0), side by side on one trace, alternating.
 
-    python bench/plan_pandas.py --out bench/results/plan-pandas
+    python -m bench.plan_pandas --out bench/results/plan-pandas
 
 The pandas script (:func:`pandas_peaks`, run in a fresh process by
 ``--pandas-only TRACE``): read the needed columns, keep the nacks, one
@@ -25,9 +25,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(HERE / "bench"))
 
-from plan_scale import run_sampled  # noqa: E402
+from bench.plan_scale import run_sampled
 
 
 def pandas_peaks(trace: str) -> dict[str, int]:
@@ -77,7 +76,7 @@ def main(argv=None) -> int:
                      "--consumers", str(args.consumers), "--master", args.master, "--quiet"])
     out = args.trace_dir / "out"
     sides = {
-        "pandas": [sys.executable, str(Path(__file__).resolve()), "--pandas-only", str(trace)],
+        "pandas": [sys.executable, "-m", "bench.plan_pandas", "--pandas-only", str(trace)],
         "plan --bits 0": [*nk, "plan", str(trace), "--bits", "0", "--master", args.master, "--out", str(out),
                           "--quiet"],
     }
@@ -104,7 +103,7 @@ def main(argv=None) -> int:
     (args.out / "plan_pandas.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
     med = {s: statistics.median(r["wall_s"] for r in runs if r["side"] == s) for s in sides}
     loads = [r[k] for r in runs for k in ("load_before", "load_after")]
-    lines = [f"`python bench/plan_pandas.py --events {args.events} --consumers {args.consumers} --repeats "
+    lines = [f"`python -m bench.plan_pandas --events {args.events} --consumers {args.consumers} --repeats "
              f"{args.repeats}` (trace: `trace generate --events {args.events} --consumers {args.consumers}`) on "
              f"{os.cpu_count()} cores, {result['date']}; load average "
              f"{min(loads):.1f}-{max(loads):.1f}", "",

@@ -2,8 +2,8 @@
 the driver, the JVM and the largest Python worker, with the size of what it
 writes.
 
-    python bench/plan_scale.py --case 200m-1 --out bench/results/plan-scale
-    python bench/plan_scale.py --case 8m-20000 --out bench/results/plan-scale
+    python -m bench.plan_scale --case 200m-1 --out bench/results/plan-scale
+    python -m bench.plan_scale --case 8m-20000 --out bench/results/plan-scale
 
 Generates the case's trace with ``nacktracker trace generate`` when missing
 (timed: wall time of the command, JVM start included), runs ``plan`` on it
@@ -136,7 +136,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"plan_scale-{args.case}.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
     pr = result["plan"]
-    lines = [f"`python bench/plan_scale.py --case {args.case}` on {result['cores']} cores, {result['date']}", "",
+    lines = [f"`python -m bench.plan_scale --case {args.case}` on {result['cores']} cores, {result['date']}", "",
              "| step | wall (s) | driver RSS (MB) | JVM RSS (MB) | largest Python worker RSS (MB) | load average |",
              "|---|---:|---:|---:|---:|---|"]
     if "generate" in result:

@@ -1,6 +1,6 @@
 """Wall time of ``nacktracker plan`` against a baseline checkout, side by side.
 
-    python bench/plan_speed.py --baseline /tmp/nacktracker-main --out bench/results/plan-speed
+    python -m bench.plan_speed --baseline /tmp/nacktracker-main --out bench/results/plan-speed
 
 For each trace (generated once with ``trace generate`` if missing), runs the
 same ``plan`` command with this tree's package and with ``--baseline``'s (a
@@ -159,7 +159,7 @@ def main(argv=None) -> int:
                       flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "plan_speed.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
-    lines = [f"`python bench/plan_speed.py --baseline {args.baseline} --repeats {args.repeats} "
+    lines = [f"`python -m bench.plan_speed --baseline {args.baseline} --repeats {args.repeats} "
              f"--master '{args.master}'{' --cold' if args.cold else ''}` on {os.cpu_count()} cores, "
              f"{time.strftime('%Y-%m-%d %H:%M')}"
              + ("" if warm_s is None else f"; after one untimed warm-up run of this tree ({warm_s:.1f} s) "

@@ -12,7 +12,7 @@ isolates the tracker; bench/pulsar_precision.py measures the broker path).
 
 All configurations run side by side in one event loop.
 
-    python bench/precision.py [--quick] [--json]
+    python -m bench.precision [--quick] [--json]
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def run(quick: bool = False) -> dict:
 
 
 def table(result: dict) -> str:
-    cmd = "python bench/precision.py" + (" --quick" if result["quick"] else "")
+    cmd = "python -m bench.precision" + (" --quick" if result["quick"] else "")
     out = [f"`{cmd}` — error = adapter call − requested due time (ms), MemoryAdapter, real event loop", "",
            "| delay | bits | rounding | nacks | p1 | p50 | p99 | max | within bounds |", "|---|---|---|---|---|---|---|---|---|"]
     for r in result["precision"]:

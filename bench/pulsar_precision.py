@@ -3,7 +3,7 @@ built-in nack of pulsar-client, in the same run, idle and with the CPU busy.
 
 Error = when the application received the redelivery − when it was due (nack
 time + requested delay), ms, event-loop clock; negative = early. Scenarios come
-from ``nacktracker.scenarios`` (the demo shows the same ones, smaller):
+from ``nacktracker.demo`` (the demo shows the same ones, smaller):
 
 * precision at 1 s and 5 s (run concurrently): waves of 20 back-to-back nacks,
   the waves delay/3 + 50..250 ms apart so the built-in tracker's timer (ticking
@@ -14,7 +14,7 @@ from ``nacktracker.scenarios`` (the demo shows the same ones, smaller):
   built-in side keeps nacking 300 ms (the delay + 100) after the tracked side
   stopped, so the flood of its ~300 redeliveries (received and acked by this
   process) comes after the tracked side's last due copy instead of on top of
-  its last 200 ms (see ``nacktracker/scenarios/steady.py``: with both
+  its last 200 ms (see ``nacktracker/demo/steady.py``: with both
   stopping together, that flood made the worst tracked errors of a hog run).
 
 Loads: ``idle`` (whatever else the machine runs: the load average is
@@ -25,7 +25,7 @@ The bench process is the application, set up as a latency-sensitive Python
 service would be: it freezes its start-up heap (``gc.freeze()``) before the
 scenarios, so a full collection no longer walks the ~30,000 objects of the
 imported modules (``--no-gc-freeze`` to measure without). Measured with
-``bench/precision_diagnose.py``: unfrozen, gen-2 collections paused the loop
+``bench/lab/precision_diagnose.py``: unfrozen, gen-2 collections paused the loop
 35 ms on a loaded idle run and 87-131 ms under the hog, each able to delay a
 whole wave of 20 redeliveries (5% of a run: the p99).
 
@@ -34,7 +34,7 @@ the steady stream, under each load): |error| p99 <= 10 ms and min >= -5 ms
 (never more than 5 ms early). The 5 s delay and the built-in's figures are
 reported, not judged.
 
-    python bench/pulsar_precision.py [--broker lite|apache] [--quick] [--cpu-hog] [--no-gc-freeze]
+    python -m bench.pulsar_precision [--broker lite|apache] [--quick] [--cpu-hog] [--no-gc-freeze]
                                      [--label L] [--json] [--no-write]
 
 Writes ``bench/results/precision/<label>-<load>.json`` and ``.md`` (not with
@@ -58,7 +58,9 @@ import time
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-from nacktracker.scenarios import BUILTIN, CLOSE_GRACE_S, TRACKED, run_precision, run_steady_stream
+from nacktracker.demo.measure import BUILTIN, CLOSE_GRACE_S, TRACKED
+from nacktracker.demo.precision import run_precision
+from nacktracker.demo.steady import run_steady_stream
 from nacktracker.testing import BROKER_KINDS, make_broker
 
 P99_TARGET_MS = 10
@@ -179,7 +181,7 @@ def _e(e: dict, key: str) -> str:
 
 def table_one(result: dict) -> str:
     """The tables of one load."""
-    cmd = result.get("command") or "python bench/pulsar_precision.py" + (" --quick" if result["quick"] else "") + \
+    cmd = result.get("command") or "python -m bench.pulsar_precision" + (" --quick" if result["quick"] else "") + \
         (" --cpu-hog" if result["load"] == "cpu-hog" else "") + ("" if result.get("gc_frozen", True) else " --no-gc-freeze")
     heap = "start-up heap frozen (gc.freeze)" if result.get("gc_frozen", True) else "heap not frozen"
     hog = f" with {result.get('cpu_hog_processes')} busy-looping processes" if result["load"] == "cpu-hog" else ""
@@ -236,7 +238,7 @@ def main(argv=None) -> int:
     label = a.label or BROKER_NAMES[a.broker]
     result = run(a.quick, (load,), gc_freeze=not a.no_gc_freeze, broker=a.broker)
     one = result["runs"][0]
-    one["command"] = ("python bench/pulsar_precision.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
+    one["command"] = ("python -m bench.pulsar_precision " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
     md = table(result)
     print(json.dumps(one, indent=1, default=str) if a.json else md)
     if not (a.quick or a.no_write):

@@ -14,9 +14,9 @@ The Java side is ``tests/java`` (``RetryBench``: Apache Pulsar's client
 Target: nacktracker's |error| p99 <= 10 ms on Apache Pulsar. The Java
 client's figures are reported beside it, not judged.
 
-    python bench/retry_precision.py [--n 1000] [--seed 1] [--broker apache|lite] [--no-java] [--no-write]
+    python -m bench.retry_precision [--n 1000] [--seed 1] [--broker apache|lite] [--no-java] [--no-write]
                                     [--show-late MS]
-    python bench/retry_precision.py --memory [--n 100000]
+    python -m bench.retry_precision --memory [--n 100000]
 
 Writes ``bench/results/retry/<broker>.json`` and ``.md`` (not with
 ``--no-write`` or ``--memory``). Uses ``$PULSAR_URL`` when set.
@@ -198,7 +198,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     doc = {"broker": kind, "n": n, "seed": args.seed, "delays_ms": [200, 5000], "loadavg_before": load,
            "loadavg_after": open("/proc/loadavg").read().split()[:3] if load else None,
            "duration_s": round(time.time() - started, 1), **result,
-           "command": "python bench/retry_precision.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+           "command": "python -m bench.retry_precision " + " ".join(argv if argv is not None else sys.argv[1:])}
     print(json.dumps(doc, indent=2))
     if not args.no_write:
         OUT.mkdir(parents=True, exist_ok=True)

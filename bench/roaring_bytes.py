@@ -4,7 +4,7 @@ at a time: ``n`` copies built in this process, glibc's ``mallinfo2()`` in-use
 bytes before and after, per copy (CRoaring allocates with malloc; the
 pyroaring object itself is a small Python object, counted apart).
 
-    python bench/roaring_bytes.py
+    python -m bench.roaring_bytes
 
 Linux/glibc only (``mallinfo2``). The constant ``BITMAP64_EMPTY`` in
 ``_bytes.py`` is the first row's measured figure. Two rows build the index's

@@ -15,8 +15,8 @@ filled through ``tracker.add``; then, on one core:
 * ``restore``: ``NegativeAcksTracker.restore(data, adapter)`` (decode + rebuild);
 * ``load``: ``NegativeAcksTracker.load(path, adapter)`` (read file + restore).
 
-    python bench/snapshot.py                     # 10M pending, both workloads
-    python bench/snapshot.py --pending 1000000 --workload random --json
+    python -m bench.snapshot                     # 10M pending, both workloads
+    python -m bench.snapshot --pending 1000000 --workload random --json
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def run(quick: bool = False, pending: int | None = None, workloads=("sequential"
 
 
 def table(result: dict) -> str:
-    out = [f"`python bench/snapshot.py --pending {result['pending']}` — precision_bits=8, x={X} nacks/ms, "
+    out = [f"`python -m bench.snapshot --pending {result['pending']}` — precision_bits=8, x={X} nacks/ms, "
            "one core", "",
            "| workload | pending | bitmaps | tracker MB | snapshot MB | B/pending | snapshot s | save s "
            "| decode s | restore s | load s | restored MB |",

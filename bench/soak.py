@@ -18,9 +18,9 @@ bytes); no growth across cycles: the last cycle ends no higher than the one
 before it (RSS within 1% of the start, nbytes not at all). A leak grows every
 cycle; a high-water mark (allocator pools, dict tables) appears once.
 
-    python bench/soak.py                # 1,000,000 nacks at 20k/s, 3 cycles (~2.7 min)
-    python bench/soak.py --quick        # 20,000 nacks, delay 300 ms: a smoke test (~5 s)
-    python bench/soak.py --json
+    python -m bench.soak                # 1,000,000 nacks at 20k/s, 3 cycles (~2.7 min)
+    python -m bench.soak --quick        # 20,000 nacks, delay 300 ms: a smoke test (~5 s)
+    python -m bench.soak --json
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def run(quick: bool = False, nacks: int = 1_000_000, rate: float = 20_000, cycle
 
 def table(result: dict, cmd: str | None = None) -> str:
     if cmd is None:
-        cmd = "python bench/soak.py" + (" --quick" if result.get("quick") else "")
+        cmd = "python -m bench.soak" + (" --quick" if result.get("quick") else "")
     c, s = result["config"], result["start"]
     out = [f"`{cmd}` — {c['nacks']:,} nacks/cycle at {c['rate']:,.0f}/s, delay {c['delay_ms']} ms, "
            f"precision_bits {c['precision_bits']}, real event loop, counting adapter", "",
@@ -206,7 +206,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     result = run(a.quick, a.nacks, a.rate, a.cycles, a.delay_ms, a.precision_bits)
-    cmd = "python bench/soak.py" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
+    cmd = "python -m bench.soak" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
     print(json.dumps(result, indent=1) if a.json else table(result, cmd))
     # losing or duplicating a message always fails; memory checks fail the full run only (quick is too short)
     if not result["checks"]["no_loss_no_duplicates"] or (not a.quick and not result["ok"]):

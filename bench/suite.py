@@ -1,7 +1,7 @@
 """The benchmark suite: one command, every table, committed results.
 
     nacktracker bench [--quick] [--out DIR] [--skip pulsar,...]
-    python bench/suite.py --quick --out /tmp/b
+    python -m bench.suite --quick --out /tmp/b
 
 Runs, in order: memory (seed 000's grid, a fresh process per configuration),
 the index on real client traffic (issue 12's grid, a fresh process per cell:
@@ -27,17 +27,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-import index_grid  # noqa: E402
-import index_grid_report  # noqa: E402
-import memory  # noqa: E402
-import precision  # noqa: E402
-import throughput  # noqa: E402
+from bench import index_grid, index_grid_report, memory, precision, throughput
 
 PACKAGES = ("nacktracker", "pyroaring", "sortedcontainers", "pulsar-client", "pulsar-lite", "pyspark", "numpy")
-from nacktracker.cli import BENCH_PARTS  # noqa: E402  (one list: `nacktracker bench --help` shows it)
+from nacktracker.cli import BENCH_PARTS  # one list: `nacktracker bench --help` shows it
 
 PARTS = tuple(BENCH_PARTS)
 
@@ -186,7 +179,7 @@ def render(results: dict) -> str:
         rows = results["memory"]
         n = rows[0]["messages"] if rows else 0
         out += ["## Memory per tracked nack (seed 000 workload)", "",
-                f"`python bench/memory.py --messages {n}` — bytes per tracked nack, each configuration "
+                f"`python -m bench.memory --messages {n}` — bytes per tracked nack, each configuration "
                 "in a fresh process", "", memory.table(rows), ""]
         out += headline_memory(rows) + [""]
         out += ["![memory](memory.png)", ""]

@@ -5,9 +5,9 @@ and the dict baseline's cost of one poll tick (a full scan) at 1M and 10M pendin
 Every figure is the median of ``--repeats`` runs (min and max beside it), each
 run on a fresh index.
 
-    python bench/throughput.py              # full
-    python bench/throughput.py --quick      # smaller, fewer repeats
-    python bench/throughput.py --json
+    python -m bench.throughput              # full
+    python -m bench.throughput --quick      # smaller, fewer repeats
+    python -m bench.throughput --json
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def run(quick: bool = False, repeats: int | None = None, progress=None) -> dict:
 
 
 def table(result: dict) -> str:
-    cmd = "python bench/throughput.py" + (" --quick" if result["quick"] else "")
+    cmd = "python -m bench.throughput" + (" --quick" if result["quick"] else "")
     lines = [f"`{cmd}` — ns per message, median of {result['repeats']} runs (min–max)", "",
              "| operation | " + " | ".join(INDEXES) + " |", "|---|" + "---|" * len(INDEXES)]
     ops = dict.fromkeys(r["op"] for r in result["rows"])

@@ -92,11 +92,11 @@ reports the loop lag (how late a 10 ms sleep wakes, p99/max: a late
 redelivery under a large lag is the process's, not the consumer's) and CPU
 seconds.
 
-    python bench/traffic.py                      # full: 20,000 messages, every scenario, pulsar-lite
-    python bench/traffic.py --broker apache      # the same on Apache Pulsar
-    python bench/traffic.py --quick --no-write   # smoke test: 2,000 messages at 1,000/s,
+    python -m bench.traffic                      # full: 20,000 messages, every scenario, pulsar-lite
+    python -m bench.traffic --broker apache      # the same on Apache Pulsar
+    python -m bench.traffic --quick --no-write   # smoke test: 2,000 messages at 1,000/s,
                                                  # delays 0.1-1 s, no broker restart
-    python bench/traffic.py --scenarios shared-2 --rate 1000 --label shared-2-rate1000
+    python -m bench.traffic --scenarios shared-2 --rate 1000 --label shared-2-rate1000
 
 It writes ``bench/results/traffic/<label>.json`` and ``.md`` (with the
 broker, machine, load average and command; the label defaults to the
@@ -122,14 +122,13 @@ from pathlib import Path
 from typing import Any, Optional
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
-import pulsar  # noqa: E402
+import pulsar
 
-from nacktracker.scenarios import CLOSE_GRACE_S  # noqa: E402
-from nacktracker.testing import BROKER_KINDS, make_broker  # noqa: E402
-from traffic_ledger import KEYS, PLAIN, QUICK, SCENARIOS, TRACKED, Config, Scenario  # noqa: E402
-from traffic_side import client, now_ms, quietly, side_main  # noqa: E402
+from bench.traffic_ledger import KEYS, PLAIN, QUICK, SCENARIOS, TRACKED, Config, Scenario
+from bench.traffic_side import client, now_ms, quietly, side_main
+from nacktracker.demo.measure import CLOSE_GRACE_S
+from nacktracker.testing import BROKER_KINDS, make_broker
 
 RESULTS = HERE / "results" / "traffic"
 SIDE_START_S = 60.0  # a side process must subscribe within this
@@ -356,7 +355,7 @@ def table(result: dict) -> str:
     broker = result.get("broker", {"kind": "lite", "version": "pulsar-lite", "settings": {}})
     settings = "".join(f", {k}={v}" for k, v in broker["settings"].items())
     out = ["## Traffic: TrackedConsumer beside the plain client", "",
-           f"`{result.get('command', 'python bench/traffic.py' + (' --quick' if result['quick'] else ''))}` — "
+           f"`{result.get('command', 'python -m bench.traffic' + (' --quick' if result['quick'] else ''))}` — "
            f"on {broker['version']} ({BROKER_NAMES.get(broker['kind'], broker['kind'])} broker{settings}); "
            f"{cfg['messages']:,} messages at {cfg['rate']:,.0f} msg/s in batches of {cfg['batch']}, "
            f"{cfg['workers']} workers per consumer, nacks {cfg['plan']['min_delay_ms']}-{cfg['plan']['max_delay_ms']} "
@@ -456,8 +455,8 @@ def main(argv: Optional[list] = None) -> int:
         settings[key] = value
     label = a.label or BROKER_NAMES[a.broker]
     result = run(a.quick, cfg, [n for n in a.scenarios.split(",") if n] or None, a.broker, settings)
-    result["command"] = "python bench/traffic.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    from suite import machine  # noqa: E402 (late: suite imports the other benchmarks)
+    result["command"] = "python -m bench.traffic " + " ".join(argv if argv is not None else sys.argv[1:])
+    from bench.suite import machine  # late: suite imports the other benchmarks
 
     result["machine"] = machine()
     md = table(result)

@@ -17,7 +17,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Optional
 
-from nacktracker.scenarios import summarize as quantiles
+from nacktracker.demo.measure import summarize as quantiles
 
 __all__ = ["Fate", "Verdict", "Plan", "Ledger", "Scenario", "Config", "SCENARIOS", "KEYS", "QUICK", "summarize",
            "TRACKED", "PLAIN"]
@@ -263,7 +263,7 @@ class Ledger:
 
 
 def summarize(errors) -> dict:
-    """:func:`nacktracker.scenarios.summarize` (nearest-rank min, p50, p99, max,
+    """:func:`nacktracker.demo.measure.summarize` (nearest-rank min, p50, p99, max,
     |error| p50/p99/max, ms) plus how many were early (< 0) and early by more
     than ``EARLY_TOLERANCE_MS``."""
     return {**quantiles(errors), "early": sum(1 for e in errors if e < 0),

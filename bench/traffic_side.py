@@ -23,10 +23,10 @@ import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
 import nacktracker
-from nacktracker.scenarios.sides import open_client as client  # quiet: the C++ client logs INFO on stdout
+from nacktracker.demo.sides import open_client as client  # quiet: the C++ client logs INFO on stdout
 from nacktracker.consumer.pump import ReceivePump
-from nacktracker.scenarios.sides import quietly
-from traffic_ledger import TRACKED, Config, Ledger, Scenario, Verdict, quantiles
+from nacktracker.demo.sides import quietly
+from bench.traffic_ledger import TRACKED, Config, Ledger, Scenario, Verdict, quantiles
 
 
 #: What the client (or TrackedConsumer, which raises the client's classes and ValueError/TypeError
@@ -251,7 +251,7 @@ def side_main(url: str, topic: str, name: str, scenario: Scenario, cfg: Config, 
         conn.send(("error", traceback.format_exc()))  # the parent stops at once instead of timing out
         raise
     finally:
-        time.sleep(0.2)  # pulsar-client's threads may still release callbacks (nacktracker.scenarios.CLOSE_GRACE_S)
+        time.sleep(0.2)  # pulsar-client's threads may still release callbacks (nacktracker.demo.measure.CLOSE_GRACE_S)
 
 
 async def _run_side(url: str, topic: str, name: str, scenario: Scenario, cfg: Config, conn: Any) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import runpy
+import subprocess
 import sys
 from pathlib import Path
 from typing import Optional
@@ -53,7 +53,7 @@ BENCH_DESCRIPTION = """\
 Run the benchmark suite and write results.json, RESULTS.md and PNG plots.
 The suite's scripts live in bench/ of a source checkout (or the sdist): run
 this command inside one. The full run took 1393 s on 2 cores (bench/results/latest, before
-the 'grid' part; bench/index_grid.py alone runs ~30 min); --quick: 1M
+the 'grid' part; python -m bench.index_grid alone runs ~30 min); --quick: 1M
 messages, fewer repeats, written to bench/results/quick so the committed
 full results (bench/results/latest) stay as they are.
 
@@ -70,13 +70,10 @@ def bench_dir() -> Optional[Path]:
     return None
 
 
-def _run_script(script: Path, argv: list[str]) -> int:
-    sys.argv = [str(script), *argv]
-    try:
-        runpy.run_path(str(script), run_name="__main__")
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    return 0
+def _run_suite(root: Path, argv: list[str]) -> int:
+    """``python -m bench.suite *argv`` from the checkout ``root`` (``bench`` is a
+    package of the checkout, not of the installed distribution)."""
+    return subprocess.run([sys.executable, "-m", "bench.suite", *argv], cwd=root).returncode
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -111,14 +108,14 @@ def _bench(args: argparse.Namespace) -> int:
               "(not installed with the package); run it from the checkout's root", file=sys.stderr)
         return 2
     root = bench.parent
-    out = Path(args.out) if args.out else root / "bench" / "results" / ("quick" if args.quick else "latest")
+    out = Path(args.out).resolve() if args.out else root / "bench" / "results" / ("quick" if args.quick else "latest")
     if args.quick and out.resolve() == (root / "bench" / "results" / "latest").resolve():
         print("nacktracker bench: --quick does not overwrite the full results in bench/results/latest; "
               "choose another --out", file=sys.stderr)
         return 2
     argv = ["--out", str(out)] + (["--quick"] if args.quick else []) + (["--skip", ",".join(args.skip)]
                                                                       if args.skip else [])
-    return _run_script(bench / "suite.py", argv)
+    return _run_suite(root, argv)
 
 
 def build_parser() -> argparse.ArgumentParser:

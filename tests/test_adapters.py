@@ -247,3 +247,61 @@ async def test_the_lead_is_learned_from_reported_arrivals(client, topic, monkeyp
     assert adapter.lead_ms == 1000  # bounded
     assert fixed.lead_ms == 133
     await consumer.close()
+
+
+@pytest.mark.broker
+async def test_a_request_waits_while_the_application_holds_a_sibling(client, topic, pumps, monkeypatch):
+    """The broker answers a request with every message of the entry not acknowledged: asked while
+    the application still works on a sibling, it would send that sibling again (to another consumer
+    of a Shared subscription). So the request waits until the consumer says the entry is settled,
+    checked every min_gap_ms, and at most SETTLE_WAIT_MS (then it goes: a duplicate at worst)."""
+    import nacktracker.adapters.pulsar as module
+
+    t = topic()
+    consumer = await shared(client, t)
+    await publish(client, t, 2)
+    pump = pumps(consumer)
+    one, two = await take(pump, 2)
+    held = {key_of(one)[0].entry, key_of(two)[0].entry}
+    adapter = PulsarAdapter(consumer)
+    adapter.sibling_held = lambda entry: entry in held
+    await adapter.redeliver([key_of(one)[0]])
+    await asyncio.sleep(3 * adapter.min_gap_ms / 1000)
+    assert (adapter.sent, adapter.settle_waits, adapter.queued) == (0, 1, 0)
+    held.discard(key_of(one)[0].entry)  # the application acknowledged or nacked the sibling
+    _, back = await asyncio.wait_for(pump.get(), 5)
+    assert back.data() == one.data() and adapter.sent == 1 and adapter.settle_timeouts == 0
+
+    monkeypatch.setattr(module, "SETTLE_WAIT_MS", 150)
+    await adapter.redeliver([key_of(two)[0]])  # held for good: goes once the wait is over
+    _, back = await asyncio.wait_for(pump.get(), 5)
+    assert back.data() == two.data() and adapter.sent == 2 and adapter.settle_timeouts == 1
+    await adapter.aclose()
+    await consumer.close()
+
+
+@pytest.mark.broker
+async def test_a_request_merged_into_one_whose_copy_went_elsewhere_is_sent_when_that_copy_is_overdue(
+        client, topic, pumps):
+    """An entry asked for again while its requested copy is on its way is not sent twice (the broker
+    would send the whole entry twice). But when that copy never comes here (another consumer of the
+    subscription got it: here no consumer reports arrivals, so it never "arrives"), the merged request
+    must still go out once the copy is overdue (twice the lead), or its nack is lost (found on Apache
+    Pulsar: bench/traffic.py's two-consumer scenario lost a message nacked again on the other side)."""
+    t = topic()
+    consumer = await shared(client, t)
+    await publish(client, t, 1)
+    pump = pumps(consumer)
+    (one,) = await take(pump, 1)
+    adapter = PulsarAdapter(consumer, lead_ms=100)
+    await adapter.redeliver([key_of(one)[0]])
+    await asyncio.sleep(0.05)
+    assert adapter.sent == 1
+    await adapter.redeliver([key_of(one)[0]])  # the copy is "on its way": merged, not sent
+    assert (adapter.sent, adapter.in_flight_merged, adapter.queued) == (1, 1, 0)
+    for _ in range(2):
+        _, back = await asyncio.wait_for(pump.get(), 5)
+        assert back.data() == one.data()
+    assert adapter.sent == 2  # sent once the first copy was overdue (200 ms), with no other call
+    await adapter.aclose()
+    await consumer.close()

@@ -30,14 +30,13 @@ def test_bench_quick_writes_results(tmp_path):
     # timing targets are the benchmark's to check, not a unit test's: only the shape here
     assert {r["bits"] for r in results["precision"]["starvation"]} == {0, 8}
     md = (out / "RESULTS.md").read_text()
-    assert "`python bench/memory.py" in md and "`python bench/throughput.py --quick`" in md
+    assert "`python -m bench.memory" in md and "`python -m bench.throughput --quick`" in md
 
 
 # -- the traffic benchmark (bench/traffic.py) ----------------------------------------
 
-sys.path.insert(0, str(ROOT / "bench"))
-import traffic_ledger  # noqa: E402
-from traffic_ledger import Fate, Ledger, Plan, Verdict  # noqa: E402
+from bench import traffic_ledger  # noqa: E402  (the checkout's root is on pytest's pythonpath)
+from bench.traffic_ledger import Fate, Ledger, Plan, Verdict  # noqa: E402
 
 
 def test_traffic_plan_is_a_pure_function_of_message_and_attempt():
@@ -120,14 +119,14 @@ def test_traffic_scenarios_name_their_subscription_and_topic():
 @pytest.mark.slow
 @pytest.mark.broker
 def test_traffic_quick_runs_both_sides_and_writes_results(tmp_path):
-    """`python bench/traffic.py --quick` end to end (< 30 s): the shape of what
+    """`python -m bench.traffic --quick` end to end (< 30 s): the shape of what
     it writes; the figures are the benchmark's to judge, not a unit test's."""
-    subprocess.run([sys.executable, "bench/traffic.py", "--quick", "--scenarios", "shared-1,shared-2,cumulative,"
+    subprocess.run([sys.executable, "-m", "bench.traffic", "--quick", "--scenarios", "shared-1,shared-2,cumulative,"
                     "partitioned", "--out", str(tmp_path), "--label", "smoke"],
                    check=True, cwd=ROOT, capture_output=True, text=True, timeout=180)
     result = json.loads((tmp_path / "smoke.json").read_text())
     assert [r["scenario"] for r in result["scenarios"]] == ["shared-1", "shared-2", "cumulative", "partitioned"]
-    assert result["machine"]["cores"] >= 1 and result["command"].startswith("python bench/traffic.py --quick")
+    assert result["machine"]["cores"] >= 1 and result["command"].startswith("python -m bench.traffic --quick")
     assert result["broker"]["kind"] == "lite" and result["broker"]["version"].startswith("pulsar-lite")
     # pulsar-lite cannot redeliver on partitioned topics: the row says so instead of measuring nothing
     assert "cannot redeliver" in result["scenarios"][-1]["not_run"]
@@ -147,10 +146,10 @@ def test_traffic_quick_runs_both_sides_and_writes_results(tmp_path):
 @pytest.mark.slow
 @pytest.mark.apache
 def test_traffic_quick_on_apache_pulsar_runs_the_partitioned_and_key_shared_scenarios(tmp_path):
-    """`python bench/traffic.py --quick --broker apache` on the two scenarios
+    """`python -m bench.traffic --quick --broker apache` on the two scenarios
     pulsar-lite cannot show: the partitioned topic is created through the admin
     API and both sides measure it; batch-index acks are on at the broker."""
-    subprocess.run([sys.executable, "bench/traffic.py", "--quick", "--broker", "apache", "--scenarios",
+    subprocess.run([sys.executable, "-m", "bench.traffic", "--quick", "--broker", "apache", "--scenarios",
                     "partitioned,key-shared", "--out", str(tmp_path), "--label", "smoke"],
                    check=True, cwd=ROOT, capture_output=True, text=True, timeout=600)
     result = json.loads((tmp_path / "smoke.json").read_text())

@@ -58,9 +58,9 @@ def test_bench_quick_never_overwrites_the_full_results():
 
 def test_bench_quick_defaults_to_its_own_folder(monkeypatch):
     seen = {}
-    monkeypatch.setattr(cli, "_run_script", lambda script, argv: seen.update(script=script, argv=argv) or 0)
+    monkeypatch.setattr(cli, "_run_suite", lambda root, argv: seen.update(root=root, argv=argv) or 0)
     assert cli.main(["bench", "--quick", "--skip", "soak,dedup"]) == 0
-    assert seen["script"] == ROOT / "bench" / "suite.py"
+    assert seen["root"] == ROOT
     assert seen["argv"] == ["--out", str(ROOT / "bench" / "results" / "quick"), "--quick", "--skip", "soak,dedup"]
 
 

@@ -508,6 +508,19 @@ def test_an_entry_sent_elsewhere_never_surfaces_its_parked_copy_here():
     assert not core.records and not core.parked and core.counts["expired"] == 2
 
 
+def test_holds_sibling_says_whether_the_application_works_on_a_message_of_the_entry():
+    core, _ = make()
+    m = [key(0, i, 3) for i in range(3)]
+    deliver(core, m, 0)
+    core.nacked(m[0], 500, m[0], 0)  # size unknown: never held
+    assert not core.holds_sibling(m[0].entry)
+    core.nacked(m[1], 500, m[1], 0, batch_size=3)
+    assert core.holds_sibling(m[0].entry)  # m[2] is in the application's hands
+    core.acked(m[2], 10)
+    assert not core.holds_sibling(m[0].entry)
+    assert not core.holds_sibling(key(5, 0, 3).entry)  # no record
+
+
 def test_cumulative_ack_settles_records_and_later_copies():
     core, _ = make()
     batch = [key(0, i, 3) for i in range(3)]

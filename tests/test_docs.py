@@ -18,14 +18,12 @@ import io
 import json
 import os
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-import figures  # noqa: E402  (bench/figures.py)
+from bench import figures  # noqa: E402  (the checkout's root is on pytest's pythonpath)
 
 #: A page whose content is owned elsewhere and whose one block is not a program yet: it writes an event
 #: log under /data and uses an adapter it does not make. Remove it from here when its block runs.
@@ -92,7 +90,7 @@ def test_every_page_with_code_has_its_blocks_collected():
 
 
 def test_the_rendered_figures_match_their_results_files():
-    assert figures.stale() == [], "run: python bench/figures.py"
+    assert figures.stale() == [], "run: python -m bench.figures"
     assert "demo" in figures.blocks(ROOT / "README.md") and "consume-throughput" in figures.blocks(ROOT / "README.md")
 
 

@@ -92,5 +92,5 @@ def test_the_rooms_of_this_surface_import_only_what_they_may():
     assert {m for m in imported_modules(pkg / "metrics.py") if m.startswith("opentelemetry")} <= {
         "opentelemetry.metrics"}
     # rendering and the shared harness know nothing of Pulsar; the CLI loads it only on `demo`
-    for name in ("demo/table.py", "scenarios/harness.py", "_extras.py", "cli.py"):
+    for name in ("demo/table.py", "demo/measure.py", "_extras.py", "cli.py"):
         assert not {m for m in imported_modules(pkg / name) if m.split(".")[0] in ("pulsar", "_pulsar")}, name

@@ -355,7 +355,7 @@ def test_nothing_duplicated_within_a_bucket(ops, bits):
 def test_nbytes_within_25_percent_of_rss_growth():
     """Build a large index in a fresh process: nbytes() must track real RSS."""
     out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "memory.py"), "--one", "--index", "TimeBucketIndex",
+        [sys.executable, "-m", "bench.memory", "--one", "--index", "TimeBucketIndex",
          "--workload", "random", "--messages", "3000000", "--x", "1", "--y", "10"],
         check=True, capture_output=True, text=True, cwd=ROOT)
     row = json.loads(out.stdout.strip().splitlines()[-1])

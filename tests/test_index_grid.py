@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_grid_quick_writes_results(tmp_path):
     out = tmp_path / "grid"
-    subprocess.run([sys.executable, str(ROOT / "bench" / "index_grid.py"), "--quick", "--out", str(out)],
+    subprocess.run([sys.executable, "-m", "bench.index_grid", "--quick", "--out", str(out)],
                    check=True, cwd=ROOT, capture_output=True, text=True, timeout=120)
     result = json.loads((out / "results.json").read_text())
     for name in ("results.json", "RESULTS.md", "grid.png"):
@@ -33,4 +33,4 @@ def test_grid_quick_writes_results(tmp_path):
     assert all(r["pending"] == d["pending"] for r in tb if r["bits"] == 0)  # same end state
     assert {r["pending"] for r in result["flatness"]} and result["parked"]["adds"] > 0
     md = (out / "RESULTS.md").read_text()
-    assert "`python bench/index_grid.py --quick`" in md and "## Targets" in md
+    assert "`python -m bench.index_grid --quick`" in md and "## Targets" in md

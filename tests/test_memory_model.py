@@ -12,7 +12,7 @@ from nacktracker.index._parts import LISTED, LISTING
 from nacktracker.pipeline.calibration import calibration_build, live_replay, measure_index_costs, synthetic_nacks
 from nacktracker.pipeline.memory_model import IndexCosts, array_bytes, index_state
 from nacktracker.pipeline.pending import analyse_consumer
-from nacktracker.workloads import workload
+from nacktracker.pipeline.memory_experiment import workload
 
 
 @pytest.fixture(scope="module")

@@ -721,18 +721,11 @@ def test_no_process_outlives_trace_generate_or_plan(tmp_path):
         assert _processes_with(marker) == [], argv[0]
 
 
-def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_memory", ROOT / "bench" / "memory.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.skipif(not (ROOT / "bench" / "memory.py").exists(), reason="needs the source tree")
 def test_sweep_uses_the_benchmarks_workloads():
+    from bench import memory as bench
     from nacktracker.pipeline import sweep
 
-    bench = load_bench()
     for args in [("sequential", 3000, 4, 1000, 1.0), ("random", 3000, 1, 500, 0.1), ("random", 700, 2, 50, 0.5)]:
         assert list(sweep.workload(*args)) == list(bench.workload(*args))
     for x, y, e in itertools.product((1, 4, 8), (8, 10, 15), (50_000, 1000)):

@@ -1,4 +1,4 @@
-"""The steady-stream scenario's layout (``nacktracker/scenarios/steady.py``):
+"""The steady-stream scenario's layout (``nacktracker/demo/steady.py``):
 the built-in side keeps nacking ``builtin_overrun_ms`` after the tracked side
 stopped, so its flood of redeliveries does not land on the tracked side's last
 due copies. No timing assertions: the errors are the benchmark's to measure
@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("pulsar")
 
-from nacktracker.scenarios import BUILTIN, TRACKED, run_steady_stream  # noqa: E402
-from nacktracker.scenarios.steady import BUILTIN_OVERRUN_EXTRA_MS  # noqa: E402
+from nacktracker.demo.measure import BUILTIN, TRACKED  # noqa: E402
+from nacktracker.demo.steady import BUILTIN_OVERRUN_EXTRA_MS, run_steady_stream  # noqa: E402
 
 
 async def test_a_negative_overrun_is_refused_before_anything_is_published():

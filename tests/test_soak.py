@@ -7,12 +7,12 @@ import pathlib
 import subprocess
 import sys
 
-SOAK = pathlib.Path(__file__).resolve().parent.parent / "bench" / "soak.py"
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def test_quick_soak_redelivers_everything_and_returns_to_its_start():
-    out = subprocess.run([sys.executable, str(SOAK), "--quick", "--json"], capture_output=True, text=True,
-                         timeout=20)
+    out = subprocess.run([sys.executable, "-m", "bench.soak", "--quick", "--json"], capture_output=True, text=True,
+                         timeout=20, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert len(result["cycles"]) == 3

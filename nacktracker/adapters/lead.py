@@ -7,7 +7,7 @@ drives it with explicit times.
 Why a *time* memory and not a window of the last N samples: samples come in
 waves (one per tracker fire, e.g. 20 back to back), so 256 samples are a dozen
 waves, a few seconds of a bursty workload. Measured with
-``bench/precision_diagnose.py --cpu-hog``: after a calm stretch the
+``bench/lab/precision_diagnose.py --cpu-hog``: after a calm stretch the
 256-sample maximum had fallen to ~105-115 ms (lead ~130-137 ms), then a
 scheduling stall made the path take 143-167 ms and whole waves arrived
 12-29 ms after their due time. Load spikes recur on the scale of seconds to

@@ -36,7 +36,7 @@ import logging
 import math
 import time
 from collections import deque
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import _pulsar
 
@@ -77,6 +77,9 @@ DEFAULT_MIN_GAP_MS = 40
 #: (it re-arms the client's timer), so a long burst yields to the event loop
 #: every this many ids (~6 ms) instead of blocking it.
 _CHUNK = 512
+#: The longest a request waits for the application to settle an entry's sibling it holds (see
+#: :attr:`PulsarAdapter.sibling_held`): past it the request goes anyway (a duplicate at worst).
+SETTLE_WAIT_MS = 500
 #: How the C++ client names a multi-topic consumer's topic(); the only outward sign
 #: of one. Only matters for keys without a topic (the consumer always sets it).
 _MULTI_TOPIC_MARK = "-TopicsConsumerFakeName-"
@@ -159,6 +162,20 @@ class PulsarAdapter:
         self.in_flight_merged = 0
         self.unroutable = 0
         self.failures = 0
+        #: ``f(entry) -> bool``: whether the application holds a message of ``entry`` (set by the
+        #: consumer). The broker answers a request with every message of the entry not acknowledged, so a
+        #: request made while the application still works on a sibling would send that sibling again,
+        #: to another consumer of a Shared subscription: a duplicate of a message about to be
+        #: acknowledged (measured on Apache Pulsar). Such a request waits until the sibling is
+        #: acknowledged or nacked, checked every ``min_gap_ms``, at most :data:`SETTLE_WAIT_MS`.
+        self.sibling_held: Optional[Callable[[MessageKey], bool]] = None
+        self._settling: dict[MessageKey, float] = {}  # entry -> since when its request waits for a sibling
+        # entries asked for again while their requested copy was on its way: asked for once more if that
+        # copy is not back here within its time (it went to another consumer), or the nack is lost
+        self._merged: dict[MessageKey, None] = {}
+        #: Requests that waited for a held sibling, and those that gave up waiting.
+        self.settle_waits = 0
+        self.settle_timeouts = 0
 
     # -- the adapter protocol -----------------------------------------------------
 
@@ -180,6 +197,8 @@ class PulsarAdapter:
         O(1) amortised."""
         if self._in_flight:
             self._in_flight.pop(entry, None)
+            if self._merged:
+                self._merged.pop(entry, None)  # the copy answers the later request too (the core parks it)
         handed = self._handed.pop(entry, None)
         if handed is None:
             return
@@ -221,34 +240,66 @@ class PulsarAdapter:
         at most twice the lead: then it went elsewhere or was lost) is not sent
         again: the broker redelivers whole entries, and a second request would
         bring the entry a second time, to another consumer of the subscription.
+        An entry of which the application still holds a message waits for it to
+        be settled (:attr:`sibling_held`).
         Runtime complexity: O(k) for k keys (the burst costs ~11 us per id).
         """
         for key in keys:
             if type(key) is not MessageKey:
                 raise TypeError(f"keys must be MessageKey, not {type(key).__name__}")
         now = _now_ms()
-        handed, in_flight = self._handed, self._in_flight
-        # A copy later than twice the learned lead (the path's recent maximum) is taken as lost or gone
-        # elsewhere: its entry may be asked for again (a duplicate at worst, never a message left behind).
-        for pending, ttl in ((handed, _HANDED_TTL_MS), (in_flight, 2 * self._lead)):
-            while pending:  # forget entries whose copy never came here (oldest first)
+        self._overdue(now)
+        held = self.sibling_held
+        for key in keys:
+            entry = key.entry
+            if held is not None and entry not in self._queued and held(entry):
+                if entry not in self._settling:
+                    self._settling[entry] = now
+                    self.settle_waits += 1
+                continue
+            self._settling.pop(entry, None)
+            self._enqueue(entry, now)
+        if (self._queued or self._settling or self._merged) and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="nacktracker-bursts")
+
+    def _overdue(self, now: float) -> None:
+        """Forget requests whose copy is overdue: later than twice the learned lead (the path's recent
+        maximum), it went to another consumer or was lost. A request merged into such a one goes out
+        now (a duplicate at worst, never a message left behind). O(expired)."""
+        for pending, ttl in ((self._handed, _HANDED_TTL_MS), (self._in_flight, 2 * self._lead)):
+            while pending:  # oldest first
                 first = next(iter(pending))
                 if now - pending[first] < ttl:
                     break
                 del pending[first]
-        for key in keys:
-            entry = key.entry
-            if entry in in_flight and entry not in self._queued:
-                # Sent in an earlier burst and its copy has not come back: it is on its way. The broker
-                # would answer a second request by sending the whole entry again, to another consumer
-                # of a Shared subscription: a duplicate of every message in it.
-                self.in_flight_merged += 1
-                continue
-            self._queued[entry] = None  # whole entries; duplicates merge
-            handed.setdefault(entry, now)
-            in_flight.setdefault(entry, now)
-        if self._queued and self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="nacktracker-bursts")
+                if pending is self._in_flight and self._merged and first in self._merged:
+                    del self._merged[first]
+                    self._enqueue(first, now)
+
+    def _enqueue(self, entry: MessageKey, now: float) -> None:
+        """Queue ``entry`` for the next burst, unless its requested copy is still on its way."""
+        if entry in self._in_flight and entry not in self._queued:
+            # Sent in an earlier burst and its copy has not come back: it is on its way. The broker
+            # would answer a second request by sending the whole entry again, to another consumer
+            # of a Shared subscription: a duplicate of every message in it. Should that copy go
+            # elsewhere instead, this request goes out when it is overdue (_overdue).
+            self.in_flight_merged += 1
+            self._merged[entry] = None
+            return
+        self._queued[entry] = None  # whole entries; duplicates merge
+        self._handed.setdefault(entry, now)
+        self._in_flight.setdefault(entry, now)
+
+    def _settled(self) -> None:
+        """Queue the waiting requests whose entry the application no longer holds a message of, or
+        that waited :data:`SETTLE_WAIT_MS`. O(waiting requests x entry size)."""
+        now, held = _now_ms(), self.sibling_held
+        for entry, since in list(self._settling.items()):
+            timed_out = now - since >= SETTLE_WAIT_MS
+            if held is None or timed_out or not held(entry):
+                del self._settling[entry]
+                self.settle_timeouts += timed_out
+                self._enqueue(entry, now)
 
     async def aclose(self) -> None:
         """Stop sending. Keys still queued are dropped: the owner is closing
@@ -259,6 +310,8 @@ class PulsarAdapter:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         self._queued.clear()
+        self._settling.clear()
+        self._merged.clear()
 
     @property
     def queued(self) -> int:
@@ -271,7 +324,21 @@ class PulsarAdapter:
         """Send bursts while keys are queued, each ``min_gap_ms`` after the last."""
         pause = self.min_gap_ms
         try:
-            while self._queued:
+            while self._queued or self._settling or self._merged:
+                self._overdue(_now_ms())
+                if self._settling:
+                    self._settled()
+                if not self._queued:
+                    if self._settling:  # the application settles meanwhile
+                        await asyncio.sleep(self.min_gap_ms / 1000)
+                    elif self._merged and self._in_flight:  # until the oldest request is overdue
+                        oldest = next(iter(self._in_flight.values()))
+                        await asyncio.sleep(max(self.min_gap_ms, oldest + 2 * self._lead - _now_ms()) / 1000)
+                    else:  # (not in flight any more: nothing to wait for)
+                        merged, self._merged = list(self._merged), {}
+                        for entry in merged:
+                            self._enqueue(entry, _now_ms())
+                    continue
                 wait_ms = self._last_end + max(pause, self.min_gap_ms) - _now_ms()
                 if wait_ms > 0:
                     await asyncio.sleep(wait_ms / 1000)  # later keys join self._queued meanwhile

@@ -101,6 +101,17 @@ class DeliveryCore:
         return (record is not None and key.batch_index in record.nacked) or key.entry in self.requested \
             or self.is_acked(key)
 
+    def holds_sibling(self, entry: MessageKey) -> bool:
+        """Whether the application holds a message of batch ``entry`` (surfaced, not acknowledged or
+        nacked yet): a request for the entry now would make the broker send that message again, to
+        another consumer of a Shared subscription. ``False`` when the entry's size is not known.
+        O(messages in the entry)."""
+        record = self.records.get(entry)
+        if record is None or not record.size or not self.held:
+            return False
+        held, replace = self.held, entry._replace
+        return any(replace(batch_index=i) in held for i in range(record.size))
+
     def awaits_copy(self, entry: MessageKey) -> bool:
         """Whether a message of batch ``entry`` waits here for a redelivered copy or its time: nacked
         in the entry's record, or its copy parked. O(1)."""
@@ -183,10 +194,12 @@ class DeliveryCore:
             return Verdict.DROP_EARLY
         return self._surface(key, [])
 
-    def nacked(self, key: MessageKey, due_ms: Optional[int], token: Token, now_ms: float) -> None:
+    def nacked(self, key: MessageKey, due_ms: Optional[int], token: Token, now_ms: float,
+               batch_size: int = 0) -> None:
         """The application nacked ``key``; the tracker scheduled it at ``due_ms`` (``None``: it is being
-        dead-lettered and may come back at any time). Call :meth:`is_acked` first: a nack of an acknowledged
-        message must not reach the tracker (the broker would never send it)."""
+        dead-lettered and may come back at any time). ``batch_size``: messages in its entry, when known
+        (:meth:`holds_sibling`). Call :meth:`is_acked` first: a nack of an acknowledged message must not
+        reach the tracker (the broker would never send it)."""
         self._positions.cover(key[4], key[2], key[0], key[1], key[3])
         held = self.held.pop(key, None)
         tokens: list[Token] = [] if held is None or not held.tokens else held.tokens
@@ -200,6 +213,8 @@ class DeliveryCore:
         record = self.records.get(key.entry)
         if record is None:
             record = self.records[key.entry] = EntryRecord(acked=None if self._dedup is not None else set())
+        if batch_size > record.size:
+            record.size = batch_size
         release = math.ceil(now_ms) if due_ms is None else self.bucket_ms(due_ms)
         old = record.nacked.get(key.batch_index)
         if old is not None:

@@ -14,7 +14,7 @@ them too.
 
 Pure (no pulsar, no clock, no I/O). Cost: one dict item per message that was
 redelivered at least once and is not settled yet (never for a message
-delivered once and acknowledged): ``bench/retry_precision.py --memory``
+delivered once and acknowledged): ``python -m bench.retry_precision --memory``
 measures the bytes per message.
 """
 

@@ -18,7 +18,8 @@ import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
 from .._checks import check_delay_ms, check_precision
-from ..adapters.base import ClosesAsync, KnowsTopics, LearnsPathLatency, RedeliversLocally, ReportsBursts
+from ..adapters.base import (ClosesAsync, KnowsTopics, LearnsPathLatency, RedeliversLocally, ReportsBursts,
+                             WaitsForSiblings)
 from ..adapters.local import LocalRedeliveryAdapter
 from ..adapters.pulsar import PulsarAdapter, is_multi_topic
 from ..clock import Clock
@@ -114,6 +115,8 @@ class TrackedConsumer:
         else:
             self.tracker, self._counts["restored"] = self._store.load(self.adapter, tracker_options, self.core)
         self.tracker.add_fire_listener(self._on_fired)
+        if isinstance(self.adapter, WaitsForSiblings):  # a request waits while the application holds a sibling
+            self.adapter.sibling_held = self.core.holds_sibling
         self._failures = FailureHandling(self, client, schema)  # retries, dead_letter(), ack timeouts, counts
         try:
             asyncio.get_running_loop()
@@ -266,7 +269,8 @@ class TrackedConsumer:
             self._dead_letters.candidate = None
         if self._local is not None:
             self._local.nacked(key, message)
-        self.core.nacked(key, due, message, self.tracker.clock.now_ms())
+        size = batch_size(message.message_id()) if key.batch_index >= 0 and isinstance(message, pulsar.Message) else 0
+        self.core.nacked(key, due, message, self.tracker.clock.now_ms(), size)
         self._release.rearm()
 
     reconsume_later, dead_letter = reconsume_later, dead_letter  # Java's reconsumeLater; a terminal nack (failures.py)
@@ -342,6 +346,7 @@ class TrackedConsumer:
                 "snapshot_failures": self._store.failures if self._store else 0,
                 "bursts": len(self.adapter.bursts) if isinstance(self.adapter, ReportsBursts) else 0,
                 "lead_ms": self.tracker.lead_ms,
+                "settle_waits": self.adapter.settle_waits if isinstance(self.adapter, WaitsForSiblings) else 0,
                 "dedup_remembered": len(self._dedup) if self._dedup is not None else 0,
                 "locally_kept": self._local.adapter.stored if self._local is not None else 0}
 

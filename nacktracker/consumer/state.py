@@ -68,6 +68,7 @@ class EntryRecord:
     nacked: dict[int, Nacked] = field(default_factory=dict)  # batch index -> nack
     acked: Optional[set[int]] = None   # dedup=False only: indices acknowledged while the record lives
     linger_until: float = -1.0         # dedup=False only: a requested copy may arrive until then
+    size: int = 0                      # messages in the entry (0: not known)
 
 
 #: A batch index above any real one: the position ``(ledger, entry, ALL_INDICES)``

@@ -1,9 +1,11 @@
 """``nacktracker demo``: TrackedConsumer beside the client's built-in negative
 ack, on one broker, with a table of what each did.
 
-The scenarios live in :mod:`nacktracker.scenarios` (shared with the
-benchmarks); the table in :mod:`.table`. This module runs them in order
-against ``$PULSAR_URL`` or a fresh embedded broker and prints the result.
+The scenarios are :mod:`.workload`, :mod:`.precision` and :mod:`.steady`
+(``bench/pulsar_precision.py`` runs the same ones, bigger); the two consumers
+they compare are in :mod:`.sides`, what they measure with in :mod:`.measure`,
+the table in :mod:`.table`. This module runs them in order against
+``$PULSAR_URL`` or a fresh embedded broker and prints the result.
 """
 
 from __future__ import annotations
@@ -16,14 +18,13 @@ import sys
 import time
 from typing import Any, Optional
 
-from ..scenarios import (BUILTIN, CLOSE_GRACE_S, TRACKED, Progress, produce, run_precision, run_steady_stream,
-                         run_workload, summarize)
-from .table import HEADERS, NOTE, RichProgress, print_rich, render_text, table_rows, table_sections
+from .measure import CLOSE_GRACE_S, Progress
+from .precision import run_precision
+from .steady import run_steady_stream
+from .workload import run_workload
+from .table import RichProgress, print_rich, render_text
 
-# The scenario names stay importable from here for code written against the
-# single-module demo (bench/pulsar_precision.py); new code imports nacktracker.scenarios.
-__all__ = ["run_demo", "main", "run_workload", "run_precision", "run_steady_stream", "produce", "summarize",
-           "table_sections", "table_rows", "render_text", "HEADERS", "NOTE", "TRACKED", "BUILTIN", "CLOSE_GRACE_S"]
+__all__ = ["run_demo", "main"]
 
 
 async def run_demo(url: str, quick: bool = False, progress: Optional[Progress] = None) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..scenarios.harness import BUILTIN, TRACKED
+from .measure import BUILTIN, TRACKED
 
 __all__ = ["HEADERS", "NOTE", "Section", "table_sections", "table_rows", "render_text", "RichProgress",
            "print_rich"]

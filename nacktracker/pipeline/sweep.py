@@ -27,7 +27,7 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
-from .. import workloads
+from . import memory_experiment
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -36,7 +36,7 @@ __all__ = ["SweepConfig", "grid", "workload", "measure", "measure_fresh", "run_s
            "seed_estimate", "INDEXES", "COLUMNS"]
 
 INDEXES = ("TimeBucketIndex", "DictIndex", "HeapIndex")
-seed_estimate, workload = workloads.seed_estimate, workloads.workload
+seed_estimate, workload = memory_experiment.seed_estimate, memory_experiment.workload
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ def grid(xs: Sequence[int], ys: Sequence[int], entries: Sequence[int], shares: S
 
 def measure(cfg: SweepConfig) -> dict[str, Any]:
     """Build one index in this process and measure it (bench/memory.py's row)."""
-    return workloads.measure(cfg.index, cfg.workload, cfg.messages, cfg.x, cfg.y, cfg.entries_per_ledger, cfg.share)
+    return memory_experiment.measure(cfg.index, cfg.workload, cfg.messages, cfg.x, cfg.y, cfg.entries_per_ledger, cfg.share)
 
 
 def measure_fresh(cfg: SweepConfig) -> dict[str, Any]:
@@ -124,10 +124,10 @@ def table(rows: list[dict[str, Any]]) -> str:
         entries = r.get("entries_per_ledger", 50_000)
         java: object = None
         if seq and entries == 50_000:
-            java = workloads.JAVA_MB.get((r["x"], r["y"]))
+            java = memory_experiment.JAVA_MB.get((r["x"], r["y"]))
         elif r["index"] == "HeapIndex":
-            java = f"{workloads.JAVA_HEAP_MB:g} (heap of triples)"
-        est = workloads.seed_estimate(r["x"], r["y"], entries) if seq else None
+            java = f"{memory_experiment.JAVA_HEAP_MB:g} (heap of triples)"
+        est = memory_experiment.seed_estimate(r["x"], r["y"], entries) if seq else None
         floor = r["rss_growth"] < 2**20
         cells = [r["index"], r["workload"], str(r["x"]), f"{r['y']} ({1 << r['y']:,} ms)", f"{r['messages']:,}",
                  f"{entries:,}", f"{r.get('share', 1.0):g}", f"{r['nbytes_per_msg']:.3f}",

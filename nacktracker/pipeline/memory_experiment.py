@@ -1,6 +1,7 @@
-"""Seed 000's memory experiment, shared by ``bench/memory.py`` and the Spark
-``nacktracker sweep``: the workloads, the measurement of one configuration,
-the seed's analytic estimate and Java's published figures, and the table.
+"""Seed 000's memory experiment, run by the Spark ``nacktracker sweep`` (and by
+``bench/memory.py``, which prints its own table): the workloads, the
+measurement of one configuration, the seed's analytic estimate and Java's
+published figures.
 
 Workloads (seed 000, "Experimental verification"):
 
@@ -19,7 +20,7 @@ import random
 import time
 from typing import Any, Iterator
 
-__all__ = ["JAVA_MB", "JAVA_HEAP_MB", "seed_estimate", "workload", "rss_bytes", "measure", "table"]
+__all__ = ["JAVA_MB", "JAVA_HEAP_MB", "seed_estimate", "workload", "rss_bytes", "measure"]
 
 #: Java's measured figures for 10M messages, seed 000 (MB).
 JAVA_MB = {(1, 10): 25.0, (4, 10): 20.48, (8, 10): 11.0, (8, 15): 2.25}
@@ -96,29 +97,3 @@ def measure(index: str, kind: str, messages: int, x: int, y: int,
         row["buckets"] = idx.bucket_count()
         row["bitmaps"] = idx.bitmap_count()
     return row
-
-
-def table(rows: list[dict[str, Any]], grid_columns: bool = False) -> str:
-    """The memory table; ``grid_columns`` adds entries/ledger and share (the sweep's)."""
-    head = ("| index | workload | x | y | messages | nbytes B/msg | RSS B/msg | total MB (RSS) "
-            "| seed estimate B/msg | Java MB (seed 000) |")
-    if grid_columns:
-        head += " entries/ledger | share |"
-    lines = [head, "|" + "---|" * head.count(" |")]
-    if rows and min(r["messages"] for r in rows) < 5_000_000:
-        lines.insert(0, "RSS is page-granular: below ~1 MB of growth trust nbytes more than RSS.\n")
-    for r in rows:
-        seq = r["index"] == "TimeBucketIndex" and r["workload"] == "sequential"
-        java: float | str | None = None
-        if seq and r.get("entries_per_ledger", 50_000) == 50_000:
-            java = JAVA_MB.get((r["x"], r["y"]))
-        elif r["index"] == "HeapIndex":
-            java = f"{JAVA_HEAP_MB} (heap of triples)"
-        est = seed_estimate(r["x"], r["y"], r.get("entries_per_ledger", 50_000)) if seq else None
-        line = (f"| {r['index']} | {r['workload']} | {r['x']} | {r['y']} | {r['messages']:,} "
-                f"| {r['nbytes_per_msg']:.3f} | {r['rss_per_msg']:.3f} | {r['rss_growth'] / 2**20:.1f} "
-                f"| {'' if est is None else f'{est:.3f}'} | {'' if java is None else java} |")
-        if grid_columns:
-            line += f" {r['entries_per_ledger']:,} | {r['share']:g} |"
-        lines.append(line)
-    return "\n".join(lines)

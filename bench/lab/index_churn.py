@@ -14,8 +14,8 @@ allocators keep after churn (partly used pymalloc pools and free glibc
 chunks), not what the index holds. The DictIndex figure is its own
 ``--one`` run (its memory does not depend on ``bits``).
 
-    python bench/index_churn.py                      # the grid's tightest cells, bits 0
-    python bench/index_churn.py --cell backoff 3 16 10 --bits 8
+    python -m bench.lab.index_churn                      # the grid's tightest cells, bits 0
+    python -m bench.lab.index_churn --cell backoff 3 16 10 --bits 8
 """
 
 from __future__ import annotations
@@ -25,13 +25,10 @@ import array
 import gc
 import json
 import os
-import subprocess
 import sys
 from dataclasses import asdict
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import index_grid as grid  # noqa: E402
+from bench import index_grid as grid, run_module
 
 CELLS = [("backoff", 1, 16, 10), ("backoff", 3, 16, 10), ("uniform", 3, 16, 100), ("uniform", 3, 1, 1000)]
 
@@ -73,16 +70,15 @@ def settled(cell: grid.Cell, bits: int, target_pending: int) -> dict:
             "nbytes_per_pending": sum(i.nbytes() for i in indexes) / max(1, pending)}
 
 
-def _fresh(args: list[str]) -> dict:
-    out = subprocess.run([sys.executable, *args], check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def _fresh(module: str, *args: str) -> dict:
+    return json.loads(run_module(module, *args).stdout.strip().splitlines()[-1])
 
 
 def compare(cell: grid.Cell, bits: int, target_pending: int) -> dict:
     spec = json.dumps(asdict(cell))
-    churned = _fresh([str(Path(grid.__file__)), "--one", "TimeBucketIndex", spec, str(bits), str(target_pending)])
-    calm = _fresh([__file__, "--settled", spec, str(bits), str(target_pending)])
-    base = _fresh([str(Path(grid.__file__)), "--one", "DictIndex", spec, "0", str(target_pending)])
+    churned = _fresh("bench.index_grid", "--one", "TimeBucketIndex", spec, str(bits), str(target_pending))
+    calm = _fresh("bench.lab.index_churn", "--settled", spec, str(bits), str(target_pending))
+    base = _fresh("bench.index_grid", "--one", "DictIndex", spec, "0", str(target_pending))
     if calm["pending"] != churned["pending"]:
         raise AssertionError(f"settled build holds {calm['pending']}, the live run {churned['pending']}")
     return {"cell": cell.label(), "bits": bits, "pending": churned["pending"],

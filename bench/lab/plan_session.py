@@ -1,7 +1,7 @@
 """What the driver JVM's class archive saves: a Spark session start and the
 first validation scan, with and without ``plan``'s caches, side by side.
 
-    python bench/plan_session.py /tmp/nacktracker-plan-speed/4m-2000 --repeats 2
+    python -m bench.lab.plan_session /tmp/nacktracker-plan-speed/4m-2000 --repeats 2
 
 Each run is a fresh process (``NACKTRACKER_CACHE=0`` for "off"; "on" uses
 the cache as ``plan`` does, so run ``plan`` once first: the first run with

@@ -5,7 +5,7 @@ bytes that frees (C heap + pymalloc) are what the indexes really held;
 first their live bitmaps alone ("live_held", beside what ``nbytes()``
 counts for them: "live_nbytes").
 
-    python bench/heap_breakdown.py '{"delays": "uniform", "k": 3, "ledgers": 1, "rate": 1000, "seconds": 70}' 0
+    python -m bench.lab.heap_breakdown '{"delays": "uniform", "k": 3, "ledgers": 1, "rate": 1000, "seconds": 70}' 0
 
 The cell plays as in ``bench/index_grid.py`` (same warm-up, baseline and
 driver). Linux/glibc only.
@@ -19,11 +19,9 @@ import os
 import re
 import sys
 import tempfile
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import index_grid as grid  # noqa: E402
-from roaring_bytes import mallinfo  # noqa: E402
+from bench import index_grid as grid
+from bench.roaring_bytes import mallinfo
 
 
 def heap() -> tuple[int, int, int]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pulsar
 
-from .harness import now_ms
+from .measure import now_ms
 from .sides import SIDES, Side, SideOptions, open_side
 
 __all__ = ["start", "serve", "prefetched", "close_all"]
@@ -22,7 +22,7 @@ async def serve(side: Side, fresh: "asyncio.Queue[pulsar.Message]") -> None:
     the previous ack's round trip through the client (a loop iteration or
     two, more under load): the error measures when the consumer hands a
     redelivery over, not this loop's own acks. Measured with
-    ``bench/precision_diagnose.py`` ("c1"): awaiting every ack before the next
+    ``bench/lab/precision_diagnose.py`` ("c1"): awaiting every ack before the next
     receive spread a wave of 20 released together over 5-8 ms idle and up to
     30 ms with the CPU busy, for either side. A failed ack ends serving (with
     its error), as it did when awaited in line."""

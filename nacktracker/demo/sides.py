@@ -23,7 +23,7 @@ import pulsar.asyncio as pulsar_asyncio
 
 from ..consumer import TrackedConsumer, subscribe
 from ..consumer.pump import ReceivePump
-from .harness import BUILTIN, SIDES, TRACKED, ErrorSummary, now_ms, summarize
+from .measure import BUILTIN, SIDES, TRACKED, ErrorSummary, now_ms, summarize
 
 __all__ = ["TRACKED", "BUILTIN", "SIDES", "Side", "SideOptions", "Redeliveries", "TrackedSide", "BuiltinSide",
            "open_side", "open_client", "produce", "quietly", "topic_name"]

@@ -20,7 +20,7 @@ import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
 from ..backoff import MultiplierBackoff
-from .harness import Progress, now_ms, report, stop, summarize
+from .measure import Progress, now_ms, report, stop, summarize
 from .sides import BUILTIN, SIDES, TRACKED, Side, SideOptions, open_side, produce, quietly, topic_name
 
 __all__ = ["run_workload", "failure_plan", "ALWAYS"]

@@ -6,7 +6,7 @@ import asyncio
 import random
 from typing import Any, Optional
 
-from .harness import BUILTIN, Progress, now_ms, report, stop, wait_until
+from .measure import BUILTIN, Progress, now_ms, report, stop, wait_until
 from .pair import close_all, prefetched, start
 from .sides import Side, SideOptions, produce, topic_name
 
@@ -34,7 +34,7 @@ async def run_steady_stream(url: str, *, delay_ms: int = 200, period_ms: tuple[f
     Why: the built-in side starves until its stream stops, then receives and
     acks all its ~300 redeliveries at once, in this process, on this loop.
     Stopping both together put that flood on the tracked side's last
-    ``delay_ms`` of due copies: measured with ``bench/precision_diagnose.py
+    ``delay_ms`` of due copies: measured with ``bench/lab/precision_diagnose.py
     --only steady --cpu-hog``, the worst tracked errors of a run (+14 to +28
     ms) were copies due within 0-100 ms of the flood's start, parked in time
     and released late because the loop was busy with the other side. The

@@ -1,9 +1,9 @@
 """The ``plan`` kernel alone, without Spark: where its time goes, and whether
 two checkouts compute the same figures.
 
-    python bench/plan_kernel.py /tmp/nacktracker-plan-speed/4m-2000 --consumers 200 --profile
-    PYTHONPATH=/tmp/base python bench/plan_kernel.py TRACE --save /tmp/base.pkl
-    python bench/plan_kernel.py TRACE --compare /tmp/base.pkl
+    python -m bench.lab.plan_kernel /tmp/nacktracker-plan-speed/4m-2000 --consumers 200 --profile
+    PYTHONPATH=/tmp/base:. python -P -m bench.lab.plan_kernel TRACE --save /tmp/base.pkl  # /tmp/base's package
+    python -m bench.lab.plan_kernel TRACE --compare /tmp/base.pkl
 
 Reads a trace's ``nack`` rows with pyarrow (the first ``--consumers`` by name,
 default all), spreads the consumers over 8 partitions and cuts them into

@@ -6,7 +6,7 @@ import asyncio
 import random
 from typing import Any, Optional
 
-from .harness import Progress, now_ms, report, stop, wait_until
+from .measure import Progress, now_ms, report, stop, wait_until
 from .pair import close_all, prefetched, start
 from .sides import Side, SideOptions, produce, topic_name
 

@@ -31,7 +31,7 @@ task on the same loop overslept by more than 3 ms (the loop's own stalls: what
 no timer in the process can beat). Like the bench, freezes the start-up heap
 (``--no-gc-freeze``: not).
 
-    python bench/precision_diagnose.py [--cpu-hog] [--runs N] [--late-ms 5] [--rows N] [--no-gc-freeze]
+    python -m bench.lab.precision_diagnose [--cpu-hog] [--runs N] [--late-ms 5] [--rows N] [--no-gc-freeze]
                                        [--only steady|precision] [--overrun-ms N]
 
 ``--only`` runs one kind of scenario (the steady stream alone takes ~10 s).
@@ -52,20 +52,19 @@ import os
 import sys
 import time
 from collections import Counter, defaultdict
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pulsar
+import pulsar.asyncio as pa
+from bench.pulsar_precision import cpu_hog
 
-import pulsar  # noqa: E402
-import pulsar.asyncio as pa  # noqa: E402
-from pulsar_precision import cpu_hog  # noqa: E402
-
-from nacktracker.adapters import pulsar as adapter_mod  # noqa: E402
-from nacktracker.consumer import core as core_mod  # noqa: E402
-from nacktracker.consumer.core import Verdict  # noqa: E402
-from nacktracker.scenarios import run_precision, run_steady_stream, sides as sides_mod  # noqa: E402
-from nacktracker.testing import pulsar_service  # noqa: E402
+from nacktracker.adapters import pulsar as adapter_mod
+from nacktracker.consumer import core as core_mod
+from nacktracker.consumer.core import Verdict
+from nacktracker.demo import sides as sides_mod
+from nacktracker.demo.precision import run_precision
+from nacktracker.demo.steady import run_steady_stream
+from nacktracker.testing import pulsar_service
 
 
 def now() -> float:

@@ -4,10 +4,10 @@ Issue 12's fifth round made ``TimeBucketIndex.nbytes()`` count each
 allocation as pymalloc/malloc take it (``held_size``) and the live bitmap at
 the capacity CRoaring grows it to; before, it summed ``sys.getsizeof`` and
 bitmaps at their size. To compare a seed-table row with one measured before
-that change, this builds the row's index (as ``bench/memory.py --one``
+that change, this builds the row's index (as ``python -m bench.memory --one``
 does) and prints ``nbytes()`` both ways, per message.
 
-    python bench/nbytes_accounting.py --x 1 --y 15 [--workload sequential] [--messages 10000000]
+    python -m bench.lab.nbytes_accounting --x 1 --y 15 [--workload sequential] [--messages 10000000]
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 
 import nacktracker
 from nacktracker.index import _bytes, _views
-from nacktracker.workloads import workload
+from nacktracker.pipeline.memory_experiment import workload
 
 
 def main(argv=None) -> int:
