@@ -8,7 +8,7 @@ lives below it (:class:`~nacktracker.adapters.PulsarAdapter`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence, runtime_checkable
 
 from ..keys import MessageKey
 
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from .local import HandBack
 
 __all__ = ["RedeliveryAdapter", "LearnsPathLatency", "KnowsTopics", "ReportsBursts", "RedeliversLocally",
-           "ClosesAsync"]
+           "ClosesAsync", "WaitsForSiblings"]
 
 
 @runtime_checkable
@@ -49,7 +49,7 @@ class RedeliveryAdapter(Protocol):
     with ``isinstance`` once, when it is made, and uses what the adapter has:
     :class:`LearnsPathLatency` (``arrived``, ``awaiting_arrivals``,
     ``forget_handed``), :class:`KnowsTopics` (``multi_topic``),
-    :class:`ReportsBursts` (``bursts``) and :class:`RedeliversLocally` (the
+    :class:`ReportsBursts` (``bursts``), :class:`WaitsForSiblings` (``sibling_held``, ``settle_waits``) and :class:`RedeliversLocally` (the
     adapter keeps nacked messages and hands them back itself); ``aclose`` is
     :class:`ClosesAsync`.
     """
@@ -117,3 +117,12 @@ class ClosesAsync(Protocol):
     """An adapter with resources to release: its owner awaits ``aclose()`` (the tracker never does)."""
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class WaitsForSiblings(Protocol):
+    """An adapter that holds a due batch entry back while the application holds another message of it
+    (``sibling_held(entry)``, set by the consumer), and counts those waits (``stats()["settle_waits"]``)."""
+
+    sibling_held: Optional[Callable[[MessageKey], bool]]
+    settle_waits: int
