@@ -41,16 +41,6 @@ def _module_name(path: Path) -> str:
 FILES = {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
 PACKAGES = {name for name, path in FILES.items() if path.name == "__init__.py"}
 
-#: Imports of the index's private modules from outside it, until the index has its public layout API
-#: (the index rewrite of the house issue). The lead removes this list when that lands.
-INDEX_LAYOUT_PENDING = {
-    "nacktracker.dedup": "its size accounting uses the index's roaring bitmap size (index._bytes)",
-    "nacktracker.pipeline.memory_model": "rebuilds the index layout in numpy (index._bytes, _parts, _views)",
-    "nacktracker.pipeline.dense_cells": "the index's dense-cell listing rules (index._parts)",
-    "nacktracker.pipeline.stream": "the live bitmap's entry-id width (index._parts)",
-}
-
-
 def package_of(module: str) -> str:
     return module if module in PACKAGES else module.rpartition(".")[0]
 
@@ -134,14 +124,8 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_no_module_imports_another_packages_private_names(module):
     own = package_of(module)
     bad = [f"line {line}: {name}" for line, name in imports(module)
-           if (owner := private_owner(name)) is not None and not (own == owner or own.startswith(owner + "."))
-           and not (module in INDEX_LAYOUT_PENDING and owner == "nacktracker.index")]
+           if (owner := private_owner(name)) is not None and not (own == owner or own.startswith(owner + "."))]
     assert not bad, f"{module} imports private names of another package: {bad}"
-
-
-def test_the_pending_index_exceptions_are_still_needed():
-    for module in INDEX_LAYOUT_PENDING:
-        assert any(private_owner(name) == "nacktracker.index" for _, name in imports(module)), module
 
 
 def test_the_rules_catch_what_they_name():

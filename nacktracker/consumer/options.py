@@ -11,7 +11,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Literal, Optional, TypedDict, Union
 
-from .._checks import MAX_DUE, check_default_delay, check_delay_ms, check_int, check_precision
+from .._checks import MAX_DUE, check_default_delay, check_delay_ms, check_int
+from ..precision import Precision
 
 __all__ = ["ConsumerOptions", "ConsumerOptionsDict", "Redelivery", "SnapshotOnError", "check_timeout_ms",
            "unknown_option", "REDELIVERY_MODES", "CLIENT_RECEIVER_QUEUE_SIZE"]
@@ -68,7 +69,7 @@ class ConsumerOptions:
                 raise unknown_option("TrackedConsumer", name, cls.__dataclass_fields__)
         o = dict(options)
         o["delay_ms"] = check_default_delay("delay_ms", o.get("delay_ms", 60_000))
-        check_precision(o.get("precision_bits", 0), "floor")
+        Precision.of(o.get("precision_bits", 0))
         for name in ("lead_ms", "min_gap_ms"):
             if o.get(name) is not None:
                 check_delay_ms(name, o[name])
