@@ -56,6 +56,20 @@ async def test_fires_exactly_at_the_bucket_time(bits, rounding):
     assert tracker.pending == 0 and tracker.next_fire_ms() is None
 
 
+async def test_one_timer_armed_at_the_earliest_bucket_whatever_the_adds():
+    """The design's one timer: however nacks arrive (earlier, later, equal), the clock holds
+    exactly one armed timer, at the earliest bucket; after every fire, the next one."""
+    tracker, adapter, clock = make(precision_bits=0)
+    for delay in (5000, 3000, 3000, 7000, 100, 2500, 100):
+        tracker.add(K(delay + len(adapter.calls)), delay_ms=delay)
+        assert clock.timers() == [tracker.next_fire_ms()]
+    while tracker.pending:
+        clock.advance_to(clock.timers()[0])
+        await settle()
+        assert clock.timers() == ([tracker.next_fire_ms()] if tracker.pending else [])
+    assert sorted(k.entry_id for k in adapter.redelivered) == sorted(d for d in (5000, 3000, 7000, 100, 2500))
+
+
 async def test_an_earlier_add_pulls_the_timer_earlier_and_a_later_one_does_not():
     tracker, adapter, clock = make(precision_bits=0)
     t0 = clock.now_ms()
