@@ -350,7 +350,7 @@ async def test_boundary_errors_change_nothing(harness):
         await h.consumer.negative_acknowledge(m, delay_ms=-1)
     with pytest.raises(TypeError):
         await h.consumer.negative_acknowledge(MessageKey(1, 2))
-    with pytest.raises(TypeError, match="unknown TrackedConsumer option"):
+    with pytest.raises(TypeError, match=r"TrackedConsumer\(\) got an unexpected keyword argument .delay.: did you mean delay_ms"):
         TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock, delay=5)
     with pytest.raises(ValueError, match="dedup_capacity needs dedup"):
         TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock, dedup=False, dedup_capacity=5)

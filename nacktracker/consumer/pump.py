@@ -67,10 +67,10 @@ class ReceivePump:
         self._admit = admit
         self._prefetch = prefetch
         self._on_resume = on_resume
-        self._items: deque = deque()  # messages for the application, then _STOP once stopped
-        self._receivers: deque = deque()  # futures of receivers waiting for a message, in arrival order
-        self._space: Optional[asyncio.Future] = None  # the pump waiting for the application to take some
-        self.task: Optional[asyncio.Task] = None
+        self._items: deque[Any] = deque()  # messages for the application, then _STOP once stopped
+        self._receivers: deque[asyncio.Future[Any]] = deque()  # futures of receivers waiting, in arrival order
+        self._space: Optional[asyncio.Future[None]] = None  # the pump waiting for the application to take some
+        self.task: Optional[asyncio.Task[None]] = None
         self.error: Optional[BaseException] = None
         self.received = 0
         self.expect_failure = False  # closing or unsubscribing: a failing receive() is no news

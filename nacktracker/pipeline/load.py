@@ -18,10 +18,14 @@ import glob
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..events import (COLUMN_TYPES, COLUMNS, KINDS, NON_NEGATIVE_COLUMNS, NOT_NULL_COLUMNS, ColumnTypeError,
                       EmptyTraceError, TraceError, check_schema, check_stats)
+
+if TYPE_CHECKING:  # pyarrow and pyspark are imported where they are used (the `spark` extra)
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
 __all__ = ["TraceSummary", "read_events", "summarize", "load_trace", "check_trace_path", "UNNAMED", "FORMATS"]
 
@@ -92,7 +96,7 @@ def check_trace_path(path: str, fmt: str = "auto") -> None:
             raise TraceError(f"{f}: not a Parquet file; plan reads {FORMATS}")
 
 
-def _spark_logical(dt) -> str:
+def _spark_logical(dt: Any) -> str:
     from pyspark.sql import types as T
 
     if isinstance(dt, (T.LongType, T.IntegerType, T.ShortType, T.ByteType)):
@@ -101,7 +105,7 @@ def _spark_logical(dt) -> str:
         return "integer"
     if isinstance(dt, (T.StringType, T.NullType)):
         return "string" if isinstance(dt, T.StringType) else "null"
-    return dt.simpleString()
+    return str(dt.simpleString())
 
 
 def _is_local_path(path: str) -> bool:
@@ -121,7 +125,7 @@ def _data_files(local: str) -> list[str]:
     return out
 
 
-def _parquet_schema(paths: list[str]):
+def _parquet_schema(paths: list[str]) -> StructType:
     """Check every Parquet file's own columns (its footer, not the Spark schema
     a writer may have left in its metadata) and return the Spark schema to read
     them all with: each known column present, integers at the widest width
@@ -195,11 +199,11 @@ def footer_stats(paths: list[str]) -> dict[str, dict[str, Optional[int]]]:
                 continue
             for g in range(meta.num_row_groups):
                 chunk = meta.row_group(g).column(j)
-                st = chunk.statistics
+                st: Any = chunk.statistics  # Any: pyarrow-stubs 20 have no has_null_count
                 if st is None or not st.has_null_count:
                     del out[c]
                     break
-                out[c]["nulls"] += st.null_count
+                out[c]["nulls"] = (out[c]["nulls"] or 0) + st.null_count
                 if not st.has_min_max:
                     if st.null_count == chunk.num_values:  # all null: no minimum or maximum
                         continue
@@ -227,7 +231,7 @@ def one_line_read_error(exc: BaseException, path: str) -> TraceError:
     return TraceError(f"{path}: cannot read the log: {first[:300]}")
 
 
-def read_events(spark, path: str, fmt: str = "auto"):
+def read_events(spark: SparkSession, path: str, fmt: str = "auto") -> DataFrame:
     """Open a trace and check its schema. Returns a DataFrame with the
     :data:`~nacktracker.events.COLUMNS` that are present, integer columns cast
     to their on-disk width and a null ``consumer`` named :data:`UNNAMED`.
@@ -287,7 +291,7 @@ def read_events(spark, path: str, fmt: str = "auto"):
     return df.select(*cols, *raw)
 
 
-def summarize(events, path: str, known: Optional[dict[str, dict[str, Optional[int]]]] = None) -> TraceSummary:
+def summarize(events: DataFrame, path: str, known: Optional[dict[str, dict[str, Optional[int]]]] = None) -> TraceSummary:
     """Check values (nulls, negatives, kinds, empty) in one pass; return counts.
 
     One ``groupBy(consumer, kind)`` aggregation of counts and minima (the
@@ -342,22 +346,22 @@ def summarize(events, path: str, known: Optional[dict[str, dict[str, Optional[in
     kinds = {k: sum(r["rows"] for r in rows if r["kind"] == k) for k in KINDS}
     consumers: dict[str, dict[str, int]] = {}
     for r in rows:
-        c = consumers.setdefault(r["consumer"], {"events": 0, "nacks": 0, "redeliver": 0, "dead_letter": 0,
-                                                 "first_ms": r["min_ts_ms"], "last_ms": r["last_ms"],
-                                                 "last_due_ms": r["last_due_ms"]})
-        c["events"] += r["rows"]
-        c["nacks" if r["kind"] == "nack" else r["kind"]] += r["rows"]
-        c["first_ms"] = min(c["first_ms"], r["min_ts_ms"])
-        c["last_ms"] = max(c["last_ms"], r["last_ms"])
+        seen = consumers.setdefault(r["consumer"], {"events": 0, "nacks": 0, "redeliver": 0, "dead_letter": 0,
+                                                    "first_ms": r["min_ts_ms"], "last_ms": r["last_ms"],
+                                                    "last_due_ms": r["last_due_ms"]})
+        seen["events"] += r["rows"]
+        seen["nacks" if r["kind"] == "nack" else r["kind"]] += r["rows"]
+        seen["first_ms"] = min(seen["first_ms"], r["min_ts_ms"])
+        seen["last_ms"] = max(seen["last_ms"], r["last_ms"])
         if r["kind"] == "nack":
-            c["last_due_ms"] = max(c["last_due_ms"], r["last_due_ms"])
+            seen["last_due_ms"] = max(seen["last_due_ms"], r["last_due_ms"])
     maxima = {c: known[c]["max"] if c in known else
               max((r[f"max_{c}"] for r in rows if r[f"max_{c}"] is not None), default=None)
               for c in ("ledger_id", "entry_id")}
     return TraceSummary(path=path, rows=stats["rows"], kinds=kinds, consumers=consumers, maxima=maxima)
 
 
-def load_trace(spark, path: str, fmt: str = "auto") -> tuple:
+def load_trace(spark: SparkSession, path: str, fmt: str = "auto") -> tuple[DataFrame, TraceSummary]:
     """:func:`read_events` + :func:`summarize`: ``(events DataFrame, TraceSummary)``;
     for local Parquet, the columns the files' statistics cover are checked
     from those (:func:`footer_stats`), so the validation pass reads four

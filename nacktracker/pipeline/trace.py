@@ -27,8 +27,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..events import COLUMNS, COLUMN_TYPES
+
+
+if TYPE_CHECKING:  # pyspark is imported where it is used (the `spark` extra)
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 __all__ = ["TraceSpec", "generate_trace", "trace_frame"]
 
@@ -68,11 +73,11 @@ class TraceSpec:
             if not ok:
                 raise ValueError(f"trace: bad {name}={getattr(self, name)!r}")
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def trace_frame(spark, spec: TraceSpec, partitions: int | None = None):
+def trace_frame(spark: SparkSession, spec: TraceSpec, partitions: int | None = None) -> DataFrame:
     """The trace as a lazy DataFrame with the event log's columns and types."""
     from pyspark.sql import functions as F
 
@@ -83,7 +88,7 @@ def trace_frame(spark, spec: TraceSpec, partitions: int | None = None):
     i = F.floor(F.col("id") / C).cast("long")
     seed = F.lit(spec.seed)
 
-    def uniform(*salt) -> "F.Column":
+    def uniform(*salt: int) -> Column:
         # a deterministic uniform [0, 1) per row and salt (Spark's murmur3 hash)
         h = F.xxhash64(seed, F.col("id"), *[F.lit(s) for s in salt])
         return F.pmod(h, F.lit(1 << 30)).cast("double") / float(1 << 30)
@@ -95,7 +100,7 @@ def trace_frame(spark, spec: TraceSpec, partitions: int | None = None):
     # per consumer, in a table of C rows joined by broadcast (a hash lookup per row).
     few = C <= _LITERAL_CONSUMERS
 
-    def per_consumer(values, type_name):
+    def per_consumer(values: Sequence[object], type_name: str) -> Column:
         return F.element_at(F.array(*[F.lit(v).cast(type_name) for v in values]), (cid + 1).cast("int"))
 
     # per-consumer rate: a geometric spread from rate to rate * spread
@@ -150,7 +155,7 @@ def trace_frame(spark, spec: TraceSpec, partitions: int | None = None):
     return df.select(*[columns[c].cast(spark_type[COLUMN_TYPES[c]]).alias(c) for c in COLUMNS])
 
 
-def generate_trace(spark, spec: TraceSpec, out: str, fmt: str = "parquet", overwrite: bool = False,
+def generate_trace(spark: SparkSession, spec: TraceSpec, out: str, fmt: str = "parquet", overwrite: bool = False,
                    files: int | None = None) -> None:
     """Write a synthetic trace to ``out`` (a directory of Parquet or JSON Lines files)."""
     if fmt not in ("parquet", "jsonl"):
