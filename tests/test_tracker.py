@@ -1017,3 +1017,12 @@ async def test_stats_and_events_of_a_worked_case(monkeypatch):
         NackEvent(ts, "redeliver", 7, 3, 0, 0, -1, -1, None, "c1"),
     ]
     await tracker.close()
+
+
+async def test_asking_whether_unknown_messages_are_pending_allocates_nothing():
+    tracker, _, _ = make(precision_bits=0)
+    tracker.add(K(1), delay_ms=10)
+    before = tracker.nbytes()
+    assert not any(K(1, ledger=100 + i) in tracker for i in range(200))
+    assert K(1) in tracker and tracker.nbytes() == before
+    await tracker.close()
