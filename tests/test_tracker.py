@@ -346,7 +346,7 @@ async def test_a_failing_event_hook_does_not_break_add(caplog):
 
     tracker, _, _ = make(on_event=boom)
     tracker.add(K(1))
-    assert tracker.pending == 1 and "on_event hook failed" in caplog.text
+    assert tracker.pending == 1 and [r.getMessage() for r in caplog.records] == ["on_event hook failed"]
 
 
 # -- threads and the real loop ----------------------------------------------------------
@@ -974,7 +974,7 @@ async def test_a_lead_ms_that_turns_invalid_is_logged_once_and_the_last_valid_on
     await tracker.close()
 
 
-async def test_stats_and_events_of_a_worked_case(monkeypatch):
+async def test_stats_and_events_of_a_worked_case(monkeypatch, caplog):
     """Every counter and gauge, and every event field, through nacks in two
     origins, a dead letter, a failed adapter call and its retry."""
     import nacktracker.tracker as tracker_module
@@ -1002,6 +1002,8 @@ async def test_stats_and_events_of_a_worked_case(monkeypatch):
     clock.advance(10)
     await settle()
     assert adapter.redelivered == [one, two, three]
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        "redeliver of 2 messages failed (AdapterError('injected failure')); retrying in 10 ms"]
     s = tracker.stats()
     assert s == {"pending": 0, "unsent": 0, "buckets": 0, "bitmaps": 0, "nbytes": tracker.nbytes(), "nacks": 3,
                  "redelivered": 3, "dead_lettered": 1, "dead_letter_failures": 0, "failures": 1, "fires": 2,
@@ -1026,3 +1028,23 @@ async def test_asking_whether_unknown_messages_are_pending_allocates_nothing():
     assert not any(K(1, ledger=100 + i) in tracker for i in range(200))
     assert K(1) in tracker and tracker.nbytes() == before
     await tracker.close()
+
+
+async def test_each_dead_letter_is_counted_and_finished_async_ones_are_not_kept():
+    tracker = NegativeAcksTracker(MemoryAdapter(), clock=ManualClock(), precision_bits=0, max_redeliveries=1,
+                                  on_dead_letter=lambda key: None)
+    for entry in (1, 2, 3):
+        tracker.add(K(entry), redelivery_count=1)
+    assert tracker.stats()["dead_lettered"] == 3
+
+    async def dlq(key):
+        await asyncio.sleep(0)
+
+    tracker2 = NegativeAcksTracker(MemoryAdapter(), clock=ManualClock(), precision_bits=0, max_redeliveries=1,
+                                   on_dead_letter=dlq)
+    for entry in (1, 2, 3):
+        tracker2.add(K(entry), redelivery_count=1)
+    await settle()
+    assert tracker2.stats()["dead_lettered"] == 3 and not tracker2._side_tasks  # nothing held per finished one
+    await tracker.close()
+    await tracker2.close()
