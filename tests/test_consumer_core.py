@@ -984,3 +984,23 @@ def test_a_blind_restored_entry_parks_each_message_of_its_copy_until_the_last_on
     core.note_position(TOPIC, -1, 1, 1)
     pending.add(other.entry)
     assert core.arrive(other, 2, other, 101) == E  # a blind entry still pending: its bucket asks again
+
+
+def test_a_request_takes_back_a_parked_copy_of_batch_index_0_with_its_copies():
+    """The same with the first message of the entry parked: it goes back to the entry's record as
+    answered by the coming copy (fired), and the copy it held is acked with it in the end."""
+    core, _ = make()
+    m = [key(0, i, 2) for i in range(2)]
+    deliver(core, m, 0)
+    core.nacked(m[1], 500, m[1], 0)
+    core.nacked(m[0], 2000, "0#1", 0)
+    core.fired(500, [m[0].entry], 470)
+    assert [core.arrive(k, 0, f"{k.batch_index}#2", 480) for k in m] == [P, P]
+    assert core.release(500) == ["1#2"]
+    core.nacked(m[1], 900, "1#2", 500)
+    core.fired(900, [m[0].entry], 870)
+    assert not core.parked and sorted(core.pending_batch_nacks()) == [(m[0].entry, 0, 2000, True),
+                                                                      (m[0].entry, 1, 900, True)]
+    assert core.release(2000) == []
+    assert [core.arrive(k, 0, f"{k.batch_index}#3", 2010) for k in m] == [S, S]
+    assert sorted(core.acked(m[0], 2011).tokens) == ["0#1", "0#2"]
