@@ -40,9 +40,9 @@ lint: $(STAMP)
 # NACKTRACKER_TEST_REQUIRE=1: a test dependency that is missing (Java, PySpark, pulsar-client,
 # pulsar-lite) or a broker that cannot start fails the run with one line, never skips quietly.
 # Hypothesis runs the derandomized `ci` profile unless $$NACKTRACKER_HYPOTHESIS says otherwise
-# (tests/run_checks.py).
+# (tests/run_checks.py). The tests on Apache Pulsar run side by side with the others (tools/run_tests.py).
 test: lint docs
-	NACKTRACKER_TEST_REQUIRE=1 $(PY) -m pytest -q
+	NACKTRACKER_TEST_REQUIRE=1 $(PY) tools/run_tests.py
 
 # Mutation testing (mutmut, configured in pyproject.toml: the core modules against the fast
 # tests); not part of `make test`. Writes the score per module and each survivor to mutation/latest.md; the committed

@@ -1,5 +1,5 @@
 """What a Roaring bitmap really takes from malloc, beside what ``nbytes()``
-counts for it (``nacktracker.index._bytes._roaring_bytes``), one structure
+counts for it (``nacktracker.index.layout.roaring_bytes``), one structure
 at a time: ``n`` copies built in this process, glibc's ``mallinfo2()`` in-use
 bytes before and after, per copy (CRoaring allocates with malloc; the
 pyroaring object itself is a small Python object, counted apart).
@@ -7,7 +7,7 @@ pyroaring object itself is a small Python object, counted apart).
     python -m bench.roaring_bytes
 
 Linux/glibc only (``mallinfo2``). The constant ``BITMAP64_EMPTY`` in
-``_bytes.py`` is the first row's measured figure. Two rows build the index's
+``layout.py`` is the first row's measured figure. Two rows build the index's
 live bitmap as the index does (one add at a time: containers grow by
 doubling), keyed both ways (``_parts.LIVE_ENTRY_BITS``), and one as it is
 after a compaction (``refit``); a last line gives
@@ -23,7 +23,7 @@ import tracemalloc
 from pyroaring import BitMap, BitMap64
 
 from nacktracker import TimeBucketIndex
-from nacktracker.index._bytes import _roaring_bytes, held
+from nacktracker.index.layout import held, roaring_bytes
 
 
 class _MallInfo2(ctypes.Structure):
@@ -46,14 +46,14 @@ def malloc_in_use() -> int:
 
 
 def measure(make, copies: int = 200, grown: bool = False, refit: bool = False) -> tuple[float, int]:
-    """(malloc bytes per copy, what _roaring_bytes counts for its C part);
+    """(malloc bytes per copy, what roaring_bytes counts for its C part);
     ``grown``/``refit``: counted as the index counts its live bitmap (built
     by adds; shrunk to fit since)."""
     gc.collect()
     before = malloc_in_use()
     objs = [make() for _ in range(copies)]
     real = (malloc_in_use() - before) / copies
-    return real, _roaring_bytes(objs[0], grown=grown, refit=refit) - held(type(objs[0]).__basicsize__)
+    return real, roaring_bytes(objs[0], grown=grown, refit=refit) - held(type(objs[0]).__basicsize__)
 
 
 def by_adds(cls, shift: int, slots: int = 16, ids: int = 11):

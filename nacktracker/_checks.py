@@ -87,25 +87,7 @@ def check_default_delay(name: str, value: object) -> int:
     return delay
 
 
-def check_precision(precision_bits: object, rounding: object) -> tuple[int, int]:
-    """Validate ``precision_bits``/``rounding``; return ``(add, mask)``.
-
-    A due time maps to its bucket as ``(due + add) & mask``: ``add`` is 0 for
-    ``"floor"`` (Pulsar's trim: up to 2^bits-1 ms early) and ``2^bits - 1`` for
-    ``"ceil"`` (up to 2^bits-1 ms late, never early).
-    """
-    bits = check_int("precision_bits", precision_bits, 30)
-    if rounding not in ("floor", "ceil"):
-        raise ValueError(f"rounding must be 'floor' or 'ceil', got {rounding!r}")
-    width = 1 << bits
-    # one pair per precision and rounding: an index does not hold its own int objects
-    return _PRECISION.setdefault((bits, rounding), ((0 if rounding == "floor" else width - 1), ~(width - 1)))
-
-
-_PRECISION: dict[tuple[int, str], tuple[int, int]] = {}
-
-
-def _from_numpy(ids) -> array.array:
+def _from_numpy(ids: Any) -> array.array[int]:
     np = sys.modules["numpy"]
     if ids.ndim != 1:
         raise ValueError(f"entry_ids must be one-dimensional, got shape {ids.shape}")
@@ -128,7 +110,7 @@ def _from_numpy(ids) -> array.array:
     return out
 
 
-def _from_signed_array(ids: array.array) -> array.array:
+def _from_signed_array(ids: array.array[int]) -> array.array[int]:
     # A C-level conversion rejects negatives (OverflowError) without a Python loop.
     try:
         return array.array("I", ids)
@@ -141,13 +123,13 @@ def _from_signed_array(ids: array.array) -> array.array:
     return _check_wide(wide)
 
 
-def _check_wide(wide: array.array) -> array.array:
+def _check_wide(wide: array.array[int]) -> array.array[int]:
     if len(wide) and max(wide) > MAX_ID:
         raise ValueError(f"entry ids must be <= {MAX_ID}")
     return wide
 
 
-def entry_array(ids: object) -> array.array:
+def entry_array(ids: object) -> array.array[int]:
     """Convert ``entry_ids`` to ``array('I')`` (all < 2^32) or ``array('Q')``.
 
     Fast paths (no per-element Python code): ``array.array`` of any integer

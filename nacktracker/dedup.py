@@ -45,7 +45,7 @@ from typing import Optional, Union
 from pyroaring import BitMap64
 
 from ._checks import MAX_ID as _MAX_ID, check_int
-from .index import _roaring_bytes
+from .index.layout import roaring_bytes
 
 __all__ = ["Deduplicator"]
 
@@ -95,7 +95,7 @@ class _Generation:
 
     def nbytes(self) -> int:
         total = sys.getsizeof(self.bitmaps)
-        total += sum(sys.getsizeof(ledger) + _roaring_bytes(bm) for ledger, bm in self.bitmaps.items())
+        total += sum(sys.getsizeof(ledger) + roaring_bytes(bm) for ledger, bm in self.bitmaps.items())
         if self.exact is not None:
             total += sys.getsizeof(self.exact)
             total += sum(sys.getsizeof(t) + sum(map(sys.getsizeof, t)) for t in self.exact)

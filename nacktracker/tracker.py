@@ -19,12 +19,13 @@ import time
 from collections import Counter, deque
 from typing import Any, Callable, Literal, NamedTuple, Optional, TypedDict, overload
 
-from ._checks import MAX_DUE, check_default_delay, check_delay_ms, check_int, check_precision
+from ._checks import MAX_DUE, check_default_delay, check_delay_ms, check_int
 from .adapters.base import RedeliveryAdapter
 from .clock import Clock, LoopClock, TimerHandle
 from .events import NackEvent
 from .index import TimeBucketIndex
 from .keys import MessageKey, key_of
+from .precision import Precision
 from . import snapshot as _snapshot
 
 __all__ = ["NegativeAcksTracker", "TrackerClosedError", "LatencyHistogram", "TrackerStats", "LatencySummary",
@@ -163,7 +164,7 @@ class NegativeAcksTracker:
         lead = check_int("adapter.lead_ms", getattr(adapter, "lead_ms", 0) or 0)  # read at every use: see _lead
         self._coalesce = check_int("adapter.coalesce_ms", getattr(adapter, "coalesce_ms", 0) or 0)
         self._delay_ms = check_default_delay("delay_ms", delay_ms)
-        self._round_add, self._mask = check_precision(precision_bits, rounding)
+        self.precision = Precision.of(precision_bits, rounding)
         for name, fn in (("backoff", backoff), ("on_dead_letter", on_dead_letter), ("on_event", on_event)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be callable, not {type(fn).__name__}")
@@ -520,7 +521,7 @@ class NegativeAcksTracker:
         slot = self._slot(key, create=True)
         self._index.add(slot, key.entry_id, due)
         self._n["nacks"] += 1
-        fire = ((due + self._round_add) & self._mask) - self._lead
+        fire = self.precision.bucket(due) - self._lead
         armed = self._timer_at
         # Re-arm only for an earlier fire, and not when the armed one is due already: it runs at the loop's
         # next iteration and takes every bucket due within the lead (nacks inside the lead window ride along)

@@ -265,6 +265,7 @@ async def test_a_request_waits_while_the_application_holds_a_sibling(client, top
     held = {key_of(one)[0].entry, key_of(two)[0].entry}
     adapter = PulsarAdapter(consumer)
     adapter.sibling_held = lambda entry: entry in held
+    monkeypatch.setattr(module, "SETTLE_WAIT_MS", 10_000)
     await adapter.redeliver([key_of(one)[0]])
     await asyncio.sleep(3 * adapter.min_gap_ms / 1000)
     assert (adapter.sent, adapter.settle_waits, adapter.queued) == (0, 1, 0)

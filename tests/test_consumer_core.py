@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from nacktracker import Deduplicator, MessageKey
-from nacktracker._checks import check_precision
+from nacktracker.precision import Precision
 from nacktracker.consumer.core import DeliveryCore, Verdict
 
 TOPIC = "t"
@@ -86,7 +86,7 @@ class DeliveryMachine(RuleBasedStateMachine):
     @initialize(bits=st.sampled_from([0, 0, 3, 6]), dedup=st.booleans())
     def setup(self, bits, dedup):
         self.bits, self.use_dedup = bits, dedup
-        self.precision = check_precision(bits, "floor")
+        self.precision = Precision.of(bits, "floor")
         self.now = 1_000
         self.w = World()
         self.violations: list = []
@@ -396,7 +396,7 @@ test_delivery_core_keeps_its_promises = DeliveryMachine.TestCase
 
 def make(bits=0, dedup=True):
     pending: set = set()
-    core = DeliveryCore(check_precision(bits, "floor"), dedup=Deduplicator(100) if dedup else None,
+    core = DeliveryCore(Precision.of(bits, "floor"), dedup=Deduplicator(100) if dedup else None,
                         pending=lambda k: k.entry in pending, overdue_ms=OVERDUE)
     return core, pending
 
@@ -637,7 +637,7 @@ def test_first_deliveries_take_the_o1_check_and_state_made_ahead_of_arrival_is_h
     over it, so when it arrives the full decision applies."""
     pending: set = set()
     looked_up: list = []
-    core = DeliveryCore(check_precision(0, "floor"), dedup=Deduplicator(100),
+    core = DeliveryCore(Precision.of(0, "floor"), dedup=Deduplicator(100),
                         pending=lambda k: looked_up.append(k) or k.entry in pending, overdue_ms=OVERDUE)
     first = [key(e, i, 3) for e in range(3) for i in range(3)]
     assert all(core.first_delivery(k) for k in first) and not looked_up

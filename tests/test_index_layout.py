@@ -14,9 +14,11 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from pyroaring import BitMap, BitMap64
 
 from nacktracker import DictIndex, TimeBucketIndex
-from nacktracker.index import _cells, _front, _parts, buckets
-from nacktracker.index._parts import (LISTED, LISTING, LIVE_ENTRY_BITS, LIVE_SLOT_BITS, NO_CELLS, NO_ENTRIES, NO_KEYS, NO_PACKED,
-                                      NO_SEGMENTS, NO_SLOTS, PROMOTE, SEGMENT)
+from nacktracker.index import _live, layout
+from nacktracker.index._ledgers import NO_EXTS, NO_SLOTS
+from nacktracker.index._live import NO_GHOSTS, NO_MULTI
+from nacktracker.index.layout import (LISTED, LISTING, LIVE_ENTRY_BITS, LIVE_SLOT_BITS, NO_CELLS, NO_KEYS, NO_PACKED,
+                                      NO_SEGMENTS, PROMOTE, SEGMENT)
 
 ledgers = st.sampled_from([1, 2, 7, 2**40 + 3])
 # around the live bitmap's narrow bound (2^22) and 32 bits, and the largest id
@@ -122,7 +124,7 @@ class Differential(RuleBasedStateMachine):
     @invariant()
     def shared_empties_stay_empty(self):
         """The containers made on first use (NO_* placeholders) are never written to."""
-        assert NO_CELLS == {} and NO_KEYS == [] and NO_ENTRIES == {} and NO_SLOTS == [] and not NO_PACKED
+        assert NO_CELLS == {} and NO_KEYS == [] and NO_MULTI == {} == NO_GHOSTS and NO_SLOTS == [] == NO_EXTS and not NO_PACKED
         assert NO_SEGMENTS == []
 
     @invariant()
@@ -144,7 +146,7 @@ class SmallSegments(Differential):
 
     def __init__(self) -> None:
         super().__init__()
-        self.saved = [(m, m.SEGMENT) for m in (buckets, _cells, _front, _parts)]
+        self.saved = [(m, m.SEGMENT) for m in (layout,)]
         for m, _ in self.saved:
             m.SEGMENT = 4
 
@@ -199,7 +201,7 @@ def test_a_window_fills_in_segments_and_opens_across_them():
 
 def ext_of(idx: TimeBucketIndex, ledger_id: int):
     """The ledger's rare state (listed cells, wide ids, ...), or None."""
-    return idx._ext_at(idx._by_id[ledger_id])
+    return idx._ledgers.ext_at(idx._by_id[ledger_id])
 
 
 def check_listed(idx: TimeBucketIndex) -> None:
@@ -207,17 +209,17 @@ def check_listed(idx: TimeBucketIndex) -> None:
     still in its window under its key, none of its ids above ``hi``, no ghost
     copy; and the ledger slots: ``_by_id`` and ``_lid`` mirror each other, a
     ledger's rare state exists only while something is in it."""
-    assert {lid: slot for slot, lid in enumerate(idx._lid) if lid is not None} == idx._by_id
+    assert {lid: slot for slot, lid in enumerate(idx._ledgers.lid) if lid is not None} == idx._by_id
     # the live bitmap keys ids of ledgers that exist (32-bit while narrow), ``wide`` those >= 2^32
-    assert all(idx._lid[key >> idx._live_shift] is not None for key in idx._live)
-    assert (type(idx._live) is BitMap) == (idx._live_shift == LIVE_ENTRY_BITS)
-    assert len(idx._ext) in (0, len(idx._lid))  # made with the first record, then a slot per ledger
-    assert all(idx._lid[slot] is not None for slot, ext in enumerate(idx._ext) if ext is not None)
-    for ext in idx._ext:
+    assert all(idx._ledgers.lid[key >> idx._ids.shift] is not None for key in idx._ids.bits)
+    assert (type(idx._ids.bits) is BitMap) == (idx._ids.shift == LIVE_ENTRY_BITS)
+    assert len(idx._ledgers.ext) in (0, len(idx._ledgers.lid))  # made with the first record, then a slot per ledger
+    assert all(idx._ledgers.lid[slot] is not None for slot, ext in enumerate(idx._ledgers.ext) if ext is not None)
+    for ext in idx._ledgers.ext:
         if ext is not None and ext.wide is not None:
             assert ext.wide and ext.wide.min() >> 32
-    for slot, lid in enumerate(idx._lid):
-        ext = idx._ext_at(slot)
+    for slot, lid in enumerate(idx._ledgers.lid):
+        ext = idx._ledgers.ext_at(slot)
         if lid is None or ext is None:
             assert ext is None
             continue
@@ -230,13 +232,13 @@ def check_listed(idx: TimeBucketIndex) -> None:
             cell, w, key = ext.cells[i:i + LISTING]
             assert cell and w.dense.get(key) is cell and key & 0xFFFFFFFF == slot
             assert cell.max() <= ext.hi
-            assert ext.ghost is None or not any(e in ext.ghost and not idx._ghosts[(slot, e)].revived
+            assert ext.ghost is None or not any(e in ext.ghost and not idx._ids.ghosts[(slot, e)].revived
                                                 for e in cell)
     if idx._hot_listed:
-        ext = idx._ext[idx._hot_slot]
+        ext = idx._ledgers.ext[idx._hot_slot]
         assert any(c is idx._hot_dense for c in ext.cells[::LISTING])
     if idx._hot_slot >= 0:
-        assert idx._lid[idx._hot_slot] == idx._hot_lid
+        assert idx._ledgers.lid[idx._hot_slot] == idx._hot_lid
 
 
 TestDifferential = Differential.TestCase
@@ -267,13 +269,13 @@ def test_ack_of_a_pending_id_leaves_a_ghost_that_never_fires():
     idx.add(1, 1, 20)  # pending in two buckets
     idx.add(1, 2, 10)
     assert idx.discard(1, 1) and not idx.discard(1, 1)
-    assert len(idx) == 1 and (1, 1) not in idx and idx._ghost_copies == 2
+    assert len(idx) == 1 and (1, 1) not in idx and idx._ids.ghost_copies == 2
     idx.add(1, 1, 20)  # nacked again into a bucket holding its ghost: revived once
     assert len(idx) == 2 and (1, 1) in idx
     assert idx.next_due_ms() == 10
     assert idx.pop_due(15) == [(1, 2)]
     assert idx.pop_due(25) == [(1, 1)]
-    assert idx._ghost_copies == 0 and not idx._ghosts and not idx._by_id
+    assert idx._ids.ghost_copies == 0 and not idx._ids.ghosts and not idx._by_id
 
 
 def test_a_ghost_only_front_bucket_is_skipped():
@@ -316,8 +318,8 @@ def test_slots_are_recycled_and_state_ends_empty():
             idx.add(10**12 + ledger + round_, ledger, 1000 * round_ + ledger)
         assert len(idx.pop_due(10**6)) == 100
     assert idx.next_due_ms() is None and not idx._windows
-    assert not idx._by_id and len(idx._lid) == 100  # three rounds of 100 ledgers, 100 slots
-    assert idx._ext is NO_SLOTS  # no ledger ever needed rare state: no per-slot list either
+    assert not idx._by_id and len(idx._ledgers.lid) == 100  # three rounds of 100 ledgers, 100 slots
+    assert idx._ledgers.ext is NO_EXTS  # no ledger ever needed rare state: no per-slot list either
 
 
 @pytest.mark.parametrize("ids", [array.array("I", range(100)), list(range(10, 50))])
@@ -360,13 +362,13 @@ def test_a_burst_is_stored_once_in_a_listed_cell():
     for e in range(0, 20_000, 2):
         idx.add(9, e, 5_000)
     led = ext_of(idx, 9)
-    assert len(led.cells) == LISTING and len(idx._live) == 0 and led.hi == 19_998
+    assert len(led.cells) == LISTING and len(idx._ids.bits) == 0 and led.hi == 19_998
     assert (9, 4) in idx and (9, 5) not in idx and (9, 20_000) not in idx
     idx.add(9, 4, 5_000)  # already pending in that cell
     idx.add(9, 4, 9_000)  # now pending in two buckets (the second copy sparse, in the live bitmap)
-    assert len(idx) == 10_001 and idx._multi == {(idx._by_id[9], 4): 2}
+    assert len(idx) == 10_001 and idx._ids.multi == {(idx._by_id[9], 4): 2}
     assert idx.discard(9, 4) and not idx.discard(9, 4) and not idx.discard(9, 5)
-    assert (9, 4) not in idx and len(idx) == 9_999 and idx._ghost_copies == 1  # the sparse copy
+    assert (9, 4) not in idx and len(idx) == 9_999 and idx._ids.ghost_copies == 1  # the sparse copy
     check_listed(idx)
     assert idx.pop_due(6_000) == [(9, e) for e in range(0, 20_000, 2) if e != 4]
     assert idx.pop_due(10_000) == [] and not idx._by_id  # the ghost copy went when its bucket came to the front
@@ -381,7 +383,7 @@ def test_a_ledger_crossing_listed_flushes_its_cells_into_the_live_bitmap():
             ref.add(3, e, 1_000 + c)
         check_listed(idx)
     assert len(ext_of(idx, 3).cells) == 2 * LISTING  # LISTED flushed, then two more listed
-    assert len(idx._live) == LISTED * (PROMOTE + 10)
+    assert len(idx._ids.bits) == LISTED * (PROMOTE + 10)
     for e in (5, 105, (LISTED + 1) * 100 + 3, 99, 2**32 + 1):
         assert ((3, e) in idx) == ((3, e) in ref)
         assert idx.discard(3, e) == ref.discard(3, e)
@@ -389,7 +391,7 @@ def test_a_ledger_crossing_listed_flushes_its_cells_into_the_live_bitmap():
     for now in range(1_000, 1_000 + LISTED + 2):  # popped back under LISTED, then empty
         assert idx.pop_due(now) == ref.pop_due(now)
         check_listed(idx)
-    assert not idx and not idx._live and not idx._by_id
+    assert not idx and not idx._ids.bits and not idx._by_id
 
 
 def test_an_ack_emptying_a_listed_cell_removes_it_from_its_window():
@@ -455,7 +457,7 @@ def test_listed_cells_answer_lookups_between_and_inside_their_ranges():
 def test_distinct_is_numpy_unique():
     import numpy as np
 
-    from nacktracker.index._parts import distinct
+    from nacktracker.index.bitmaps import distinct
 
     rng = np.random.default_rng(3)
     for n in (0, 1, 2, 7, 500):
@@ -502,7 +504,7 @@ def test_the_live_bitmap_widens_for_ids_it_cannot_key():
             m.add(3, 7, 100)
             m.add_many(3, range(100, 200), 100)  # a listed cell
             m.add(4, 2**40, 100)  # 64-bit: in ``wide``, the live bitmap stays narrow
-        assert type(idx._live) is BitMap and idx._live_shift == LIVE_ENTRY_BITS
+        assert type(idx._ids.bits) is BitMap and idx._ids.shift == LIVE_ENTRY_BITS
         assert (4, (1 << LIVE_ENTRY_BITS) + 1) not in idx and (4, 1 << LIVE_SLOT_BITS) not in idx
         assert not idx.discard(5 << LIVE_ENTRY_BITS, 7)  # no ledger: no key collision either
         for m in (idx, ref):
@@ -513,14 +515,14 @@ def test_the_live_bitmap_widens_for_ids_it_cannot_key():
                     m.add(10_000 + i, 1, 300)
             else:
                 m.add_many(4, range((1 << LIVE_ENTRY_BITS) - 50, (1 << LIVE_ENTRY_BITS) + 50), 200)
-        assert type(idx._live) is BitMap64 and idx._live_shift == 32
+        assert type(idx._ids.bits) is BitMap64 and idx._ids.shift == 32
         for probe in [(3, 7), (3, 150), (3, (1 << LIVE_ENTRY_BITS) + 1), (4, 2**40), (4, (1 << LIVE_ENTRY_BITS) - 1),
                       (10_000 + 1000, 1), (10_000 + 1000, 2)]:
             assert (probe in idx) == (probe in ref), (trigger, probe)
         for probe in [(3, 7), (4, 2**40), (10_000 + 1022, 1)]:
             assert idx.discard(*probe) == ref.discard(*probe)
         check_listed(idx)
-        assert idx.pop_due(10**6) == ref.pop_due(10**6) and not idx and not idx._live
+        assert idx.pop_due(10**6) == ref.pop_due(10**6) and not idx and not idx._ids.bits
 
 
 @pytest.mark.parametrize("first", ["add", "add_many"])
@@ -535,7 +537,7 @@ def test_an_index_whose_first_id_is_past_the_narrow_bound_starts_wide(first):
         else:
             m.add_many(1, range(big, big + 100), 10)
         m.add(1, 3, 20)
-    assert type(idx._live) is BitMap64
+    assert type(idx._ids.bits) is BitMap64
     assert ((1, big) in idx) and ((1, 3) in idx) and (1, big - 1) not in idx
     assert idx.discard(1, big) == ref.discard(1, big)
     assert idx.pop_due(20) == ref.pop_due(20) and not idx
@@ -546,17 +548,17 @@ def test_widening_and_popping_more_ids_than_one_re_keying_step():
     narrow bitmap emptied as they go); buckets holding more than a step, from
     sparse copies of several ledgers and from a dense run, leave the wide
     live bitmap in several; every id answers as in DictIndex throughout."""
-    step = _cells.KEY_SLICE
+    step = _live.KEY_SLICE
     idx, ref = TimeBucketIndex(precision_bits=10), DictIndex(precision_bits=10)
     n = 3 * step + 17
     for m in (idx, ref):
         for i in range(n):  # three ledgers interleaved, ids 3 apart, five buckets
             m.add(1 + i % 3, 3 * i, 1_000 + (i % 5) * 1_024)
         m.add_many(5, range(10**6, 10**6 + 2 * step + 1), 2_100)  # a dense cell
-    assert type(idx._live) is BitMap
+    assert type(idx._ids.bits) is BitMap
     for m in (idx, ref):
         m.add(2, (1 << LIVE_ENTRY_BITS) + 5, 9_000)
-    assert type(idx._live) is BitMap64 and len(idx) == len(ref)
+    assert type(idx._ids.bits) is BitMap64 and len(idx) == len(ref)
     probes = [(1 + i % 3, 3 * i + d) for i in range(0, n, 37) for d in (0, 1)] + [(5, 10**6 + step), (5, 10**6 - 1)]
     for probe in probes:
         assert (probe in idx) == (probe in ref), probe
@@ -565,4 +567,4 @@ def test_widening_and_popping_more_ids_than_one_re_keying_step():
         assert len(idx) == len(ref)
         for probe in probes:
             assert (probe in idx) == (probe in ref), (due, probe)
-    assert not idx and not idx._live
+    assert not idx and not idx._ids.bits

@@ -8,7 +8,7 @@ import pytest
 
 from nacktracker import ManualClock, MessageKey, NegativeAcksTracker, TimeBucketIndex
 from nacktracker.adapters import MemoryAdapter
-from nacktracker.index._parts import LISTED, LISTING
+from nacktracker.index.layout import LISTED, LISTING
 from nacktracker.pipeline.memory_model import (IndexCosts, array_bytes, calibration_build, index_state,
                                                live_replay, synthetic_nacks)
 from nacktracker.pipeline.pending import analyse_consumer
@@ -29,7 +29,7 @@ def test_measure_checks_itself_on_live_builds(costs):
 def test_array_bytes_follows_cpython_growth():
     import array
 
-    from nacktracker.index._bytes import held_size
+    from nacktracker.index.layout import held_size
 
     a = array.array("Q")
     for n in range(200):
@@ -43,7 +43,7 @@ def test_held_size_is_what_the_allocators_take():
     import array
     import sys
 
-    from nacktracker.index._bytes import held, held_size
+    from nacktracker.index.layout import held, held_size
 
     assert [held(n) for n in (1, 16, 17, 512, 513, 1000)] == [16, 16, 32, 512, 528, 1008]
     assert held_size(7 << 40) == 32  # an int of 34 bytes
@@ -128,7 +128,7 @@ def test_the_bursts_trace_crosses_the_listing_limit_with_pops_between():
     its next promotion flushes the list, and listed cells fire in between."""
     def listed(idx):
         slot = idx._by_id.get(7)
-        ext = None if slot is None else idx._ext_at(slot)
+        ext = None if slot is None else idx._ledgers.ext_at(slot)
         return [] if ext is None or ext.cells is None else ext.cells[::LISTING]
 
     ledger, entry, ts, due = bursts_past_the_listing_limit()

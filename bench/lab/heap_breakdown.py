@@ -42,7 +42,7 @@ def heap() -> tuple[int, int, int]:
 
 def main(argv: list[str]) -> int:
     import nacktracker
-    from nacktracker.index._bytes import _roaring_bytes
+    from nacktracker.index.layout import roaring_bytes
 
     cell, bits = grid.Cell(**json.loads(argv[0])), int(argv[1])
     target = int(argv[2]) if len(argv) > 2 else grid.FULL["target_pending"]
@@ -70,12 +70,12 @@ def main(argv: list[str]) -> int:
     rss1, (used1, free1, py1) = grid.rss_bytes(), heap()
     pending, nbytes = sum(map(len, indexes)), sum(i.nbytes() for i in indexes)
     # the live bitmaps alone: counted as nbytes() counts them, and freed
-    live_counted = sum(_roaring_bytes(i._live, grown=True, refit=i._refitted) for i in indexes)
+    live_counted = sum(roaring_bytes(i._ids.bits, grown=True, refit=i._ids.refitted) for i in indexes)
     for one in indexes:
-        one._live = type(one._live)()
+        one._ids.bits = type(one._ids.bits)()
     gc.collect()
     used_live, _, py_live = heap()
-    live_counted -= sum(_roaring_bytes(i._live, grown=True, refit=i._refitted) for i in indexes)  # the empty ones
+    live_counted -= sum(roaring_bytes(i._ids.bits, grown=True, refit=i._ids.refitted) for i in indexes)  # the empty ones
     del indexes, idx, one
     gc.collect()
     used2, _, py2 = heap()

@@ -17,7 +17,7 @@ import json
 import sys
 
 import nacktracker
-from nacktracker.index import _bytes, _views
+from nacktracker.index import _ledgers, _live, _windows, buckets, layout
 from nacktracker.pipeline.memory_experiment import workload
 
 
@@ -33,9 +33,11 @@ def main(argv=None) -> int:
         idx.add(ledger, entry, due)
     idx.compact()
     now = idx.nbytes()
-    roaring = _bytes._roaring_bytes
-    _views.held_size = sys.getsizeof  # as counted before: sizes, not allocations
-    _views._roaring_bytes = lambda bm, grown=False: roaring(bm) - _bytes.held(type(bm).__basicsize__) + type(bm).__basicsize__
+    roaring = layout.roaring_bytes
+    for m in (layout, buckets, _ledgers, _live, _windows):  # as counted before: sizes, not allocations
+        m.held_size = sys.getsizeof
+        m.roaring_bytes = lambda bm, grown=False, refit=False: (roaring(bm) - layout.held(type(bm).__basicsize__)
+                                                                 + type(bm).__basicsize__)
     before = idx.nbytes()
     print(json.dumps({"workload": a.workload, "x": a.x, "y": a.y, "messages": a.messages,
                       "nbytes_per_msg": now / a.messages, "nbytes_as_before_per_msg": before / a.messages}))

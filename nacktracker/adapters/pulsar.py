@@ -78,8 +78,10 @@ DEFAULT_MIN_GAP_MS = 40
 #: every this many ids (~6 ms) instead of blocking it.
 _CHUNK = 512
 #: The longest a request waits for the application to settle an entry's sibling it holds (see
-#: :attr:`PulsarAdapter.sibling_held`): past it the request goes anyway (a duplicate at worst).
-SETTLE_WAIT_MS = 500
+#: :attr:`PulsarAdapter.sibling_held`): past it the request goes anyway (a duplicate at worst, if
+#: another consumer gets the entry). Long enough for a message's usual processing, short enough
+#: that a sibling held for long costs its nacked neighbours at most this much lateness.
+SETTLE_WAIT_MS = 100
 #: How the C++ client names a multi-topic consumer's topic(); the only outward sign
 #: of one. Only matters for keys without a topic (the consumer always sets it).
 _MULTI_TOPIC_MARK = "-TopicsConsumerFakeName-"

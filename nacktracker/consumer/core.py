@@ -28,6 +28,7 @@ import math
 from typing import Any, Callable, Iterable, Optional
 
 from ..keys import MessageKey
+from ..precision import Precision
 from .state import ACKED as _ACKED, ACKED_FRESH as _ACKED_FRESH, ALL_INDICES, FRESH as _FRESH, HELD as _HELD
 from .state import AckResult, EntryRecord, Held, Nacked, Parked, Positions, Token, Verdict, _Deadline
 
@@ -37,7 +38,7 @@ __all__ = ["DeliveryCore", "Verdict", "AckResult", "Held", "Nacked", "Parked", "
 class DeliveryCore:
     """Per-copy decisions for one consumer.
 
-    ``precision``: ``(round_add, mask)`` of the tracker's buckets (see :func:`nacktracker._checks.check_precision`).
+    ``precision``: the tracker's buckets (a :class:`~nacktracker.precision.Precision`).
     ``dedup``: a :class:`~nacktracker.Deduplicator` or ``None``. ``pending(key) -> bool``: whether the tracker
     holds the entry (a pure lookup, asked only for copies that may be redeliveries). ``overdue_ms``: how long
     after its time a requested copy may still arrive before it is taken to have gone to another consumer.
@@ -46,9 +47,9 @@ class DeliveryCore:
     Every method is O(1) unless its docstring says otherwise.
     """
 
-    def __init__(self, precision: tuple[int, int], *, dedup: Any = None,
+    def __init__(self, precision: Precision, *, dedup: Any = None,
                  pending: Callable[[MessageKey], bool] = lambda key: False, overdue_ms: int = 10_000) -> None:
-        self._round_add, self._mask = precision
+        self._precision = precision
         self._dedup = dedup
         self._pending = pending
         self.overdue_ms = overdue_ms
@@ -74,7 +75,7 @@ class DeliveryCore:
 
     def bucket_ms(self, due_ms: int) -> int:
         """The time of the bucket a nack due at ``due_ms`` falls in."""
-        return (due_ms + self._round_add) & self._mask
+        return self._precision.bucket(due_ms)
 
     def is_acked(self, key: MessageKey) -> bool:
         """Whether the application acknowledged ``key`` (as far as remembered)."""

@@ -27,7 +27,8 @@ class RedeliveryLateness:
     """The figures of one consumer (``TrackedConsumer.lateness``), fed by its ``core``.
 
     >>> from nacktracker.consumer.core import DeliveryCore
-    >>> lateness = RedeliveryLateness(DeliveryCore((0, -1)))
+    >>> from nacktracker.precision import Precision
+    >>> lateness = RedeliveryLateness(DeliveryCore(Precision.of(0)))
     >>> seen = []
     >>> remove = lateness.add_listener(seen.append)
     >>> lateness.record(3.0); remove(); lateness.record(1.0)

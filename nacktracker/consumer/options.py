@@ -12,7 +12,8 @@ import _pulsar
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
-from .._checks import MAX_DUE, check_default_delay, check_delay_ms, check_int, check_precision
+from .._checks import MAX_DUE, check_default_delay, check_delay_ms, check_int
+from ..precision import Precision
 from ..adapters.pulsar import MIN_NACK_DELAY_MS
 from .direct import ReceivedMessage, message_key_of
 from ..keys import MessageKey, key_of
@@ -69,7 +70,7 @@ class ConsumerOptions:
             raise TypeError(f"unknown TrackedConsumer option(s): {', '.join(sorted(unknown))}")
         o = dict(options)
         o["delay_ms"] = check_default_delay("delay_ms", o.get("delay_ms", 60_000))
-        check_precision(o.get("precision_bits", 0), "floor")
+        Precision.of(o.get("precision_bits", 0))
         for name in ("lead_ms", "min_gap_ms"):
             if o.get(name) is not None:
                 check_delay_ms(name, o[name])

@@ -17,12 +17,13 @@ from typing import Any, Awaitable, Callable, Optional, Union
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
-from .._checks import check_delay_ms, check_precision
+from .._checks import check_delay_ms
 from ..adapters.local import LocalRedeliveryAdapter
 from ..adapters.pulsar import _MULTI_TOPIC_MARK, PulsarAdapter
 from ..clock import Clock
 from ..dedup import Deduplicator
 from ..keys import MessageKey
+from ..precision import Precision
 from ..tracker import FiredCell, NegativeAcksTracker
 from .core import DeliveryCore, Verdict
 from .dead_letters import quietly
@@ -94,7 +95,8 @@ class TrackedConsumer:
         self._own_topic = None if getattr(self.adapter, "multi_topic", False) else consumer.topic()
         self._dedup = Deduplicator(opts.dedup_capacity) if opts.dedup else None
         self.tracker: NegativeAcksTracker
-        self.core = DeliveryCore(check_precision(opts.precision_bits, "floor"), dedup=self._dedup,
+        precision = Precision.of(opts.precision_bits)  # floor: a redelivery may come early, never late
+        self.core = DeliveryCore(precision, dedup=self._dedup,
                                  pending=self._pending, overdue_ms=COPY_OVERDUE_MS)
         self.lateness = RedeliveryLateness(self.core)  # stats()["lateness_ms"]; add_listener: the metrics' histogram
         self._pump = ReceivePump(consumer, self._admit, opts.prefetch,
@@ -104,7 +106,7 @@ class TrackedConsumer:
         self._closed = False
         self._counts = {"restored": 0, "copy_ack_failures": 0}
         tracker_options: dict[str, Any] = dict(
-            delay_ms=opts.delay_ms, precision_bits=opts.precision_bits, rounding="floor", backoff=opts.backoff,
+            delay_ms=opts.delay_ms, precision_bits=precision.bits, rounding=precision.rounding, backoff=opts.backoff,
             max_redeliveries=opts.max_redeliveries, clock=clock,
             on_dead_letter=self._dead_letters.hook, consumer_name=name)
         self._store = None if opts.snapshot_path is None else SnapshotStore(opts.snapshot_path, opts.snapshot_on_error)

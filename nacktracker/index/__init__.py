@@ -4,7 +4,9 @@
 entry ids) laid out for real client traffic (:mod:`.buckets`).
 :class:`DictIndex` and :class:`HeapIndex` are the baselines (:mod:`.baselines`);
 all three follow one protocol exactly to the millisecond, so the baselines
-double as reference models in the property tests.
+double as reference models in the property tests. :mod:`.layout` documents
+the index's layout and byte accounting (the planner's memory model builds
+on it), :mod:`.bitmaps` the bitmap and array conversions both use.
 
 Semantics shared by all three:
 
@@ -17,8 +19,6 @@ Semantics shared by all three:
   time is ``<= now_ms``, ordered by ``(bucket, ledger, entry)``.
 """
 
-from ._bytes import _malloc, _roaring_bytes  # noqa: F401  (the pipeline and the old path import them)
-from ._parts import has as _has  # noqa: F401
 from .baselines import DictIndex, HeapIndex
 from .buckets import TimeBucketIndex
 

@@ -34,7 +34,7 @@ class _PerMessageIndex:
         bits = check_int("precision_bits", precision_bits, 30)
         if rounding not in ("floor", "ceil"):
             raise ValueError(f"rounding must be 'floor' or 'ceil', got {rounding!r}")
-        self._width = 2 ** bits
+        self._width: int = 2 ** bits
         self._ceil = rounding == "ceil"
         self.precision_bits = precision_bits
         self.rounding = rounding
@@ -87,7 +87,7 @@ class _PerMessageIndex:
         old = self._pending.get(key)
         if old is None:
             self._pending[key] = bucket
-        elif type(old) is int:
+        elif isinstance(old, int):
             if old == bucket:
                 return False
             self._pending[key] = (old, bucket) if old < bucket else (bucket, old)
@@ -106,7 +106,7 @@ class _PerMessageIndex:
         old = self._pending.pop(key, None)
         if old is None:
             return False
-        self._count -= 1 if type(old) is int else len(old)
+        self._count -= 1 if isinstance(old, int) else len(old)
         return True
 
     def __len__(self) -> int:
@@ -152,7 +152,7 @@ class DictIndex(_PerMessageIndex):
         gone: list[tuple[int, int]] = []
         later: dict[tuple[int, int], int | tuple[int, ...]] = {}
         for key, value in pending.items():
-            if type(value) is int:
+            if isinstance(value, int):
                 if value <= now_ms:
                     due.append((value, *key))
                     gone.append(key)
@@ -174,7 +174,7 @@ class DictIndex(_PerMessageIndex):
         """Scan for the earliest bucket. Runtime complexity: O(n)."""
         if not self._pending:
             return None
-        return min(v if type(v) is int else v[0] for v in self._pending.values())
+        return min(v if isinstance(v, int) else v[0] for v in self._pending.values())
 
     def nbytes(self) -> int:
         """Bytes of the dict, its key tuples and the ints they hold. Runtime: O(n)."""
@@ -199,7 +199,7 @@ class HeapIndex(_PerMessageIndex):
         while heap:
             bucket, ledger, entry = heap[0]
             value = pending.get((ledger, entry))
-            if value is not None and (value == bucket if type(value) is int else bucket in value):
+            if value is not None and (value == bucket if isinstance(value, int) else bucket in value):
                 return
             heapq.heappop(heap)
 
@@ -215,7 +215,7 @@ class HeapIndex(_PerMessageIndex):
             bucket, ledger, entry = heapq.heappop(heap)
             key = (ledger, entry)
             value = pending[key]
-            if type(value) is int:
+            if isinstance(value, int):
                 del pending[key]
             else:
                 rest = tuple(b for b in value if b != bucket)
@@ -231,6 +231,7 @@ class HeapIndex(_PerMessageIndex):
     def nbytes(self) -> int:
         """Bytes of the heap list, its triples and the per-message map."""
         heap = self._heap
-        total = sys.getsizeof(heap) + sum(map(sys.getsizeof, heap))
+        assert heap is not None
+        total = sys.getsizeof(heap) + sum(sys.getsizeof(t) for t in heap)
         # the bucket ints in the triples are shared with the map's values
         return total + self._nbytes_pending()

@@ -1,37 +1,46 @@
 """TimeBucketIndex: PIP-393's trimmed due time -> ledger -> entry ids, laid
 out to stay small on real client traffic (sparse cells) and on seed 000's
-dense bursts alike. The pieces are in :mod:`._parts`, placing copies in
-:mod:`._cells`, taking buckets off the front in :mod:`._front`, counts,
-ordered bitmaps and ``nbytes()`` in :mod:`._views`; the layout is:
+dense bursts alike (:mod:`.layout`). Three components own its state:
 
-* windows of ``2^max(bits + 3, 14)`` ms in a dict, their ids in a heap (the time
-  order: one entry per window, not per bucket or per (bucket, ledger));
-* inside a window, sparse copies packed 8 bytes each in ``array('Q')``
-  segments of 512 (sorted across them in C when the window comes to the
-  front, dropped whole as its buckets are taken), and dense cells (one
-  Roaring bitmap per (bucket, ledger)) for runs of adds to one cell;
-* an index-wide "pending anywhere" bitmap of ``slot << 22 | entry`` (32-bit;
-  ``slot << 32 | entry`` in a ``BitMap64`` once an id needs it), plus,
-  per ledger, up to ``LISTED`` (8) *listed* dense cells whose ids are not in
-  it (a burst into one cell, seed 000's case, is stored once): an ack of a
-  message that is not pending is one bitmap lookup plus at most 8 (none for
-  an id above the ledger's listed ids), and an ack of a pending one takes it
-  out of the listed cells and marks its other copies as ghosts that are
-  dropped when their bucket is taken (no search).
+* :class:`~._ledgers.Ledgers`: ledger id <-> slot, and each ledger's rare
+  state (listed cells, 64-bit ids, ids pending twice, ghosts);
+* :class:`~._live.LiveIds`: "pending anywhere", an index-wide bitmap of
+  ``slot << 22 | entry`` (32-bit; ``slot << 32 | entry`` in a ``BitMap64``
+  once an id needs it), plus, per ledger, up to ``LISTED`` (8) *listed*
+  dense cells whose ids are not in it (a burst into one cell, seed 000's
+  case, is stored once): an ack of a message that is not pending is one
+  bitmap lookup plus at most 8 (none for an id above the ledger's listed
+  ids), and an ack of a pending one takes it out of the listed cells and
+  marks its other copies as ghosts that are dropped when their bucket is
+  taken (no search);
+* :class:`~._windows.Windows`: windows of ``2^max(bits + 3, 14)`` ms by id,
+  in time order (one heap entry per window, not per bucket or per (bucket,
+  ledger)); inside a window, sparse copies packed 8 bytes each in
+  ``array('Q')`` segments of 512 (sorted across them in C when the window
+  comes to the front, dropped whole as its buckets are taken), and dense
+  cells (one Roaring bitmap per (bucket, ledger)) for runs of adds to one cell.
+
+The index composes them: ``add`` runs inline with local references (its
+common paths touch the components' containers directly), and the
+operations that span components (placing a copy, taking a bucket, an ack)
+are its methods.
 """
 
 from __future__ import annotations
 
 import array
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from pyroaring import BitMap, BitMap64
 
-from .._checks import MAX_DUE, check_int, check_precision, entry_array, message_id
-from ._cells import CellsMixin
-from ._front import FrontMixin
-from ._parts import COMPACT_CHURN, LIVE_ENTRY_BITS, LIVE_SLOT_BITS, WIDE_LIVE_SHIFT, NO_ENTRIES, NO_PACKED, NO_SLOTS, PROMOTE, SEGMENT, Ghost, Layout, LedgerExt, LISTING, Window, merge_into, overlaps
-from ._views import ViewsMixin
+from .._checks import MAX_DUE, check_int, entry_array, message_id
+from ..precision import Precision
+from . import layout
+from ._ledgers import Ledgers
+from ._live import LiveIds, in_listed, listed_cells
+from ._windows import Windows
+from .bitmaps import common, merge_into, overlaps
+from .layout import COUNTER_INTS, NO_WINDOW, LIVE_ENTRY_BITS, LIVE_SLOT_BITS, M32, NO_CELLS, NO_PACKED, PROMOTE, WIDE_LIVE_SHIFT, Cell, Layout, Window, held_size
 
 __all__ = ["TimeBucketIndex"]
 # add() inlines the narrow bounds of the live bitmap (a literal, not a
@@ -39,7 +48,7 @@ __all__ = ["TimeBucketIndex"]
 assert LIVE_ENTRY_BITS == 22 and LIVE_SLOT_BITS == 10 and WIDE_LIVE_SHIFT == 32
 
 
-class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
+class TimeBucketIndex:
     """Pending nacks by bucket time, ledger and entry id.
 
     The bucket of a due time is the time with its low ``precision_bits``
@@ -58,42 +67,38 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
     [(3, 9), (7, 1), (7, 2)]
     """
 
-    __slots__ = ("precision_bits", "rounding", "_add", "_mask", "_lay", "_wshift", "_cshift", "_omask",
-                 "_slot_limit", "_windows", "_wheap", "_by_id", "_lid", "_ext", "_free", "_multi", "_ghosts",
-                 "_ghost_copies", "_count", "_live", "_live_shift", "_churn", "_compact_at", "_refitted", "_hot_bucket", "_hot_slot", "_hot_lid",
-                 "_hot_win", "_hot_off", "_hot_dense", "_hot_start", "_hot_listed")
+    __slots__ = ("precision", "precision_bits", "_add", "_mask", "_lay", "_wshift", "_cshift", "_omask", "_slot_limit",
+                 "_ledgers", "_ids", "_time", "_windows", "_by_id", "_count",
+                 "_hot_bucket", "_hot_slot", "_hot_lid", "_hot_win", "_hot_off", "_hot_dense", "_hot_start", "_hot_listed")
 
     def __init__(self, precision_bits: int = 8, rounding: str = "floor") -> None:
-        self._add, self._mask = check_precision(precision_bits, rounding)
-        self.precision_bits: int = precision_bits
-        self.rounding: str = rounding
-        lay = self._lay = Layout.for_bits(precision_bits)
+        # add() inlines Precision.bucket with these (no call on its hottest path)
+        precision = self.precision = Precision.of(precision_bits, rounding)
+        self._add, self._mask = precision.add, precision.mask
+        self.precision_bits: int = precision.bits
+        lay = self._lay = Layout.for_bits(precision.bits)
+        # the layout's ints, copied for add() (shared objects: see Layout.for_bits)
         self._wshift, self._slot_limit = lay.window_shift, lay.slot_limit
         # a copy packs as (offset << _cshift | slot) << 32 | entry: two small-int ops, then the 64-bit ones
         self._cshift = lay.offset_shift - 32
         self._omask = lay.offset_mask
-        self._windows: dict[int, Window] = {}
-        self._wheap: list[int] = []  # window ids; one per window in _windows
-        self._by_id: dict[int, int] = {}  # ledger id -> its slot
-        self._lid: list[int | None] = []  # slot -> ledger id (None: a free slot)
-        # slot -> the ledger's rare state or None; the shared empty until a ledger needs one
-        self._ext: list[LedgerExt | None] = NO_SLOTS
-        # made on first use (shared empties until then: see NO_ENTRIES)
-        self._free: list[int] = NO_SLOTS  # freed slots
-        self._multi: dict[tuple[int, int], int] = NO_ENTRIES  # (slot, entry) -> live occurrences (>= 2)
-        self._ghosts: dict[tuple[int, int], Ghost] = NO_ENTRIES  # (slot, entry) -> acked copies still in cells
-        self._ghost_copies = 0
+        self._ledgers = Ledgers()
+        self._ids = LiveIds(self._ledgers)
+        self._time = Windows(lay)
+        # add()'s local references to containers its components own and never replace
+        self._windows: dict[int, Window] = self._time.by_id
+        self._by_id: dict[int, int] = self._ledgers.by_id
         self._count = 0  # live occurrences
-        # slot << _live_shift | entry of every live id < 2^32: 22 in a BitMap, then 32 (see LIVE_ENTRY_BITS)
-        self._live: BitMap | BitMap64 = BitMap()
-        self._live_shift = LIVE_ENTRY_BITS
-        self._churn, self._compact_at = 0, COMPACT_CHURN  # changes to _live until its next compaction
-        self._refitted = False  # _live shrunk to fit at least once (its containers grew back from there)
-        self._reset_hot()
+        # the fast path: the cell the last add went to (bucket, slot, ledger id, window, offset), its
+        # bitmap if dense and whether its ledger lists it, and where its run of adds started
+        self._hot_bucket, self._hot_slot, self._hot_lid, self._hot_off = -1, -1, -1, -1
+        self._hot_win: Window = NO_WINDOW
+        self._hot_dense: Cell | None = None
+        self._hot_start, self._hot_listed = 0, False
 
     def bucket_of(self, due_ms: int) -> int:
         """The bucket time a due time maps to. Runtime complexity: O(1)."""
-        return (check_int("due_ms", due_ms, MAX_DUE) + self._add) & self._mask
+        return self.precision.bucket(check_int("due_ms", due_ms, MAX_DUE))
 
     def add(self, ledger_id: int, entry_id: int, due_ms: int) -> None:
         """Track ``(ledger_id, entry_id)`` as due at ``due_ms`` (monotonic ms).
@@ -108,36 +113,37 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
         cell: O(log w + t) for a window of w sparse copies with an unsorted
         tail of t. Once per index, the first entry id in ``[2^22, 2^32)`` (or
         the first ledger past 1,024 pending at once) re-keys the live bitmap as
-        64-bit: O(n) in C for n live ids (see ``_parts.LIVE_ENTRY_BITS``).
+        64-bit: O(n) in C for n live ids (see ``layout.LIVE_ENTRY_BITS``).
         """
         if (type(ledger_id) is not int or type(entry_id) is not int or type(due_ms) is not int
                 or (ledger_id | entry_id) >> 63 or due_ms >> 62):  # negative or too large
             ledger_id = check_int("ledger_id", ledger_id)
             entry_id = check_int("entry_id", entry_id)
             due_ms = check_int("due_ms", due_ms, MAX_DUE)
-        bucket = (due_ms + self._add) & self._mask
+        bucket = (due_ms + self._add) & self._mask  # Precision.bucket, inlined
+        ids = self._ids
         if ledger_id == self._hot_lid:
             slot = self._hot_slot
             if bucket == self._hot_bucket:  # a burst into the last cell
-                exts = self._ext
+                exts = self._ledgers.ext
                 ext = exts[slot] if exts else None
                 if entry_id > 4194303 or slot > 1023 or (ext is not None and ext.ghost is not None):
                     if entry_id >> 32 or (ext is not None and ext.ghost is not None):
                         self._add_again(slot, entry_id, bucket)
                         return
-                    if self._live_shift == 22:  # the first id the narrow live bitmap cannot key
-                        self._widen_live()
+                    if ids.shift == 22:  # the first id the narrow live bitmap cannot key
+                        ids.widen()
                     key = slot << 32 | entry_id
                 else:
-                    key = slot << self._live_shift | entry_id
-                live = self._live
-                if self._hot_listed:  # a listed dense cell (so ext is set): the id is stored there only
-                    if key in live or (entry_id <= ext.hi and self._in_listed(ext, entry_id)):
+                    key = slot << ids.shift | entry_id
+                live = ids.bits
+                if self._hot_listed:  # a listed dense cell (so ext and the cell are set): the id is stored there only
+                    if key in live or (entry_id <= ext.hi and in_listed(ext, entry_id)):  # type: ignore[union-attr, arg-type]
                         self._add_again(slot, entry_id, bucket)
                         return
-                    self._hot_dense.add(entry_id)
-                    if entry_id > ext.hi:
-                        ext.hi = entry_id
+                    self._hot_dense.add(entry_id)  # type: ignore[union-attr]
+                    if entry_id > ext.hi:  # type: ignore[union-attr]
+                        ext.hi = entry_id  # type: ignore[union-attr]
                     self._count += 1
                     return
                 try:
@@ -145,7 +151,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
                 except KeyError:  # already pending somewhere
                     self._add_again(slot, entry_id, bucket)
                     return
-                if ext is not None and ext.cells is not None and entry_id <= ext.hi and self._in_listed(ext, entry_id):
+                if ext is not None and ext.cells is not None and entry_id <= ext.hi and in_listed(ext, entry_id):
                     live.discard(key)  # pending in a listed cell
                     self._add_again(slot, entry_id, bucket)
                     return
@@ -163,14 +169,15 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
             try:  # a subscript, not .get(): no method call on the common path
                 slot = self._by_id[ledger_id]
             except KeyError:
-                slot = self._ledger(ledger_id)
-        exts = self._ext
+                slot = self._ledgers.slot(ledger_id)
+        exts = self._ledgers.ext
         if entry_id > 4194303 or slot > 1023 or (exts and exts[slot] is not None):  # compares: specialised for small ints
-            if not self._live_add_rare(slot, entry_id, bucket):  # a wide key, or the ledger has rare state
+            if not ids.claim_rare(slot, entry_id):  # a wide key, or the ledger has rare state
+                self._add_again(slot, entry_id, bucket)
                 return
         else:
             try:
-                self._live.add_checked(slot << self._live_shift | entry_id)
+                ids.bits.add_checked(slot << ids.shift | entry_id)
             except KeyError:  # already pending somewhere
                 self._add_again(slot, entry_id, bucket)
                 return
@@ -192,7 +199,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
         # _make_hot. The live bitmap's compaction is paced by pops (adds only grow it).
         packed = w.packed
         n = len(packed)
-        if n >= SEGMENT:
+        if n >= layout.SEGMENT:
             packed, n = w.roll(), 0
         elif packed is NO_PACKED:
             packed = w.packed = array.array("Q")
@@ -217,33 +224,34 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
         if type(ledger_id) is not int or type(due_ms) is not int or ledger_id >> 63 or due_ms >> 62:
             ledger_id = check_int("ledger_id", ledger_id)
             due_ms = check_int("due_ms", due_ms, MAX_DUE)
-        ids = entry_array(entry_ids)
-        if len(ids) < PROMOTE:
-            for e in ids:
+        batch = entry_array(entry_ids)
+        if len(batch) < PROMOTE:
+            for e in batch:
                 self.add(ledger_id, e, due_ms)
             return
-        new = BitMap(ids) if ids.typecode == "I" else BitMap64(ids)
-        slot = self._ledger(ledger_id)
-        ext = self._ext_at(slot)
-        if self._live_shift == LIVE_ENTRY_BITS:  # ids below 2^32 the narrow live bitmap cannot key?
+        new: Cell = BitMap(batch) if batch.typecode == "I" else BitMap64(batch)
+        slot = self._ledgers.slot(ledger_id)
+        ext = self._ledgers.ext_at(slot)
+        ids = self._ids
+        if ids.shift == LIVE_ENTRY_BITS:  # ids below 2^32 the narrow live bitmap cannot key?
             narrow = type(new) is BitMap
             if (new.max() >> LIVE_ENTRY_BITS if narrow else new.range_cardinality(1 << LIVE_ENTRY_BITS, 1 << 32)) or (
                     slot >> LIVE_SLOT_BITS and (narrow or new.min() >> 32 == 0)):
-                self._widen_live()
-        keyed = self._keyed(slot, new)
-        if keyed.intersect(self._live) or (ext is not None and (ext.ghost is not None or (
+                ids.widen()
+        keyed = ids.keyed(slot, new)
+        if keyed.intersect(ids.bits) or (ext is not None and (ext.ghost is not None or (  # type: ignore[arg-type]
                 ext.wide is not None and type(new) is BitMap64 and new.intersect(ext.wide)) or (
-                ext.cells is not None and any(overlaps(new, c) for c in ext.cells[::LISTING])))):
+                any(overlaps(new, c) for c in listed_cells(ext))))):
             for e in new:
                 self.add(ledger_id, e, due_ms)
             return
-        bucket = (due_ms + self._add) & self._mask
-        self._live |= keyed
+        bucket = self.precision.bucket(due_ms)
+        ids.bits |= keyed  # type: ignore[operator]
         if type(new) is BitMap64 and new.max() >> 32:
-            ext = self._ext_of(slot)
-            ext.wide = merge_into(ext.wide or BitMap64(), BitMap64(e for e in new if e >> 32))
+            ext = self._ledgers.ext_of(slot)
+            ext.wide = merge_into(ext.wide or BitMap64(), BitMap64(e for e in new if e >> 32))  # type: ignore[assignment]
         n = len(new)
-        self._churn += n
+        ids.churn += n
         self._count += n
         w, off, cell = self._make_hot(slot, bucket)
         self._hot_dense = self._set_cell(w, off, slot, new if cell is None else merge_into(cell, new))
@@ -255,7 +263,7 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
 
         Returns whether anything was pending. Runtime complexity: O(1): one
         bitmap lookup when the message is not pending, plus at most
-        :data:`~._parts.LISTED` for an id not above its ledger's listed dense
+        :data:`~.layout.LISTED` for an id not above its ledger's listed dense
         cells; when it is pending, it leaves the listed cells holding it and
         its other copies become ghosts (a small record each) dropped when
         their bucket is taken.
@@ -266,53 +274,31 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
         slot = self._by_id.get(ledger_id)
         if slot is None:
             return False
-        exts = self._ext  # _ext_at() inlined: every acknowledge comes here
+        ledgers, ids = self._ledgers, self._ids
+        exts = ledgers.ext  # ext_at() inlined: every acknowledge comes here
         ext = exts[slot] if exts else None
         if entry_id >> 32:
-            in_live = ext is not None and ext.wide is not None and entry_id in ext.wide
-        elif self._live_shift == LIVE_ENTRY_BITS and (entry_id >> LIVE_ENTRY_BITS or slot >> LIVE_SLOT_BITS):
-            in_live = False  # the narrow live bitmap cannot key it: it was never added
+            in_bits = ext is not None and ext.wide is not None and entry_id in ext.wide
+        elif ids.shift == LIVE_ENTRY_BITS and (entry_id >> LIVE_ENTRY_BITS or slot >> LIVE_SLOT_BITS):
+            in_bits = False  # the narrow live bitmap cannot key it: it was never added
         else:
-            in_live = (slot << self._live_shift | entry_id) in self._live
+            in_bits = (slot << ids.shift | entry_id) in ids.bits
         taken = 0  # copies removed from listed cells (no ghost left for them)
         if ext is not None and ext.cells is not None and entry_id <= ext.hi:
-            taken = self._drop_listed_id(ext, entry_id)
-        if not in_live and not taken:
+            taken, emptied = ids.drop_listed_id(ext, entry_id)
+            if self._hot_dense is not None and any(c is self._hot_dense for c in emptied):
+                self._reset_hot()
+        if not in_bits and not taken:
             return False
-        key = (slot, entry_id)
-        n = 1
-        if ext is not None and ext.multi is not None and entry_id in ext.multi:
-            n = self._multi.pop(key)
-            ext.multi.discard(entry_id)
-            if not ext.multi:
-                ext.multi = None
-        if in_live:
-            self._live_discard(slot, entry_id)
+        n = ids.acked(slot, entry_id, in_bits, taken)
         self._count -= n
-        n -= taken
-        if n:
-            self._ghost_copies += n
-            ghost = self._ghosts.get(key)
-            if ghost is None:
-                if self._ghosts is NO_ENTRIES:
-                    self._ghosts = {}
-                self._ghosts[key] = Ghost(n)
-                ext = self._ext_of(slot)
-                if ext.ghost is None:
-                    ext.ghost = set()
-                ext.ghost.add(entry_id)
-            else:  # its live copies were exactly the revived ones
-                ghost.count += n
-                ghost.revived = None
-        elif key in self._ghosts:  # no live copy left: none of its copies is revived
-            self._ghosts[key].revived = None
-        elif (ext is None or ext.ghost is None) and not self._has_live(slot):
+        if n == taken and (slot, entry_id) not in ids.ghosts and (ext is None or ext.ghost is None) and not ids.has_live(slot):
             self._drop_ledger(slot)  # its only copies were in listed cells, now gone
             return True
-        self._tidy(slot)
+        ledgers.tidy(slot)
         return True
 
-    def pop_due_bitmaps(self, now_ms: int) -> list[tuple[int, int, BitMap | BitMap64]]:
+    def pop_due_bitmaps(self, now_ms: int) -> list[tuple[int, int, Cell]]:
         """Remove everything due at ``now_ms``; return ``(bucket_ms, ledger_id,
         bitmap)`` triples in ``(bucket, ledger)`` order.
 
@@ -323,7 +309,8 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
         bucket taken for its k copies, plus O(c log c) for the c cells taken.
         """
         now_ms = check_int("now_ms", now_ms)
-        out: list[tuple[int, int, BitMap | BitMap64]] = []
+        out: list[tuple[int, int, Cell]] = []
+        lid = self._ledgers.lid
         while True:
             front = self._front(now_ms)
             if front is None or front[0] > now_ms:
@@ -331,10 +318,10 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
             bucket, w, off = front
             if self._hot_win is w and self._hot_off == off:
                 self._reset_hot()  # its cell leaves the index
-            rows = []
-            for slot, cell in self._take_cells(w, off).items():
-                rows.append((self._lid[slot], cell))
-                self._release(slot, w, bucket, cell)
+            rows: list[tuple[int, Cell]] = []
+            for slot, cell in w.take_cells(off).items():
+                rows.append((lid[slot], cell))  # type: ignore[arg-type]  # a slot holding a copy is in use
+                self._release(slot, bucket, cell)
             rows.sort(key=lambda r: r[0])
             out.extend((bucket, ledger, cell) for ledger, cell in rows)
 
@@ -361,6 +348,11 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
         front = self._front()
         return None if front is None else front[0]
 
+    @property
+    def rounding(self) -> str:
+        """``"floor"`` or ``"ceil"`` (see :class:`~nacktracker.precision.Precision`)."""
+        return self.precision.rounding
+
     def __len__(self) -> int:
         """Pending occurrences (a message pending in two buckets counts twice). O(1)."""
         return self._count
@@ -371,34 +363,353 @@ class TimeBucketIndex(FrontMixin, CellsMixin, ViewsMixin):
     def __contains__(self, item: object) -> bool:
         """``(ledger_id, entry_id) in index``. Runtime complexity: O(1): a
         bitmap lookup plus at most ``LISTED`` (the ledger's listed cells)."""
-        ids = message_id(item)
-        if ids is None:
+        pair = message_id(item)
+        if pair is None:
             return False
-        ledger_id, entry_id = ids
+        ledger_id, entry_id = pair
         slot = self._by_id.get(ledger_id)
-        return slot is not None and self._has(slot, entry_id)
+        return slot is not None and self._ids.has(slot, entry_id)
 
     def has_ledger(self, ledger_id: int) -> bool:
         """Whether anything of this ledger is pending. Runtime complexity:
         O(1) with listed cells or 64-bit ids, else O(log n) (two ranks of the
         live bitmap, in C)."""
         slot = self._by_id.get(ledger_id)
-        return slot is not None and self._has_live(slot)
+        return slot is not None and self._ids.has_live(slot)
 
     def compact(self) -> None:
         """Run-optimise and shrink the dense cells, shrink the live bitmap
-        (never run-optimised: see ``_compact_live``).
+        (never run-optimised: see ``LiveIds.compact``).
 
         Never needed for correctness: the index compacts a cell when a run of
         adds to it ends and a ledger's live set every few thousand changes.
         Runtime complexity: O(all containers).
         """
-        self._compact_live()
+        self._ids.compact()
         for w in self._windows.values():
             for cell in w.dense.values():
                 cell.run_optimize()
                 cell.shrink_to_fit()
 
+    # -- counts, the pending set in order, bytes -------------------------------------
+
+    def bucket_count(self) -> int:
+        """Distinct bucket times pending. Runtime complexity: O(n log n) in C
+        (numpy over the window arrays), no Python object per message. Copies
+        of messages acked while pending count until their bucket is taken."""
+        return self._time.count(buckets_only=True)
+
+    def bitmap_count(self) -> int:
+        """``(bucket, ledger)`` cells pending. Runtime complexity: O(n log n)
+        in C, as :meth:`bucket_count` (and the same caveat)."""
+        return self._time.count(buckets_only=False)
+
+    def bucket_count_bound(self) -> int:
+        """An upper bound on :meth:`bucket_count` for gauges read often
+        (``NegativeAcksTracker.stats()``, every metrics scrape): a window with
+        at most ``SMALL_WINDOW`` (64) copies left is counted exactly, a larger
+        one as the fewer of its copies (sparse copies left plus dense cells)
+        and the buckets one window spans (at least 8). Exact when each window
+        is small; ghosts count as in :meth:`bucket_count`. Runtime
+        complexity: O(windows), never O(messages)."""
+        return self._time.count_bound(1 << self._lay.offset_bits, buckets_only=True)
+
+    def bitmap_count_bound(self) -> int:
+        """An upper bound on :meth:`bitmap_count`, as :meth:`bucket_count_bound`:
+        small windows exactly, a larger one as the fewer of its copies and the
+        cells it can hold (buckets one window spans × ledger slots ever handed
+        out, which no slot in a window reaches). Exact when each window is
+        small or each copy is alone in its ``(bucket, ledger)`` cell.
+        Runtime complexity: O(windows), never O(messages)."""
+        return self._time.count_bound((1 << self._lay.offset_bits) * len(self._ledgers.lid), buckets_only=False)
+
+    def iter_bitmaps(self) -> Iterator[tuple[int, int, Cell]]:
+        """``(bucket_ms, ledger_id, bitmap)`` of the live copies in order, without
+        removing them. The bitmaps are fresh: mutating them changes nothing.
+        Runtime complexity: O(n log n) for n copies."""
+        ledgers, ids = self._ledgers, self._ids
+        for wid, w in self._time.in_order():
+            rows = []
+            for (off, slot), cell in self._time.cells_in(w).items():
+                bucket = wid << self._wshift | off << self.precision_bits
+                ext = ledgers.ext_at(slot)
+                if ext is not None and ext.ghost is not None:
+                    for e in common(cell, ext.ghost):
+                        if not ids.ghosts[(slot, e)].is_live_in(bucket):
+                            cell.discard(e)
+                if cell:
+                    rows.append((bucket, ledgers.ledger_id(slot), cell))
+            rows.sort(key=lambda r: r[:2])
+            yield from rows
+
+    def nbytes(self) -> int:
+        """Bytes this index holds: Python objects, arrays and CRoaring's C heap,
+        each allocation as the allocators take it (pymalloc's 16-byte
+        classes, malloc chunks, the live bitmap's containers at the capacity
+        CRoaring grows them to).
+
+        A process that has added and popped for a while holds a little more
+        (free chunks between live ones): anonymous RSS growth was 0.995-1.28x
+        this, median 1.18x, in ``bench/index_grid.py``'s cells.
+
+        Runtime complexity: O(windows + cells + ledgers + ids pending in two
+        buckets or acked while pending); never O(messages).
+        """
+        # its counters and the hot bucket's time, each as an int object of its own whatever its value
+        # (shared small ints below 257: up to 64 B more than held), so an empty index always reads the same
+        return (held_size(self) + COUNTER_INTS * held_size(1 << 40)
+                + self._ledgers.nbytes() + self._ids.nbytes() + self._time.nbytes())
+
     def __repr__(self) -> str:
         return (f"TimeBucketIndex(precision_bits={self.precision_bits}, "
                 f"rounding={self.rounding!r}, pending={len(self)}, windows={len(self._windows)})")
+
+    # -- placing copies -------------------------------------------------------------
+
+    def _add_again(self, slot: int, entry_id: int, bucket: int) -> None:
+        """An add that may meet a copy already in its cell (pending, acked or wide)."""
+        ids = self._ids
+        ext = self._ledgers.ext_at(slot)
+        ghost = ids.ghost_of(slot, entry_id, ext)
+        if (ids.has(slot, entry_id) or ghost is not None) and self._time.holds(slot, entry_id, bucket):
+            if ghost is None or ghost.is_live_in(bucket):
+                return  # already pending in this bucket
+            assert ext is not None
+            ghost.count -= 1  # the acked copy in this cell comes back to life
+            ids.ghost_copies -= 1
+            if ghost.count:
+                ghost.revive(bucket)
+            else:
+                ids.unghost(ext, (slot, entry_id))
+            ids.add(slot, entry_id)
+            self._count += 1
+            self._ledgers.tidy(slot)
+            return
+        if ghost is not None:
+            ghost.revive(bucket)
+        ids.add(slot, entry_id)
+        self._count += 1
+        self._put(slot, entry_id, bucket)
+
+    def _put(self, slot: int, entry_id: int, bucket: int) -> None:
+        """Store one new physical copy (live state already updated)."""
+        if bucket == self._hot_bucket and slot == self._hot_slot:
+            w, off, cell = self._hot_win, self._hot_off, self._hot_dense
+        else:
+            w, off, cell = self._make_hot(slot, bucket)
+        self._ids.churn += 1
+        if cell is None and (entry_id >> 32 or slot >= self._slot_limit):
+            cell = self._set_cell(w, off, slot, BitMap64() if entry_id >> 32 else BitMap())
+            self._hot_start = 0
+        if cell is not None:
+            if entry_id >> 32 and type(cell) is BitMap:
+                cell = self._set_cell(w, off, slot, BitMap64(cell))
+            cell.add(entry_id)
+            self._hot_dense = cell
+            if self._hot_listed:
+                ext = self._ledgers.ext_at(slot)
+                assert ext is not None
+                if entry_id > ext.hi:
+                    ext.hi = entry_id
+            return
+        w.packed.append((off << self._cshift | slot) << 32 | entry_id)
+        if off < w.tail_min and w.opened:
+            w.tail_min = off
+        if len(w.packed) - self._hot_start >= PROMOTE:
+            self._promote(w)
+
+    def _make_hot(self, slot: int, bucket: int) -> tuple[Window, int, Cell | None]:
+        """Switch the fast path to the cell ``(bucket, slot)``; compact the dense
+        cell it leaves if it grew past a power of two while hot (a run just
+        ended, or its size doubled since: amortised O(1) per add, where
+        compacting at every switch cost O(cell) per add to cells that many
+        streams take turns at)."""
+        old_cell = self._hot_dense
+        if old_cell is not None:
+            n = len(old_cell)
+            if n >= PROMOTE and n.bit_length() > self._hot_start.bit_length():
+                old_cell.run_optimize()
+                old_cell.shrink_to_fit()
+        w = self._windows.get(bucket >> self._wshift)
+        if w is None:
+            w = self._time.window(bucket)
+        off = (bucket >> self.precision_bits) & self._omask
+        cell = None
+        if w.dense:
+            cell = w.dense.get(off << 32 | slot)
+        self._hot_bucket, self._hot_slot, self._hot_win, self._hot_off = bucket, slot, w, off
+        if cell is None:
+            if w.packed is NO_PACKED:
+                w.packed = array.array("Q")
+            elif len(w.packed) >= layout.SEGMENT:
+                w.roll()
+        self._hot_lid = self._ledgers.lid[slot]  # type: ignore[assignment]  # a slot in use holds its ledger id
+        # _hot_start: where the hot run starts in the array, or the dense cell's size
+        self._hot_dense, self._hot_start = cell, len(w.packed) if cell is None else len(cell)
+        ext = self._ledgers.ext_at(slot) if cell is not None else None
+        self._hot_listed = ext is not None and any(c is cell for c in listed_cells(ext))
+        return w, off, cell
+
+    def _reset_hot(self) -> None:
+        self._hot_bucket, self._hot_slot, self._hot_lid, self._hot_off = -1, -1, -1, -1
+        self._hot_win, self._hot_dense, self._hot_start, self._hot_listed = NO_WINDOW, None, 0, False
+
+    def _set_cell(self, w: Window, off: int, slot: int, cell: Cell) -> Cell:
+        """Put ``cell`` at ``(off, slot)``; a listed cell replaced by a new
+        object (widened to 64 bits) stays listed, and the ledger's ``hi``
+        follows a listed cell's new ids (merged in by a gather or ``add_many``).
+        Runtime complexity: O(log c) (heap push) + O(LISTED)."""
+        if w.dense is NO_CELLS:
+            w.dense = {}
+        key = off << 32 | slot
+        old = w.dense.get(key)
+        if old is None:
+            w.push_key(key)
+        else:
+            ext = self._ledgers.ext_at(slot)
+            if ext is not None and self._ids.relist(ext, old, cell) and self._hot_dense is old:
+                self._hot_listed = True
+        w.dense[key] = cell
+        return cell
+
+    def _promote(self, w: Window) -> None:
+        """The hot cell got a run of PROMOTE adds: move its copies (the tail of
+        the window's array) into a bitmap. Runtime complexity: O(PROMOTE)."""
+        start = self._hot_start
+        run = array.array("I", [v & M32 for v in w.packed[start:]])
+        del w.packed[start:]
+        if not w.packed:  # the run was all of it
+            w.packed = NO_PACKED
+        cell = BitMap()
+        cell.update(run)
+        slot, off = self._hot_slot, self._hot_off
+        self._hot_start = 0  # now the dense cell's size when the run started
+        key = off << 32 | slot
+        ext = self._ledgers.ext_at(slot)
+        if (ext is not None and ext.ghost is not None) or key in w.dense:
+            self._hot_dense = self._set_cell(w, off, slot, cell)
+            return
+        if w.dense is NO_CELLS:
+            w.dense = {}
+        w.push_key(key)
+        w.dense[key] = self._hot_dense = cell
+        # listed: the run's ids leave the live bitmap and its next ids skip it
+        # (stored once); the listing shares the dict's key object. An id also
+        # pending elsewhere (multi) would need its live bit when this cell pops:
+        # a ledger with such ids keeps the run's first ids in the live bitmap.
+        ids = self._ids
+        ids.list_cell(slot, cell, w, key)
+        self._hot_listed = True
+        if self._ledgers.ext_of(slot).multi is None:
+            ids.bits.difference_update(ids.keyed(slot, cell))  # type: ignore[arg-type]
+            ids.churn += len(cell)
+
+    # -- taking buckets off the front --------------------------------------------------
+
+    def _front(self, taking: int = -1) -> tuple[int, Window, int] | None:
+        """``(bucket, window, offset)`` of the earliest bucket holding a live
+        copy; None if empty. A bucket at or before ``taking`` (about to be
+        taken) is gathered into dense cells with its ghosts dropped; a later
+        one only when ghosts exist or its offset comes from the tail alone
+        (to know whether it holds a live copy)."""
+        time = self._time
+        while True:
+            first = time.first()
+            if first is None:
+                return None
+            wid, w = first
+            if w.empty():
+                time.drop_first()
+                if self._hot_win is w:
+                    self._reset_hot()
+                continue
+            if time.needs_sort(w):
+                self._reset_hot()  # the hot run's copies no longer sit at the tail
+                time.sort(w)
+            off = time.front_offset(w)
+            bucket = wid << self._wshift | off << self.precision_bits
+            if bucket > taking and not self._ids.ghost_copies and time.surely_live(w, off):
+                return bucket, w, off  # not taken now: left sparse (no bitmap per front bucket between pops)
+            if self._gather(w, off, bucket):
+                return bucket, w, off
+
+    def _gather(self, w: Window, off: int, bucket: int) -> bool:
+        """Move the sparse copies of bucket ``off`` into its dense cells and
+        drop its ghost copies. Runtime: O(log w + k) for k copies from the
+        sorted part; O(t) in C more when the unsorted tail of t has some.
+        Returns whether the bucket holds a live copy."""
+        parts = self._time.take_sparse(w, off)
+        if parts:
+            self._reset_hot()
+            for s, got in self._time.by_slot(parts):
+                cell = w.dense.get(off << 32 | s)
+                self._set_cell(w, off, s, got if cell is None else merge_into(cell, got))
+        if self._ids.ghost_copies:
+            return self._drop_ghosts(w, off, bucket)
+        return bool(w.dense_keys) and w.dense_keys[0] >> 32 == off
+
+    def _drop_ghosts(self, w: Window, off: int, bucket: int) -> bool:
+        """Drop the ghost copies of bucket ``off`` (all its copies are in dense
+        cells by now); return whether a live copy is left."""
+        ledgers, ids = self._ledgers, self._ids
+        for slot, cell in w.take_cells(off).items():
+            ext = ledgers.ext_at(slot)
+            if ext is not None and ext.ghost is not None:
+                for e in common(cell, ext.ghost):
+                    key = (slot, e)
+                    ghost = ids.ghosts[key]
+                    if ghost.is_live_in(bucket):
+                        continue
+                    cell.discard(e)
+                    ids.ghost_copies -= 1
+                    ghost.count -= 1
+                    if not ghost.count:
+                        ids.unghost(ext, key)
+            if cell:
+                self._set_cell(w, off, slot, cell)
+            else:
+                if self._hot_dense is cell:
+                    self._reset_hot()
+                if ext is not None and ext.cells is not None:
+                    ids.unlist(ext, cell)
+                if (ext is None or ext.ghost is None) and not ids.has_live(slot):
+                    self._drop_ledger(slot)
+                    continue
+            ledgers.tidy(slot)
+        return bool(w.dense_keys) and w.dense_keys[0] >> 32 == off
+
+    def _release(self, slot: int, bucket: int, cell: Cell) -> None:
+        """Account for a popped cell (ghost copies already dropped)."""
+        ids = self._ids
+        n = len(cell)
+        ids.churn += n
+        self._count -= n
+        gone = cell
+        ext = self._ledgers.ext_at(slot)
+        if ext is not None:
+            if ext.cells is not None:
+                ids.unlist(ext, cell)
+                if self._hot_dense is cell:
+                    self._hot_listed = False
+            if ext.ghost is not None:
+                for e in common(cell, ext.ghost):
+                    revived = ids.ghosts[(slot, e)].revived
+                    assert revived is not None
+                    revived.discard(bucket)
+            if ext.multi is not None:
+                gone = ids.release_multi(slot, ext, cell)
+            if ext.wide is not None and type(gone) is BitMap64:
+                ext.wide.difference_update(gone)
+                if not ext.wide:
+                    ext.wide = None
+        ids.release(slot, gone)
+        if (ext is None or ext.ghost is None) and not ids.has_live(slot):
+            self._drop_ledger(slot)
+        else:
+            self._ledgers.tidy(slot)
+
+    def _drop_ledger(self, slot: int) -> None:
+        self._ledgers.drop(slot)
+        if self._hot_slot == slot:
+            self._reset_hot()
+

@@ -2,7 +2,7 @@
 from arrival order for the memory model: which cells are dense, which are
 *listed* by their ledger (ids stored once, out of the live bitmap) and how
 much of each was compacted. The rules are those of
-``nacktracker/index/_cells.py`` (``_promote``, ``_list``, ``_make_hot``):
+``nacktracker/index/buckets.py`` (``_promote``, ``_make_hot``) and ``_live.py`` (``list_cell``):
 
 * a ``(bucket, ledger)`` cell becomes a Roaring bitmap (is *promoted*) at the
   :data:`PROMOTE`-th add of a run of adds in a row to it (arrival order; an
@@ -30,7 +30,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..index._parts import LISTED, LISTING, PROMOTE, distinct
+from ..index.bitmaps import distinct
+from ..index.layout import LISTED, LISTING, PROMOTE
 
 __all__ = ["ArrivalCells", "Listing", "arrival_cells", "list_cells", "compacted_prefix"]
 

@@ -1,16 +1,16 @@
 """Bytes of a live :class:`~nacktracker.TimeBucketIndex` from the pending nacks
 at one instant, as a Spark task can compute them (numpy + real bitmaps).
 
-The index's layout (``nacktracker/index/_parts.py``) and what ``nbytes()``
+The index's layout (:mod:`nacktracker.index.layout`, its documented layout API) and what ``nbytes()``
 counts for it, piece by piece:
 
 * per window of ``2^max(bits + 3, 14)`` ms holding pending nacks: the window
-  object, its id, its slot in the windows dict and heap, and, while it
+  object, its id, its slot in the windows dict, and, while it
   holds *sparse* copies, ``array('Q')`` segments with 8 bytes each: full
-  ones of :data:`~nacktracker.index._parts.SEGMENT` copies in a list, and
+  ones of :data:`~nacktracker.index.layout.SEGMENT` copies in a list, and
   the one being grown by appends (:func:`segmented_bytes`);
 * *dense* cells: a ``(bucket, ledger)`` cell turns into a Roaring bitmap when
-  a run of :data:`~nacktracker.index._parts.PROMOTE` adds in a row reaches
+  a run of :data:`~nacktracker.index.layout.PROMOTE` adds in a row reaches
   it (arrival order; another cell's add or a pop ends a run; the index
   gathers a bucket's sparse copies only as it takes it); 64-bit ids
   (>= 2^32) are always dense. Each costs its bitmap (built for real: the ids
@@ -29,7 +29,7 @@ counts for it, piece by piece:
 * per ledger, its id (an int), its slot's int past CPython's shared small
   ints, a dict slot and two list slots; a ledger with listed cells, wide ids
   or ids pending in two buckets also has a record
-  (:class:`~nacktracker.index._parts.LedgerExt`), and with listed cells
+  (:class:`~nacktracker.index.layout.LedgerExt`), and with listed cells
   their flat list (bitmap, window, key per cell) and the int ``hi``;
 * the ids pending in two buckets (``_multi`` and per-ledger sets);
 * the fixed part of an empty index.
@@ -54,11 +54,10 @@ from typing import NamedTuple, Optional
 import numpy as np
 from pyroaring import BitMap, BitMap64
 
-from ..index import DictIndex, TimeBucketIndex, _roaring_bytes
-from ..index._bytes import held, held_size
-from ..index._parts import (COMPACT_CHURN, LIVE_ENTRY_BITS, LIVE_SLOT_BITS, SEGMENT, WIDE_LIVE_SHIFT, Layout, LedgerExt, Window, bitmap_of,
-                             u32_array, u64_array)
-from ..index._views import SMALL_INT
+from ..index import DictIndex, TimeBucketIndex
+from ..index.bitmaps import bitmap_of, u32_array, u64_array
+from ..index.layout import (COMPACT_CHURN, LIVE_ENTRY_BITS, LIVE_SLOT_BITS, SEGMENT, SMALL_INT, WIDE_LIVE_SHIFT, Layout, held,
+                            held_size, ledger_record_bytes, roaring_bytes, window_bytes)
 from .dense_cells import arrival_cells, compacted_prefix, list_cells
 
 __all__ = ["IndexCosts", "IndexState", "index_state", "index_states", "array_bytes", "segmented_bytes", "dict_bytes", "dict_bytes_many",
@@ -431,12 +430,12 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
         else:
             live = BitMap()
             live.update(u32_array(keys[key_heads[c]:key_heads[c + 1]]))
-        roaring[c] += _roaring_bytes(live, grown=True, refit=bool(refit[c]))
+        roaring[c] += roaring_bytes(live, grown=True, refit=bool(refit[c]))
     wide = entry >> 32 > 0
     if wide.any():  # ids >= 2^32: a BitMap64 per ledger
         wide_lids = np.unique(lid[wide])
         for w in wide_lids.tolist():
-            roaring[lid_owner[w]] += _roaring_bytes(_bitmap(np.unique(entry[wide & (lid == w)]), True))
+            roaring[lid_owner[w]] += roaring_bytes(_bitmap(np.unique(entry[wide & (lid == w)]), True))
 
     # ids pending in two or more buckets: a _multi entry each, and per-ledger sets
     multi = np.flatnonzero(pid_rows > 1)
@@ -457,7 +456,7 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
         held = np.maximum(kl, multi_seen.ledger_peak[seen_lid[lid_first[used]]])
         total += _per_owner(lid_owner[used], _table("set", held) + kl * costs.int_bytes, k)
 
-    # windows: object, id, dict and heap slots, and an array of the sparse copies
+    # windows: object, id, dict slot, and an array of the sparse copies
     cid, n_cid = _tuple_ids(o, bucket, ledger)  # (owner, bucket, ledger): the cells
     bid, n_bid = _prefix_ids(cid, n_cid, o, bucket)
     wid, n_wid = _prefix_ids(bid, n_bid, o, bucket >> lay.window_shift)  # windows order as buckets do
@@ -465,7 +464,7 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     wid_owner[wid] = o
     n_win = np.bincount(wid_owner, minlength=k)
     sparse_per_window = np.bincount(wid[~dense], minlength=n_wid)
-    total += n_win * costs.window_bytes + np.where(has, _table("empty", n_win) + _table("list", n_win), 0)
+    total += n_win * costs.window_bytes + np.where(has, _table("empty", n_win), 0)  # layout.time_order_bytes: the dict
     total += _per_owner(wid_owner, np.where(sparse_per_window > 0, segmented_bytes(sparse_per_window), 0), k)
 
     # cells: (bucket, ledger); the dense ones hold a bitmap each (not compacted
@@ -495,7 +494,7 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
         cells_per_window = np.bincount(wid[rows[cuts]], minlength=n_wid)
         bounds = np.append(cuts, len(rows)).tolist()
         for c, upto, lo, hi in zip(cid_owner[cells].tolist(), cut[cells].tolist(), bounds[:-1], bounds[1:]):
-            roaring[c] += _roaring_bytes(_cell_bitmap(entries[lo:hi], upto))
+            roaring[c] += roaring_bytes(_cell_bitmap(entries[lo:hi], upto))
         used = np.flatnonzero(cells_per_window)
         cw = cells_per_window[used]
         # the heap of keys: the front window's only (the index keeps one once a window is open)
@@ -537,9 +536,9 @@ class IndexCosts:
         big = 1_000_003 << 20
         return cls(
             dict_index_per_entry=_dict_index_per_entry(), max_model_error=0.0, empty_index=empty.nbytes(),
-            index_fixed=(empty.nbytes() - _roaring_bytes(BitMap(), grown=True)  # the model builds the live bitmap,
-                         - 2 * dict_bytes(0, literal=False) - 2 * list_bytes(0)),  # and sizes these containers
-            window_bytes=size(Window()) + size(big), ledger_bytes=size(big), ext_bytes=size(LedgerExt()),
+            index_fixed=(empty.nbytes() - roaring_bytes(BitMap(), grown=True)  # the model builds the live bitmap,
+                         - 2 * dict_bytes(0, literal=False) - list_bytes(0)),  # and sizes these containers
+            window_bytes=window_bytes() + size(big), ledger_bytes=size(big), ext_bytes=ledger_record_bytes(),
             cell_key_bytes=size(big << 20), multi_entry_bytes=size((1, 2)) + size(2), int_bytes=size(big))
 
     @classmethod

@@ -49,6 +49,7 @@ from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
+from ..precision import Precision
 from .memory_model import IndexCosts, index_states
 
 __all__ = ["BitsResult", "Grid", "analyse_group", "analyse_consumer", "quantile", "bucket_times",
@@ -80,8 +81,7 @@ class BitsResult:
 
 def bucket_times(due: np.ndarray, bits: int, rounding: str = "floor") -> np.ndarray:
     """Bucket time of each due time (the index's ``bucket_of``, vectorised)."""
-    add = 0 if rounding == "floor" else (1 << bits) - 1
-    return ((due + add) >> bits) << bits
+    return Precision.of(bits, rounding).buckets(due)
 
 
 def quantile(values: np.ndarray, counts: np.ndarray, q: float, absolute: bool = False) -> int:

@@ -5,8 +5,8 @@ The Spark job, end to end:
 
 1. read the log and check it (:mod:`.load`): one aggregation pass, which also
    counts events per consumer;
-2. keep the ``nack`` rows and only the columns the kernel reads, as 32-bit
-   ints when they fit (:func:`_narrow_columns`); number the consumers and
+2. keep the ``nack`` rows and only the columns the kernel reads, two 32-bit
+   values to an int64 when they fit (:func:`_narrow_columns`); number the consumers and
    spread those of at most :data:`STREAM_NACKS` nacks over partitions by
    size (largest first onto the emptiest partition), so each task gets whole
    consumers and the tasks weigh about the same;
@@ -137,37 +137,53 @@ def _lookup(key, mapping: dict, type_name: str):
 _INT32_MAX = (1 << 31) - 1
 
 
-def _narrow_columns(summary: TraceSummary, first_ms: int, last_ms: int):
-    """The columns the kernel reads, as narrow as their values allow, and the
-    base to add back to the times: ``ledger_id`` and ``entry_id`` as 32-bit
-    ints when every value fits, the times as milliseconds since ``first_ms``
-    in 32 bits when the trace spans less than 24 days. 20 instead of 36 bytes
-    a nack through the shuffle and into Python. Returns ``(columns, base_ms)``."""
+#: The kernel's columns when two 31-bit values share one int64 (:func:`_narrow_columns`).
+_PACKED = {"ids": ("ledger_id", "entry_id"), "times": ("ts_ms", "due")}
+
+
+def _narrow_columns(summary: TraceSummary, first_ms: int, last_ms: int) -> tuple[list, int, str]:
+    """The columns the kernel reads, as narrow as their values allow, the base
+    to add back to the times and the column that orders a consumer's rows in
+    time. When every ``ledger_id`` and ``entry_id`` is below 2^31 they share
+    one int64 (``ids``: ledger in the high half); when the trace spans less
+    than 24 days the times are milliseconds since ``first_ms``, and the nack
+    time and due time share one int64 (``times``: the nack time high, so
+    ``times`` sorts in time order). A shuffled row is then three 8-byte
+    fields instead of five (Spark's rows give every field 8 bytes, an int's
+    too), and three Arrow columns reach Python instead of five (:func:`_int64`
+    takes them apart). Returns ``(columns, base_ms, time_column)``."""
     from pyspark.sql import functions as F
 
     due = F.col("ts_ms") + F.col("delay_ms")
-    cols = []
-    for c in ("ledger_id", "entry_id"):
-        top = summary.maxima.get(c)
-        cols.append(F.col(c).cast("int").alias(c) if top is not None and top <= _INT32_MAX else F.col(c))
+    narrow_ids = all(summary.maxima.get(c) is not None and summary.maxima[c] <= _INT32_MAX
+                     for c in ("ledger_id", "entry_id"))
+    cols = ([F.shiftleft(F.col("ledger_id").cast("long"), 32).bitwiseOR(F.col("entry_id").cast("long")).alias("ids")]
+            if narrow_ids else [F.col("ledger_id"), F.col("entry_id")])
     if last_ms - first_ms <= _INT32_MAX:
         base = int(first_ms)
-        return cols + [(F.col("ts_ms") - F.lit(base)).cast("int").alias("ts_ms"),
-                       (due - F.lit(base)).cast("int").alias("due")], base
-    return cols + [F.col("ts_ms"), due.alias("due")], 0
+        ts = F.col("ts_ms").cast("long") - F.lit(base)
+        return cols + [F.shiftleft(ts, 32).bitwiseOR(due - F.lit(base)).alias("times")], base, "times"
+    return cols + [F.col("ts_ms"), due.alias("due")], 0, "ts_ms"
 
 
 def _int64(batch, base_ms: int) -> list:
     """``cid, ledger_id, entry_id, ts_ms, due`` of an Arrow batch as int64 numpy
-    arrays, the times back in epoch milliseconds."""
+    arrays, the packed pairs (:data:`_PACKED`) taken apart and the times back
+    in epoch milliseconds."""
     import numpy as np
 
-    out = [batch.column(c).to_numpy().astype(np.int64, copy=False) for c in ("cid", "ledger_id", "entry_id")]
-    for c in ("ts_ms", "due"):
-        a = batch.column(c).to_numpy().astype(np.int64)
-        if base_ms:
-            a += base_ms
-        out.append(a)
+    names = batch.schema.names
+    out = [batch.column("cid").to_numpy().astype(np.int64, copy=False)]
+    for packed, (high, low) in _PACKED.items():
+        if packed in names:
+            both = batch.column(packed).to_numpy()
+            pair = [both >> 32, both & 0xFFFFFFFF]
+        else:
+            pair = [batch.column(high).to_numpy().astype(np.int64), batch.column(low).to_numpy().astype(np.int64)]
+        if packed == "times" and base_ms:
+            for a in pair:
+                a += base_ms
+        out += pair
     return out
 
 
@@ -319,8 +335,9 @@ def run_plan(spark, trace: str, bits: Sequence[int] = DEFAULT_BITS, *,
     """Run the whole plan job on ``trace``; return the tables for the report.
 
     Raises :class:`~nacktracker.events.TraceError` for unusable traces.
-    Cost: two scans of the log, one shuffle of its nack rows (+ a sort, see
-    :func:`_sorted_nacks`), and the
+    Cost: two scans of the log (the validation's reads four columns of a
+    Parquet log with statistics, :func:`~.load.load_trace`), one shuffle of
+    its nack rows (+ a sort, see :func:`_sorted_nacks`), and the
     per-consumer kernel (see :mod:`.pending`).
     """
     bits = tuple(sorted(set(int(b) for b in bits)))
@@ -352,7 +369,7 @@ def run_plan(spark, trace: str, bits: Sequence[int] = DEFAULT_BITS, *,
     whole_nacks = sum(summary.consumers[n]["nacks"] for n in whole)
     parts = partitions or min(len(whole), max(4 * default_parallelism(spark), -(-whole_nacks // GROUP_ROWS)))
     results = None
-    columns, base_ms = _narrow_columns(summary, first, last)
+    columns, base_ms, time_column = _narrow_columns(summary, first, last)
     with quiet_pandas_check():
         if whole:
             nacks, sorted_rows = _sorted_nacks(spark, events, names, summary, max(1, parts), only=whole,
@@ -360,7 +377,7 @@ def run_plan(spark, trace: str, bits: Sequence[int] = DEFAULT_BITS, *,
             results = nacks.mapInArrow(_make_kernel(bits, costs, rounding, grid, sorted_rows, base_ms),
                                        _RESULT_SCHEMA)
         if big:
-            streamed = _streamed_nacks(events, names, big, columns).mapInArrow(
+            streamed = _streamed_nacks(events, names, big, columns, time_column).mapInArrow(
                 _make_stream_kernel(bits, costs, rounding, grid, base_ms=base_ms), _RESULT_SCHEMA)
             results = streamed if results is None else results.unionByName(streamed)
     parts += len(big)
@@ -398,10 +415,10 @@ def run_plan(spark, trace: str, bits: Sequence[int] = DEFAULT_BITS, *,
                       series_bits=series_bits, fleet_series=fleet_series)
 
 
-def _streamed_nacks(events, names: list[str], big: list[str], columns: list):
+def _streamed_nacks(events, names: list[str], big: list[str], columns: list, time_column: str = "ts_ms"):
     """The nack rows of the ``big`` consumers, one consumer per partition,
     sorted by time (Spark's external sort: spills to disk, never holds a
-    consumer in memory), as ``(cid, ledger_id, entry_id, ts_ms, due)``."""
+    consumer in memory), as ``cid`` and ``columns`` (:func:`_narrow_columns`)."""
     from pyspark.sql import functions as F
 
     cids = {name: i for i, name in enumerate(names)}
@@ -413,12 +430,13 @@ def _streamed_nacks(events, names: list[str], big: list[str], columns: list):
         nacks = nacks.repartitionById(len(big), where)
     else:
         nacks = nacks.repartition(len(big), where)
-    return nacks.sortWithinPartitions("cid", "ts_ms")
+    return nacks.sortWithinPartitions("cid", time_column)
 
 
 def _sorted_nacks(spark, events, names: list[str], summary: TraceSummary, parts: int,
                   only: Optional[list[str]] = None, columns: Optional[list] = None):
-    """The nack rows as ``(cid, ledger_id, entry_id, ts_ms, due)``, each
+    """The nack rows as ``cid`` and ``columns`` (:func:`_narrow_columns`; by
+    default ``ledger_id, entry_id, ts_ms, due``), each
     consumer whole in one of ``parts`` partitions, and whether they are sorted
     by ``cid``: one shuffle, and a radix sort (a consumer's rows together, in
     any order: the kernel sorts each group by ``(cid, ledger_id, entry_id,
@@ -457,7 +475,7 @@ def _sorted_nacks(spark, events, names: list[str], summary: TraceSummary, parts:
     if sort:
         nacks = nacks.sortWithinPartitions("cid")
     # pid has done its work: every column left is one more Arrow column per row to the kernel
-    return nacks.select("cid", "ledger_id", "entry_id", "ts_ms", "due"), sort
+    return nacks.select("cid", *[c for c in nacks.columns if c not in ("cid", "pid")]), sort
 
 
 def _codes(spark, names: list[str], cids: dict[str, int], pid: dict[int, int]):

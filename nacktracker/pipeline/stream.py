@@ -43,7 +43,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..index._parts import LIVE_ENTRY_BITS
+from ..index.layout import LIVE_ENTRY_BITS
 from .memory_model import IndexCosts, index_states
 from .pending import _QUANTILES, LIST_COLUMNS, SCALAR_COLUMNS, Grid, _sweep, bucket_times
 

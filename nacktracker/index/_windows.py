@@ -1,0 +1,319 @@
+"""The time order of :class:`~nacktracker.index.TimeBucketIndex`: its
+windows by id and their order, and the window-level work at the front
+(opening a window, taking a bucket's sparse copies out of its segments and
+tail, grouping them by ledger slot), counts and bytes."""
+
+from __future__ import annotations
+
+import array
+import bisect
+import heapq
+from typing import Iterator
+
+import numpy as np
+from pyroaring import BitMap
+
+from . import layout
+from .bitmaps import bitmap_of, distinct, has, merge_into, sort_across, u32_array, u64_array
+from .layout import M32, NO_CELLS, NO_KEYS, NO_PACKED, NO_SEGMENTS, Cell, Layout, U64Array, Window, held_size, roaring_bytes
+
+#: Windows with at most this many copies left (sparse plus dense cells) are
+#: counted exactly by the count bounds: a constant cost per window.
+SMALL_WINDOW = 64
+
+
+class Windows:
+    """Windows by id (``by_id``) and the id of the earliest (``first_id``, -1
+    when there is none): the time order is one entry per window, not per
+    bucket or per (bucket, ledger). A window's id is ``bucket >>
+    window_shift``; an empty window leaves when it reaches the front.
+
+    Why no ordered structure: an index holds a handful of windows (60 s of
+    delays is four at 2^14 ms), and only the earliest is ever asked for.
+    Keeping its id is O(1) per new window and O(W) when the front window
+    leaves (once per window), and costs one slot. With four windows a heap
+    of the ids cost 88 bytes more (the list and its items), and a sorted map
+    (``sortedcontainers.SortedDict``, Java's AVL map) 1,649 bytes more
+    (``python -m bench.lab.time_order``): at 10 nacks/s an index holds ~175-300
+    pending messages at ~20-30 bytes each, so a ``SortedDict`` would add
+    20-30% to its memory. Ordered iteration (snapshots, ``iter_bitmaps``)
+    sorts the few ids instead.
+    """
+
+    __slots__ = ("lay", "by_id", "first_id")
+
+    def __init__(self, lay: Layout) -> None:
+        self.lay = lay
+        self.by_id: dict[int, Window] = {}
+        self.first_id = -1  # the smallest key of by_id (the same int object), -1 when empty
+
+    def window(self, bucket: int) -> Window:
+        """The window of a bucket time, made if new. Runtime: O(1)."""
+        wid = bucket >> self.lay.window_shift
+        w = self.by_id.get(wid)
+        if w is None:
+            w = self.by_id[wid] = Window()
+            if self.first_id < 0 or wid < self.first_id:
+                self.first_id = wid
+        return w
+
+    def first(self) -> tuple[int, Window] | None:
+        """The earliest window (maybe empty), or None. Runtime: O(1)."""
+        wid = self.first_id
+        return None if wid < 0 else (wid, self.by_id[wid])
+
+    def drop_first(self) -> None:
+        """The earliest window, empty, leaves. Runtime: O(W) for the W windows left."""
+        del self.by_id[self.first_id]
+        self.first_id = min(self.by_id) if self.by_id else -1
+
+    def in_order(self) -> Iterator[tuple[int, Window]]:
+        """``(id, window)`` in time order. Runtime: O(W log W)."""
+        for wid in sorted(self.by_id):
+            yield wid, self.by_id[wid]
+
+    # -- the front window -------------------------------------------------------
+
+    @staticmethod
+    def needs_sort(w: Window) -> bool:
+        """First time at the front, or a long unsorted tail."""
+        return not w.opened or w.tail_size() > max(layout.SEGMENT, w.sorted_left() >> 5)
+
+    def front_offset(self, w: Window) -> int:
+        """The earliest offset holding a copy in an opened window (sparse or dense)."""
+        best = w.tail_min
+        if w.full:
+            best = min(best, self.lay.offset_of(w.full[0][w.pos]))
+        cells = w.first_cell_offset()
+        return best if cells is None else min(best, cells)
+
+    def surely_live(self, w: Window, off: int) -> bool:
+        """With no ghost copy anywhere, whether bucket ``off`` (the window's
+        earliest) holds a live copy without gathering it: the sorted part
+        starts with it or a dense cell holds it (dense cells left in a
+        window are never empty then). Only the tail's ``tail_min`` can be
+        stale (a run promoted out of the tail), so that case is gathered."""
+        if w.full and self.lay.offset_of(w.full[0][w.pos]) == off:
+            return True
+        keys = w.dense_keys
+        return bool(keys) and keys[0] >> 32 == off
+
+    @staticmethod
+    def sort(w: Window) -> None:
+        """Sort the window's copies not taken yet across its segments, in C
+        (the unsorted tail becomes the last segment); the window is open from
+        now on. Runtime: O(w log w) in C."""
+        if not w.opened and w.dense:  # opened: its dense cells' keys get their heap
+            w.dense_keys = list(w.dense)
+            heapq.heapify(w.dense_keys)
+        w.opened = True
+        tail = [*w.spill, w.packed] if w.packed else w.spill
+        if tail:
+            if w.full is NO_SEGMENTS:
+                w.full = []
+            w.full.extend(tail)
+            w.packed, w.spill = NO_PACKED, NO_SEGMENTS
+        w.tail_min = Window.NO_TAIL
+        sort_across(w.parts())
+
+    def take_sparse(self, w: Window, off: int) -> list[array.array[int]]:
+        """Remove and return the sparse copies of bucket ``off`` (packed).
+        Runtime: O(log w + k) for k copies from the sorted part; O(t) in C
+        more when the unsorted tail of t has some."""
+        lay, full = self.lay, w.full
+        parts: list[array.array[int]] = []  # packed values of this bucket
+        while full and lay.offset_of(full[0][w.pos]) == off:
+            seg = full[0]
+            if lay.offset_of(seg[-1]) == off:  # the rest of the segment: drop it whole
+                parts.append(seg[w.pos:] if w.pos else seg)
+                del full[0]
+                w.pos = 0
+            else:
+                j = bisect.bisect_left(seg, (off + 1) << lay.offset_shift, w.pos)
+                parts.append(seg[w.pos:j])
+                w.pos = j
+                break
+        if w.tail_min == off:
+            parts.append(self._take_from_tail(w, off))
+        return parts
+
+    def _take_from_tail(self, w: Window, off: int) -> array.array[int]:
+        """Remove and return the tail's copies of bucket ``off``; update
+        ``tail_min``. Runtime: O(t): a Python loop for a short tail (numpy's
+        per-call cost would dominate), numpy for a long one."""
+        lay, packed = self.lay, w.packed
+        if not w.spill and len(packed) <= 64:
+            got, keep, low = array.array("Q"), array.array("Q"), Window.NO_TAIL
+            for v in packed:
+                o = lay.offset_of(v)
+                if o == off:
+                    got.append(v)
+                else:
+                    keep.append(v)
+                    low = min(low, o)
+            w.packed = keep if keep else NO_PACKED
+        else:  # compacted in place, into the tail's own arrays (new arrays per take fragmented the heap)
+            got, rest, low = self._split_tail(w, off)
+            arrays = [*w.spill, packed] if packed else list(w.spill)
+            left, at = len(rest), 0
+            for a in arrays:  # refill the arrays in order; the emptied ones at the end go
+                k = min(len(a), left - at)
+                if k > 0:  # through a view that dies with this statement (none is kept in a local)
+                    np.frombuffer(a, dtype=np.uint64)[:k] = rest[at:at + k]
+                at += k
+            kept: list[array.array[int]] = []
+            for a in arrays:
+                if left <= 0:
+                    break
+                if len(a) > left:
+                    try:
+                        del a[left:]
+                    except BufferError:  # someone else holds a view of it (a debugger's frame): copy
+                        a = a[:left]
+                kept.append(a)
+                left -= len(a)
+            w.packed = kept.pop() if kept else NO_PACKED
+            w.spill = kept if kept else NO_SEGMENTS
+        w.tail_min = low
+        return got
+
+    def _split_tail(self, w: Window, off: int) -> tuple[array.array[int], U64Array, int]:
+        """The tail's copies of bucket ``off`` (a new array), the others (a
+        copy, in order) and their smallest offset, changing nothing. Only
+        copies leave this frame: a view of the tail's arrays kept past here
+        (even in a frame's ``f_locals`` dict, which a profiler or debugger
+        reading locals fills and keeps until the frame goes) would make the
+        resize that follows raise ``BufferError``. Runtime: O(t) in C."""
+        tail = np.concatenate(w.tail())  # a copy, even of one array; the views were a temporary
+        offs = self.lay.offsets(tail)
+        hit = offs == off
+        rest = tail[~hit]
+        low = int(offs[~hit].min()) if len(rest) else Window.NO_TAIL
+        return u64_array(tail[hit]), rest, low
+
+    def by_slot(self, parts: list[array.array[int]]) -> Iterator[tuple[int, BitMap]]:
+        """Packed values of one bucket as ``(slot, bitmap of entry ids)``: a
+        Python loop for a few values, numpy (no object per value) for many,
+        one part at a time (temporaries of one part's size: a bucket's all at
+        once, ~400 KB at 10,000 nacks/s and bits 10, grew the top of the C
+        heap, which keeps what it grew to)."""
+        smask = self.lay.slot_limit - 1
+        if sum(map(len, parts)) <= 64:
+            small: dict[int, list[int]] = {}
+            for part in parts:
+                for v in part:
+                    small.setdefault(v >> 32 & smask, []).append(v & M32)
+            for s, entries in small.items():
+                yield s, BitMap(entries)
+            return
+        by_slot: dict[int, BitMap] = {}
+        for part in parts:
+            if not part:
+                continue
+            vals = np.frombuffer(part, dtype=np.uint64)
+            # a bucket's values share their top bits but for the slot
+            if int(vals.min()) >> 32 == int(vals.max()) >> 32:
+                groups = [(int(vals[0]) >> 32 & smask, vals)]
+            else:
+                slots = (vals >> np.uint64(32)) & np.uint64(smask)
+                groups = [(s, vals[slots == s]) for s in distinct(slots).tolist()]
+            for s, values in groups:
+                got = by_slot.get(s)
+                if got is None:
+                    got = by_slot[s] = BitMap()
+                got.update(u32_array(values))
+            del vals, groups, values  # no view of a part outlives its turn
+        yield from by_slot.items()
+
+    def holds(self, slot: int, entry_id: int, bucket: int) -> bool:
+        """Whether cell ``(bucket, slot)`` physically holds a copy of the id."""
+        lay = self.lay
+        w = self.by_id.get(bucket >> lay.window_shift)
+        if w is None:
+            return False
+        off = (bucket >> lay.bits) & lay.offset_mask
+        cell = w.dense.get(off << 32 | slot)
+        if cell is not None and has(cell, entry_id):
+            return True
+        if entry_id >> 32 or slot >= lay.slot_limit or not (w.packed or w.full or w.spill):
+            return False
+        v = (off << (lay.offset_shift - 32) | slot) << 32 | entry_id
+        if w.opened and w.full:  # the sorted segments: the one that could hold it
+            i = bisect.bisect_left(w.full, v, key=_last)
+            if i < len(w.full):
+                seg = w.full[i]
+                j = bisect.bisect_left(seg, v, w.pos if i == 0 else 0)
+                if j < len(seg) and seg[j] == v:
+                    return True
+            return any(bool((part == np.uint64(v)).any()) for part in w.tail())
+        return any(bool((part == np.uint64(v)).any()) for part in w.parts())
+
+    # -- counts -------------------------------------------------------------------
+
+    def cells_of(self, w: Window, buckets_only: bool) -> set[int]:
+        """The window's distinct offsets (or ``offset << 32 | slot`` cells)."""
+        lay = self.lay
+        view = w.values()
+        if buckets_only:
+            found = set(distinct(lay.offsets(view)).tolist()) if len(view) else set()
+            return found | {key >> 32 for key in w.dense}
+        top = distinct(view >> np.uint64(32)).tolist() if len(view) else []  # offset | slot
+        cut, smask = 32 - lay.offset_bits, lay.slot_limit - 1
+        return {(t >> cut) << 32 | (t & smask) for t in top} | set(w.dense)
+
+    def count(self, buckets_only: bool) -> int:
+        """Distinct buckets (or cells) pending, ghost copies included. Runtime: O(n log n) in C."""
+        return sum(len(self.cells_of(w, buckets_only)) for w in self.by_id.values())
+
+    def count_bound(self, cap: int, buckets_only: bool) -> int:
+        """An upper bound on :meth:`count`: a window with at most
+        :data:`SMALL_WINDOW` copies left counted exactly, a larger one as the
+        fewer of its copies and ``cap``. Runtime: O(windows)."""
+        total = 0
+        for w in self.by_id.values():
+            n = w.size() + len(w.dense)
+            total += len(self.cells_of(w, buckets_only)) if n <= SMALL_WINDOW else min(n, cap)
+        return total
+
+    def cells_in(self, w: Window) -> dict[tuple[int, int], Cell]:
+        """Fresh bitmaps of every copy in the window by ``(offset, slot)``,
+        ghost copies included. Runtime: O(w log w)."""
+        lay = self.lay
+        cells: dict[tuple[int, int], Cell] = {}
+        for key, cell in w.dense.items():
+            cells[key >> 32, key & M32] = type(cell)(cell)
+        view = w.values()
+        if len(view):
+            offs = lay.offsets(view)
+            slots = (view >> np.uint64(32)) & np.uint64(lay.slot_limit - 1)
+            order = np.lexsort((slots, offs))
+            keys = np.stack((offs[order], slots[order]), axis=1)
+            cut = np.flatnonzero((keys[1:] != keys[:-1]).any(axis=1)) + 1
+            entries = (view & np.uint64(M32))[order]
+            for lo, hi in zip([0, *cut.tolist()], [*cut.tolist(), len(order)]):
+                at = (int(keys[lo, 0]), int(keys[lo, 1]))
+                ids = bitmap_of(entries[lo:hi])
+                cells[at] = ids if at not in cells else merge_into(cells[at], ids)
+        del view
+        return cells
+
+    def nbytes(self) -> int:
+        """Bytes of the time order and the windows: objects, ids, segments,
+        dense cells (CRoaring's heap included). Runtime: O(windows + cells)."""
+        size = held_size
+        total = size(self) + layout.time_order_bytes(self.by_id)
+        for wid, w in self.by_id.items():
+            total += size(wid) + size(w) + (size(w.packed) if w.packed is not NO_PACKED else 0)
+            for segments in (w.full, w.spill):
+                if segments is not NO_SEGMENTS:
+                    total += size(segments) + sum(map(size, segments))
+            if w.dense_keys is not NO_KEYS:
+                total += size(w.dense_keys)
+            if w.dense is not NO_CELLS:
+                total += size(w.dense) + sum(map(size, w.dense))
+                total += sum(map(roaring_bytes, w.dense.values()))
+        return total
+
+
+def _last(segment: array.array[int]) -> int:
+    return segment[-1]
