@@ -60,6 +60,9 @@ class DeliveryCore:
         self.parked: dict[MessageKey, Parked] = {}
         # batch entry -> indices of its parked copies: a request for the entry surrenders them (below)
         self._parked_in: dict[MessageKey, set[int]] = {}
+        # Deadlines in time order, heaps with lazy deletion: a state taken out early leaves its deadline,
+        # skipped (_live) when it reaches the top. A sortedcontainers.SortedList with exact removal holds the
+        # same bytes per deadline but costs more time per park and release (python -m bench.lab.parked_order).
         self._release_heap: list[_Deadline] = []
         self._expiry_heap: list[_Deadline] = []
         self._seq = itertools.count()

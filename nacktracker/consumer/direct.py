@@ -29,6 +29,7 @@ from ..keys import MessageKey
 __all__ = ["DirectConsumer", "ReceivedMessage", "acknowledge", "acknowledged", "message_key_of"]
 
 _OK = _pulsar.Result.Ok
+_new_key = tuple.__new__  # a MessageKey of five fields without the namedtuple's Python-level __new__
 
 
 class ReceivedMessage(pulsar.Message):
@@ -164,6 +165,6 @@ def message_key_of(msg: ReceivedMessage) -> MessageKey:
     if key is None:
         raw = msg._message
         mid = raw.message_id()
-        key = msg.nacktracker_key = MessageKey(mid.ledger_id(), mid.entry_id(), mid.partition(), mid.batch_index(),
-                                               raw.topic_name())
+        key = msg.nacktracker_key = _new_key(MessageKey, (mid.ledger_id(), mid.entry_id(), mid.partition(),
+                                                          mid.batch_index(), raw.topic_name()))
     return key

@@ -27,7 +27,7 @@ from ..precision import Precision
 from ..tracker import FiredCell, NegativeAcksTracker
 from .core import DeliveryCore, Verdict
 from .dead_letters import quietly
-from .direct import DirectConsumer, acknowledged
+from .direct import DirectConsumer, ReceivedMessage, acknowledged, message_key_of
 from .errors import ConsumerClosed, NotReceivedError
 from .failures import ConsumerDeadLetters, FailureHandling, dead_letter, reconsume_later
 from .lateness import RedeliveryLateness
@@ -143,7 +143,9 @@ class TrackedConsumer:
         self._check_open()
         if self._pump.task is None:
             self._start()
-        return self._failures.received(await self._pump.get(timeout_ms))
+        if (msg := self._pump.poll()) is None:  # else a message waited: no coroutine made, no loop iteration
+            msg = await self._pump.get(timeout_ms)
+        return msg if self._failures.ack_timeouts is None else self._failures.received(msg)
 
     def __aiter__(self) -> "TrackedConsumer":
         return self
@@ -163,14 +165,14 @@ class TrackedConsumer:
 
     def _admit(self, msg: Any) -> Union[bool, Awaitable[None]]:
         """Whether a copy from the broker goes to the application now, or what to await first (acks)."""
-        key = self._message_key(msg)
+        key = message_key_of(msg) if type(msg) is ReceivedMessage else self._message_key(msg)
         if self._arrived is not None and self.adapter.awaiting_arrivals and self.core.seen(key):
             # a copy of a message seen before: the adapter learns its path latency (first copies of an
             # entry's other messages, still arriving after one of them was nacked, answer no request)
             self._arrived(key.entry)
         verdict = Verdict.SURFACE if self.core.first_delivery(key) else self._decide(key, msg)  # first: O(1)
-        if verdict is Verdict.SURFACE:
-            return self._failures.surfacing(msg)
+        if verdict is Verdict.SURFACE:  # the failure side has a say only with letters in flight or retries on
+            return self._failures.surfacing(msg) if self._dead_letters.in_flight or self._failures.retries else True
         if verdict is Verdict.DROP_ACKED:
             return self._ack_copies([msg])  # tells the broker again (an ack lost in a restart)
         if verdict is Verdict.DROP_EARLY and self._local is not None:
@@ -187,18 +189,20 @@ class TrackedConsumer:
     # -- acknowledging -------------------------------------------------------------
 
     async def acknowledge(self, message: Any) -> None:
-        """Acknowledge a message (or id); once the client accepted it, cancel
-        its pending nack and remember it (``dedup``). A failed ack raises and
-        changes nothing here: a pending nack stays pending. A message this
-        consumer did not receive goes to the client as it is (Pulsar's way: the
-        broker decides; refusing would turn a late or repeated ack into an
-        error). Runtime: O(1), plus the tracker's discard when nacks are pending."""
+        """Acknowledge a message (or id); once the client accepted it, cancel its pending nack and remember it
+        (``dedup``). A failed ack raises and changes nothing here: a pending nack stays pending. A message this
+        consumer did not receive goes to the client as it is (Pulsar's way: the broker decides; refusing would turn
+        a late or repeated ack into an error). Runtime: O(1), plus the tracker's discard when nacks are pending."""
         self._check_open()
         await self._acknowledge(message)
 
     async def _acknowledge(self, message: Any, key: Optional[MessageKey] = None) -> None:  # dead letters too
-        key = key or self._message_key(message)
-        await acknowledged(self._pump.direct, self._consumer, message)
+        received = type(message) is ReceivedMessage  # the hot path: its key was built on arrival, its ack is direct
+        key = key or (message.nacktracker_key if received else None) or self._message_key(message)
+        direct = self._pump.direct if received else None
+        waiting = direct.acknowledge(message) if direct is not None else self._consumer.acknowledge(message)
+        if waiting is not None:
+            await waiting
         result = self.core.acked(key, self.tracker.clock.now_ms())
         self._failures.acked(key)
         if self._local is not None:
@@ -209,11 +213,10 @@ class TrackedConsumer:
             await self._ack_copies(result.tokens)
 
     async def acknowledge_cumulative(self, message: Any) -> None:
-        """As ``pulsar.asyncio.Consumer.acknowledge_cumulative`` (not allowed on
-        Shared subscriptions: it raises, and then nothing changes here). Settles
-        everything at or before the message in its topic partition: held
-        copies, parked copies, copies waiting in the receive queue, batch
-        records; later copies of those are dropped. O(held + records + queued)."""
+        """As ``pulsar.asyncio.Consumer.acknowledge_cumulative`` (not allowed on Shared subscriptions: it raises,
+        and then nothing changes here). Settles everything at or before the message in its topic partition: held
+        copies, parked copies, copies waiting in the receive queue, batch records; later copies of those are
+        dropped. O(held + records + queued)."""
         self._check_open()
         key = self._key(message)[0]
         await self._consumer.acknowledge_cumulative(message)
@@ -225,9 +228,8 @@ class TrackedConsumer:
             await self._ack_copies(tokens)
 
     async def _ack_copies(self, tokens: list) -> None:
-        """Acknowledge dropped copies of acknowledged messages: completes their
-        deliveries' batch ackers (what acks a batch entry at the broker without
-        batch-index acks). A failure is logged: the message itself is acked."""
+        """Acknowledge dropped copies of acknowledged messages: completes their deliveries' batch ackers (what
+        acks a batch entry at the broker without batch-index acks). A failure is logged: the message is acked."""
         for token in tokens:
             try:
                 await acknowledged(self._pump.direct, self._consumer, token)
@@ -313,8 +315,7 @@ class TrackedConsumer:
         return await self._consumer.get_last_message_id()
 
     def redeliver_unacknowledged_messages(self) -> None:
-        """As the client's: what the application holds may surface again.
-        Copies of messages with pending nacks are still held back until due."""
+        """As the client's: what the application holds may surface again (copies of pending nacks: when due)."""
         self._check_open()
         self.core.forget_held()
         self._consumer.redeliver_unacknowledged_messages()
