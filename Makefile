@@ -4,6 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
+MUTATE_STAMP := $(VENV)/.installed-mutate
 
 .PHONY: venv demo docs lint check test mutate bench bench-quick clean
 
@@ -55,8 +56,12 @@ test: lint docs
 # Mutation testing (mutmut, configured in pyproject.toml: the core modules against the fast
 # tests); not part of `make test`. Writes the score per module and each survivor to mutation/latest.md; the committed
 # report with a reason per survivor is mutation/REPORT.md.
-mutate: $(STAMP)
+mutate: $(MUTATE_STAMP)
 	$(PY) tools/mutate.py
+
+$(MUTATE_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[all,mutate]'
+	touch $(MUTATE_STAMP)
 
 bench: $(STAMP)
 	$(PY) -m nacktracker.cli bench --out bench/results/latest

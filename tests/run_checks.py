@@ -8,6 +8,10 @@ Hypothesis profiles, chosen by ``$NACKTRACKER_HYPOTHESIS`` (default ``ci``):
   test kills today it kills on every run (CI and ``make test`` use it);
 * ``dev``: the same example counts with fresh random seeds (and the example
   database), to look for new failures while working;
+* ``mutate``: ``ci`` without shrinking, for ``make mutate`` (tools/mutate.py):
+  the same examples in the same order, so a mutant fails on the same example as
+  under ``ci``; only the search for a smaller failing example (seconds per
+  killed mutant, and reported to nobody) is skipped;
 * ``thorough``: random, and every test's example count (its own
   ``@settings(max_examples=...)`` too) times ``$NACKTRACKER_HYPOTHESIS_SCALE``
   (default 10), for long local runs;
@@ -33,7 +37,7 @@ import shutil
 import subprocess
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 PROFILE_ENV = "NACKTRACKER_HYPOTHESIS"
 SCALE_ENV = "NACKTRACKER_HYPOTHESIS_SCALE"
@@ -41,6 +45,8 @@ REQUIRE_ENV = "NACKTRACKER_TEST_REQUIRE"
 
 settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("mutate", settings.get_profile("ci"),
+                          phases=[Phase.explicit, Phase.reuse, Phase.generate])
 settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("thorough", max_examples=1000, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])

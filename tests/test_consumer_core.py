@@ -405,7 +405,8 @@ def deliver(core, keys, now):
     return [core.arrive(k, 0, k, now) for k in keys]
 
 
-S, P, A, H, E = Verdict.SURFACE, Verdict.PARK, Verdict.DROP_ACKED, Verdict.DROP_HELD, Verdict.DROP_EARLY
+S, P, A, H, E, T = (Verdict.SURFACE, Verdict.PARK, Verdict.DROP_ACKED, Verdict.DROP_HELD, Verdict.DROP_EARLY,
+                    Verdict.DROP_TWIN)
 
 
 def test_batch_of_four_acked_and_held_siblings_never_surface_again():
@@ -673,3 +674,355 @@ def test_first_deliveries_take_the_o1_check_and_state_made_ahead_of_arrival_is_h
     other = MessageKey(1, 3, 0, -1, TOPIC)  # another partition keeps its own position
     assert core.first_delivery(other) and core.first_delivery(key(13, 0, 1))
     assert core.counts["surface"] == len(first) + 2
+
+
+def test_seen_and_knows_name_each_state_a_copy_can_be_in():
+    """seen(): a copy of the key reached this consumer (held, forgotten by a
+    redeliver-all, parked, requested, nacked in a batch record, its entry
+    requested, acknowledged); knows(): seen, or a message of a batch entry with
+    a record. Each state alone answers yes; a key in none answers no."""
+    core, _ = make()
+    forgotten, held, parked, requested = key(0, 0, 1), key(1, 0, 1), key(2, 0, 1), key(3, 0, 1)
+    batch = [key(4, i, 3) for i in range(3)]
+    other = [key(5, i, 2) for i in range(2)]
+    blind = [key(6, i, 2) for i in range(2)]
+    acked = key(7, 0, 1)
+    deliver(core, [forgotten], 0)
+    core.forget_held()
+    deliver(core, [held, parked, requested, *batch, other[1], acked], 0)
+    core.acked(acked, 0)
+    for k in (parked, requested):
+        core.nacked(k, 1000, k, 0)
+    core.nacked(batch[0], 1000, batch[0], 0)  # index 0: the record's only trace of it
+    core.nacked(other[1], 1000, other[1], 0)  # other[0] never came: known by its record only
+    core.fired(1000, [parked, requested, blind[0].entry], 970)  # blind: an entry without a record
+    assert deliver(core, [parked], 980) == [P]
+    states = {"held": core.held, "forgotten": core.forgotten, "parked": core.parked, "requested": core.requested}
+    where = {name: [k for k in (forgotten, held, parked, requested) if k in d] for name, d in states.items()}
+    assert where == {"held": [held], "forgotten": [forgotten], "parked": [parked], "requested": [requested]}
+    for k in (forgotten, held, parked, requested, batch[0], blind[1], acked):
+        assert core.seen(k) and core.knows(k), k
+    assert not core.seen(other[0]) and core.knows(other[0])
+    for k in (key(9, 0, 1), key(10, 1, 3), key(4, 0, 1)):
+        assert not core.seen(k) and not core.knows(k), k
+
+
+def test_counts_lateness_and_pending_batch_nacks_of_a_worked_case():
+    """Every verdict, release and expiry is counted; each redelivered copy that
+    surfaces reports how late it is against its bucket's time (at once when it
+    arrives after it, at the release when it was parked); the snapshot's view
+    lists every nacked batch message not surfaced yet, parked ones included."""
+    core, pending = make()
+    late: list = []
+    core.on_redelivered = late.append
+    single, other = key(0, 0, 1), key(1, 0, 1)
+    m = [key(2, i, 3) for i in range(3)]
+    assert deliver(core, [single, other, *m], 0) == [S] * 5
+    core.nacked(single, 1000, single, 0)
+    core.nacked(m[0], 1000, m[0], 0)
+    core.nacked(m[1], 1200, m[1], 0)
+    assert sorted(core.pending_batch_nacks()) == [(m[0].entry, 0, 1000, False), (m[0].entry, 1, 1200, False)]
+    pending.add(single.entry)
+    assert deliver(core, [single, m[1], m[2]], 10) == [E, E, H]  # their buckets have not fired
+    pending.discard(single.entry)
+    core.fired(1000, [single, m[0].entry], 970)
+    assert deliver(core, m, 990) == [P, P, H]  # early: parked until 1000 and 1200
+    assert deliver(core, [m[0]], 991) == [Verdict.DROP_TWIN]
+    assert sorted(core.pending_batch_nacks()) == [(m[0].entry, 0, 1000, True), (m[0].entry, 1, 1200, True)]
+    assert deliver(core, [single], 1007) == [S]  # 7 ms after its bucket's time
+    assert core.release(1004) == [m[0]]  # released 4 ms late (the shell's wakeup came late)
+    core.acked(other, 1005)
+    assert deliver(core, [other], 1006) == [A]
+    core.nack_refused(other)
+    assert core.release(1200) == [m[1]] and late == [7, 4, 0]
+    assert list(core.pending_batch_nacks()) == []
+    core.nacked(m[2], 1500, m[2], 1201)
+    core.fired(1500, [m[2].entry], 1470)  # its copy goes elsewhere: the record expires
+    core.release(1500 + OVERDUE)
+    assert core.counts == {"surface": 6, "park": 2, "acked": 1, "held": 2, "early": 2, "twin": 1,
+                           "released": 2, "expired": 1, "nacks_after_ack": 1}
+    assert len(core.records) == 0 and core.next_wakeup_ms() is None
+
+
+def test_a_noted_position_makes_copies_at_or_behind_it_take_the_full_path_in_its_partition_only():
+    """After a restore the shell notes how far each partition got: a copy at or
+    behind that is not a first delivery (it may be a redelivery); beyond it, and
+    in any other topic or partition, first deliveries take the O(1) path."""
+    core, _ = make()
+    core.note_position(TOPIC, -1, 1, 5)
+    assert not core.first_delivery(key(5, 0, 1)) and not core.first_delivery(key(3, 1, 2))
+    assert core.first_delivery(MessageKey(1, 5, 0, -1, TOPIC))  # partition 0: its own position
+    assert core.first_delivery(MessageKey(1, 5, -1, -1, "u"))  # another topic
+    assert core.first_delivery(key(6, 0, 1))
+
+
+def test_a_cumulative_ack_covers_copies_not_arrived_yet_and_an_older_one_never_lowers_it():
+    core, _ = make()
+    core.acked_cumulative(key(5, 0, 1), 0)  # nothing of the partition arrived yet
+    core.acked_cumulative(key(3, 0, 1), 1)  # an older cumulative ack, answered late
+    assert core.is_acked(key(4, 0, 1)) and not core.is_acked(key(6, 0, 1))
+    assert not core.first_delivery(key(4, 0, 1)) and deliver(core, [key(4, 0, 1)], 2) == [A]
+    assert deliver(core, [key(6, 0, 1)], 3) == [S]
+    assert deliver(core, [MessageKey(1, 4, 0, -1, TOPIC)], 4) == [S]  # another partition: not acked
+
+
+def test_every_copy_the_application_did_not_get_is_handed_back_with_the_ack():
+    """Copies dropped while a batch message was nacked (its bucket had not fired)
+    travel with it: when its redelivery surfaces and is acked, the ack hands back
+    the nacked copy and the dropped one (acking them completes their deliveries)."""
+    core, pending = make()
+    m = [key(0, i, 2) for i in range(2)]
+    assert [core.arrive(k, 0, f"{k.batch_index}#1", 0) for k in m] == [S, S]
+    core.nacked(m[0], 1000, "0#1", 0)
+    pending.add(m[0].entry)
+    assert core.arrive(m[0], 0, "0#2", 10) == E
+    pending.discard(m[0].entry)
+    core.fired(1000, [m[0].entry], 970)
+    assert core.arrive(m[0], 0, "0#3", 1005) == S  # past its time: surfaces at once
+    assert sorted(core.acked(m[0], 1006).tokens) == ["0#1", "0#2"]
+    assert core.arrive(m[1], 0, "1#2", 1007) == H
+    assert core.acked(m[1], 1008).tokens == ["1#2"]
+
+
+def test_a_cumulative_ack_hands_back_every_copy_it_settles_and_only_those():
+    core, _ = make()
+    held, nacked_parked = key(0, 0, 3), key(0, 1, 3)
+    single, forgotten_below, forgotten_beyond = (MessageKey(0, 7, -1, -1, TOPIC), MessageKey(0, 3, -1, -1, TOPIC),
+                                                 key(5, 0, 1))
+    beyond, other_partition = key(2, 0, 2), MessageKey(1, 0, 0, 0, TOPIC)
+    below = [key(1, 0, 2), key(1, 1, 2)]
+    for k in (forgotten_below, forgotten_beyond):
+        core.arrive(k, 0, "f", 0)
+    core.forget_held()
+    for k in (single, held, nacked_parked, beyond, other_partition, *below):
+        core.arrive(k, 0, f"{k.entry_id}.{k.batch_index}#1", 0)
+    assert core.arrive(held, 0, "0.0#2", 1) == H
+    core.nacked(single, 800, "7.-1#1", 1)
+    core.nacked(nacked_parked, 1000, "0.1#1", 1)
+    for k in (beyond, other_partition, *below):  # records made in this order: two skipped before the settled one
+        core.nacked(k, 5000, f"{k.entry_id}.{k.batch_index}#1", 1)
+    core.fired(800, [single], 770)
+    core.fired(1000, [nacked_parked.entry], 970)
+    assert core.arrive(nacked_parked, 0, "0.1#2", 990) == P and core.arrive(nacked_parked, 0, "0.1#3", 991) == T
+    tokens = core.acked_cumulative(below[1], 995)
+    assert sorted(tokens) == ["0.0#2", "0.1#1", "0.1#2", "0.1#3", "1.0#1", "1.1#1"]
+    assert not core.requested and not core.parked and core.forgotten == {forgotten_beyond}
+    assert set(core.records) == {beyond.entry, other_partition.entry}
+    assert deliver(core, [single, nacked_parked, below[0], beyond, other_partition], 996) == [A, A, A, E, E]
+
+
+def test_a_restored_record_expires_when_its_copy_never_comes_and_remembers_acks_without_dedup():
+    for dedup in (True, False):
+        core, _ = make(dedup=dedup)
+        a, b = key(0, 0, 2), key(0, 1, 2)
+        core.restore_record(a.entry, [(0, 300, True)])
+        assert deliver(core, [b], 10) == [S]
+        core.acked(b, 11)
+        assert deliver(core, [b], 12) == [A]  # remembered (without dedup: while the record lives)
+        core.release(300 + OVERDUE - 1)
+        assert len(core.records) == 1 and core.next_wakeup_ms() == 300 + OVERDUE
+        core.release(300 + OVERDUE)  # a's copy went elsewhere
+        assert len(core.records) == 0 and core.counts["expired"] == 1 and core.next_wakeup_ms() is None
+
+
+def test_copies_parked_for_the_same_time_are_released_in_arrival_order_with_their_dropped_copies():
+    core, pending = make()
+    m = [key(0, i, 3) for i in range(3)]
+    assert [core.arrive(k, 0, f"{k.batch_index}#1", 0) for k in m] == [S, S, S]
+    for k in m[:2]:
+        core.nacked(k, 1000, f"{k.batch_index}#1", 0)
+    pending.add(m[0].entry)
+    assert core.arrive(m[1], 0, "1#2", 10) == E  # dropped: its bucket has not fired
+    pending.discard(m[0].entry)
+    core.fired(1000, [m[0].entry], 970)
+    assert [core.arrive(k, 0, f"{k.batch_index}#3", 980) for k in (m[1], m[0])] == [P, P]
+    assert core.release(1000) == ["1#3", "0#3"]  # one time: in the order they were parked
+    assert sorted(core.acked(m[1], 1001).tokens) == ["1#1", "1#2"] and core.acked(m[0], 1001).tokens == ["0#1"]
+
+
+def test_an_ack_ahead_of_arrival_covers_a_batched_copy_and_an_ack_answers_a_request():
+    core, _ = make()
+    ahead = MessageKey(1, 9, -1, 1, TOPIC)  # a batched message acknowledged by id before its copy came
+    core.acked(ahead, 0)
+    assert not core.first_delivery(ahead) and deliver(core, [ahead], 1) == [A]
+    single = key(10, 0, 1)
+    deliver(core, [single], 2)
+    core.nacked(single, 500, single, 2)
+    core.fired(500, [single], 470)
+    assert single in core.requested
+    core.acked(single, 480)  # acked by id while its redelivery is on its way
+    assert not core.requested and deliver(core, [single], 490) == [A]
+    core.release(500 + OVERDUE)
+    assert core.counts["expired"] == 0 and core.next_wakeup_ms() is None
+
+
+def test_what_an_ack_answers_dropped_copies_and_whether_the_tracker_may_hold_the_entry():
+    """AckResult: the dropped copies to acknowledge with it, and ``discard``: whether
+    the tracker may hold a nack of the entry (False only for a first delivery of a
+    single message: nothing of it can be pending)."""
+    core, pending = make()
+    fresh, redelivered, parked = key(0, 0, 1), key(1, 0, 1), key(2, 0, 1)
+    batch = [key(3, i, 2) for i in range(2)]
+    nacked_batch = key(4, 0, 2)
+    assert deliver(core, [fresh, redelivered, parked, *batch, nacked_batch], 0) == [S] * 6
+    core.nacked(nacked_batch, 5_000, nacked_batch, 0)  # a record exists from now on
+    for k in (redelivered, parked):
+        core.nacked(k, 100, k, 0)
+    core.fired(100, [redelivered, parked], 70)
+    assert core.arrive(redelivered, 0, "r#2", 100) == S
+    assert core.arrive(parked, 0, "p#2", 80) == P
+    assert core.arrive(batch[0], 0, "b#2", 81) == H  # a twin of a held batch message
+    def ack(k, now):
+        result = core.acked(k, now)
+        return list(result.tokens), result.discard
+
+    assert ack(fresh, 90) == ([], False)
+    assert ack(redelivered, 101) == ([], True)  # its entry may still be pending
+    assert ack(parked, 90) == (["p#2"], True)  # acked by id while its copy was parked
+    assert ack(batch[0], 91) == (["b#2"], True)
+    assert not core.parked and not core.requested
+
+
+def test_acks_remove_forgotten_and_a_request_for_another_message_stays():
+    core, _ = make()
+    forgotten, other = key(0, 0, 1), key(1, 0, 1)
+    deliver(core, [forgotten, other], 0)
+    core.forget_held()
+    core.acked(forgotten, 1)
+    assert core.forgotten == {other}
+    core.arrive(other, 0, other, 2)
+    core.nacked(other, 100, other, 2)
+    core.fired(100, [other], 70)
+    core.acked(forgotten, 71)  # an ack of another message (a repeat) leaves the request alone
+    assert other in core.requested
+
+
+def test_without_dedup_an_ack_of_batch_index_0_is_remembered_while_the_record_lives():
+    core, _ = make(dedup=False)
+    m = [key(0, i, 2) for i in range(2)]
+    deliver(core, m, 0)
+    core.nacked(m[1], 500, m[1], 1)
+    core.acked(m[0], 2)
+    core.fired(500, [m[0].entry], 470)
+    assert deliver(core, m, 500) == [A, S]
+
+
+def test_twins_of_a_held_batch_message_are_all_handed_back():
+    core, _ = make()
+    m = key(0, 0, 2)
+    assert core.arrive(m, 0, "#1", 0) == S
+    assert [core.arrive(m, 0, t, 1) for t in ("#2", "#3")] == [H, H]
+    assert sorted(core.acked(m, 2).tokens) == ["#2", "#3"]
+
+
+def test_requests_for_single_messages_expire_each_counted_and_a_stale_park_releases_nothing():
+    core, _ = make()
+    a, b, c, d = (key(i, 0, 1) for i in range(4))
+    deliver(core, [a, b, c, d], 0)
+    for k in (a, b):
+        core.nacked(k, 100, k, 0)
+    core.fired(100, [a, b], 70)
+    assert core.next_wakeup_ms() == 100 + OVERDUE  # the requests' expiry
+    core.forget_held()  # d may surface once more: requests pending for others do not matter to it
+    assert deliver(core, [d], 71) == [S]
+    core.release(100 + OVERDUE - 1)
+    assert set(core.requested) == {a, b}
+    core.release(100 + OVERDUE)  # both copies went elsewhere
+    assert not core.requested and core.counts["expired"] == 2 and core.next_wakeup_ms() is None
+    core.nacked(c, 200, c, 1)
+    core.fired(200, [c], 170)
+    assert deliver(core, [c], 180) == [P]
+    core.nacked(c, 600, "nacked while parked", 181)  # by id: the parked copy goes with it
+    core.fired(600, [c], 570)
+    assert deliver(core, [c], 580) == [P]
+    assert core.release(200) == [] and core.next_wakeup_ms() == 600  # the stale park is not live
+    assert core.release(600) == [c]
+
+
+def test_fired_for_an_entry_never_seen_here_parks_its_early_copy_and_skips_only_acked_entries():
+    """A restored tracker fires entries this core never saw: their copies are not first deliveries."""
+    core, _ = make()
+    acked, never_seen, other_partition = key(0, 0, 1), key(5, 0, 1), MessageKey(1, 5, 0, -1, TOPIC)
+    core.acked_cumulative(acked, 0)
+    core.fired(100, [acked, never_seen, other_partition], 70)
+    assert set(core.requested) == {never_seen, other_partition}
+    assert deliver(core, [never_seen, other_partition], 80) == [P, P]
+
+
+def test_a_batch_copy_at_exactly_its_time_surfaces_and_ends_the_record():
+    core, pending = make()
+    m = [key(0, i, 2) for i in range(2)]
+    deliver(core, m, 0)
+    core.nacked(m[0], 100, m[0], 0)
+    pending.add(m[0].entry)
+    assert deliver(core, [m[0]], 100) == [S]  # not fired yet, but its time has come
+    assert len(core.records) == 0
+
+
+def test_an_ack_may_discard_the_tracker_entry_only_when_no_sibling_waits_for_a_bucket():
+    core, _ = make()
+    m = [key(0, i, 3) for i in range(3)]
+    deliver(core, m, 0)
+    core.nacked(m[0], 100, m[0], 0)
+    core.nacked(m[1], 900, m[1], 0)
+    assert core.acked(m[2], 1).discard is False  # m[1]'s bucket has not fired: keep the entry
+    core.fired(100, [m[0].entry], 70)
+    assert core.acked(m[0], 71).discard is True  # every nack of the entry is answered by that copy
+
+
+def test_a_fired_nack_waits_overdue_ms_and_an_unfired_one_never_expires():
+    core, _ = make()
+    m = [key(0, i, 3) for i in range(3)]
+    deliver(core, m, 0)
+    core.nacked(m[0], 500, m[0], 0)
+    core.fired(500, [m[0].entry], 470)  # answers m[0]; its copy will go elsewhere
+    core.nacked(m[1], 3_000, m[1], 600)  # after that fire: waits for its own bucket
+    core.nacked(m[2], 300, m[2], 600)  # due already, the tracker has not fired it yet
+    core.release(500 + OVERDUE)
+    assert sorted(core.pending_batch_nacks()) == [(m[0].entry, 1, 3_000, False), (m[0].entry, 2, 300, False)]
+    core.fired(3_000, [m[0].entry], 2_970)
+    core.release(3_000 + OVERDUE - 1)
+    assert sorted(i for _, i, _, _ in core.pending_batch_nacks()) == [1, 2]
+    assert deliver(core, [m[1]], 2_990) == [P]  # its copy came: parked until its time
+
+
+def test_a_blind_restored_entry_parks_each_message_of_its_copy_until_the_last_one():
+    """A restored tracker entry without records (blind): its fired request parks each
+    message of the copy until the bucket's time; the copy's last message answers it."""
+    core, pending = make()
+    core.blind = True
+    entry = key(0, 0, 3).entry
+    core.note_position(TOPIC, -1, 1, 0)
+    pending.add(entry)
+    core.fired(100, [entry], 70)
+    pending.discard(entry)
+    m = [key(0, i, 3) for i in range(3)]
+    assert core.arrive(m[0], 0, m[0], 80) == P  # batch size unknown: the request stays
+    assert core.arrive(m[1], 3, m[1], 80) == P and entry in core.requested
+    assert core.arrive(m[2], 3, m[2], 80) == P and entry not in core.requested
+    assert list(core.acked(m[1], 90).tokens) == [m[1]]  # acked by id while parked: its copy is handed back
+    assert core.release(100) == [m[0], m[2]]
+    other = key(1, 0, 2)
+    core.note_position(TOPIC, -1, 1, 1)
+    pending.add(other.entry)
+    assert core.arrive(other, 2, other, 101) == E  # a blind entry still pending: its bucket asks again
+
+
+def test_a_request_takes_back_a_parked_copy_of_batch_index_0_with_its_copies():
+    """The same with the first message of the entry parked: it goes back to the entry's record as
+    answered by the coming copy (fired), and the copy it held is acked with it in the end."""
+    core, _ = make()
+    m = [key(0, i, 2) for i in range(2)]
+    deliver(core, m, 0)
+    core.nacked(m[1], 500, m[1], 0)
+    core.nacked(m[0], 2000, "0#1", 0)
+    core.fired(500, [m[0].entry], 470)
+    assert [core.arrive(k, 0, f"{k.batch_index}#2", 480) for k in m] == [P, P]
+    assert core.release(500) == ["1#2"]
+    core.nacked(m[1], 900, "1#2", 500)
+    core.fired(900, [m[0].entry], 870)
+    assert not core.parked and sorted(core.pending_batch_nacks()) == [(m[0].entry, 0, 2000, True),
+                                                                      (m[0].entry, 1, 900, True)]
+    assert core.release(2000) == []
+    assert [core.arrive(k, 0, f"{k.batch_index}#3", 2010) for k in m] == [S, S]
+    assert sorted(core.acked(m[0], 2011).tokens) == ["0#1", "0#2"]

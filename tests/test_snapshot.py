@@ -335,6 +335,26 @@ async def test_save_and_load_round_trip(tmp_path):
         NegativeAcksTracker.load(tmp_path / "junk", MemoryAdapter(), clock=clock2)
 
 
+async def test_load_passes_elapsed_and_the_tracker_arguments_on(tmp_path, monkeypatch):
+    """load() is restore() from a file: its ``elapsed`` and constructor arguments count."""
+    tracker, _, _ = make(precision_bits=0)
+    tracker.add(MessageKey(1, 1), delay_ms=1_000)
+    wall = 1_700_000_000_000_000_000
+    monkeypatch.setattr(snap.time, "time_ns", lambda: wall)
+    path = tmp_path / "nacks.snap"
+    tracker.save(path)
+    monkeypatch.setattr(snap.time, "time_ns", lambda: wall + 400 * 1_000_000)  # 400 ms of downtime
+    fires = {}
+    for elapsed in ("none", "wall"):
+        clock = ManualClock()
+        new = NegativeAcksTracker.load(path, MemoryAdapter(), clock=clock, elapsed=elapsed, max_redeliveries=2,
+                                       on_dead_letter=print)
+        assert new.clock is clock and new.max_redeliveries == 2
+        fires[elapsed] = new.next_fire_ms()
+    assert fires == {"none": 1_000, "wall": 600}
+    assert NegativeAcksTracker.load(path, MemoryAdapter(), clock=ManualClock()).next_fire_ms() == 600  # default
+
+
 @pytest.mark.parametrize("fail_at", ["write", "fsync", "replace"])
 async def test_a_failed_save_leaves_the_old_file_and_no_temp_file(tmp_path, monkeypatch, fail_at):
     tracker, _, _ = make(precision_bits=0)

@@ -360,7 +360,7 @@ async def test_a_failing_event_hook_does_not_break_add(caplog):
 
     tracker, _, _ = make(on_event=boom)
     tracker.add(K(1))
-    assert tracker.pending == 1 and "on_event hook failed" in caplog.text
+    assert tracker.pending == 1 and [r.getMessage() for r in caplog.records] == ["on_event hook failed"]
 
 
 # -- threads and the real loop ----------------------------------------------------------
@@ -700,3 +700,365 @@ async def test_nacks_inside_the_lead_window_share_one_armed_fire():
     assert tracker.stats()["fires"] == 1 and tracker.pending == 0
     tracker.add(K(9), delay_ms=1_000)  # beyond the lead: a timer of its own
     assert armed[1:] == [1_000_000 + 1_000 - 250]
+
+
+# -- the timer-lag histogram -------------------------------------------------------------
+
+def test_latency_histogram_percentiles_are_nearest_rank_worked_by_hand():
+    from nacktracker.tracker import LatencyHistogram
+
+    h = LatencyHistogram()
+    assert h.percentile(50) is None
+    assert h.summary() == {"count": 0, "p50": None, "p99": None, "max": None}
+    for v in [10, 1, 9, 2, 8, 3, 7, 4, 6, 5]:  # 1..10 in any order
+        h.add(v)
+    # rank = ceil(p/100 * n), at least 1: the smallest value with that many at or below it
+    assert [h.percentile(p) for p in (0, 10, 11, 50, 51, 90, 99, 100)] == [1, 1, 2, 5, 6, 9, 10, 10]
+    assert h.summary() == {"count": 10, "p50": 5, "p99": 10, "max": 10}
+
+
+def test_latency_histogram_weights_rounding_and_clamping():
+    from nacktracker.tracker import LatencyHistogram
+
+    h = LatencyHistogram(limit_ms=100)
+    h.add(2.4, weight=3)  # three entries of one cell: counted at 2 ms
+    h.add(2.6)  # 3 ms
+    assert (h.count, h.percentile(75), h.percentile(76)) == (4, 2, 3)
+    h.add(-250.5)  # clamped to -100 ms in the counts, the figures keep their true max
+    h.add(1234.5678)
+    assert (h.percentile(1), h.percentile(100)) == (-100, 100)
+    assert h.summary() == {"count": 6, "p50": 2, "p99": 100, "max": 1234.568}
+    d = LatencyHistogram()  # the default range: 10 minutes either way
+    d.add(700_000)
+    d.add(-700_000)
+    d.add(599_999)
+    assert [d.percentile(p) for p in (1, 50, 100)] == [-600_000, 599_999, 600_000]
+
+
+# -- add_threadsafe, binding, dead-letter and listener details -----------------------------
+
+async def test_add_threadsafe_schedules_what_add_would_with_its_delay_count_and_backoff():
+    """The add on the loop gets the delay and count checked in the calling thread: an
+    explicit delay, else backoff(count) with the message's own count (0 for a bare id);
+    a count at max_redeliveries dead-letters. A due time exactly at the range's end is taken."""
+    from nacktracker._checks import MAX_DUE
+
+    seen = []
+    clock = ManualClock(start_ms=1_000)
+    adapter = MemoryAdapter()
+    tracker = NegativeAcksTracker(adapter, clock=clock, precision_bits=0, backoff=lambda n: 10 * (n + 1),
+                                  max_redeliveries=3, on_dead_letter=seen.append)
+    tracker.add_threadsafe(K(1), delay_ms=7)
+    tracker.add_threadsafe(K(2), redelivery_count=3)  # dead-lettered on the loop
+    tracker.add_threadsafe(K(3), redelivery_count=1)  # backoff(1) = 20 ms
+    tracker.add_threadsafe(K(4))  # its own count, 0: backoff(0) = 10 ms
+    tracker.add_threadsafe(K(5), delay_ms=MAX_DUE - 1_000)  # due at MAX_DUE: in range
+    with pytest.raises(ValueError, match=f"^delay_ms {MAX_DUE - 999} is too large$"):
+        tracker.add_threadsafe(K(6), delay_ms=MAX_DUE - 999)
+    await settle()
+    assert seen == [K(2)] and tracker.pending == 4 and K(6) not in tracker
+    fired = []
+    for step in (7, 10, 20):
+        clock.advance(step - (clock.now_ms() - 1_000))
+        await settle()
+        fired.append(sorted(k.entry_id for k in adapter.redelivered))
+    assert fired == [[1], [1, 4], [1, 3, 4]]
+    await tracker.close()
+
+
+async def test_add_threadsafe_refusals_say_what_is_wrong():
+    """Refused in the calling thread, each error naming the argument at fault."""
+    tracker = NegativeAcksTracker(MemoryAdapter(), clock=ManualClock(), precision_bits=0,
+                                  backoff=lambda n: -1)
+    with pytest.raises(TypeError, match="^redelivery_count must be an int, not str$"):
+        tracker.add_threadsafe(K(1), redelivery_count="2")
+    with pytest.raises(ValueError, match="^delay_ms must be >= 0 ms, got -3$"):
+        tracker.add_threadsafe(K(1), delay_ms=-3)
+    with pytest.raises(ValueError, match="^backoff result must be >= 0 ms, got -1$"):
+        tracker.add_threadsafe(K(1))
+    await tracker.close()
+    with pytest.raises(TrackerClosedError, match="^tracker is closed$"):
+        tracker.add_threadsafe(K(1), delay_ms=1)
+    with pytest.raises(TrackerClosedError, match="^tracker is closed$"):
+        tracker.add(K(1), delay_ms=1)
+
+
+def test_add_threadsafe_before_the_tracker_has_a_loop_is_refused():
+    tracker = NegativeAcksTracker(MemoryAdapter(), precision_bits=0)  # made outside any loop
+    with pytest.raises(RuntimeError, match="^the tracker is not bound to an event loop yet: create it inside "
+                                           "the loop$"):
+        tracker.add_threadsafe(K(1), delay_ms=1)
+    with pytest.raises(RuntimeError, match=r"^NegativeAcksTracker\.add\(\) needs a running event loop \(the "
+                                           r"tracker is bound to it on first use\); from another thread use "
+                                           r"add_threadsafe\(\)$"):
+        tracker.add(K(1), delay_ms=1)
+
+
+def test_a_tracker_made_outside_a_loop_binds_to_the_loop_it_is_first_used_in():
+    """By a first add(), or by entering ``async with``: then its clock is that loop's
+    and add_threadsafe() works."""
+    async def first_add(tracker):
+        loop = asyncio.get_running_loop()
+        due = tracker.add(K(1), delay_ms=5)
+        assert abs(due - (loop.time() * 1000 + 5)) < 1_000 and tracker.next_fire_ms() == due
+        tracker.add_threadsafe(K(2), delay_ms=5)
+        await tracker.adapter.wait_for(2, timeout=5)
+        await tracker.close()
+
+    async def entered(tracker):
+        async with tracker:
+            tracker.add_threadsafe(K(3), delay_ms=1)
+            await tracker.adapter.wait_for(1, timeout=5)
+
+    for use in (first_add, entered):
+        tracker = NegativeAcksTracker(MemoryAdapter(), precision_bits=0)
+        asyncio.run(use(tracker))
+        assert tracker.closed and tracker.stats()["redelivered"] == (2 if use is first_add else 1)
+
+
+async def test_a_plain_add_from_another_thread_gets_the_whole_explanation():
+    tracker = NegativeAcksTracker(MemoryAdapter(), clock=ManualClock(), precision_bits=0)
+    raised = []
+    thread = threading.Thread(target=lambda: raised.append(pytest.raises(RuntimeError, tracker.add, K(1))))
+    thread.start()
+    thread.join()
+    assert str(raised[0].value) == ("NegativeAcksTracker.add() called outside its event loop's thread (or from "
+                                    "another loop): from other threads use add_threadsafe(), which hands the add "
+                                    "to the loop")
+    await tracker.close()
+
+
+async def test_add_threadsafe_failures_on_the_loop_are_each_counted_and_logged_with_their_key(caplog):
+    tracker = NegativeAcksTracker(MemoryAdapter(), clock=ManualClock(), precision_bits=0)
+
+    def broken(*args):
+        raise RuntimeError("index broke")
+
+    real = tracker._schedule
+    tracker._schedule = broken  # fault injection: scheduling breaks before the loop runs the adds
+    tracker.add_threadsafe(K(1), delay_ms=10)
+    tracker.add_threadsafe(K(2), delay_ms=10)
+    await settle()
+    tracker._schedule = real
+    tracker.add_threadsafe(K(3), delay_ms=10)
+    tracker.add_threadsafe(K(4), delay_ms=10)
+    await tracker.close()  # before the loop runs those two adds
+    await settle()
+    s = tracker.stats()
+    assert (s["threadsafe_failures"], s["rejected_after_close"], tracker.pending) == (2, 2, 0)
+    messages = [r.getMessage() for r in caplog.records]
+    for k in (K(1), K(2)):
+        assert f"nack of {k} from another thread failed on the loop; not scheduled" in messages
+    for k in (K(3), K(4)):
+        assert f"nack of {k} arrived after close; not scheduled" in messages
+
+
+async def test_each_dead_letter_and_each_failure_is_counted_and_a_failed_one_is_renacked_with_its_count(caplog):
+    events = []
+
+    async def dlq(key):
+        if key.entry_id >= 10:
+            raise RuntimeError("publish failed")
+
+    tracker = NegativeAcksTracker(MemoryAdapter(), clock=ManualClock(), precision_bits=0, delay_ms=100,
+                                  max_redeliveries=2, on_dead_letter=dlq, on_event=events.append)
+    for entry in (1, 2, 10, 11):
+        tracker.add(K(entry), redelivery_count=5)
+    await settle()
+    s = tracker.stats()
+    assert (s["dead_lettered"], s["dead_letter_failures"], tracker.pending) == (2, 2, 2)
+    renacked = [(e.kind, e.entry_id, e.delay_ms, e.redelivery_count) for e in events if e.kind == "nack"]
+    assert renacked == [("nack", 10, 100, 5), ("nack", 11, 100, 5)]
+    messages = [r.getMessage() for r in caplog.records]
+    for entry in (10, 11):
+        assert f"on_dead_letter({K(entry)}) failed; the message stays pending" in messages
+    await tracker.close()
+
+
+async def test_a_sync_dead_letter_hook_that_raises_renacks_with_its_count_and_logs_the_key(caplog):
+    events = []
+
+    def dlq(key):
+        raise RuntimeError("publish failed")
+
+    tracker = NegativeAcksTracker(MemoryAdapter(), clock=ManualClock(), precision_bits=0, delay_ms=100,
+                                  max_redeliveries=2, on_dead_letter=dlq, on_event=events.append)
+    tracker.add(K(1), redelivery_count=2)
+    tracker.add(K(2), redelivery_count=3)
+    assert tracker.stats()["dead_letter_failures"] == 2 and tracker.pending == 2
+    assert [(e.kind, e.entry_id, e.redelivery_count) for e in events] == [
+        ("dead_letter", 1, 2), ("nack", 1, 2), ("dead_letter", 2, 3), ("nack", 2, 3)]
+    assert f"on_dead_letter({K(1)}) failed; the message stays pending" in [r.getMessage() for r in caplog.records]
+    await tracker.close()
+
+
+async def test_fire_listeners_get_each_cell_until_removed_and_a_failing_one_is_logged_and_kept(caplog):
+    from nacktracker.tracker import FiredCell
+
+    tracker, adapter, clock = make(precision_bits=0, lead_ms=0)
+    cells, bad_calls = [], []
+
+    def bad(cell):
+        bad_calls.append(cell.bucket_ms)
+        raise RuntimeError("metrics broke")
+
+    remove = tracker.add_fire_listener(cells.append)
+    tracker.add_fire_listener(bad)
+    start = clock.now_ms()
+    tracker.add(K(1), delay_ms=10)
+    tracker.add(K(2, ledger=8), delay_ms=10)
+    tracker.add(K(3), delay_ms=20)
+    clock.advance(15)  # the manual clock runs the 10 ms timer at its time
+    await settle()
+    assert cells == [FiredCell(start + 10, 0, [K(1)]), FiredCell(start + 10, 0, [K(2, ledger=8)])]
+    assert bad_calls == [start + 10, start + 10]
+    assert [r.getMessage() for r in caplog.records] == [f"fire listener {bad!r} failed"] * 2
+    remove()
+    remove()  # removing twice is harmless
+    clock.advance(5)
+    await settle()
+    assert len(cells) == 2 and bad_calls == [start + 10, start + 10, start + 20]  # the failing one is kept
+    assert sorted(k.entry_id for k in adapter.redelivered) == [1, 2, 3]
+    with pytest.raises(TypeError, match="^listener must be callable, not int$"):
+        tracker.add_fire_listener(3)
+    await tracker.close()
+
+
+class _LeadAdapter(MemoryAdapter):
+    def __init__(self, lead_ms=0, coalesce_ms=0):
+        super().__init__()
+        self.lead_ms, self.coalesce_ms = lead_ms, coalesce_ms
+
+
+@pytest.mark.parametrize("adapter,kwargs,error", [
+    (None, {"delay_ms": -5}, (ValueError, "delay_ms must be >= 0 ms, got -5")),
+    (None, {"precision_bits": 31}, (ValueError, "precision_bits must be <= 30, got 31")),
+    (None, {"rounding": "nearest"}, (ValueError, "rounding must be 'floor' or 'ceil', got 'nearest'")),
+    (None, {"backoff": 5}, (TypeError, "backoff must be callable, not int")),
+    (None, {"on_dead_letter": 5}, (TypeError, "on_dead_letter must be callable, not int")),
+    (None, {"on_event": "x"}, (TypeError, "on_event must be callable, not str")),
+    (None, {"max_redeliveries": 0, "on_dead_letter": print}, (ValueError, "max_redeliveries must be >= 1")),
+    (None, {"max_redeliveries": "1", "on_dead_letter": print}, (TypeError, "max_redeliveries must be an int, not str")),
+    (None, {"max_redeliveries": 2},
+     (ValueError, "max_redeliveries needs on_dead_letter: the tracker never drops a message silently")),
+    (None, {"clock": object()}, (TypeError, "clock must provide now_ms() and call_at(when_ms, callback)")),
+    (None, {"clock": type("NoTimer", (), {"now_ms": lambda self: 0})()},
+     (TypeError, "clock must provide now_ms() and call_at(when_ms, callback)")),
+    (None, {"retry_min_ms": -1}, (ValueError, "retry_min_ms must be >= 0 ms, got -1")),
+    (None, {"retry_max_ms": -1}, (ValueError, "retry_max_ms must be >= 0 ms, got -1")),
+    (object(), {}, (TypeError, "adapter must have an async redeliver(keys) method, not object")),
+    (_LeadAdapter(lead_ms=-1), {}, (ValueError, "adapter.lead_ms must be >= 0, got -1")),
+    (_LeadAdapter(coalesce_ms=-1), {}, (ValueError, "adapter.coalesce_ms must be >= 0, got -1")),
+])
+def test_construction_refusals_name_the_argument_at_fault(adapter, kwargs, error):
+    kind, message = error
+    with pytest.raises(kind) as info:
+        NegativeAcksTracker(adapter if adapter is not None else MemoryAdapter(), **kwargs)
+    assert str(info.value) == message
+
+
+def test_construction_keeps_its_arguments_and_repairs_the_retry_bounds():
+    """retry_min_ms 0 waits 1 ms (a retry never spins); a retry_max_ms below the minimum is the minimum."""
+    hook = print
+    tracker = NegativeAcksTracker(MemoryAdapter(), clock=ManualClock(), delay_ms=250, precision_bits=3,
+                                  rounding="ceil", max_redeliveries=4, on_dead_letter=hook, consumer_name="c1")
+    assert (tracker.delay_ms, tracker.precision_bits, tracker.rounding, tracker.max_redeliveries,
+            tracker.consumer_name) == (250, 3, "ceil", 4, "c1")
+    assert repr(tracker) == "NegativeAcksTracker(pending=0, precision_bits=3, rounding='ceil', closed=False)"
+    for lo, hi, want in ((0, 0, (1, 1)), (500, 100, (500, 500)), (20, 300, (20, 300))):
+        t = NegativeAcksTracker(MemoryAdapter(), clock=ManualClock(), retry_min_ms=lo, retry_max_ms=hi)
+        assert (t._retry_min, t._retry_max) == want
+
+
+async def test_a_lead_ms_that_turns_invalid_is_logged_once_and_the_last_valid_one_kept(caplog):
+    adapter = _LeadAdapter(lead_ms=5)
+    tracker, _, clock = make(adapter=adapter, precision_bits=0)
+    for bad in (-1, 3_600_001, 2.5, True):
+        adapter.lead_ms = bad
+        tracker.add(K(1), delay_ms=100)
+        tracker.add(K(2), delay_ms=100)
+    adapter.lead_ms = 3_600_000  # the largest valid lead: taken
+    assert tracker._lead == 3_600_000
+    adapter.lead_ms = 7
+    start = clock.now_ms()
+    tracker.add(K(3), delay_ms=50)
+    assert tracker.next_fire_ms() == start + 50 - 7
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert errors == [f"adapter.lead_ms {bad!r} is not a valid delay; keeping 5" for bad in (-1, 3_600_001, 2.5, True)]
+    await tracker.close()
+
+
+async def test_stats_and_events_of_a_worked_case(monkeypatch, caplog):
+    """Every counter and gauge, and every event field, through nacks in two
+    origins, a dead letter, a failed adapter call and its retry."""
+    import nacktracker.tracker as tracker_module
+    from nacktracker.events import NackEvent
+
+    monkeypatch.setattr(tracker_module.time, "time_ns", lambda: 1_700_000_000_123_456_789)
+    ts = 1_700_000_000_123
+    events, dead = [], []
+    clock = ManualClock(start_ms=1_000)
+    adapter = MemoryAdapter(clock=clock.now_ms)
+    tracker = NegativeAcksTracker(adapter, clock=clock, precision_bits=0, retry_min_ms=10, max_redeliveries=3,
+                                  on_dead_letter=dead.append, on_event=events.append, consumer_name="c1")
+    one, two, three, four = K(1, topic="t", partition=2), K(2), K(3), K(4)
+    assert tracker.add(one, delay_ms=10) == 1_010 and tracker.add(two, delay_ms=10) == 1_010
+    assert tracker.add(three, delay_ms=30, redelivery_count=1) == 1_030
+    assert tracker.add(four, redelivery_count=3) is None and dead == [four]
+    adapter.fail_next(1)
+    clock.advance(10)
+    await settle()
+    s = tracker.stats()
+    assert (s["pending"], s["unsent"], s["nacks"], s["redelivered"], s["failures"], s["fires"]) == (1, 2, 3, 0, 1, 1)
+    assert s["buckets"] >= 1 and s["bitmaps"] >= 1 and s["nbytes"] == tracker.nbytes() > 0
+    clock.advance(10)  # the retry
+    await settle()
+    clock.advance(10)
+    await settle()
+    assert adapter.redelivered == [one, two, three]
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        "redeliver of 2 messages failed (AdapterError('injected failure')); retrying in 10 ms"]
+    s = tracker.stats()
+    assert s == {"pending": 0, "unsent": 0, "buckets": 0, "bitmaps": 0, "nbytes": tracker.nbytes(), "nacks": 3,
+                 "redelivered": 3, "dead_lettered": 1, "dead_letter_failures": 0, "failures": 1, "fires": 2,
+                 "rejected_after_close": 0, "threadsafe_failures": 0,
+                 "timer_lag_ms": {"count": 3, "p50": 0, "p99": 0, "max": 0}}
+    assert events == [
+        NackEvent(ts, "nack", 7, 1, 10, 0, 2, -1, "t", "c1"),
+        NackEvent(ts, "nack", 7, 2, 10, 0, -1, -1, None, "c1"),
+        NackEvent(ts, "nack", 7, 3, 30, 1, -1, -1, None, "c1"),
+        NackEvent(ts, "dead_letter", 7, 4, 60_000, 3, -1, -1, None, "c1"),
+        NackEvent(ts, "redeliver", 7, 1, 0, 0, 2, -1, "t", "c1"),
+        NackEvent(ts, "redeliver", 7, 2, 0, 0, -1, -1, None, "c1"),
+        NackEvent(ts, "redeliver", 7, 3, 0, 0, -1, -1, None, "c1"),
+    ]
+    await tracker.close()
+
+
+async def test_asking_whether_unknown_messages_are_pending_allocates_nothing():
+    tracker, _, _ = make(precision_bits=0)
+    tracker.add(K(1), delay_ms=10)
+    before = tracker.nbytes()
+    assert not any(K(1, ledger=100 + i) in tracker for i in range(200))
+    assert K(1) in tracker and tracker.nbytes() == before
+    await tracker.close()
+
+
+async def test_each_dead_letter_is_counted_and_finished_async_ones_are_not_kept():
+    tracker = NegativeAcksTracker(MemoryAdapter(), clock=ManualClock(), precision_bits=0, max_redeliveries=1,
+                                  on_dead_letter=lambda key: None)
+    for entry in (1, 2, 3):
+        tracker.add(K(entry), redelivery_count=1)
+    assert tracker.stats()["dead_lettered"] == 3
+
+    async def dlq(key):
+        await asyncio.sleep(0)
+
+    tracker2 = NegativeAcksTracker(MemoryAdapter(), clock=ManualClock(), precision_bits=0, max_redeliveries=1,
+                                   on_dead_letter=dlq)
+    for entry in (1, 2, 3):
+        tracker2.add(K(entry), redelivery_count=1)
+    await settle()
+    assert tracker2.stats()["dead_lettered"] == 3 and not tracker2._side_tasks  # nothing held per finished one
+    await tracker.close()
+    await tracker2.close()

@@ -3,15 +3,25 @@
 Runs mutmut (configured in pyproject.toml, ``[tool.mutmut]``: tracker.py,
 consumer/core.py, index/, backoff.py, snapshot.py; the tests that need no
 broker, no Spark and no subprocess), times it, and writes
-``mutation/latest.md``: the score per module (killed / all mutants tested,
-timeouts count as killed) and every survivor with its diff. The committed
-``mutation/REPORT.md`` gives a reason for each survivor kept (an equivalent
-mutant) or names the test added for it.
+``mutation/latest.md``: the score per module (killed / all mutants run;
+timeouts count as killed, a mutant no selected test reaches as surviving) and
+every survivor with its diff. The committed ``mutation/REPORT.md`` gives a
+reason for each survivor kept (an equivalent mutant) or names the test added
+for it.
 
-    python tools/mutate.py [--max-children N] [--only-report]
+    python tools/mutate.py [--max-children N] [--module nacktracker/tracker.py ... [--survivors]]
+                           [--only-report]
 
-Hypothesis runs its derandomized ``ci`` profile (tests/run_checks.py), so a
-rerun on the same code gives the same survivors. It takes long (tens of
+``--module`` runs the mutants of those modules only (mutmut's mutant names,
+``nacktracker.tracker.*``), each against the tests that call the mutated
+function (mutmut's own per-mutant test mapping, recorded by one traced run of
+the configured selection); the report then covers those modules. Without it,
+every configured module is run.
+
+Hypothesis runs its ``mutate`` profile (tests/run_checks.py): ``ci``'s
+derandomized examples without shrinking a failure, so a rerun on the same code
+gives the same survivors, and a mutant ``ci`` kills is killed here on the same
+example. It takes long (tens of
 minutes to hours on 2 cores): it is not part of ``make test``.
 """
 
@@ -31,18 +41,39 @@ KILLED = {1, 3, 36, 24, -24, 152, 255, 37}  # killed, pytest internal error, tim
 SURVIVED = {0}
 
 
+def _not_killed(module: str, survivors_only: bool = False) -> list[str]:
+    """The mutants of ``module`` to run: those not killed by an earlier run (the
+    tests only grow; mutmut resets the results of a function whose code
+    changed), or all of them (mutmut's name pattern) before its first run;
+    ``survivors_only``: those run and not killed."""
+    meta = ROOT / "mutants" / (module + ".meta")
+    if not meta.exists():
+        return [module.removesuffix(".py").replace("/", ".") + ".*"]
+    codes = json.loads(meta.read_text())["exit_code_by_key"]
+    return sorted(name for name, code in codes.items()
+                  if code not in KILLED and not (survivors_only and code is None))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--module", action="append", default=[], metavar="PATH",
+                    help="run (and report) the mutants of this module only, e.g. nacktracker/tracker.py; repeatable")
+    ap.add_argument("--survivors", action="store_true",
+                    help="with --module: run only the mutants that survived a run (after adding tests)")
     ap.add_argument("--only-report", action="store_true", help="summarise the last run, run nothing")
     ap.add_argument("--out", default=str(ROOT / "mutation" / "latest.md"))
     args = ap.parse_args()
     mutmut = [sys.executable, "-m", "mutmut"]
     seconds = None
     if not args.only_report:
-        env = {**os.environ, "NACKTRACKER_HYPOTHESIS": "ci"}
+        env = {**os.environ, "NACKTRACKER_HYPOTHESIS": "mutate"}
         started = time.monotonic()
-        proc = subprocess.run([*mutmut, "run", "--max-children", str(args.max_children)], cwd=ROOT, env=env)
+        names = [name for m in args.module for name in _not_killed(m, args.survivors)]
+        if args.module and not names:
+            print("every mutant of those modules is killed already: nothing to run", file=sys.stderr)
+            return 0
+        proc = subprocess.run([*mutmut, "run", "--max-children", str(args.max_children), *names], cwd=ROOT, env=env)
         seconds = time.monotonic() - started
         if proc.returncode not in (0, 1):
             print(f"mutmut run exited {proc.returncode}", file=sys.stderr)
@@ -51,12 +82,14 @@ def main() -> int:
     survivors: list[tuple[str, str]] = []
     for meta in sorted((ROOT / "mutants").rglob("*.py.meta")):
         module = str(meta.relative_to(ROOT / "mutants"))[: -len(".meta")]
+        if args.module and module not in args.module:
+            continue
         data = json.loads(meta.read_text())
         for name, code in sorted(data["exit_code_by_key"].items()):
             kind = "killed" if code in KILLED else "survived" if code in SURVIVED else \
                 "not checked" if code is None else "no tests" if code in (5, 33) else f"other ({code})"
             by_module[module][kind] += 1
-            if kind != "killed":
+            if kind not in ("killed", "not checked"):
                 survivors.append((module, name))
     if not by_module:
         print("no mutmut results under mutants/: run without --only-report first", file=sys.stderr)
@@ -70,10 +103,10 @@ def main() -> int:
     for module, c in sorted(by_module.items()):
         total.update(c)
         n = sum(c.values())
-        tested = c["killed"] + c["survived"]
+        tested = n - c["not checked"]
         lines.append(f"| {module} | {n} | {c['killed']} | {c['survived']} | {c['no tests']} | {c['not checked']} | "
                      f"{c['killed'] / tested:.1%} |" if tested else f"| {module} | {n} | 0 | 0 | - | - | - |")
-    tested = total["killed"] + total["survived"]
+    tested = sum(total.values()) - total["not checked"]
     lines.append(f"| **all** | {sum(total.values())} | {total['killed']} | {total['survived']} | {total['no tests']} | "
                  f"{total['not checked']} | {total['killed'] / max(tested, 1):.1%} |")
     lines += ["", "## Survivors (and mutants no test reaches)", ""]
