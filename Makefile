@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 MUTATE_STAMP := $(VENV)/.installed-mutate
 
-.PHONY: venv demo docs lint test mutate bench bench-quick clean
+.PHONY: venv demo docs lint check test mutate bench bench-quick clean
 
 # every extra (what `make test` needs)
 venv: $(STAMP)
@@ -36,6 +36,15 @@ docs: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m mypy
+
+# The inner loop (<= 90 s on 2 cores): ruff, mypy and the tests that need neither a broker nor
+# Spark, without the ones marked `slow` (whole benchmark runs and other long subprocess tests:
+# `nacktracker bench --quick` and the other benchmark smoke runs, the traffic bench, the demo, the
+# pipeline's subprocess runs), with hypothesis's `quick` profile (a quarter of each test's examples,
+# derandomized: tests/run_checks.py). `make test` runs everything, these included, on the `ci` profile.
+CHECK_TESTS := not broker and not lite and not apache and not external and not spark and not slow
+check: lint
+	NACKTRACKER_HYPOTHESIS=$${NACKTRACKER_HYPOTHESIS:-quick} $(PY) -m pytest -q -m "$(CHECK_TESTS)"
 
 # NACKTRACKER_TEST_REQUIRE=1: a test dependency that is missing (Java, PySpark, pulsar-client,
 # pulsar-lite) or a broker that cannot start fails the run with one line, never skips quietly.

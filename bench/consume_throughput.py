@@ -227,7 +227,9 @@ def run(quick: bool = False, broker: str = "lite", url: Optional[str] = None, se
         async def go() -> None:
             for name in names:
                 n = nack_messages if WORKLOADS[name][1] else messages
-                result["workloads"][name] = await run_workload(service, name, n, rounds, batch_index_ack, progress)
+                started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                result["workloads"][name] = {"command": result["command"], "started": started, **await run_workload(
+                    service, name, n, rounds, batch_index_ack, progress)}
             await asyncio.sleep(CLOSE_GRACE_S)  # let the closed clients' threads finish before exit
 
         asyncio.run(go())
@@ -265,12 +267,17 @@ def check_targets(result: dict) -> list[dict]:
 
 
 def table(result: dict) -> str:
-    """A run as markdown."""
+    """A run (or the merged runs of one broker: see :func:`save`) as markdown."""
     settings = ", ".join(f"{k}={v}" for k, v in result["broker_settings"].items())
+    runs: dict[tuple[str, str], list[str]] = {}  # (command, started) -> its workloads
+    for name, w in result["workloads"].items():
+        run_of = (w.get("command", result["command"]), w.get("started", result["started"]))
+        runs.setdefault(run_of, []).append(name)
     out = [f"### {result['broker']}" + (f" ({settings})" if settings else "")
-           + (", batch_index_ack_enabled=True" if result["batch_index_ack_enabled"] else ""), "",
-           f"`{result['command']}` ({result['started']}, {result['cores']} cores, Python {result['python']}, "
-           f"pulsar-client {result['pulsar_client']}). Medians over rounds, [min–max]; ratios are per round.", "",
+           + (", batch_index_ack_enabled=True" if result["batch_index_ack_enabled"] else ""), ""]
+    out += [f"`{command}` ({started}): {', '.join(names)}." for (command, started), names in runs.items()]
+    out += ["", f"{result['cores']} cores, Python {result['python']}, pulsar-client {result['pulsar_client']}. "
+            "Medians over rounds, [min–max]; ratios are per round.", "",
            "| workload | messages | " + " | ".join(f"{KIND_NAMES[k]} msg/s · CPU µs/msg" for k in KINDS)
            + " | tracked/plain rate | tracked/plain CPU | tracked/queued rate | tracked/queued CPU | load avg |",
            "|---|---|" + "---|" * (len(KINDS) + 5)]
@@ -322,7 +329,7 @@ def readme_sentence(results: dict) -> str:
                      f"µs/msg: **{rate['median']:.2f}×** the rate, **{cpu['median']:.2f}×** the CPU")
     loads = [x for name in ("batched", "non-batched") for x in (r["workloads"][name]["load_avg_before"][0],
                                                                r["workloads"][name]["load_avg_after"][0])]
-    return (f"Receive + ack throughput on pulsar-lite, no nacks, side by side in one run "
+    return (f"Receive + ack throughput on pulsar-lite, no nacks, the three kinds side by side in each run "
             f"(`python -m bench.consume_throughput`, {r['workloads']['batched']['messages']:,} messages per run, "
             f"{r['workloads']['batched']['rounds']} alternating rounds, medians of the per-round ratios, load average "
             f"{min(loads)}–{max(loads)} on {r['cores']} cores): " + "; ".join(parts)
@@ -330,9 +337,18 @@ def readme_sentence(results: dict) -> str:
 
 
 def save(result: dict, path: Path) -> None:
-    """Merge ``result`` into the results file under its broker's name; render RESULTS.md beside it."""
+    """Merge ``result`` into the results file under its broker's name; render RESULTS.md beside it. Workloads
+    it did not run stay from the broker's earlier runs with the same settings (each keeps its command and time:
+    a full matrix takes several runs of ``--only`` under 10 minutes each); other settings replace them."""
     path.parent.mkdir(parents=True, exist_ok=True)
     results = json.loads(path.read_text()) if path.exists() else {}
+    old = results.get(result["broker"])
+    if old is not None and all(old.get(k) == result[k] for k in ("broker_settings", "batch_index_ack_enabled")):
+        merged = {name: {"command": old["command"], "started": old["started"], **w}
+                  for name, w in old["workloads"].items()}
+        merged.update(result["workloads"])
+        result = {**result, "workloads": {name: merged[name] for name in WORKLOADS if name in merged}}
+        result["targets"] = check_targets(result)
     results[result["broker"]] = result
     path.write_text(json.dumps(results, indent=1) + "\n")
     render(path)
@@ -342,8 +358,8 @@ def render(path: Path) -> None:
     """RESULTS.md beside a results file, from it."""
     results = json.loads(path.read_text())
     md = ["# Consume throughput: TrackedConsumer against the plain client", "",
-          "Written by `python -m bench.consume_throughput ... --save` (each broker's latest run; the command is "
-          "under each heading). See the script's docstring for what is measured.", ""]
+          "Written by `python -m bench.consume_throughput ... --save` (each workload's latest run on each broker; "
+          "the commands are under each heading). See the script's docstring for what is measured.", ""]
     for broker in sorted(results):
         md += [table(results[broker]), ""]
     if "lite" in results and {"batched", "non-batched"} <= set(results["lite"]["workloads"]):

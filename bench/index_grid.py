@@ -43,6 +43,7 @@ Three scenarios beside the grid:
 
 from __future__ import annotations
 
+import argparse
 import array
 import contextlib
 import fcntl
@@ -57,8 +58,9 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
-from bench import run_module
+from bench import index_grid_report as report, run_module
 
 REPEATS = 5  # per-call timings: best of this many chunks
 #: ``side_by_side``: rounds of ``calls`` each on the index and its DictIndex
@@ -74,7 +76,7 @@ QUICK = dict(delays=("uniform",), ks=(3,), ledgers=(16,), rates=(1_000,), bits=(
 # 50,000 pending per cell. The RSS per pending message of a cell depends on how
 # many indexes share its process, not only on the index: at 200,000 (4x the
 # replicas) the 1,000/s cells read closer to nbytes() and the 10/s cells
-# further from it (bench/results/index-grid/NOTES.md, "At 200,000 pending")
+# further from it (bench/results/index-grid/HISTORY.md, "At 200,000 pending")
 FULL["target_pending"] = 50_000
 
 
@@ -89,7 +91,7 @@ class Cell:
     seconds: int
 
     def label(self) -> str:
-        return f"{self.delays} k={self.k} L={self.ledgers} {self.rate}/s"
+        return report.cell_label(asdict(self))
 
 
 class Traffic:
@@ -353,7 +355,7 @@ def side_by_side(first, stream: Traffic, cell: Cell, now: int, calls: int) -> di
     bests may come from different moments: six ``--one`` runs of uniform
     k=8 L=16 100/s bits 4 read 1,335-2,422 ns per index ``add`` and
     1.72-1.89x the dict's, where a whole grid run had read 2.64x
-    (bench/results/index-grid/NOTES.md)."""
+    (bench/results/index-grid/HISTORY.md)."""
     import nacktracker
 
     twin = nacktracker.DictIndex(precision_bits=first.precision_bits)
@@ -519,7 +521,30 @@ def scenarios(quick: bool) -> dict:
             "listed_miss": listed_miss()}
 
 
-if __name__ == "__main__":
-    from bench.index_grid_report import main
+def main(argv: list[str]) -> int:
+    if argv and argv[0] == "--one":
+        index, cell, bits, target = argv[1], Cell(**json.loads(argv[2])), int(argv[3]), int(argv[4])
+        print(json.dumps(measure_cell(index, cell, bits, target)), flush=True)
+        os._exit(0)  # no teardown of the cell's indexes: it would run beside another cell's timing
+    if argv and argv[0] == "--scenarios":
+        print(json.dumps(scenarios(argv[1] == "1")))
+        return 0
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--out", default="bench/results/index-grid")
+    p.add_argument("--workers", type=int, default=2)
+    a = p.parse_args(argv)
 
+    started = time.time()
+    result = run(a.quick, a.workers, progress=lambda s: print(f"  {s}", file=sys.stderr, flush=True))
+    result.update(duration_s=round(time.time() - started, 1), workers=a.workers, cores=os.cpu_count())
+    report.write(result, Path(a.out))
+    for t in report.targets(result):
+        print(f"{'PASS' if t['pass'] else 'FAIL'} {t['target']}: {t['worst']:.3g} (bound {t['bound']:g}; {t['cell']})")
+    print(f"wrote {a.out}/RESULTS.md in {result['duration_s']:.0f} s "
+          f"(median add ratio {statistics.median(tb['add_vs_dict'] for tb, _ in report.pairs(result['rows'])):.2f})")
+    return 0
+
+
+if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

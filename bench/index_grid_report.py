@@ -1,23 +1,18 @@
-"""Command line, tables, targets and plot of ``bench/index_grid.py``.
+"""Tables, targets and plot of ``bench/index_grid.py``'s results: plain
+functions of the result dict (no measuring, no import of the grid itself, so
+``bench/figures.py`` and ``bench/suite.py`` render a committed result without
+loading the driver).
 
-    python -m bench.index_grid [--quick] [--out DIR] [--workers N]
-
-Writes ``results.json``, ``RESULTS.md`` and ``grid.png`` into ``--out``. The
-targets of issue 12 are checked from the rows (never typed in): each is
-reported with the worst cell and its figures.
+``python -m bench.index_grid`` writes ``results.json``, ``RESULTS.md`` and
+``grid.png`` (:func:`write`). The targets of issue 12 are checked from the rows
+(never typed in): each is reported with the worst cell and its figures.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import statistics
-import sys
-import time
 from pathlib import Path
 
-from bench import index_grid as grid
 
 #: Issue 12's "Done when" bounds.
 RSS_VS_DICT = 4.0          # TimeBucketIndex RSS/pending <= DictIndex / 4
@@ -27,6 +22,11 @@ HIT_VS_DICT = 20.0
 ADD_VS_DICT = 2.0
 FLAT = 1.5
 PAUSE_MS = 20.0
+
+
+def cell_label(cell: dict) -> str:
+    """A cell's short name, from its fields (a row or ``asdict(Cell)``)."""
+    return f"{cell['delays']} k={cell['k']} L={cell['ledgers']} {cell['rate']}/s"
 
 
 def _key(r: dict) -> tuple:
@@ -48,7 +48,7 @@ def targets(result: dict) -> list[dict]:
         vals = [(value_of(tb, d), tb) for tb, d in ps]
         v, tb = (max if where == "max" else min)(vals, key=lambda x: x[0])
         ok = v <= bound if where == "max" else v >= bound
-        out.append({"target": name, "bound": bound, "worst": v, "cell": f"{grid.Cell(**{k: tb[k] for k in ('delays', 'k', 'ledgers', 'rate', 'seconds')}).label()} bits={tb['bits']}",
+        out.append({"target": name, "bound": bound, "worst": v, "cell": f"{cell_label(tb)} bits={tb['bits']}",
                     "pass": ok, "cells": len(vals), "failing": sum(1 for x, _ in vals if (x > bound if where == "max" else x < bound))})
 
     if ps:
@@ -199,28 +199,3 @@ def write(result: dict, out: Path) -> None:
     (out / "results.json").write_text(json.dumps(result, indent=1))
     (out / "RESULTS.md").write_text(render(result))
     plot(result, out / "grid.png")
-
-
-def main(argv: list[str]) -> int:
-    if argv and argv[0] == "--one":
-        index, cell, bits, target = argv[1], grid.Cell(**json.loads(argv[2])), int(argv[3]), int(argv[4])
-        print(json.dumps(grid.measure_cell(index, cell, bits, target)), flush=True)
-        os._exit(0)  # no teardown of the cell's indexes: it would run beside another cell's timing
-    if argv and argv[0] == "--scenarios":
-        print(json.dumps(grid.scenarios(argv[1] == "1")))
-        return 0
-    p = argparse.ArgumentParser(description=grid.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", default="bench/results/index-grid")
-    p.add_argument("--workers", type=int, default=2)
-    a = p.parse_args(argv)
-
-    started = time.time()
-    result = grid.run(a.quick, a.workers, progress=lambda s: print(f"  {s}", file=sys.stderr, flush=True))
-    result.update(duration_s=round(time.time() - started, 1), workers=a.workers, cores=os.cpu_count())
-    write(result, Path(a.out))
-    for t in targets(result):
-        print(f"{'PASS' if t['pass'] else 'FAIL'} {t['target']}: {t['worst']:.3g} (bound {t['bound']:g}; {t['cell']})")
-    print(f"wrote {a.out}/RESULTS.md in {result['duration_s']:.0f} s "
-          f"(median add ratio {statistics.median(tb['add_vs_dict'] for tb, _ in pairs(result['rows'])):.2f})")
-    return 0

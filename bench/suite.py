@@ -27,7 +27,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench import index_grid, index_grid_report, memory, precision, throughput
+from bench import ROOT, index_grid, index_grid_report, memory, precision, throughput
 
 PACKAGES = ("nacktracker", "pyroaring", "sortedcontainers", "pulsar-client", "pulsar-lite", "pyspark", "numpy")
 from nacktracker.cli import BENCH_PARTS  # one list: `nacktracker bench --help` shows it
@@ -107,8 +107,9 @@ def run_memory(quick: bool, progress: Progress, workers: int = 2) -> list[dict]:
 
 
 def _optional(name: str):
+    """``bench.<name>`` if it imports (the broker parts need pulsar-client) and has ``run``, else None."""
     try:
-        mod = importlib.import_module(name)
+        mod = importlib.import_module(f"bench.{name}")
     except ImportError:
         return None
     return mod if callable(getattr(mod, "run", None)) else None
@@ -222,11 +223,12 @@ def headline_memory(rows: list[dict]) -> list[str]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", default="bench/results/latest")
+    p.add_argument("--out", help="default: bench/results/latest, or bench/results/quick with --quick (never the "
+                                 "committed full results)")
     p.add_argument("--skip", default="", help=f"comma-separated parts to skip: {','.join(PARTS)}")
     a = p.parse_args(argv)
     skip = set(filter(None, a.skip.split(",")))
-    out = Path(a.out)
+    out = Path(a.out) if a.out else ROOT / "bench" / "results" / ("quick" if a.quick else "latest")
     out.mkdir(parents=True, exist_ok=True)
     command = "nacktracker bench" + (" --quick" if a.quick else "") + (f" --skip {a.skip}" if a.skip else "")
     started = time.time()

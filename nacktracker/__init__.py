@@ -5,45 +5,51 @@ Pending nacks live in a PIP-393 time-bucket index (trimmed due time -> ledger
 bucket; a pluggable adapter asks the broker to redeliver.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .backoff import FixedBackoff, MultiplierBackoff
 from .clock import LoopClock, ManualClock
 from .dedup import Deduplicator
+from .errors import (AdapterError, DeadLetterError, MissingExtraError, NacktrackerError, NotReceivedError,
+                     SnapshotError, TraceError, TrackerClosedError)
 from .events import NackEvent
 from .index import DictIndex, HeapIndex, TimeBucketIndex
 from .keys import MessageKey
-from .snapshot import SnapshotError
-from .tracker import NegativeAcksTracker, TrackerClosedError, TrackerStats
+from .tracker import NegativeAcksTracker, TrackerStats
 
 if TYPE_CHECKING:
     # The Pulsar layer is imported lazily at run time (below) so the core never
     # needs pulsar-client; type checkers see the real classes all the same.
-    from .consumer import ConsumerClosed, ReceiveTimeout, TrackedConsumer, subscribe
+    from .consumer.errors import ConsumerClosed, ReceiveTimeout
+    from .consumer.shell import TrackedConsumer
+    from .consumer.subscription import subscribe
 
 __all__ = [
     "TimeBucketIndex", "DictIndex", "HeapIndex",
     "NegativeAcksTracker", "TrackerClosedError", "TrackerStats", "MessageKey", "NackEvent",
     "FixedBackoff", "MultiplierBackoff", "LoopClock", "ManualClock",
-    "TrackedConsumer", "subscribe", "ReceiveTimeout", "ConsumerClosed", "Deduplicator", "SnapshotError",
+    "TrackedConsumer", "subscribe", "ReceiveTimeout", "ConsumerClosed", "Deduplicator",
+    "NacktrackerError", "SnapshotError", "NotReceivedError", "DeadLetterError", "AdapterError", "TraceError",
+    "MissingExtraError",
 ]
 __version__ = "0.1.0"
 
 #: Names that live in the Pulsar layer (``nacktracker.consumer``): loaded on first use.
 _PULSAR_NAMES = frozenset({"TrackedConsumer", "subscribe", "ReceiveTimeout", "ConsumerClosed"})
 
+if not TYPE_CHECKING:  # type checkers see the imports above: every name resolves to what it is
 
-def __getattr__(name: str) -> Any:
-    if name in _PULSAR_NAMES:
-        from ._extras import explain
+    def __getattr__(name: str) -> object:
+        if name in _PULSAR_NAMES:
+            from ._extras import explain
 
-        try:
-            from . import consumer
+            try:
+                from . import consumer
 
-            return getattr(consumer, name)  # the package loads its Pulsar shell lazily too
-        except ModuleNotFoundError as exc:
-            err = explain(exc, f"nacktracker.{name}")
-            if err is exc:
-                raise
-            raise err from None
-    raise AttributeError(f"module 'nacktracker' has no attribute {name!r}")
+                return getattr(consumer, name)  # the package loads its Pulsar shell lazily too
+            except ModuleNotFoundError as exc:
+                err = explain(exc, f"nacktracker.{name}")
+                if err is exc:
+                    raise
+                raise err from None
+        raise AttributeError(f"module 'nacktracker' has no attribute {name!r}")

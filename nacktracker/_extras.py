@@ -19,6 +19,8 @@ import importlib
 from types import ModuleType
 from typing import Optional
 
+from .errors import MissingExtraError
+
 __all__ = ["MissingExtraError", "EXTRA_OF", "require", "explain"]
 
 #: Top-level module -> the extra that installs it (what :func:`explain` maps).
@@ -29,21 +31,6 @@ EXTRA_OF: dict[str, str] = {
     "matplotlib": "bench",
     "opentelemetry": "otel",
 }
-
-
-class MissingExtraError(ModuleNotFoundError):
-    """An optional dependency is missing; the message names the extra.
-
-    A ``ModuleNotFoundError`` (so ``except ImportError`` still catches it)
-    with ``extra`` set to the extra's name.
-    """
-
-    def __init__(self, feature: str, extra: str, module: Optional[str], hint: str = "") -> None:
-        missing = f" (no module named {module!r})" if module else ""
-        super().__init__(f"{feature} needs the {extra!r} extra{missing}: pip install 'nacktracker[{extra}]'"
-                         + (f" ({hint})" if hint else ""), name=module)
-        self.extra = extra
-        self.feature = feature
 
 
 def require(module: str, extra: str, feature: str) -> ModuleType:

@@ -10,10 +10,11 @@ for tests, advanced by hand.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import itertools
 import time
-from typing import Callable, Protocol
+from typing import Callable, Optional, Protocol
+
+from sortedcontainers import SortedList
 
 
 def wall_ms() -> float:
@@ -50,44 +51,66 @@ class LoopClock:
         return self.loop.call_at(when_ms / 1000.0, callback)
 
 
+_Timer = tuple[float, int, "_ManualHandle", Callable[[], None]]  # (when, order of call_at, handle, callback)
+
+
 class _ManualHandle:
-    __slots__ = ("cancelled",)
+    __slots__ = ("cancelled", "_timer", "_timers")
 
     def __init__(self) -> None:
         self.cancelled = False
+        self._timer: Optional[_Timer] = None
+        self._timers: Optional["SortedList[_Timer]"] = None
 
     def cancel(self) -> None:
+        """Cancel the timer: it leaves its clock at once. O(log n). Idempotent."""
         self.cancelled = True
+        if self._timers is not None:
+            self._timers.discard(self._timer)
+            self._timers = self._timer = None
 
 
 class ManualClock:
     """A fake clock for tests: time moves only when :meth:`advance` is called,
     and due timers run, in order, at their own times.
 
+    The timers are a ``sortedcontainers.SortedList`` ordered by (due time, order of
+    :meth:`call_at`): a cancelled timer leaves it at once, so :meth:`timers` is
+    exactly what is armed (a test can assert "one timer, at the earliest
+    bucket") and a long simulation that re-arms often holds no dead timers.
+
     >>> clock = ManualClock(); fired = []
     >>> _ = clock.call_at(10, lambda: fired.append(clock.now_ms()))
+    >>> clock.call_at(40, lambda: None).cancel()
+    >>> clock.timers()
+    [10.0]
     >>> clock.advance(25); fired
     [10.0]
     """
 
     def __init__(self, start_ms: float = 0.0) -> None:
         self._now = float(start_ms)
-        self._timers: list[tuple[float, int, _ManualHandle, Callable[[], None]]] = []
+        self._timers: SortedList[_Timer] = SortedList()
         self._seq = itertools.count()
 
     def now_ms(self) -> float:
         return self._now
 
     def call_at(self, when_ms: float, callback: Callable[[], None]) -> _ManualHandle:
+        """Run ``callback`` at ``when_ms`` (when :meth:`advance` passes it). O(log n)."""
         handle = _ManualHandle()
-        heapq.heappush(self._timers, (float(when_ms), next(self._seq), handle, callback))
+        timer: _Timer = (float(when_ms), next(self._seq), handle, callback)
+        handle._timer, handle._timers = timer, self._timers
+        self._timers.add(timer)
         return handle
 
     def next_timer_ms(self) -> float | None:
-        """When the earliest live timer is due, or ``None``."""
-        while self._timers and self._timers[0][2].cancelled:
-            heapq.heappop(self._timers)
+        """When the earliest armed timer is due, or ``None``. O(1)."""
         return self._timers[0][0] if self._timers else None
+
+    def timers(self) -> list[float]:
+        """The due times of the armed timers, earliest first. O(n)."""
+        return [timer[0] for timer in self._timers]
 
     def advance(self, ms: float) -> None:
         """Move time forward by ``ms``, running each due timer at its own time."""
@@ -106,7 +129,8 @@ class ManualClock:
             when = self.next_timer_ms()
             if when is None or when > target_ms:
                 break
-            _, _, handle, callback = heapq.heappop(self._timers)
+            _, _, handle, callback = self._timers.pop(0)
+            handle._timers = handle._timer = None
             self._now = max(self._now, when)
             callback()
         self._now = target_ms

@@ -40,7 +40,7 @@ A hit does not refresh an id: the window is in first-seen order (seed 002).
 from __future__ import annotations
 
 import sys
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 from pyroaring import BitMap64
 
@@ -144,7 +144,7 @@ class Deduplicator:
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
         self.capacity: int = capacity
-        self._pairs: dict[Key, list] = {}  # key -> [active _Generation, old _Generation | None]
+        self._pairs: dict[Key, list[Any]] = {}  # key -> [active _Generation, old _Generation | None]
         self._rotations = 0
         self._fallback = 0
 
@@ -220,7 +220,7 @@ class Deduplicator:
         hit = pair[0].remove(ledger, code, triple)
         if pair[1] is not None:
             hit = pair[1].remove(ledger, code, triple) or hit
-        return hit
+        return bool(hit)
 
     def clear(self, key: Optional[Key] = None) -> None:
         """Forget everything of ``key`` (a revoked partition), or of all keys."""

@@ -31,7 +31,12 @@ import threading
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
+
+from .errors import BadValueError, ColumnTypeError, EmptyTraceError, MissingColumnError, TraceError
+
+if TYPE_CHECKING:  # pyarrow is imported where it is used (the `spark` extra)
+    import pyarrow as pa
 
 __all__ = [
     "NackEvent", "KINDS", "COLUMNS", "COLUMN_TYPES", "REQUIRED_COLUMNS",
@@ -58,7 +63,7 @@ class NackEvent:
     topic: Optional[str] = None
     consumer: Optional[str] = None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -83,30 +88,6 @@ REQUIRED_COLUMNS = ("ts_ms", "kind", "ledger_id", "entry_id", "delay_ms", "consu
 NOT_NULL_COLUMNS = ("ts_ms", "kind", "ledger_id", "entry_id", "delay_ms")
 #: Integer columns that must be >= 0 (``partition`` and ``batch_index`` use -1 for "none").
 NON_NEGATIVE_COLUMNS = ("ts_ms", "ledger_id", "entry_id", "delay_ms", "redelivery_count")
-
-
-class TraceError(ValueError):
-    """A nack event log that cannot be used; ``column`` names the culprit (or None)."""
-
-    def __init__(self, message: str, column: Optional[str] = None) -> None:
-        super().__init__(message)
-        self.column = column
-
-
-class MissingColumnError(TraceError):
-    """A required column is absent."""
-
-
-class ColumnTypeError(TraceError, TypeError):
-    """A column has the wrong type (e.g. ``ledger_id`` stored as text)."""
-
-
-class BadValueError(TraceError):
-    """A column holds a value it may not: negative id, null, unknown kind."""
-
-
-class EmptyTraceError(TraceError):
-    """No events at all (or no files at the path)."""
 
 
 def _logical(type_name: str) -> str:
@@ -158,7 +139,7 @@ def check_stats(stats: Mapping[str, Any], source: str = "trace") -> None:
             f"in {stats['bad_kinds']:,} rows", "kind")
 
 
-def arrow_schema():
+def arrow_schema() -> "pa.Schema":
     """The :mod:`pyarrow` schema the writer uses (imports pyarrow lazily)."""
     import pyarrow as pa
 
@@ -167,7 +148,7 @@ def arrow_schema():
                       for c, t in COLUMN_TYPES.items()])
 
 
-def _arrow_logical(t) -> str:
+def _arrow_logical(t: "pa.DataType") -> str:
     import pyarrow as pa
 
     if pa.types.is_integer(t):
@@ -177,7 +158,7 @@ def _arrow_logical(t) -> str:
     return "null" if pa.types.is_null(t) else str(t)
 
 
-def validate_table(table, source: str = "trace") -> None:
+def validate_table(table: "pa.Table", source: str = "trace") -> None:
     """Check a :class:`pyarrow.Table` of events (schema, nulls, negatives, kinds).
 
     The in-process twin of the Spark reader's check (same errors, same
@@ -201,15 +182,16 @@ def validate_table(table, source: str = "trace") -> None:
         for c in NON_NEGATIVE_COLUMNS:
             if c in types:
                 stats["min"][c] = pc.min(table.column(c)).as_py()
-        bad = pc.invert(pc.is_in(table.column("kind"), value_set=_kinds_array()))
-        bad = pc.fill_null(bad, False)
+        # Any: pyarrow-stubs type is_in over a column as returning a scalar
+        unknown: Any = pc.invert(pc.is_in(table.column("kind"), value_set=_kinds_array()))
+        bad = pc.fill_null(unknown, False)
         stats["bad_kinds"] = pc.sum(bad).as_py() or 0
         if stats["bad_kinds"]:
             stats["bad_kind"] = pc.filter(table.column("kind"), bad)[0].as_py()
     check_stats(stats, source)
 
 
-def _kinds_array():
+def _kinds_array() -> "pa.StringArray":
     import pyarrow as pa
 
     return pa.array(KINDS)
@@ -248,7 +230,7 @@ class EventLogWriter:
     :meth:`close` (or use ``with``) when the consumer stops.
     """
 
-    def __init__(self, directory: str | os.PathLike, *, format: str = "parquet",
+    def __init__(self, directory: str | os.PathLike[str], *, format: str = "parquet",
                  rows_per_file: int = 1_000_000, buffer_rows: int = 10_000,
                  roll_after_s: Optional[float] = 600.0, prefix: str = "nacks",
                  compression: str = "zstd") -> None:
@@ -268,7 +250,7 @@ class EventLogWriter:
         self.files: list[Path] = []
         self.rows_written = 0
         self._lock = threading.Lock()
-        self._columns: dict[str, list] = {c: [] for c in COLUMNS}
+        self._columns: dict[str, list[Any]] = {c: [] for c in COLUMNS}
         self._buffered = 0
         # one run id per writer: two writers (or processes) can share a directory
         self._run = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{id(self) & 0xFFFF:04x}"
@@ -369,7 +351,9 @@ class EventLogWriter:
         if self.format == "parquet":
             import pyarrow.parquet as pq
 
-            self._file = pq.ParquetWriter(hidden, arrow_schema(), compression=self.compression)
+            # the stubs list the codecs as a Literal; the writer takes any str and names a bad one itself
+            self._file = pq.ParquetWriter(hidden, arrow_schema(),
+                                          compression=self.compression)  # type: ignore[arg-type]
         else:
             self._file = open(hidden, "w", encoding="utf-8")
         self._file_rows = 0
@@ -401,7 +385,7 @@ class EventLogWriter:
         self._file_rows = 0
 
 
-def _check_event(event: Any) -> tuple:
+def _check_event(event: Any) -> tuple[Any, ...]:
     """The event's fields as a tuple in :data:`COLUMNS` order, checked."""
     try:
         row = tuple(getattr(event, c) for c in COLUMNS)

@@ -64,7 +64,6 @@ into a :class:`Snapshot` before anything is built from it; any defect raises
 
 from __future__ import annotations
 
-import asyncio
 import math
 import os
 import struct
@@ -77,6 +76,7 @@ from typing import Any, Optional, Union
 from pyroaring import BitMap, BitMap64
 
 from ._checks import MAX_DUE, MAX_ID
+from .errors import SnapshotError
 
 __all__ = ["SnapshotError", "Snapshot", "encode", "decode", "restore", "write_atomic", "read_file",
            "MAGIC", "VERSION"]
@@ -93,11 +93,6 @@ _ROUNDINGS = ("floor", "ceil")
 
 Origin = tuple[Optional[str], int, int]  # (topic, partition, ledger_id), as the tracker's _origins
 Bitmap = Union[BitMap, BitMap64]
-
-
-class SnapshotError(ValueError):
-    """The bytes are not a snapshot this version can read: foreign, truncated,
-    corrupted, or written by a newer format version. Nothing was loaded."""
 
 
 @dataclass(frozen=True)
@@ -126,12 +121,11 @@ class Snapshot:
 def encode(tracker: Any) -> bytes:
     """Serialise ``tracker``'s pending set (see the module docstring).
 
-    Reads the tracker's internals (index, ``_origins`` routing, outbox, clock):
-    this module and tracker.py change together. Does not mutate the tracker.
+    Reads what :meth:`~nacktracker.NegativeAcksTracker.export_pending` gives
+    (and ``precision_bits``, ``rounding``). Does not mutate the tracker.
     Runtime complexity: O(b + s) for b bitmaps serialising to s bytes.
     """
-    clock = tracker._clock
-    now = math.ceil(clock.now_ms()) if clock is not None else 0
+    now, unsent, buckets = tracker.export_pending()
     origin_ids: dict[Origin, int] = {}
     merged: dict[tuple[int, int], Bitmap] = {}  # (origin, remaining) -> ids
 
@@ -144,14 +138,10 @@ def encode(tracker: Any) -> bytes:
             merged[(o, remaining)] = _union(old, bm)
 
     # the outbox first: popped, not yet handed over, so due now
-    unsent: dict[Origin, list[int]] = {}
-    for batch in tracker._outbox:
-        for key in batch:
-            unsent.setdefault((key.topic, key.partition, key.ledger_id), []).append(key.entry_id)
     for origin, entries in unsent.items():
         put(origin, 0, BitMap64(entries) if max(entries) >> 32 else BitMap(entries))
-    for bucket, slot, bm in tracker._index.iter_bitmaps():
-        put(tracker._origins[slot], min(MAX_ID, max(0, bucket - now)), bm)
+    for origin, bucket, bm in buckets:
+        put(origin, min(MAX_ID, max(0, bucket - now)), bm)
 
     parts = [b""]  # body head goes first, once the counts are known
     for topic, partition, ledger in origin_ids:
@@ -281,11 +271,10 @@ def restore(cls: type, data: Any, adapter: Any, *, elapsed: str = "wall", **trac
     tracker_kwargs.setdefault("precision_bits", snap.precision_bits)
     tracker_kwargs.setdefault("rounding", snap.rounding)
     tracker = cls(adapter, **tracker_kwargs)
-    if tracker._clock is None:
-        try:
-            tracker._bind(asyncio.get_running_loop())
-        except RuntimeError:
-            raise RuntimeError("restore() needs a running event loop or a clock= argument") from None
+    try:
+        tracker.clock  # noqa: B018  (binds it to the running loop unless it has a clock)
+    except RuntimeError:
+        raise RuntimeError("restore() needs a running event loop or a clock= argument") from None
     shift = 0
     if elapsed == "wall":
         shift = max(0, (time.time_ns() - snap.taken_wall_ns) // 1_000_000)
@@ -294,27 +283,12 @@ def restore(cls: type, data: Any, adapter: Any, *, elapsed: str = "wall", **trac
 
 
 def _install(tracker: Any, snap: Snapshot, shift_ms: int) -> None:
-    """Recreate the routing slots and the pending buckets in a fresh tracker.
-
-    Makes a slot per saved origin (``tracker._new_slot``) rather than going
-    through ``tracker._slot()``: that method would merge a topic-less origin into the
-    only topic known for its ledger, which is right for a live key and wrong
-    for a saved table in which both exist.
-    """
-    now = math.ceil(tracker._clock.now_ms())
-    slots = []
-    for topic, partition, ledger in snap.origins:
-        slots.append(tracker._new_slot(topic, partition, ledger))
-    index = tracker._index
-    for o, remaining, bm in snap.records:
-        # a saved delay may be up to MAX_ID (the format's limit); the index takes dues up to MAX_DUE
-        index.add_many(slots[o], bm.to_array(), min(MAX_DUE, now + max(0, remaining - shift_ms)))
-    for slot in slots:  # an origin whose records were all empty (never written, but be safe)
-        if not index.has_ledger(slot):
-            tracker._release(slot)
-    nxt = index.next_due_ms()
-    if nxt is not None:
-        tracker._arm(nxt - tracker._lead)
+    """Load ``snap``'s records into a fresh, bound tracker, their remaining delays
+    less ``shift_ms`` (:meth:`~nacktracker.NegativeAcksTracker.import_pending`)."""
+    now = math.ceil(tracker.clock.now_ms())
+    # a saved delay may be up to MAX_ID (the format's limit); the index takes dues up to MAX_DUE
+    tracker.import_pending(snap.origins, [(o, min(MAX_DUE, now + max(0, remaining - shift_ms)), bm.to_array())
+                                          for o, remaining, bm in snap.records])
 
 
 # -- files ------------------------------------------------------------------------

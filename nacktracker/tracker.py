@@ -17,11 +17,12 @@ import math
 import sys
 import time
 from collections import Counter, deque
-from typing import Any, Callable, Literal, NamedTuple, Optional, TypedDict, overload
+from typing import Any, Callable, Iterable, Literal, NamedTuple, Optional, Sequence, TypedDict, overload
 
 from ._checks import MAX_DUE, check_default_delay, check_delay_ms, check_int
 from .adapters.base import RedeliveryAdapter
 from .clock import Clock, LoopClock, TimerHandle
+from .errors import TrackerClosedError
 from .events import NackEvent
 from .index import TimeBucketIndex
 from .keys import MessageKey, key_of
@@ -29,15 +30,22 @@ from .precision import Precision
 from . import snapshot as _snapshot
 
 __all__ = ["NegativeAcksTracker", "TrackerClosedError", "LatencyHistogram", "TrackerStats", "LatencySummary",
-           "FireListener", "FiredCell"]
+           "FireListener", "FiredCell", "PendingState"]
 
 log = logging.getLogger(__name__)
 
 _FOREVER = (1 << 63) - 1
 
 
-class TrackerClosedError(RuntimeError):
-    """The tracker was closed; it accepts no more nacks."""
+class PendingState(NamedTuple):
+    """A tracker's pending set as :meth:`NegativeAcksTracker.export_pending` gives it: ``now_ms``, the
+    clock's reading rounded up (0 before the tracker is bound); ``unsent``: entry ids popped but not yet
+    handed to the adapter (due now), by origin ``(topic, partition, ledger_id)``; ``buckets``:
+    ``(origin, bucket time ms, bitmap of entry ids)`` per index cell."""
+
+    now_ms: int
+    unsent: dict[tuple[Optional[str], int, int], list[int]]
+    buckets: list[tuple[tuple[Optional[str], int, int], int, Any]]
 
 
 class LatencySummary(TypedDict):
@@ -350,6 +358,12 @@ class NegativeAcksTracker:
             log.error("adapter.lead_ms %r is not a valid delay; keeping %d", lead, self._lead_ok)
         return self._lead_ok
 
+    @property
+    def lead_ms(self) -> int:
+        """How early the timer fires for the adapter's path latency: its ``lead_ms`` now (0 when it declares
+        none; the last valid value if it turned invalid). O(1)."""
+        return self._lead
+
     def next_fire_ms(self) -> Optional[int]:
         """When the timer is armed for, on the tracker's clock (None: idle)."""
         return self._timer_at
@@ -426,6 +440,38 @@ class NegativeAcksTracker:
         """
         tracker: NegativeAcksTracker = _snapshot.restore(cls, data, adapter, elapsed=elapsed, **tracker_kwargs)
         return tracker
+
+    def export_pending(self) -> PendingState:
+        """The pending set as :meth:`snapshot` saves it, before encoding (the seam the snapshot format uses;
+        see :class:`PendingState`). Works on a closed tracker; changes nothing. O(buckets + unsent)."""
+        now = math.ceil(self._clock.now_ms()) if self._clock is not None else 0
+        unsent: dict[tuple[Optional[str], int, int], list[int]] = {}
+        for batch in self._outbox:
+            for key in batch:
+                unsent.setdefault((key.topic, key.partition, key.ledger_id), []).append(key.entry_id)
+        buckets = [(self._origins[slot], bucket, ids) for bucket, slot, ids in self._index.iter_bitmaps()]
+        return PendingState(now, unsent, buckets)
+
+    def import_pending(self, origins: Sequence[tuple[Optional[str], int, int]],
+                       cells: Iterable[tuple[int, int, Any]]) -> None:
+        """Load saved pending cells into this new tracker (what :meth:`restore` does after decoding).
+
+        ``origins``: ``(topic, partition, ledger_id)`` each; ``cells``: ``(origin index, due ms on this
+        tracker's clock, entry ids)`` with the ids as an integer array, due times up to ``MAX_DUE``. Each
+        origin gets a routing slot of its own (not a live key's lookup, which would merge a topic-less
+        origin into the only topic known for its ledger: right for a live key, wrong for a saved table
+        holding both), then the timer is armed. Binds to the running loop if no clock was given.
+        Runtime: O(ids)."""
+        self.clock  # noqa: B018  (binds the tracker, or raises RuntimeError outside a loop)
+        slots = [self._new_slot(topic, partition, ledger) for topic, partition, ledger in origins]
+        for origin, due, ids in cells:
+            self._index.add_many(slots[origin], ids, min(MAX_DUE, due))
+        for slot in slots:  # an origin whose cells were all empty (never written, but be safe)
+            if not self._index.has_ledger(slot):
+                self._release(slot)
+        nxt = self._index.next_due_ms()
+        if nxt is not None:
+            self._arm(nxt - self._lead)
 
     def save(self, path: Any) -> None:
         """Write :meth:`snapshot` to ``path`` atomically (temp file in the same

@@ -14,7 +14,9 @@ Hypothesis profiles, chosen by ``$NACKTRACKER_HYPOTHESIS`` (default ``ci``):
   killed mutant, and reported to nobody) is skipped;
 * ``thorough``: random, and every test's example count (its own
   ``@settings(max_examples=...)`` too) times ``$NACKTRACKER_HYPOTHESIS_SCALE``
-  (default 10), for long local runs.
+  (default 10), for long local runs;
+* ``quick``: derandomized like ``ci``, every test's example count a quarter
+  (at least 10): ``make check``, the inner loop (``make test`` runs ``ci``).
 
 Timeouts (pytest-timeout): ``timeout`` in pyproject.toml is every test's
 default; tests known to be long get theirs from :data:`LONG_TESTS` (or their
@@ -48,6 +50,10 @@ settings.register_profile("mutate", settings.get_profile("ci"),
 settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("thorough", max_examples=1000, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("quick", derandomize=True, database=None, deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+#: How each profile scales a test's own example count (``@settings(max_examples=...)``).
+SCALES = {"thorough": lambda n: n * int(os.environ.get(SCALE_ENV, "10")), "quick": lambda n: max(10, n // 4)}
 PROFILE = os.environ.get(PROFILE_ENV, "ci")
 settings.load_profile(PROFILE)  # before the test modules are imported: their @settings inherit it
 
@@ -139,24 +145,23 @@ def apply_run_settings(items) -> None:
                           + [s for name, s in MARKER_TIMEOUTS.items() if item.get_closest_marker(name)], default=None)
             if seconds is not None:
                 item.add_marker(pytest.mark.timeout(seconds))
-        if PROFILE == "thorough":
-            _scale_examples(item)
+        if PROFILE in SCALES:
+            _scale_examples(item, SCALES[PROFILE])
 
 
-def _scale_examples(item) -> None:
-    """``thorough``: multiply the test's own example count (a hypothesis test's
+def _scale_examples(item, scale) -> None:
+    """``thorough``, ``quick``: scale the test's own example count (a hypothesis test's
     settings live on its function; a state machine's on its TestCase class)."""
-    scale = int(os.environ.get(SCALE_ENV, "10"))
     fn = getattr(item, "obj", None)
     inner = getattr(fn, "hypothesis", None)
     target = getattr(inner, "inner_test", None) and fn
     if target is not None and hasattr(target, "_hypothesis_internal_use_settings"):
         own = target._hypothesis_internal_use_settings
-        target._hypothesis_internal_use_settings = settings(own, max_examples=own.max_examples * scale)
+        target._hypothesis_internal_use_settings = settings(own, max_examples=scale(own.max_examples))
     cls = getattr(item, "cls", None)
     own = getattr(cls, "settings", None)
     if isinstance(own, settings) and not getattr(cls, "_nacktracker_scaled", False):
-        cls.settings = settings(own, max_examples=own.max_examples * scale)
+        cls.settings = settings(own, max_examples=scale(own.max_examples))
         cls._nacktracker_scaled = True
 
 

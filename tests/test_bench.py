@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -31,6 +32,51 @@ def test_bench_quick_writes_results(tmp_path):
     assert {r["bits"] for r in results["precision"]["starvation"]} == {0, 8}
     md = (out / "RESULTS.md").read_text()
     assert "`python -m bench.memory" in md and "`python -m bench.throughput --quick`" in md
+
+
+# -- the package's shape: `python -m bench.<name>`, no path tricks, no import cycle -----
+
+def _bench_imports() -> dict[str, set[str]]:
+    """Each module of bench/ (dotted) -> the bench modules it imports, anywhere in the file."""
+    files = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+             for p in (ROOT / "bench").rglob("*.py")}
+    graph = {}
+    for name, path in files.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names if a.name.split(".")[0] == "bench"}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "bench":
+                subs = {f"{node.module}.{a.name}" for a in node.names} & files.keys()
+                found |= subs or {node.module}
+        graph[name] = found - {name}
+    return graph
+
+
+def test_bench_is_a_package_without_path_tricks():
+    needle = "sys.path." + "insert"  # spelled apart: this file is scanned too
+    for folder in ("bench", "tests", "nacktracker", "examples", "tools"):
+        for path in (ROOT / folder).rglob("*.py"):
+            assert needle not in path.read_text(), path.relative_to(ROOT)
+    siblings = {p.stem for p in (ROOT / "bench").glob("*.py")} - {"__init__"}
+    for path in (ROOT / "bench").rglob("*.py"):  # a sibling imported by its bare name only worked with sys.path
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            assert not {n.split(".")[0] for n in names if n} & siblings, (path.relative_to(ROOT), names)
+
+
+def test_bench_has_no_import_cycle():
+    graph = _bench_imports()
+    assert graph["bench.index_grid"] >= {"bench.index_grid_report"}  # the check sees function-local imports too
+
+    def visit(name, path):
+        assert name not in path, " -> ".join([*path[path.index(name):], name])
+        for nxt in graph.get(name, ()):
+            visit(nxt, [*path, name])
+
+    for name in graph:
+        visit(name, [])
 
 
 # -- the traffic benchmark (bench/traffic.py) ----------------------------------------

@@ -350,7 +350,7 @@ async def test_boundary_errors_change_nothing(harness):
         await h.consumer.negative_acknowledge(m, delay_ms=-1)
     with pytest.raises(TypeError):
         await h.consumer.negative_acknowledge(MessageKey(1, 2))
-    with pytest.raises(TypeError, match="unknown TrackedConsumer option"):
+    with pytest.raises(TypeError, match=r"TrackedConsumer\(\) got an unexpected keyword argument .delay.: did you mean delay_ms"):
         TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock, delay=5)
     with pytest.raises(ValueError, match="dedup_capacity needs dedup"):
         TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock, dedup=False, dedup_capacity=5)
@@ -384,6 +384,28 @@ async def test_after_close_every_broker_call_raises_consumer_closed(harness):
         assert isinstance(closed.value, pulsar.AlreadyClosed), name
     assert h.raw.acks == [] and h.consumer.tracker.pending == 1  # nothing reached the client, nothing lost
     await h.consumer.close()  # idempotent
+
+
+async def test_receivers_waiting_at_once_each_get_one_message_and_timed_out_waits_leave_nothing_behind(harness):
+    from nacktracker.consumer import ConsumerClosed, ReceiveTimeout
+
+    h = harness(precision_bits=0)
+    await settle()
+    for _ in range(50):  # an application polling an idle consumer
+        with pytest.raises(ReceiveTimeout):
+            await h.consumer.receive(timeout_ms=1)
+    assert not h.consumer._pump._receivers  # no wait of theirs is kept
+    waiting = [asyncio.ensure_future(h.consumer.receive()) for _ in range(3)]
+    await settle()
+    h.broker.publish(1)
+    h.broker.publish(1)
+    await settle()
+    got = sorted(task.result().data() for task in waiting if task.done())
+    assert got == [b"e0.-1", b"e1.-1"]  # one message each, in order; the third still waits
+    await h.consumer.close()
+    await settle()
+    assert all(task.done() for task in waiting)
+    assert isinstance(waiting[2].exception(), ConsumerClosed)  # close wakes it
 
 
 @pytest.mark.parametrize("timeout, error", [(10**400, ValueError), (2**62, ValueError), (1e300, ValueError),

@@ -352,6 +352,7 @@ def test_nothing_duplicated_within_a_bucket(ops, bits):
 
 # -- memory honesty -------------------------------------------------------------
 
+@pytest.mark.slow  # 3M adds in a fresh process: `make test` runs it, `make check` does not
 def test_nbytes_within_25_percent_of_rss_growth():
     """Build a large index in a fresh process: nbytes() must track real RSS."""
     out = subprocess.run(

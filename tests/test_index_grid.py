@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # a benchmark run in a subprocess: `make test` runs it, `make check` does not
 def test_grid_quick_writes_results(tmp_path):
     out = tmp_path / "grid"
     subprocess.run([sys.executable, "-m", "bench.index_grid", "--quick", "--out", str(out)],

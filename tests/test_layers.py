@@ -33,7 +33,8 @@ PULSAR_IMPORTERS = {
     "adapters/pulsar.py": "the adapter: the one redelivery path into the client",
     "consumer/shell.py": "the consumer's Pulsar shell",
     "consumer/direct.py": "the shell's receives and acks straight into the client's C++ consumer",
-    "consumer/options.py": "subscribe() makes the client's consumer",
+    "consumer/subscription.py": "subscribe() makes the client's consumer",
+    "consumer/ids.py": "keys of pulsar Messages and MessageIds, seek targets",
     "consumer/errors.py": "its exceptions are the client's exceptions too",
     "consumer/dead_letters.py": "publishes dead letters through the client's producers (issue 11)",
     "consumer/failures.py": "retry letters and terminal dead letters take received pulsar Messages",
@@ -121,7 +122,7 @@ def test_only_the_tracker_and_clock_read_time(module):
 
 
 def test_the_consumer_reads_time_only_through_the_trackers_clock():
-    for module in ("consumer/shell.py", "consumer/core.py", "consumer/options.py", "consumer/dead_letters.py",
+    for module in ("consumer/shell.py", "consumer/core.py", "consumer/options.py", "consumer/subscription.py", "consumer/ids.py", "consumer/dead_letters.py",
                    "consumer/pump.py", "consumer/release.py", "consumer/local.py", "consumer/failures.py",
                    "consumer/ack_timeout.py", "consumer/retries.py", "consumer/counts.py"):
         source = (ROOT / module).read_text()

@@ -9,15 +9,15 @@ import pytest
 from nacktracker import ManualClock, MessageKey, NegativeAcksTracker, TimeBucketIndex
 from nacktracker.adapters import MemoryAdapter
 from nacktracker.index.layout import LISTED, LISTING
-from nacktracker.pipeline.memory_model import (IndexCosts, array_bytes, calibration_build, index_state,
-                                               live_replay, synthetic_nacks)
+from nacktracker.pipeline.calibration import calibration_build, live_replay, measure_index_costs, synthetic_nacks
+from nacktracker.pipeline.memory_model import IndexCosts, array_bytes, index_state
 from nacktracker.pipeline.pending import analyse_consumer
 from nacktracker.pipeline.memory_experiment import workload
 
 
 @pytest.fixture(scope="module")
 def costs() -> IndexCosts:
-    return IndexCosts.measure()
+    return measure_index_costs()
 
 
 def test_measure_checks_itself_on_live_builds(costs):

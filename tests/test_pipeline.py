@@ -546,6 +546,43 @@ def test_bad_parquet_traces_name_the_column(spark, tmp_path, change, error, colu
     assert info.value.column == column and isinstance(info.value, TraceError)
 
 
+def test_footer_statistics_cover_only_columns_every_file_has_them_for(tmp_path):
+    from nacktracker.pipeline.load import footer_stats
+
+    cols = good_table()
+    cols["redelivery_count"] = [0, 2, None, 1, 0]
+    pq.write_table(pa.table(cols), tmp_path / "a.parquet", row_group_size=2)
+    more = dict(good_table(), ledger_id=[9, 3, 4, 5, 6])
+    pq.write_table(pa.table(more), tmp_path / "b.parquet", write_statistics=["ledger_id"])
+    both = [str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")]
+    assert footer_stats(both[:1]) == {"ledger_id": {"nulls": 0, "min": 1, "max": 1},
+                                      "entry_id": {"nulls": 0, "min": 0, "max": 4},
+                                      "redelivery_count": {"nulls": 1, "min": 0, "max": 2}}
+    # b.parquet has statistics for ledger_id only, and no redelivery_count column
+    assert footer_stats(both) == {"ledger_id": {"nulls": 0, "min": 1, "max": 9}}
+
+
+@pytest.mark.spark
+@needs_spark
+@pytest.mark.parametrize("statistics", [True, False])
+@pytest.mark.parametrize("change, column", [
+    (dict(entry_id=[0, 1, -2, 3, 4]), "entry_id"),
+    (dict(ledger_id=[1, None, 1, 1, 1]), "ledger_id"),
+    (dict(redelivery_count=[0, 0, -1, 0, 0]), "redelivery_count"),
+])
+def test_bad_values_are_found_with_or_without_file_statistics(spark, tmp_path, statistics, change, column):
+    """Columns the files' statistics cover are checked from them, the others
+    (and every column of files written without statistics) by the scan: the
+    same error either way."""
+    from nacktracker.pipeline.plan import run_plan
+
+    cols = dict(good_table(), **change)
+    pq.write_table(pa.table(cols), tmp_path / "t.parquet", write_statistics=statistics)
+    with pytest.raises(BadValueError, match=repr(column)) as info:
+        run_plan(spark, str(tmp_path / "t.parquet"), [0])
+    assert info.value.column == column
+
+
 @pytest.mark.spark
 @needs_spark
 def test_unsigned_64_bit_ids_are_read_when_they_fit(spark, tmp_path):

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from nacktracker.pipeline import caches
-from nacktracker.pipeline.memory_model import IndexCosts
+from nacktracker.pipeline import caches, calibration
 
 needs_spark = pytest.mark.skipif(importlib.util.find_spec("pyspark") is None or shutil.which("java") is None,
                                  reason="needs pyspark and Java")
@@ -32,15 +31,15 @@ def cache(tmp_path, monkeypatch):
 
 @pytest.fixture
 def counted_measure(monkeypatch):
-    """IndexCosts.measure, counting its calls (the real one, run once, then reused)."""
-    real = IndexCosts.measure()
+    """measure_index_costs, counting its calls (the real one, run once, then reused)."""
+    real = calibration.measure_index_costs()
     calls = []
 
     def measure():
         calls.append(1)
         return real
 
-    monkeypatch.setattr(IndexCosts, "measure", staticmethod(measure))
+    monkeypatch.setattr(calibration, "measure_index_costs", measure)
     return real, calls
 
 

@@ -7,9 +7,12 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow  # a benchmark run in a subprocess: `make test` runs it, `make check` does not
 def test_quick_soak_redelivers_everything_and_returns_to_its_start():
     out = subprocess.run([sys.executable, "-m", "bench.soak", "--quick", "--json"], capture_output=True, text=True,
                          timeout=20, cwd=ROOT)

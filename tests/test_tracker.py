@@ -56,6 +56,20 @@ async def test_fires_exactly_at_the_bucket_time(bits, rounding):
     assert tracker.pending == 0 and tracker.next_fire_ms() is None
 
 
+async def test_one_timer_armed_at_the_earliest_bucket_whatever_the_adds():
+    """The design's one timer: however nacks arrive (earlier, later, equal), the clock holds
+    exactly one armed timer, at the earliest bucket; after every fire, the next one."""
+    tracker, adapter, clock = make(precision_bits=0)
+    for delay in (5000, 3000, 3000, 7000, 100, 2500, 100):
+        tracker.add(K(delay + len(adapter.calls)), delay_ms=delay)
+        assert clock.timers() == [tracker.next_fire_ms()]
+    while tracker.pending:
+        clock.advance_to(clock.timers()[0])
+        await settle()
+        assert clock.timers() == ([tracker.next_fire_ms()] if tracker.pending else [])
+    assert sorted(k.entry_id for k in adapter.redelivered) == sorted(d for d in (5000, 3000, 7000, 100, 2500))
+
+
 async def test_an_earlier_add_pulls_the_timer_earlier_and_a_later_one_does_not():
     tracker, adapter, clock = make(precision_bits=0)
     t0 = clock.now_ms()
@@ -346,7 +360,7 @@ async def test_a_failing_event_hook_does_not_break_add(caplog):
 
     tracker, _, _ = make(on_event=boom)
     tracker.add(K(1))
-    assert tracker.pending == 1 and "on_event hook failed" in caplog.text
+    assert tracker.pending == 1 and [r.getMessage() for r in caplog.records] == ["on_event hook failed"]
 
 
 # -- threads and the real loop ----------------------------------------------------------
@@ -974,7 +988,7 @@ async def test_a_lead_ms_that_turns_invalid_is_logged_once_and_the_last_valid_on
     await tracker.close()
 
 
-async def test_stats_and_events_of_a_worked_case(monkeypatch):
+async def test_stats_and_events_of_a_worked_case(monkeypatch, caplog):
     """Every counter and gauge, and every event field, through nacks in two
     origins, a dead letter, a failed adapter call and its retry."""
     import nacktracker.tracker as tracker_module
@@ -1002,6 +1016,8 @@ async def test_stats_and_events_of_a_worked_case(monkeypatch):
     clock.advance(10)
     await settle()
     assert adapter.redelivered == [one, two, three]
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        "redeliver of 2 messages failed (AdapterError('injected failure')); retrying in 10 ms"]
     s = tracker.stats()
     assert s == {"pending": 0, "unsent": 0, "buckets": 0, "bitmaps": 0, "nbytes": tracker.nbytes(), "nacks": 3,
                  "redelivered": 3, "dead_lettered": 1, "dead_letter_failures": 0, "failures": 1, "fires": 2,
@@ -1017,3 +1033,32 @@ async def test_stats_and_events_of_a_worked_case(monkeypatch):
         NackEvent(ts, "redeliver", 7, 3, 0, 0, -1, -1, None, "c1"),
     ]
     await tracker.close()
+
+
+async def test_asking_whether_unknown_messages_are_pending_allocates_nothing():
+    tracker, _, _ = make(precision_bits=0)
+    tracker.add(K(1), delay_ms=10)
+    before = tracker.nbytes()
+    assert not any(K(1, ledger=100 + i) in tracker for i in range(200))
+    assert K(1) in tracker and tracker.nbytes() == before
+    await tracker.close()
+
+
+async def test_each_dead_letter_is_counted_and_finished_async_ones_are_not_kept():
+    tracker = NegativeAcksTracker(MemoryAdapter(), clock=ManualClock(), precision_bits=0, max_redeliveries=1,
+                                  on_dead_letter=lambda key: None)
+    for entry in (1, 2, 3):
+        tracker.add(K(entry), redelivery_count=1)
+    assert tracker.stats()["dead_lettered"] == 3
+
+    async def dlq(key):
+        await asyncio.sleep(0)
+
+    tracker2 = NegativeAcksTracker(MemoryAdapter(), clock=ManualClock(), precision_bits=0, max_redeliveries=1,
+                                   on_dead_letter=dlq)
+    for entry in (1, 2, 3):
+        tracker2.add(K(entry), redelivery_count=1)
+    await settle()
+    assert tracker2.stats()["dead_lettered"] == 3 and not tracker2._side_tasks  # nothing held per finished one
+    await tracker.close()
+    await tracker2.close()

@@ -29,6 +29,14 @@ HALVES = {"apache": ["-m", "apache"], "others": ["-m", "not apache"]}
 
 def main(argv: list[str]) -> int:
     started = time.monotonic()
+    if os.environ.get("NACKTRACKER_TEST_REQUIRE", "") not in ("", "0"):
+        sys.path.insert(0, str(ROOT / "tests"))  # the suite's own check of what it needs, run once
+        from run_checks import missing_dependencies
+
+        problems = missing_dependencies()
+        if problems:  # one line, as pytest would print it (and not once per half)
+            print("ERROR: make test cannot run: " + "; ".join(problems), file=sys.stderr)
+            return 4
     pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *argv]
     with tempfile.TemporaryDirectory(prefix="nacktracker-tests-") as tmp:
         log_path = Path(tmp) / "apache.log"

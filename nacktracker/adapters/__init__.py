@@ -9,7 +9,8 @@ core never needs pulsar-client).
 
 from .base import RedeliveryAdapter
 from .local import HandBack, LocalRedeliveryAdapter
-from .memory import AdapterError, MemoryAdapter, RedeliveryCall
+from ..errors import AdapterError
+from .memory import MemoryAdapter, RedeliveryCall
 
 __all__ = ["RedeliveryAdapter", "MemoryAdapter", "RedeliveryCall", "AdapterError", "PulsarAdapter",
            "LocalRedeliveryAdapter", "HandBack"]

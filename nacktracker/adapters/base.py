@@ -8,9 +8,15 @@ lives below it (:class:`~nacktracker.adapters.PulsarAdapter`).
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence, runtime_checkable
 
 from ..keys import MessageKey
+
+if TYPE_CHECKING:
+    from .local import HandBack
+
+__all__ = ["RedeliveryAdapter", "LearnsPathLatency", "KnowsTopics", "ReportsBursts", "RedeliversLocally",
+           "ClosesAsync", "WaitsForSiblings"]
 
 
 @runtime_checkable
@@ -37,6 +43,86 @@ class RedeliveryAdapter(Protocol):
 
     ``aclose()`` (optional)
         Release resources; called by the owner, not by the tracker.
+
+    What a :class:`~nacktracker.TrackedConsumer` does with an adapter beyond
+    this is declared by the capability protocols below; it checks for each
+    with ``isinstance`` once, when it is made, and uses what the adapter has:
+    :class:`LearnsPathLatency` (``arrived``, ``awaiting_arrivals``,
+    ``forget_handed``), :class:`KnowsTopics` (``multi_topic``),
+    :class:`ReportsBursts` (``bursts``), :class:`WaitsForSiblings` (``sibling_held``, ``settle_waits``) and :class:`RedeliversLocally` (the
+    adapter keeps nacked messages and hands them back itself); ``aclose`` is
+    :class:`ClosesAsync`.
     """
 
     async def redeliver(self, keys: Sequence[MessageKey]) -> None: ...
+
+
+@runtime_checkable
+class LearnsPathLatency(Protocol):
+    """An adapter that measures its redelivery path from the copies the consumer receives
+    (:class:`~nacktracker.adapters.PulsarAdapter`)."""
+
+    @property
+    def awaiting_arrivals(self) -> bool:
+        """Whether an entry handed over still waits for its copy (else the consumer skips ``arrived``)."""
+        ...
+
+    def arrived(self, entry: MessageKey) -> None:
+        """The consumer received a copy of ``entry`` (``batch_index`` -1)."""
+        ...
+
+    def forget_handed(self) -> None:
+        """The application fell behind: copies received from now on say nothing about the path."""
+        ...
+
+
+@runtime_checkable
+class KnowsTopics(Protocol):
+    """An adapter that knows whether its consumer reads several topics (a bare message id
+    names no topic there)."""
+
+    multi_topic: bool
+
+
+@runtime_checkable
+class ReportsBursts(Protocol):
+    """An adapter that sends due entries in bursts: ``(start ms, end ms, entries)`` of the
+    recent ones (the consumer's ``stats()["bursts"]`` counts them)."""
+
+    bursts: list[tuple[float, float, int]]
+
+
+@runtime_checkable
+class RedeliversLocally(Protocol):
+    """An adapter that redelivers from the consumer's memory (Exclusive and Failover
+    subscriptions, :class:`~nacktracker.adapters.LocalRedeliveryAdapter`): the consumer
+    keeps each nacked message with it, and it hands them back through ``bind``'s path."""
+
+    def bind(self, deliver: Callable[[Any], HandBack]) -> None: ...
+
+    def keep(self, key: MessageKey, token: Any) -> None: ...
+
+    def forget(self, key: MessageKey) -> bool: ...
+
+    def forget_through(self, key: MessageKey) -> list[MessageKey]: ...
+
+    def redeliveries(self, key: MessageKey) -> int: ...
+
+    @property
+    def stored(self) -> int: ...
+
+
+@runtime_checkable
+class ClosesAsync(Protocol):
+    """An adapter with resources to release: its owner awaits ``aclose()`` (the tracker never does)."""
+
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class WaitsForSiblings(Protocol):
+    """An adapter that holds a due batch entry back while the application holds another message of it
+    (``sibling_held(entry)``, set by the consumer), and counts those waits (``stats()["settle_waits"]``)."""
+
+    sibling_held: Optional[Callable[[MessageKey], bool]]
+    settle_waits: int

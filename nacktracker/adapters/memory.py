@@ -8,16 +8,13 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from ..keys import MessageKey
+from ..errors import AdapterError
 
 
 @dataclass(frozen=True)
 class RedeliveryCall:
     at_ms: float  # the recording clock's time when the call arrived
     keys: tuple[MessageKey, ...]
-
-
-class AdapterError(RuntimeError):
-    """The failure :class:`MemoryAdapter` injects by default."""
 
 
 class MemoryAdapter:

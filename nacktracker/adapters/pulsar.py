@@ -44,7 +44,7 @@ from .._checks import check_delay_ms
 from ..keys import MessageKey
 from .lead import LeadEstimator
 
-__all__ = ["PulsarAdapter", "MIN_NACK_DELAY_MS", "DEFAULT_LEAD_MS", "DEFAULT_MIN_GAP_MS", "LEAD_BOUNDS_MS"]
+__all__ = ["PulsarAdapter", "MIN_NACK_DELAY_MS", "DEFAULT_LEAD_MS", "DEFAULT_MIN_GAP_MS", "LEAD_BOUNDS_MS", "is_multi_topic"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +85,11 @@ SETTLE_WAIT_MS = 100
 #: How the C++ client names a multi-topic consumer's topic(); the only outward sign
 #: of one. Only matters for keys without a topic (the consumer always sets it).
 _MULTI_TOPIC_MARK = "-TopicsConsumerFakeName-"
+
+
+def is_multi_topic(consumer: Any) -> bool:
+    """Whether a pulsar-client consumer reads several topics (a list or a pattern). O(1)."""
+    return _MULTI_TOPIC_MARK in consumer.topic()
 
 
 class PulsarAdapter:
@@ -147,7 +152,7 @@ class PulsarAdapter:
         if self.min_gap_ms < 34:
             raise ValueError(f"min_gap_ms must be >= 34 (the client's nack timer ticks every 33 ms and "
                              f"nacks closer together than that starve it), got {self.min_gap_ms}")
-        self.multi_topic = _MULTI_TOPIC_MARK in raw.topic()
+        self.multi_topic = is_multi_topic(raw)
         self._queued: dict[MessageKey, None] = {}  # ordered set: merged ids for the next burst
         self._task: Optional[asyncio.Task[None]] = None  # sends bursts while keys are queued
         self._last_end = -float("inf")  # monotonic ms when the previous burst ended

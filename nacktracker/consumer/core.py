@@ -1,23 +1,22 @@
 """The delivery core: which copy of which message reaches the application, and when.
 
-A pure state machine (no pulsar, no clock of its own, no I/O): the shell (:mod:`nacktracker.consumer.shell`)
-feeds it what happens -- a copy arrives from the broker, the application acks or nacks, the tracker hands a
-bucket to the adapter -- each with the tracker's clock reading ``now_ms``, and does what it answers.
-``tests/test_consumer_core.py`` drives it with arbitrary interleavings (hypothesis) against the promises it keeps:
+A pure state machine (no pulsar, no clock of its own, no I/O): the shell (:mod:`nacktracker.consumer.shell`) feeds it
+what happens -- a copy arrives from the broker, the application acks or nacks, the tracker hands a bucket to the
+adapter -- each with the tracker's clock reading ``now_ms``, and does what it answers. ``tests/test_consumer_core.py``
+drives it with arbitrary interleavings (hypothesis) against the promises it keeps:
 
-* nothing the application acknowledged surfaces again (acked ids live in a :class:`~nacktracker.Deduplicator`;
-  with ``dedup=False`` only acks made while their entry has a record are remembered, as long as it lives);
+* nothing the application acknowledged surfaces again (acked ids live in a :class:`~nacktracker.Deduplicator`; with
+  ``dedup=False`` only acks made while their entry has a record are remembered, as long as it lives);
 * nothing the application still holds surfaces again;
 * each nack surfaces its message once, never before its bucket's time (the due time minus the bucket rounding:
-  ``2^bits - 1`` ms for ``"floor"``, never early for bits 0 or ``"ceil"``): a copy that arrives earlier is
-  *parked* and released at that time;
-* per-entry records end when their entry is settled, and requests whose copy never came (it went to
-  another consumer of the subscription) expire ``overdue_ms`` after their time, so nothing grows without bound.
+  ``2^bits - 1`` ms for ``"floor"``, never early for bits 0 or ``"ceil"``): a copy that arrives earlier is *parked*
+  and released at that time;
+* per-entry records end when their entry is settled, and requests whose copy never came (it went to another consumer
+  of the subscription) expire ``overdue_ms`` after their time, so nothing grows without bound.
 
-Copies are opaque *tokens* here (the shell passes the received message). A dropped copy of a batch message is
-kept with the message's state and handed back when the message is finally acknowledged: acking it completes
-that delivery's batch acker in the client, which is what acknowledges the entry at the broker (without
-batch-index acks).
+Copies are opaque *tokens* here (the shell passes the received message). A dropped copy of a batch message is kept
+with the message's state and handed back when the message is finally acknowledged: acking it completes that delivery's
+batch acker in the client, which is what acknowledges the entry at the broker (without batch-index acks).
 """
 
 from __future__ import annotations
@@ -60,6 +59,9 @@ class DeliveryCore:
         self.parked: dict[MessageKey, Parked] = {}
         # batch entry -> indices of its parked copies: a request for the entry surrenders them (below)
         self._parked_in: dict[MessageKey, set[int]] = {}
+        # Deadlines in time order, heaps with lazy deletion: a state taken out early leaves its deadline,
+        # skipped (_live) when it reaches the top. A sortedcontainers.SortedList with exact removal holds the
+        # same bytes per deadline but costs more time per park and release (python -m bench.lab.parked_order).
         self._release_heap: list[_Deadline] = []
         self._expiry_heap: list[_Deadline] = []
         self._seq = itertools.count()
@@ -388,6 +390,11 @@ class DeliveryCore:
             record.nacked[index] = Nacked(self.bucket_ms(due), fired)
         if any(n.fired for n in record.nacked.values()):
             self._expire_at(max(n.release_ms for n in record.nacked.values()) + self.overdue_ms, entry, record)
+
+    def restored_without_records(self) -> None:
+        """Restored nacks came without their batch records (see persist.py): copies of their batch
+        entries are held while pending."""
+        self.blind = True
 
     def note_position(self, topic: Optional[str], partition: int, ledger_id: int, entry_id: int) -> None:
         """Copies at or behind this position may be redeliveries (a restore)."""

@@ -65,6 +65,8 @@ import pulsar
 import pulsar.asyncio as pulsar_asyncio
 import pulsar.schema
 
+from .errors import DeadLetterError, DeadLetterPublisherClosed
+
 __all__ = ["DeadLetterPublisher", "DeadLetterError", "DeadLetterPublisherClosed", "dead_letter_topic",
            "producer_name", "java_message_id", "quietly", "PROPERTY_REAL_TOPIC", "PROPERTY_REAL_SUBSCRIPTION", "PROPERTY_ORIGIN_MESSAGE_ID"]
 
@@ -80,20 +82,6 @@ _ALPHANUMERIC = string.ascii_letters + string.digits
 _PULSAR_ERRORS = (pulsar.PulsarException, pulsar_asyncio.PulsarException, OSError, asyncio.TimeoutError)
 
 Message = Union[pulsar.Message, _pulsar.Message]
-
-
-class DeadLetterError(Exception):
-    """A dead letter was not published (the cause is ``__cause__``): the
-    message must stay pending. ``topic``: the dead-letter topic."""
-
-    def __init__(self, topic: str, origin: str, reason: str) -> None:
-        super().__init__(f"dead letter {origin} not published to {topic}: {reason}")
-        self.topic = topic
-        self.origin = origin
-
-
-class DeadLetterPublisherClosed(pulsar.AlreadyClosed):
-    """``publish`` after :meth:`DeadLetterPublisher.close` (a ``pulsar.AlreadyClosed``)."""
 
 
 def dead_letter_topic(source_topic: str, subscription: str) -> str:
@@ -123,7 +111,7 @@ def java_message_id(mid: Any) -> str:
     return text if mid.batch_index() < 0 else f"{text}:{mid.batch_index()}"
 
 
-class _RawBytes(pulsar.schema.Schema):
+class _RawBytes(pulsar.schema.Schema):  # type: ignore[misc]  # pulsar-client: untyped
     """Declares another schema's info but sends payload bytes as they are
     (Java's ``Schema.AUTO_PRODUCE_BYTES``): a dead letter is the original
     bytes, never decoded and re-encoded."""
@@ -147,8 +135,8 @@ class _Letter:
     target: str
     origin: str
     payload: bytes
-    options: dict
-    done: asyncio.Future
+    options: dict[str, Any]
+    done: asyncio.Future[None]
 
 
 class DeadLetterPublisher:
@@ -192,7 +180,7 @@ class DeadLetterPublisher:
         self._producers: dict[str, pulsar_asyncio.Producer] = {}  # dead-letter topic -> its producer
         self._subscribed: set[str] = set()  # topics whose initial subscription exists
         self._queue: collections.deque[_Letter] = collections.deque()
-        self._drainer: Optional[asyncio.Task] = None
+        self._drainer: Optional[asyncio.Task[None]] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._closed = False
         self._counts = {"published": 0, "failed": 0, "producers_created": 0}
@@ -203,7 +191,7 @@ class DeadLetterPublisher:
         """The dead-letter topic of a message from ``source_topic``. O(1)."""
         return self.dead_letter_topic or dead_letter_topic(source_topic, self.subscription)
 
-    def publish(self, message: Message, *, properties: Optional[dict] = None,
+    def publish(self, message: Message, *, properties: Optional[dict[str, str]] = None,
                 deliver_after_ms: Optional[int] = None) -> "asyncio.Future[pulsar.MessageId]":
         """Queue ``message`` as a dead letter; its place in the order is taken
         by this call. ``properties``: send these instead of the message's own

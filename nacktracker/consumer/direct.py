@@ -29,9 +29,10 @@ from ..keys import MessageKey
 __all__ = ["DirectConsumer", "ReceivedMessage", "acknowledge", "acknowledged", "message_key_of"]
 
 _OK = _pulsar.Result.Ok
+_new_key = tuple.__new__  # a MessageKey of five fields without the namedtuple's Python-level __new__
 
 
-class ReceivedMessage(pulsar.Message):
+class ReceivedMessage(pulsar.Message):  # type: ignore[misc]  # pulsar-client has no type information
     """A ``pulsar.Message`` as the client's own wrapper makes it (``_message``,
     ``_schema``), plus its :class:`MessageKey` once the consumer has built it:
     a message's key is built once, on arrival, and its ack reuses it."""
@@ -49,7 +50,7 @@ class _Call:
         self.answer: Any = None  # the client's Result, once called back during the call
         self.value: Any = None
         self.calling = True
-        self.future: Optional[asyncio.Future] = None
+        self.future: Optional[asyncio.Future[Any]] = None
         self.loop, self.thread = loop, thread
 
     def done(self, result: Any, value: Any = None) -> None:
@@ -146,7 +147,8 @@ def acknowledge(direct: Optional[DirectConsumer], consumer: Any, message: Any) -
     (a coroutine to await)."""
     if direct is not None and type(message) is ReceivedMessage:
         return direct.acknowledge(message)
-    return consumer.acknowledge(message)
+    waiting: Awaitable[None] = consumer.acknowledge(message)
+    return waiting
 
 
 async def acknowledged(direct: Optional[DirectConsumer], consumer: Any, message: Any) -> None:
@@ -160,10 +162,10 @@ async def acknowledged(direct: Optional[DirectConsumer], consumer: Any, message:
 def message_key_of(msg: ReceivedMessage) -> MessageKey:
     """The key of a received message, built once (from the C++ message: two
     Python frames fewer than through the wrapper). O(1)."""
-    key = msg.nacktracker_key
+    key: Optional[MessageKey] = msg.nacktracker_key
     if key is None:
         raw = msg._message
         mid = raw.message_id()
-        key = msg.nacktracker_key = MessageKey(mid.ledger_id(), mid.entry_id(), mid.partition(), mid.batch_index(),
-                                               raw.topic_name())
+        key = msg.nacktracker_key = _new_key(MessageKey, (mid.ledger_id(), mid.entry_id(), mid.partition(),
+                                                          mid.batch_index(), raw.topic_name()))
     return key

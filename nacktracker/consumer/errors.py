@@ -1,17 +1,21 @@
-"""The consumer's own exceptions: each is also the pulsar exception a caller
-of the plain client already catches."""
+"""The exceptions that are also pulsar-client's: each is a
+:class:`~nacktracker.errors.NacktrackerError` and the pulsar exception a caller of
+the plain client already catches (the whole tree: :mod:`nacktracker.errors`)."""
 
 from __future__ import annotations
 
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
-__all__ = ["ReceiveTimeout", "ConsumerClosed", "NotReceivedError"]
+from .._errors import DeadLetterError, NacktrackerError, NotReceivedError
+
+__all__ = ["ReceiveTimeout", "ConsumerClosed", "NotReceivedError", "DeadLetterError", "DeadLetterPublisherClosed"]
 
 _PulsarException = pulsar_asyncio.PulsarException
 
 
-class ReceiveTimeout(pulsar.Timeout, pulsar_asyncio.PulsarException):
+# pulsar-client has no type information: its classes are Any to mypy
+class ReceiveTimeout(pulsar.Timeout, pulsar_asyncio.PulsarException, NacktrackerError):  # type: ignore[misc]
     """``receive(timeout_ms=…)`` found no message in time.
 
     Both a ``pulsar.Timeout`` (what the sync client's ``receive(timeout_millis)``
@@ -24,7 +28,7 @@ class ReceiveTimeout(pulsar.Timeout, pulsar_asyncio.PulsarException):
         Exception.__init__(self, msg)
 
 
-class ConsumerClosed(pulsar.AlreadyClosed, pulsar_asyncio.PulsarException):
+class ConsumerClosed(pulsar.AlreadyClosed, pulsar_asyncio.PulsarException, NacktrackerError):  # type: ignore[misc]
     """The consumer was closed. A ``pulsar.AlreadyClosed`` and a
     ``pulsar.asyncio.PulsarException`` with ``pulsar.Result.AlreadyClosed``."""
 
@@ -33,13 +37,5 @@ class ConsumerClosed(pulsar.AlreadyClosed, pulsar_asyncio.PulsarException):
         Exception.__init__(self, msg)
 
 
-class NotReceivedError(ValueError):
-    """An ack or nack of a message this consumer did not receive (another
-    consumer's, or a made-up id): refused before it reaches the client, and
-    nothing tracked changes. "Received" is what the consumer still knows: a
-    message the application holds, one it acknowledged (remembered by
-    ``dedup``), one with a pending or restored nack."""
-
-    def __init__(self, key: object) -> None:
-        super().__init__(f"{key} was not received by this consumer (another consumer's message, "
-                         "or an id it never delivered): ack or nack it on the consumer that received it")
+class DeadLetterPublisherClosed(pulsar.AlreadyClosed, NacktrackerError):  # type: ignore[misc]
+    """``publish`` after :meth:`DeadLetterPublisher.close` (a ``pulsar.AlreadyClosed``)."""

@@ -27,7 +27,7 @@ from ..keys import MessageKey
 from .ack_timeout import AckTimeouts
 from .counts import DeliveryCounts
 from .dead_letters import DeadLetterPublisher, random_name
-from .options import batch_size
+from .ids import batch_size
 from .retries import RetryLetters, TerminalDeadLetters
 from .retry_letters import reconsume_times
 
@@ -223,7 +223,7 @@ class FailureHandling:
 
     def _settle_check(self, message: Any, what: str) -> MessageKey:
         owner = self._owner
-        key = owner._key(message)[0]
+        key: MessageKey = owner._key(message)[0]
         owner._received(key)
         if owner.core.is_acked(key):
             raise ValueError(f"{key} was acknowledged already: nothing to {what}")

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Optional
 
-from ..adapters.local import HandBack, LocalRedeliveryAdapter
+from ..adapters.base import RedeliversLocally
+from ..adapters.local import HandBack
 from ..keys import MessageKey
 from .state import Verdict
 
@@ -28,7 +29,7 @@ class LocalNacks:
     application (the receive pump's queue). Every method is O(1) unless its
     docstring says otherwise."""
 
-    def __init__(self, adapter: LocalRedeliveryAdapter, decide: Callable[[Any], Verdict],
+    def __init__(self, adapter: RedeliversLocally, decide: Callable[[Any], Verdict],
                  surface: Callable[[Any], None]) -> None:
         self.adapter = adapter
         self._decide = decide

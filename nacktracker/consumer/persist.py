@@ -46,7 +46,7 @@ class SnapshotStore:
         self.path = path
         self.on_error = on_error
         self.saved = self.failures = 0
-        self._writing: Optional[asyncio.Future] = None  # the write in flight (in a thread)
+        self._writing: Optional[asyncio.Future[None]] = None  # the write in flight (in a thread)
         self.counts: Optional[DeliveryCounts] = None  # saved beside the snapshot when set (consumer/counts.py)
         self.due_at_restore: list[MessageKey] = []  # restored nacks whose time passed during the downtime
 
@@ -75,7 +75,7 @@ class SnapshotStore:
             self._refuse_or_skip(path, SnapshotError(str(exc)), "redelivery counts start from the broker's")
             return 0
 
-    def load(self, adapter: Any, options: dict, core: DeliveryCore) -> tuple[NegativeAcksTracker, int]:
+    def load(self, adapter: Any, options: dict[str, Any], core: DeliveryCore) -> tuple[NegativeAcksTracker, int]:
         """The tracker for a start: empty on a first start, else restored from
         the file, with the batch records put into ``core``. Returns the
         tracker and the number of nacks restored. Call inside the event loop
@@ -137,7 +137,7 @@ class SnapshotStore:
         if batches is None and snap.records:
             log.warning("%s: no batch records for this snapshot; copies of restored batch entries are held "
                         "until the entry's last nack is due", path)
-            core.blind = True
+            core.restored_without_records()
         # The broker resends everything unacknowledged at once: copies at or behind a restored
         # position are redeliveries and must pay the tracker lookup.
         for o, _, bm in snap.records:
@@ -147,7 +147,7 @@ class SnapshotStore:
                  restored, restored - tracker.pending, len(batches or ()), path, shift)
         return tracker, restored
 
-    def _read_batches(self, snapshot_crc: int) -> Optional[list]:
+    def _read_batches(self, snapshot_crc: int) -> Optional[list[Any]]:
         """The batch records saved with the snapshot whose CRC-32 is
         ``snapshot_crc``; ``None`` if there is no such file or it belongs to
         another snapshot. Raises :class:`SnapshotError` if it is corrupted."""
@@ -200,7 +200,7 @@ class SnapshotStore:
         """The batch-record file for ``snapshot``. Call right after taking the
         snapshot (the same clock reading or a later one: a record's remaining
         delay is never longer than its bucket's). O(nacked batch messages)."""
-        entries: dict[MessageKey, list] = {}
+        entries: dict[MessageKey, list[list[int]]] = {}
         for entry, index, release_ms, fired in core.pending_batch_nacks():
             entries.setdefault(entry, []).append([index, max(0, math.ceil(release_ms - now_ms)), int(fired)])
         doc = [[e.topic, e.partition, e.ledger_id, e.entry_id, nacked] for e, nacked in entries.items()]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from typing import Any, Awaitable, Callable, Optional, Union
 
 from .errors import ConsumerClosed, ReceiveTimeout
@@ -20,6 +21,9 @@ log = logging.getLogger("nacktracker.consumer")
 
 _STOP = object()  # queue sentinel: the pump stopped (closed or failed)
 _FUTURE = asyncio.Future
+#: After a message came through a future (the client's queue had run empty), the pump waits this
+#: long before it asks the client again (see ReceivePump). The loop's timers have 1 ms resolution.
+COALESCE_S = 0.001
 
 
 class ReceivePump:
@@ -36,7 +40,23 @@ class ReceivePump:
     ``None``, made when the pump starts (on the loop); with one the pump
     takes the messages already in the client's queue without a loop round
     trip each (up to ``prefetch`` per loop iteration), else it awaits
-    ``consumer.receive()``."""
+    ``consumer.receive()``. When the client's queue has run empty, the
+    next message comes from one of the client's threads (its listener
+    thread takes the GIL to call back, the loop wakes up): several context
+    switches for one message. So after such a message the pump lets
+    :data:`COALESCE_S` pass before it asks again, and what arrived
+    meanwhile is taken at once: a consumer that keeps up with the broker
+    then wakes up about once a millisecond, not once a message (its CPU per
+    message: ``python -m bench.consume_throughput``). The cost: a message
+    arriving within that millisecond reaches the application up to 1 ms
+    later. Only with a ``prefetch`` above 1 (``subscribe`` sets 1 for a
+    client queue of one message or none, where nothing could gather).
+
+    The queue is a deque with the waiting receivers' futures beside it
+    (``asyncio.Queue`` costs a dozen Python calls per message: its unfinished
+    task count, its events, its getters and putters); the pump, when the
+    queue is full, waits on a future that the receive taking it below
+    ``prefetch`` completes."""
 
     def __init__(self, consumer: Any, admit: Callable[[Any], Union[bool, Awaitable[Any]]], prefetch: int,
                  on_resume: Optional[Callable[[], None]] = None,
@@ -47,9 +67,10 @@ class ReceivePump:
         self._admit = admit
         self._prefetch = prefetch
         self._on_resume = on_resume
-        self._queue: asyncio.Queue = asyncio.Queue()
-        self._space = asyncio.Event()
-        self.task: Optional[asyncio.Task] = None
+        self._items: deque[Any] = deque()  # messages for the application, then _STOP once stopped
+        self._receivers: deque[asyncio.Future[Any]] = deque()  # futures of receivers waiting, in arrival order
+        self._space: Optional[asyncio.Future[None]] = None  # the pump waiting for the application to take some
+        self.task: Optional[asyncio.Task[None]] = None
         self.error: Optional[BaseException] = None
         self.received = 0
         self.expect_failure = False  # closing or unsubscribing: a failing receive() is no news
@@ -62,68 +83,96 @@ class ReceivePump:
     def queued(self) -> int:
         """Messages waiting for the application (at most ``prefetch`` from the
         pump, plus released parked copies)."""
-        return self._queue.qsize()
+        n = len(self._items)
+        return n - 1 if n and self._items[-1] is _STOP else n
 
     def put(self, msg: Any) -> None:
-        self._queue.put_nowait(msg)
+        self._items.append(msg)
+        if self._receivers:
+            self._wake_receiver()
+
+    def _wake_receiver(self) -> None:
+        """Wake the first receiver still waiting (it takes the message, or
+        passes the wakeup on if cancelled meanwhile). O(1) amortised."""
+        receivers = self._receivers
+        while receivers:
+            waiter = receivers.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def _stopped(self) -> BaseException:
+        """What a receiver gets once the pump stopped (the sentinel stays
+        queued: it keeps waking the other receivers)."""
+        return self.error if self.error is not None else ConsumerClosed()
 
     def poll(self) -> Any:
         """The next message if one waits, else ``None`` (then await
         :meth:`get`); the pump's error or :class:`ConsumerClosed` once it
         stopped. O(1), no await: a receive that finds a message waiting costs
         no loop iteration."""
-        queue = self._queue
-        if queue.empty():
+        items = self._items
+        if not items:
             return None
-        item = queue.get_nowait()
+        item = items[0]
         if item is _STOP:
-            queue.put_nowait(_STOP)  # keep waking the other receivers
-            raise self.error if self.error is not None else ConsumerClosed()
-        if queue.qsize() < self._prefetch:
-            self._space.set()
+            raise self._stopped()
+        items.popleft()
+        space = self._space
+        if space is not None and len(items) < self._prefetch:
+            self._space = None
+            if not space.done():
+                space.set_result(None)
         return item
 
     async def get(self, timeout_ms: Optional[int]) -> Any:
         """The next message; :class:`ReceiveTimeout` after ``timeout_ms``; the
         pump's error or :class:`ConsumerClosed` once it stopped. O(1)."""
-        if not self._queue.empty():
+        if self._items:
             return self.poll()  # no loop iteration
+        if timeout_ms == 0:  # a poll (wait_for with 0 would not even look at the queue)
+            raise ReceiveTimeout("no message within 0 ms")
         if timeout_ms is None:
-            item = await self._queue.get()
-        elif timeout_ms == 0:  # a poll (wait_for with 0 would not even look at the queue)
-            try:
-                item = self._queue.get_nowait()
-            except asyncio.QueueEmpty:
-                raise ReceiveTimeout("no message within 0 ms") from None
+            await self._wait()
         else:
             try:
-                # Cancelling Queue.get() is safe (the item stays queued), unlike the client's receive().
-                item = await asyncio.wait_for(self._queue.get(), timeout_ms / 1000)
+                # Cancelling the wait is safe (the message stays queued), unlike the client's receive().
+                await asyncio.wait_for(self._wait(), timeout_ms / 1000)
             except asyncio.TimeoutError:
                 raise ReceiveTimeout(f"no message within {timeout_ms} ms") from None
-        if item is _STOP:
-            self._queue.put_nowait(_STOP)  # keep waking the other receivers
-            raise self.error if self.error is not None else ConsumerClosed()
-        if self._queue.qsize() < self._prefetch:
-            self._space.set()
-        return item
+        return self.poll()
+
+    async def _wait(self) -> None:
+        """Until a message (or the stop sentinel) is queued."""
+        loop = asyncio.get_running_loop()
+        while not self._items:
+            waiter = loop.create_future()
+            self._receivers.append(waiter)
+            try:
+                await waiter
+            except BaseException:
+                waiter.cancel()
+                try:
+                    self._receivers.remove(waiter)  # (a receive timing out again and again must not pile up)
+                except ValueError:
+                    pass
+                if self._items and not waiter.cancelled():  # woken, then cancelled: wake the next one instead
+                    self._wake_receiver()
+                raise
 
     def clear(self, drop: Callable[[Any], bool] = lambda msg: True) -> int:
         """Drop the messages waiting for the application that ``drop(msg)``
         names (default: all of them, for a seek: the client clears its own
         queue and the broker resends from the new position); the others keep
         their order. Returns how many. Runtime: O(queued)."""
-        kept, dropped = [], 0
-        while not self._queue.empty():
-            item = self._queue.get_nowait()
-            if item is _STOP or not drop(item):  # stopped meanwhile: keep telling the receivers
-                kept.append(item)
-            else:
-                dropped += 1
-        for item in kept:
-            self._queue.put_nowait(item)
-        if self._queue.qsize() < self._prefetch:
-            self._space.set()
+        kept = [item for item in self._items if item is _STOP or not drop(item)]
+        dropped = len(self._items) - len(kept)
+        self._items = deque(kept)
+        space = self._space
+        if space is not None and len(kept) < self._prefetch:
+            self._space = None
+            if not space.done():
+                space.set_result(None)
         return dropped
 
     async def stop(self) -> None:
@@ -133,27 +182,45 @@ class ReceivePump:
         if self.task is not None:
             self.task.cancel()
             await asyncio.gather(self.task, return_exceptions=True)
-        self._queue.put_nowait(_STOP)
+        self._stop()
+
+    def _stop(self) -> None:
+        self._items.append(_STOP)
+        while self._receivers:  # every waiting receiver raises
+            waiter = self._receivers.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def _run(self) -> None:
-        direct, queue, admit = self.direct, self._queue, self._admit
+        direct, admit, prefetch, receivers = self.direct, self._admit, self._prefetch, self._receivers
+        loop = asyncio.get_running_loop()
+        caught_up = False  # the last message came through a future: the client's queue had run empty
+        # (a prefetch of 1: the client's queue holds one message, or none (a zero queue): nothing to gather)
+        coalesce = COALESCE_S if prefetch > 1 else 0
         try:
             while True:
-                if queue.qsize() >= self._prefetch:
-                    self._space.clear()
-                    await self._space.wait()
+                if len(self._items) >= prefetch:
+                    self._space = loop.create_future()
+                    await self._space
+                    caught_up = False  # what arrived meanwhile waits in the client's queue already
                     if self._on_resume is not None:
                         self._on_resume()
                 if direct is None:
                     msg = await self._consumer.receive()
                 else:
+                    if caught_up and coalesce:
+                        caught_up = False
+                        await asyncio.sleep(coalesce)
                     msg = direct.receive()  # a message already in the client's queue, or a future of the next
                     if type(msg) is _FUTURE:
+                        caught_up = True
                         msg = direct.wrap(await msg)
                 self.received += 1
                 admitted = admit(msg)
                 if admitted is True:
-                    queue.put_nowait(msg)
+                    self._items.append(msg)  # (clear() replaces the deque)
+                    if receivers:
+                        self._wake_receiver()
                 elif admitted is not False:
                     await admitted
         except asyncio.CancelledError:
@@ -162,4 +229,4 @@ class ReceivePump:
             if not self.expect_failure:
                 log.warning("receive failed; the consumer stops delivering: %r", exc)
                 self.error = exc
-            self._queue.put_nowait(_STOP)
+            self._stop()

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Awaitable, Callable, Optional, Union
+from typing import Any, Awaitable, Optional, Union, Unpack
 
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
 from .._checks import check_delay_ms
+from ..adapters.base import (ClosesAsync, KnowsTopics, LearnsPathLatency, RedeliversLocally, ReportsBursts,
+                             WaitsForSiblings)
 from ..adapters.local import LocalRedeliveryAdapter
-from ..adapters.pulsar import _MULTI_TOPIC_MARK, PulsarAdapter
+from ..adapters.pulsar import PulsarAdapter, is_multi_topic
 from ..clock import Clock
 from ..dedup import Deduplicator
 from ..keys import MessageKey
@@ -27,11 +29,12 @@ from ..precision import Precision
 from ..tracker import FiredCell, NegativeAcksTracker
 from .core import DeliveryCore, Verdict
 from .dead_letters import quietly
-from .direct import DirectConsumer, acknowledged
+from .direct import DirectConsumer, ReceivedMessage, acknowledged, message_key_of
 from .errors import ConsumerClosed, NotReceivedError
 from .failures import ConsumerDeadLetters, FailureHandling, dead_letter, reconsume_later
 from .lateness import RedeliveryLateness
-from .options import ConsumerOptions, batch_size, check_timeout_ms, key_and_count, message_key, seek_target
+from .ids import batch_size, key_and_count, message_key, seek_target
+from .options import ConsumerOptions, ConsumerOptionsDict, check_timeout_ms
 from .persist import SnapshotStore
 from .local import LocalNacks
 from .pump import ReceivePump
@@ -65,15 +68,15 @@ class TrackedConsumer:
 
     ``schema``: the consumer's (dead letters are published under it). After
     :meth:`close` every call that would reach the broker raises :class:`ConsumerClosed`.
-    ``adapter``/``clock``: the seams that make it testable without a broker
-    (as httpx's ``transport=``): with an ``adapter`` the ``consumer`` may be
-    any object with the ``pulsar.asyncio.Consumer`` methods; ``clock`` is the
-    tracker's (default: the event loop's).
+    ``adapter``/``clock``: the seams that make it testable without a broker (as httpx's ``transport=``):
+    with an ``adapter`` the ``consumer`` may be any object with the ``pulsar.asyncio.Consumer`` methods
+    (its optional capabilities: :mod:`nacktracker.adapters.base`); ``clock``: the tracker's (default: the loop's).
     """
 
     def __init__(self, consumer: Any, *, client: Optional[pulsar_asyncio.Client] = None,
-                 adapter: Any = None, clock: Optional[Clock] = None, schema: Any = None, **options: Any) -> None:
-        opts = ConsumerOptions.check(options, has_client=client is not None)
+                 adapter: Any = None, clock: Optional[Clock] = None, schema: Any = None,
+                 **options: Unpack[ConsumerOptionsDict]) -> None:
+        opts = ConsumerOptions.check(dict(options), has_client=client is not None)
         if adapter is None and not isinstance(consumer, pulsar_asyncio.Consumer):
             raise TypeError(f"consumer must be a pulsar.asyncio.Consumer, not {type(consumer).__name__}")
         if client is not None and not isinstance(client, pulsar_asyncio.Client):
@@ -83,16 +86,16 @@ class TrackedConsumer:
         # Copies that arrive early are parked until due, so the lead starts on the high side and is
         # learned down: an early copy costs a short wait, a late one costs precision.
         if adapter is None and opts.redelivery == "local":  # Exclusive/Failover: see adapters/local.py
-            adapter = LocalRedeliveryAdapter(multi_topic=_MULTI_TOPIC_MARK in consumer.topic())
+            adapter = LocalRedeliveryAdapter(multi_topic=is_multi_topic(consumer))
         self.adapter = adapter if adapter is not None else PulsarAdapter(
             consumer, lead_ms=opts.lead_ms, min_gap_ms=opts.min_gap_ms, initial_lead_ms=INITIAL_LEAD_MS)
-        self._local = None if not isinstance(self.adapter, LocalRedeliveryAdapter) else LocalNacks(
+        self._local = None if not isinstance(self.adapter, RedeliversLocally) else LocalNacks(  # capabilities: base.py
             self.adapter, lambda msg: self._decide(self._message_key(msg), msg), lambda msg: self._pump.put(msg))
-        self._arrived: Optional[Callable[[MessageKey], None]] = getattr(self.adapter, "arrived", None)
+        self._arrived = learns = self.adapter if isinstance(self.adapter, LearnsPathLatency) else None
         # one producer per dead-letter topic, in the order decided; an unnamed consumer is named (failures.py)
         self._dead_letters, name = ConsumerDeadLetters.of(consumer, client, opts, schema, ack=self._acknowledge)
         # a single-topic consumer's ids need no topic; remember it for bare-id calls
-        self._own_topic = None if getattr(self.adapter, "multi_topic", False) else consumer.topic()
+        self._own_topic = None if isinstance(self.adapter, KnowsTopics) and self.adapter.multi_topic else consumer.topic()
         self._dedup = Deduplicator(opts.dedup_capacity) if opts.dedup else None
         self.tracker: NegativeAcksTracker
         precision = Precision.of(opts.precision_bits)  # floor: a redelivery may come early, never late
@@ -100,8 +103,8 @@ class TrackedConsumer:
                                  pending=self._pending, overdue_ms=COPY_OVERDUE_MS)
         self.lateness = RedeliveryLateness(self.core)  # stats()["lateness_ms"]; add_listener: the metrics' histogram
         self._pump = ReceivePump(consumer, self._admit, opts.prefetch,
-                                 on_resume=getattr(self.adapter, "forget_handed", None), direct=DirectConsumer.of)
-        self._saver: Optional[asyncio.Task] = None
+                                 on_resume=learns.forget_handed if learns else None, direct=DirectConsumer.of)
+        self._saver: Optional[asyncio.Task[None]] = None
         self._release = ReleaseTimer(self.core, lambda: self.tracker.clock, self._pump.put)
         self._closed = False
         self._counts = {"restored": 0, "copy_ack_failures": 0}
@@ -115,7 +118,7 @@ class TrackedConsumer:
         else:
             self.tracker, self._counts["restored"] = self._store.load(self.adapter, tracker_options, self.core)
         self.tracker.add_fire_listener(self._on_fired)
-        if isinstance(self.adapter, PulsarAdapter):  # a request waits while the application holds a sibling
+        if isinstance(self.adapter, WaitsForSiblings):  # a request waits while the application holds a sibling
             self.adapter.sibling_held = self.core.holds_sibling
         self._failures = FailureHandling(self, client, schema)  # retries, dead_letter(), ack timeouts, counts
         try:
@@ -143,9 +146,11 @@ class TrackedConsumer:
         self._check_open()
         if self._pump.task is None:
             self._start()
-        return self._failures.received(await self._pump.get(timeout_ms))
+        if (msg := self._pump.poll()) is None:  # else a message waited: no coroutine made, no loop iteration
+            msg = await self._pump.get(timeout_ms)
+        return msg if self._failures.ack_timeouts is None else self._failures.received(msg)
 
-    def __aiter__(self) -> "TrackedConsumer":
+    def __aiter__(self) -> TrackedConsumer:
         return self
 
     async def __anext__(self) -> pulsar.Message:
@@ -163,14 +168,14 @@ class TrackedConsumer:
 
     def _admit(self, msg: Any) -> Union[bool, Awaitable[None]]:
         """Whether a copy from the broker goes to the application now, or what to await first (acks)."""
-        key = self._message_key(msg)
-        if self._arrived is not None and self.adapter.awaiting_arrivals and self.core.seen(key):
+        key = message_key_of(msg) if type(msg) is ReceivedMessage else self._message_key(msg)
+        if self._arrived is not None and self._arrived.awaiting_arrivals and self.core.seen(key):
             # a copy of a message seen before: the adapter learns its path latency (first copies of an
             # entry's other messages, still arriving after one of them was nacked, answer no request)
-            self._arrived(key.entry)
+            self._arrived.arrived(key.entry)
         verdict = Verdict.SURFACE if self.core.first_delivery(key) else self._decide(key, msg)  # first: O(1)
-        if verdict is Verdict.SURFACE:
-            return self._failures.surfacing(msg)
+        if verdict is Verdict.SURFACE:  # the failure side has a say only with letters in flight or retries on
+            return self._failures.surfacing(msg) if self._dead_letters.in_flight or self._failures.retries else True
         if verdict is Verdict.DROP_ACKED:
             return self._ack_copies([msg])  # tells the broker again (an ack lost in a restart)
         if verdict is Verdict.DROP_EARLY and self._local is not None:
@@ -187,18 +192,20 @@ class TrackedConsumer:
     # -- acknowledging -------------------------------------------------------------
 
     async def acknowledge(self, message: Any) -> None:
-        """Acknowledge a message (or id); once the client accepted it, cancel
-        its pending nack and remember it (``dedup``). A failed ack raises and
-        changes nothing here: a pending nack stays pending. A message this
-        consumer did not receive goes to the client as it is (Pulsar's way: the
-        broker decides; refusing would turn a late or repeated ack into an
-        error). Runtime: O(1), plus the tracker's discard when nacks are pending."""
+        """Acknowledge a message (or id); once the client accepted it, cancel its pending nack and remember it
+        (``dedup``). A failed ack raises and changes nothing here: a pending nack stays pending. A message this
+        consumer did not receive goes to the client as it is (Pulsar's way: the broker decides; refusing would turn
+        a late or repeated ack into an error). Runtime: O(1), plus the tracker's discard when nacks are pending."""
         self._check_open()
         await self._acknowledge(message)
 
     async def _acknowledge(self, message: Any, key: Optional[MessageKey] = None) -> None:  # dead letters too
-        key = key or self._message_key(message)
-        await acknowledged(self._pump.direct, self._consumer, message)
+        received = type(message) is ReceivedMessage  # the hot path: its key was built on arrival, its ack is direct
+        key = key or (message.nacktracker_key if received else None) or self._message_key(message)
+        direct = self._pump.direct if received else None
+        waiting = direct.acknowledge(message) if direct is not None else self._consumer.acknowledge(message)
+        if waiting is not None:
+            await waiting
         result = self.core.acked(key, self.tracker.clock.now_ms())
         self._failures.acked(key)
         if self._local is not None:
@@ -209,11 +216,10 @@ class TrackedConsumer:
             await self._ack_copies(result.tokens)
 
     async def acknowledge_cumulative(self, message: Any) -> None:
-        """As ``pulsar.asyncio.Consumer.acknowledge_cumulative`` (not allowed on
-        Shared subscriptions: it raises, and then nothing changes here). Settles
-        everything at or before the message in its topic partition: held
-        copies, parked copies, copies waiting in the receive queue, batch
-        records; later copies of those are dropped. O(held + records + queued)."""
+        """As ``pulsar.asyncio.Consumer.acknowledge_cumulative`` (not allowed on Shared subscriptions: it raises,
+        and then nothing changes here). Settles everything at or before the message in its topic partition: held
+        copies, parked copies, copies waiting in the receive queue, batch records; later copies of those are
+        dropped. O(held + records + queued)."""
         self._check_open()
         key = self._key(message)[0]
         await self._consumer.acknowledge_cumulative(message)
@@ -224,10 +230,9 @@ class TrackedConsumer:
         if tokens:
             await self._ack_copies(tokens)
 
-    async def _ack_copies(self, tokens: list) -> None:
-        """Acknowledge dropped copies of acknowledged messages: completes their
-        deliveries' batch ackers (what acks a batch entry at the broker without
-        batch-index acks). A failure is logged: the message itself is acked."""
+    async def _ack_copies(self, tokens: list[Any]) -> None:
+        """Acknowledge dropped copies of acknowledged messages: completes their deliveries' batch ackers (what
+        acks a batch entry at the broker without batch-index acks). A failure is logged: the message is acked."""
         for token in tokens:
             try:
                 await acknowledged(self._pump.direct, self._consumer, token)
@@ -313,20 +318,19 @@ class TrackedConsumer:
         return await self._consumer.get_last_message_id()
 
     def redeliver_unacknowledged_messages(self) -> None:
-        """As the client's: what the application holds may surface again.
-        Copies of messages with pending nacks are still held back until due."""
+        """As the client's: what the application holds may surface again (copies of pending nacks: when due)."""
         self._check_open()
         self.core.forget_held()
         self._consumer.redeliver_unacknowledged_messages()
 
     def topic(self) -> str:
-        return self._consumer.topic()
+        return str(self._consumer.topic())
 
     def subscription_name(self) -> str:
-        return self._consumer.subscription_name()
+        return str(self._consumer.subscription_name())
 
     def consumer_name(self) -> str:
-        return self._consumer.consumer_name()
+        return str(self._consumer.consumer_name())
 
     @property
     def closed(self) -> bool:
@@ -344,8 +348,9 @@ class TrackedConsumer:
                 **self._dead_letters.stats(), **self._failures.stats(),
                 "snapshots_saved": self._store.saved if self._store else 0,
                 "snapshot_failures": self._store.failures if self._store else 0,
-                "bursts": len(getattr(self.adapter, "bursts", ())), "lead_ms": getattr(self.adapter, "lead_ms", 0),
-                "settle_waits": getattr(self.adapter, "settle_waits", 0),
+                "bursts": len(self.adapter.bursts) if isinstance(self.adapter, ReportsBursts) else 0,
+                "lead_ms": self.tracker.lead_ms,
+                "settle_waits": self.adapter.settle_waits if isinstance(self.adapter, WaitsForSiblings) else 0,
                 "dedup_remembered": len(self._dedup) if self._dedup is not None else 0,
                 "locally_kept": self._local.adapter.stored if self._local is not None else 0}
 
@@ -394,9 +399,8 @@ class TrackedConsumer:
             save_error = await self._store.final_save(self.tracker, self.core)
         elif self._store is not None:  # unsubscribed: the nacks went with the subscription
             save_error = await self._store.remove()
-        aclose = getattr(self.adapter, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        if isinstance(self.adapter, ClosesAsync):
+            await self.adapter.aclose()
         await self._dead_letters.close()  # the tracker's close awaited every dead letter it decided
         if close_consumer:
             await quietly(self._consumer.close())

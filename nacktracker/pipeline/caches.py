@@ -5,7 +5,7 @@ Two things, both under :func:`cache_root` (``$NACKTRACKER_CACHE_DIR`` or
 stale entry is never used — a changed key just makes a new entry:
 
 * :func:`cached_costs`: the memory model's measured constants
-  (:meth:`IndexCosts.measure`, 2-3 s of driver CPU per run), as JSON. The
+  (:func:`~.calibration.measure_index_costs`, 2-3 s of driver CPU per run), as JSON. The
   key hashes every ``.py`` file of the nacktracker package (the index layout
   and the model's code), the Python version and the versions of pyroaring
   and numpy (the bitmaps and arrays it measures).
@@ -44,7 +44,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
+
+from .cache_dirs import cache_root
+
+if TYPE_CHECKING:
+    from .memory_model import IndexCosts
 
 __all__ = ["cache_root", "enabled", "cached_costs", "class_archive_options", "prune", "MAX_BYTES"]
 
@@ -130,12 +135,6 @@ def prune(root: Optional[Path] = None, limit: Optional[int] = None, own_jvm_exit
     return total
 
 
-def cache_root() -> Path:
-    """``$NACKTRACKER_CACHE_DIR`` or ``$XDG_CACHE_HOME/nacktracker`` (default ``~/.cache/nacktracker``)."""
-    return Path(os.environ.get("NACKTRACKER_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "nacktracker"))
-
-
 def enabled() -> bool:
     """False when ``NACKTRACKER_CACHE`` is ``0``/``no``/``off``/``false``."""
     return os.environ.get("NACKTRACKER_CACHE", "1").strip().lower() not in ("0", "no", "off", "false")
@@ -159,7 +158,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
 # -- the memory model's constants ---------------------------------------------------
 
 def costs_key() -> str:
-    """What :meth:`IndexCosts.measure` depends on: the package's code, Python, pyroaring, numpy."""
+    """What :func:`~.calibration.measure_index_costs` depends on: the package's code, Python, pyroaring, numpy."""
     from importlib import metadata
 
     from .ship import package_fingerprint
@@ -172,8 +171,8 @@ _costs_lock = threading.Lock()
 
 
 @functools.lru_cache(maxsize=1)
-def cached_costs():
-    """:meth:`IndexCosts.measure`'s result, read from the cache when one was
+def cached_costs() -> IndexCosts:
+    """:func:`~.calibration.measure_index_costs`'s result, read from the cache when one was
     measured with the same key (~30 ms), else measured (~2-3 s) and stored.
     Once per process (a thread asking while another measures waits for it,
     then reads what it stored)."""
@@ -181,18 +180,19 @@ def cached_costs():
         return _load_or_measure_costs()
 
 
-def _load_or_measure_costs():
+def _load_or_measure_costs() -> IndexCosts:
+    from . import calibration  # numpy and the index: loaded when costs are first needed
     from .memory_model import IndexCosts
 
     if not enabled():
-        return IndexCosts.measure()
+        return calibration.measure_index_costs()
     path = cache_root() / "index-costs" / f"{costs_key()}.json"
     try:
         stored = json.loads(path.read_text(encoding="utf-8"))
         return IndexCosts(**stored)
     except (OSError, ValueError, TypeError):  # none yet, unreadable, or other fields: measure
         pass
-    costs = IndexCosts.measure()
+    costs = calibration.measure_index_costs()
     try:
         _write_atomic(path, json.dumps(costs.as_dict(), sort_keys=True).encode())
         prune()

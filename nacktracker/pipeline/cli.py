@@ -12,7 +12,12 @@ import argparse
 import sys
 import threading
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Any, ContextManager, Iterable, Optional
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from .progress import Progress
 
 if not __package__:  # run as a file (``spark-submit …/cli.py``): make the relative imports work
     __package__ = "nacktracker.pipeline"
@@ -74,32 +79,32 @@ class _Session:
     command started it, stopped with its JVM waited for (:func:`~.spark.stop_spark`),
     so no process of the command's outlives it."""
 
-    def __init__(self, args: argparse.Namespace, progress, python_on_executors: bool = True) -> None:
+    def __init__(self, args: argparse.Namespace, progress: Progress, python_on_executors: bool = True) -> None:
         self.args, self.progress, self.python_on_executors = args, progress, python_on_executors
-        self.spark = None
+        self.spark: Optional[SparkSession] = None
         self.owned = False
 
-    def __enter__(self):
+    def __enter__(self) -> SparkSession:
         with quiet_import():
             from pyspark.sql import SparkSession
         self.owned = SparkSession.getActiveSession() is None
         self.spark = _session(self.args, self.progress, self.python_on_executors)
         return self.spark
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         if self.owned and self.spark is not None:
             from .spark import stop_spark
 
             stop_spark(self.spark)
 
 
-def quiet_import():
+def quiet_import() -> ContextManager[None]:
     from .spark import quiet_pandas_check
 
     return quiet_pandas_check()
 
 
-def _session(args: argparse.Namespace, progress, python_on_executors: bool = True):
+def _session(args: argparse.Namespace, progress: Progress, python_on_executors: bool = True) -> SparkSession:
     """Start (or join) the session; on a cluster, ship and check the executors'
     Python first. Raises ExecutorCheckError (one line) when they cannot run the job."""
     from .ship import prepare_executors
@@ -148,7 +153,7 @@ def _fail(exc: BaseException) -> int:
     return 2
 
 
-def _progress(args: argparse.Namespace, name: str):
+def _progress(args: argparse.Namespace, name: str) -> Progress:
     from .progress import Progress
 
     return Progress(name, enabled=not args.quiet)
@@ -177,14 +182,14 @@ def _trace_generate(args: argparse.Namespace) -> int:
                 generate_trace(spark, spec, args.out, fmt=args.format, overwrite=args.overwrite, files=args.files)
     except Exception as e:  # Spark's "path already exists" and friends: one line, not a JVM trace
         if type(e).__name__ in ("AnalysisException", "IllegalArgumentException") or isinstance(e, ValueError):
-            return _fail(str(e).splitlines()[0])
+            return _fail(RuntimeError(str(e).splitlines()[0]))
         raise
     print(f"wrote {spec.events:,} events from {spec.consumers} consumers to {args.out} "
           f"({args.format}) in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     return 0
 
 
-def _add_trace(sub) -> None:
+def _add_trace(sub: Any) -> None:  # argparse's private _SubParsersAction
     trace = sub.add_parser("trace", help="nack event logs: generate synthetic ones")
     tsub = trace.add_subparsers(dest="trace_command", required=True)
     g = tsub.add_parser("generate", help="write a synthetic nack trace (Spark)",
@@ -249,7 +254,7 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_plan(sub) -> None:
+def _add_plan(sub: Any) -> None:
     from . import DEFAULT_BITS, DEFAULT_MAX_EARLY_MS
 
     p = sub.add_parser("plan", help="size trackers from a nack event log (Spark)",
@@ -308,11 +313,11 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def _join(values) -> str:
+def _join(values: Iterable[object]) -> str:
     return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
 
 
-def _add_sweep(sub) -> None:
+def _add_sweep(sub: Any) -> None:
     s = sub.add_parser("sweep", help="the memory benchmark's parameter grid as Spark tasks",
                        description="The memory benchmark over a grid of nacks per ms (--x), precision bits "
                                    "(--y), entries per ledger and nacked share: bytes per pending message by "
@@ -333,7 +338,7 @@ def _add_sweep(sub) -> None:
     s.set_defaults(func=_sweep)
 
 
-def add_subcommands(subparsers) -> None:
+def add_subcommands(subparsers: Any) -> None:
     """Register ``trace generate``, ``plan`` and ``sweep`` on an argparse subparsers object.
 
     Each sets ``func(args) -> int`` (the exit status).
@@ -350,7 +355,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     try:
-        return args.func(args)
+        code: int = args.func(args)
+        return code
     except ModuleNotFoundError as exc:  # as the main ``nacktracker`` command: one line naming the extra
         from .._extras import MissingExtraError, explain
 

@@ -133,12 +133,14 @@ class _Fires:
     def _after(self, t: np.ndarray) -> np.ndarray:
         """An offset above every time <= t and none later (any t)."""
         if self.ub is None:
-            return np.clip(t - self.low + 1, 0, self.span - 1)
+            clipped: np.ndarray = np.clip(t - self.low + 1, 0, self.span - 1)
+            return clipped
         return np.searchsorted(self.ub, t, side="right")
 
     def upto(self, owner: np.ndarray, t: np.ndarray) -> np.ndarray:
         """Position after the owner's last bucket time <= t (in ``keys``)."""
-        return np.searchsorted(self.keys, owner * self.span + self._after(t))
+        at: np.ndarray = np.searchsorted(self.keys, owner * self.span + self._after(t))
+        return at
 
 
 class Listing(NamedTuple):
@@ -210,7 +212,9 @@ def list_cells(cells: ArrivalCells, owner: np.ndarray, ledger: np.ndarray, bucke
                 out_n.append(len(held))
                 out_hi.append(sys.getsizeof(int(top[held].max())))
             cur = None
-    as_array = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
+    def as_array(v: list[int]) -> np.ndarray:
+        return np.asarray(v, dtype=np.int64)
+
     return Listing(listed, as_array(out_owner), as_array(out_ledger), as_array(out_list), as_array(out_n),
                    as_array(out_hi))
 

@@ -5,6 +5,9 @@ EventLogWriter` and ``nacktracker trace generate`` write) or JSON Lines. The
 schema is checked on the driver from the file metadata (free); values are
 checked in one aggregation pass that also yields the per-consumer counts the
 report prints, so validation costs one scan of the log, not one per check.
+For local Parquet, the id columns' nulls, minima and maxima come from the
+files' own statistics (:func:`footer_stats`) when every row group has them:
+the pass then reads only ``consumer``, ``kind``, ``ts_ms`` and ``delay_ms``.
 Every problem raises a :class:`~nacktracker.events.TraceError` subclass that
 names the column.
 """
@@ -15,10 +18,14 @@ import glob
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..events import (COLUMN_TYPES, COLUMNS, KINDS, NON_NEGATIVE_COLUMNS, NOT_NULL_COLUMNS, ColumnTypeError,
                       EmptyTraceError, TraceError, check_schema, check_stats)
+
+if TYPE_CHECKING:  # pyarrow and pyspark are imported where they are used (the `spark` extra)
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
 __all__ = ["TraceSummary", "read_events", "summarize", "load_trace", "check_trace_path", "UNNAMED", "FORMATS"]
 
@@ -89,7 +96,7 @@ def check_trace_path(path: str, fmt: str = "auto") -> None:
             raise TraceError(f"{f}: not a Parquet file; plan reads {FORMATS}")
 
 
-def _spark_logical(dt) -> str:
+def _spark_logical(dt: Any) -> str:
     from pyspark.sql import types as T
 
     if isinstance(dt, (T.LongType, T.IntegerType, T.ShortType, T.ByteType)):
@@ -98,7 +105,7 @@ def _spark_logical(dt) -> str:
         return "integer"
     if isinstance(dt, (T.StringType, T.NullType)):
         return "string" if isinstance(dt, T.StringType) else "null"
-    return dt.simpleString()
+    return str(dt.simpleString())
 
 
 def _is_local_path(path: str) -> bool:
@@ -118,7 +125,7 @@ def _data_files(local: str) -> list[str]:
     return out
 
 
-def _parquet_schema(paths: list[str]):
+def _parquet_schema(paths: list[str]) -> StructType:
     """Check every Parquet file's own columns (its footer, not the Spark schema
     a writer may have left in its metadata) and return the Spark schema to read
     them all with: each known column present, integers at the widest width
@@ -164,6 +171,50 @@ def _parquet_schema(paths: list[str]):
     return T.StructType(fields)
 
 
+#: Columns whose nulls, minimum and maximum the files' own statistics can
+#: give (the validation pass reads ``consumer``, ``kind``, ``ts_ms`` and
+#: ``delay_ms`` anyway: the per-consumer counts and times need them).
+FOOTER_COLUMNS = ("ledger_id", "entry_id", "redelivery_count")
+
+
+def footer_stats(paths: list[str]) -> dict[str, dict[str, Optional[int]]]:
+    """``{column: {"nulls", "min", "max"}}`` of the :data:`FOOTER_COLUMNS` that
+    every file's every row group has statistics for (Parquet writers record a
+    null count, minimum and maximum per column chunk); a column without them
+    in one file, missing from one, or unsigned 64-bit is left out and checked
+    by the validation pass instead. Cost: one footer read per file (~1 ms
+    each), no data read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out: dict[str, dict[str, Optional[int]]] = {c: {"nulls": 0, "min": None, "max": None} for c in FOOTER_COLUMNS}
+    for path in paths:
+        pf = pq.ParquetFile(path)
+        meta, arrow = pf.metadata, pf.schema_arrow
+        where = {meta.schema.column(j).path: j for j in range(meta.num_columns)}
+        for c in list(out):
+            j = where.get(c)
+            if j is None or c not in arrow.names or not pa.types.is_signed_integer(arrow.field(c).type):
+                del out[c]
+                continue
+            for g in range(meta.num_row_groups):
+                chunk = meta.row_group(g).column(j)
+                st: Any = chunk.statistics  # Any: pyarrow-stubs 20 have no has_null_count
+                if st is None or not st.has_null_count:
+                    del out[c]
+                    break
+                out[c]["nulls"] = (out[c]["nulls"] or 0) + st.null_count
+                if not st.has_min_max:
+                    if st.null_count == chunk.num_values:  # all null: no minimum or maximum
+                        continue
+                    del out[c]
+                    break
+                low, high = out[c]["min"], out[c]["max"]
+                out[c]["min"] = st.min if low is None else min(low, st.min)
+                out[c]["max"] = st.max if high is None else max(high, st.max)
+    return out
+
+
 _READ_ERROR = re.compile(r"Error while reading file (\S+?)\.? .*?(?:column|Column) \[?`?([\w.]+)`?\]?", re.S)
 
 
@@ -180,7 +231,7 @@ def one_line_read_error(exc: BaseException, path: str) -> TraceError:
     return TraceError(f"{path}: cannot read the log: {first[:300]}")
 
 
-def read_events(spark, path: str, fmt: str = "auto"):
+def read_events(spark: SparkSession, path: str, fmt: str = "auto") -> DataFrame:
     """Open a trace and check its schema. Returns a DataFrame with the
     :data:`~nacktracker.events.COLUMNS` that are present, integer columns cast
     to their on-disk width and a null ``consumer`` named :data:`UNNAMED`.
@@ -240,26 +291,31 @@ def read_events(spark, path: str, fmt: str = "auto"):
     return df.select(*cols, *raw)
 
 
-def summarize(events, path: str) -> TraceSummary:
+def summarize(events: DataFrame, path: str, known: Optional[dict[str, dict[str, Optional[int]]]] = None) -> TraceSummary:
     """Check values (nulls, negatives, kinds, empty) in one pass; return counts.
 
     One ``groupBy(consumer, kind)`` aggregation of counts and minima (the
     cheapest aggregates Spark has; kinds are checked on the driver from the
     group keys), so the driver only sees a consumers x kinds table. Raises
-    :class:`EmptyTraceError` / :class:`BadValueError`. Cost: one scan.
+    :class:`EmptyTraceError` / :class:`BadValueError`. ``known``: the nulls,
+    minimum and maximum of columns the files' statistics gave
+    (:func:`footer_stats`): checked from those, not aggregated (Spark then
+    does not read those columns at all). Cost: one scan.
     """
     from pyspark.sql import functions as F
 
+    known = known or {}
     present = set(events.columns)
+    unsigned = [c[len(_RAW):] for c in events.columns if c.startswith(_RAW)]
+    known = {c: v for c, v in known.items() if c in present and c not in unsigned}
     aggs = [F.count(F.lit(1)).alias("rows")]
     for c in NOT_NULL_COLUMNS:
-        if c != "kind":
+        if c != "kind" and c not in known:
             aggs.append(F.count(c).alias(f"n_{c}"))  # non-null values: nulls = rows - n
-    lows = [c for c in NON_NEGATIVE_COLUMNS if c in present]
+    lows = [c for c in NON_NEGATIVE_COLUMNS if c in present and c not in known]
     aggs += [F.min(c).alias(f"min_{c}") for c in lows]
-    unsigned = [c[len(_RAW):] for c in events.columns if c.startswith(_RAW)]
     aggs += [F.max(_RAW + c).alias(f"max_{_RAW}{c}") for c in unsigned]
-    aggs += [F.max(c).alias(f"max_{c}") for c in ("ledger_id", "entry_id")]  # do they fit 32 bits?
+    aggs += [F.max(c).alias(f"max_{c}") for c in ("ledger_id", "entry_id") if c not in known]  # fit 32 bits?
     aggs.append(F.max("ts_ms").alias("last_ms"))
     aggs.append(F.max(F.col("ts_ms") + F.col("delay_ms")).alias("last_due_ms"))  # where pending can end
     try:
@@ -277,8 +333,11 @@ def summarize(events, path: str) -> TraceSummary:
     bad = [r for r in rows if r["kind"] not in KINDS]
     stats = {
         "rows": sum(r["rows"] for r in rows),
-        "nulls": {c: sum(r["rows"] - r[f"n_{c}"] for r in rows) for c in NOT_NULL_COLUMNS if c != "kind"},
-        "min": {c: min((r[f"min_{c}"] for r in rows if r[f"min_{c}"] is not None), default=None) for c in lows},
+        "nulls": {c: known[c]["nulls"] if c in known else sum(r["rows"] - r[f"n_{c}"] for r in rows)
+                  for c in NOT_NULL_COLUMNS if c != "kind"},
+        "min": {c: known[c]["min"] if c in known else
+                min((r[f"min_{c}"] for r in rows if r[f"min_{c}"] is not None), default=None)
+                for c in NON_NEGATIVE_COLUMNS if c in lows or c in known},
         "bad_kinds": sum(r["rows"] for r in bad if r["kind"] is not None),
         "bad_kind": next((r["kind"] for r in bad if r["kind"] is not None), None),
     }
@@ -287,21 +346,29 @@ def summarize(events, path: str) -> TraceSummary:
     kinds = {k: sum(r["rows"] for r in rows if r["kind"] == k) for k in KINDS}
     consumers: dict[str, dict[str, int]] = {}
     for r in rows:
-        c = consumers.setdefault(r["consumer"], {"events": 0, "nacks": 0, "redeliver": 0, "dead_letter": 0,
-                                                 "first_ms": r["min_ts_ms"], "last_ms": r["last_ms"],
-                                                 "last_due_ms": r["last_due_ms"]})
-        c["events"] += r["rows"]
-        c["nacks" if r["kind"] == "nack" else r["kind"]] += r["rows"]
-        c["first_ms"] = min(c["first_ms"], r["min_ts_ms"])
-        c["last_ms"] = max(c["last_ms"], r["last_ms"])
+        seen = consumers.setdefault(r["consumer"], {"events": 0, "nacks": 0, "redeliver": 0, "dead_letter": 0,
+                                                    "first_ms": r["min_ts_ms"], "last_ms": r["last_ms"],
+                                                    "last_due_ms": r["last_due_ms"]})
+        seen["events"] += r["rows"]
+        seen["nacks" if r["kind"] == "nack" else r["kind"]] += r["rows"]
+        seen["first_ms"] = min(seen["first_ms"], r["min_ts_ms"])
+        seen["last_ms"] = max(seen["last_ms"], r["last_ms"])
         if r["kind"] == "nack":
-            c["last_due_ms"] = max(c["last_due_ms"], r["last_due_ms"])
-    maxima = {c: max((r[f"max_{c}"] for r in rows if r[f"max_{c}"] is not None), default=None)
+            seen["last_due_ms"] = max(seen["last_due_ms"], r["last_due_ms"])
+    maxima = {c: known[c]["max"] if c in known else
+              max((r[f"max_{c}"] for r in rows if r[f"max_{c}"] is not None), default=None)
               for c in ("ledger_id", "entry_id")}
     return TraceSummary(path=path, rows=stats["rows"], kinds=kinds, consumers=consumers, maxima=maxima)
 
 
-def load_trace(spark, path: str, fmt: str = "auto") -> tuple:
-    """:func:`read_events` + :func:`summarize`: ``(events DataFrame, TraceSummary)``."""
+def load_trace(spark: SparkSession, path: str, fmt: str = "auto") -> tuple[DataFrame, TraceSummary]:
+    """:func:`read_events` + :func:`summarize`: ``(events DataFrame, TraceSummary)``;
+    for local Parquet, the columns the files' statistics cover are checked
+    from those (:func:`footer_stats`), so the validation pass reads four
+    columns and aggregates fewer."""
     events = read_events(spark, path, fmt)
-    return events, summarize(events, path)
+    known = None
+    if _is_local_path(path) and (_detect_format(path) if fmt == "auto" else fmt) == "parquet":
+        local = path[5:] if path.startswith("file:") else path
+        known = footer_stats([f for g in sorted(glob.glob(local)) for f in _data_files(g)])
+    return events, summarize(events, path, known)

@@ -18,7 +18,7 @@ import gc
 import os
 import random
 import time
-from typing import Iterator
+from typing import Any, Iterator
 
 __all__ = ["JAVA_MB", "JAVA_HEAP_MB", "seed_estimate", "workload", "rss_bytes", "measure"]
 
@@ -65,7 +65,7 @@ def rss_bytes() -> int:
 
 
 def measure(index: str, kind: str, messages: int, x: int, y: int,
-            entries_per_ledger: int = 50_000, share: float = 0.1) -> dict:
+            entries_per_ledger: int = 50_000, share: float = 0.1) -> dict[str, Any]:
     """Build one index in this process and measure it: ``nbytes()`` and RSS
     growth, per message. Run it in a fresh interpreter for honest RSS."""
     import nacktracker

@@ -36,9 +36,9 @@ counts for it, piece by piece:
 
 :func:`index_states` is that accounting, for the indexes of many consumers
 at once (a numpy pass over all of them; :func:`index_state` is the same for
-one). :meth:`IndexCosts.measure` checks the model against ``nbytes()`` of indexes
+one). :func:`~.calibration.measure_index_costs` checks the model against ``nbytes()`` of indexes
 built *live* (adds in time order, pops as a tracker's timer does them:
-:func:`live_replay`) at bits 0, 8, 12 and 15 and
+:func:`~.calibration.live_replay`) at bits 0, 8, 12 and 15 and
 raises if it misses one by more than 10%, so a layout change cannot silently
 skew the plan. DictIndex bytes per pending message are measured the same
 way: one in-process build, ``nbytes() / len()``, scaled by the pending count.
@@ -49,7 +49,7 @@ from __future__ import annotations
 import array
 import sys
 from dataclasses import asdict, dataclass
-from typing import NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 from pyroaring import BitMap, BitMap64
@@ -78,15 +78,15 @@ def _sizes(kind: str, k: int) -> list[int]:
         return table
     upto = max(k + 1, 2 * len(table), 1024)
     if kind == "literal":
-        obj: dict | set | list = {0: None}
-        table[:] = [0, held_size(obj)]
+        literal: dict[int, None] = {0: None}
+        table[:] = [0, held_size(literal)]
         for i in range(1, upto - 1):
-            obj[i] = None
-            table.append(held_size(obj))
+            literal[i] = None
+            table.append(held_size(literal))
     else:
-        obj = {"empty": {}, "set": set(), "list": []}[kind]
+        obj: Any = {"empty": {}, "set": set(), "list": []}[kind]  # grown by the matching put below
         table[:] = [held_size(obj)]
-        put = {"empty": lambda i: obj.__setitem__(i, None), "set": lambda i: obj.add(i),
+        put: Callable[[int], None] = {"empty": lambda i: obj.__setitem__(i, None), "set": lambda i: obj.add(i),
                "list": lambda i: obj.append(i)}[kind]
         for i in range(upto - 1):
             put(i)
@@ -148,7 +148,7 @@ def segmented_bytes(n: np.ndarray) -> np.ndarray:
     counts. Runtime: O(len log) numpy."""
     n = np.asarray(n, dtype=np.int64)
     full, rest = n // SEGMENT, n % SEGMENT
-    out = np.where(rest > 0, array_bytes(rest), 0) + full * int(array_bytes(np.asarray([SEGMENT]))[0])
+    out: np.ndarray = np.where(rest > 0, array_bytes(rest), 0) + full * int(array_bytes(np.asarray([SEGMENT]))[0])
     if len(n) and full.max() > 0:
         out += np.where(full > 0, np.asarray(_sizes("list", int(full.max())), dtype=np.int64)[full], 0)
     return out
@@ -301,7 +301,8 @@ def _table(kind: str, ks: np.ndarray) -> np.ndarray:
     """:func:`_sizes` looked up for an array of counts."""
     if len(ks) == 0:
         return np.zeros(0, dtype=np.int64)
-    return np.asarray(_sizes(kind, int(ks.max())), dtype=np.int64)[ks]
+    sizes: np.ndarray = np.asarray(_sizes(kind, int(ks.max())), dtype=np.int64)[ks]
+    return sizes
 
 
 def index_state(ledger: np.ndarray, entry: np.ndarray, bucket: np.ndarray, start: np.ndarray,
@@ -425,7 +426,7 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
         # not run-optimised, as the index never does (its compaction only shrinks it);
         # and not BitMap(values), which run-optimises
         if wide_live[c]:
-            live = BitMap64()
+            live: BitMap | BitMap64 = BitMap64()
             live.update(u64_array(keys[key_heads[c]:key_heads[c + 1]]))
         else:
             live = BitMap()
@@ -525,12 +526,13 @@ class IndexCosts:
     multi_entry_bytes: int     # a (slot, entry) tuple and its count (nbytes() counts the tuple, not its ints)
     int_bytes: int             # one int in a per-ledger set
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def constants(cls) -> "IndexCosts":
-        """The measured constants, without the calibration check. Runtime: ~0.1 s."""
+        """The measured constants, without the calibration check
+        (:func:`~.calibration.measure_index_costs` adds it). Runtime: ~0.1 s."""
         size = held_size
         empty = TimeBucketIndex(precision_bits=0)
         big = 1_000_003 << 20
@@ -540,77 +542,6 @@ class IndexCosts:
                          - 2 * dict_bytes(0, literal=False) - list_bytes(0)),  # and sizes these containers
             window_bytes=window_bytes() + size(big), ledger_bytes=size(big), ext_bytes=ledger_record_bytes(),
             cell_key_bytes=size(big << 20), multi_entry_bytes=size((1, 2)) + size(2), int_bytes=size(big))
-
-    @classmethod
-    def measure(cls) -> "IndexCosts":
-        """:meth:`constants`, then the model against ``nbytes()`` of indexes
-        built live (adds and pops in time order) at bits 0, 8, 12 and 15.
-
-        Cost: about 1-2 s. Raises ``RuntimeError`` if the model misses any
-        build by more than 10% (the index layout changed).
-        """
-        base = cls.constants()
-        worst = 0.0
-        for bits in (0, 8, 12, 15):
-            model, real = calibration_build(bits, base)
-            worst = max(worst, abs(model - real) / real)
-        if worst > 0.10:
-            raise RuntimeError(f"memory model misses TimeBucketIndex.nbytes() by {worst:.1%}: "
-                               "the index layout changed; update nacktracker/pipeline/memory_model.py")
-        return cls(**{**base.as_dict(), "max_model_error": float(worst)})
-
-
-def synthetic_nacks(n: int = 40_000, rate: int = 1_000, ledgers: int = 16, k: int = 3, seed: int = 5):
-    """A consumer's nacks as arrays ``(ledger, entry, ts, due)``: ``rate``/s
-    round-robin over interleaved ledgers, ids ``k`` apart, delays uniform in
-    0.1-60 s, with every tenth ledger getting bursts of 64 (dense cells)."""
-    rng = np.random.default_rng(seed)
-    i = np.arange(n)
-    ts = 1_700_000_000_000 + i * 1000 // rate
-    lane = i % ledgers
-    burst = (i // 64) % 10 == 0  # runs of 64 adds to one cell
-    ledger = np.where(burst, 9_000, 100_000 + 7 * lane)
-    entry = np.where(burst, i, (i // ledgers) * k)
-    delay = np.where(burst, 30_000, rng.integers(100, 60_000, n))
-    due = ts + np.where(burst, delay - (i % 64), delay)  # a burst shares one due time
-    return ledger, entry, ts, due
-
-
-def calibration_build(bits: int, costs: IndexCosts, nacks=None) -> tuple[int, int]:
-    """``(model bytes, nbytes())`` for a live build from ``nacks`` (default
-    :func:`synthetic_nacks`) stopped at its peak pending instant."""
-    from .pending import analyse_consumer
-
-    ledger, entry, ts, due = synthetic_nacks() if nacks is None else nacks
-    (r,) = analyse_consumer(ledger, entry, ts, due, [bits], costs)
-    idx = live_replay(ledger, entry, ts, due, bits, stop_at=r.peak_at_ms)
-    return r.index_bytes, idx.nbytes()
-
-
-def live_replay(ledger, entry, ts, due, bits: int, stop_at=None, rounding: str = "floor") -> TimeBucketIndex:
-    """A TimeBucketIndex fed the nacks in time order, popping due buckets as a
-    tracker's timer does, up to and including instant ``stop_at``: the timer
-    is armed at the earliest bucket added; when it fires it pops what is due
-    and re-arms at ``next_due_ms()`` (only then, as in the tracker, not after
-    every add)."""
-    idx = TimeBucketIndex(precision_bits=bits, rounding=rounding)
-    order = np.argsort(ts, kind="stable")
-    timer = None
-    for i in order.tolist():
-        t = int(ts[i])
-        if stop_at is not None and t > stop_at:
-            break
-        if timer is not None and timer <= t:
-            idx.pop_due(t)
-            timer = idx.next_due_ms()
-        idx.add(int(ledger[i]), int(entry[i]), int(due[i]))
-        b = idx.bucket_of(int(due[i]))
-        if b <= t:  # a bucket already in the past fires at once
-            idx.pop_due(t)
-            timer = idx.next_due_ms()
-        elif timer is None or b < timer:
-            timer = b
-    return idx
 
 
 def _dict_index_per_entry(n: int = 100_000) -> float:

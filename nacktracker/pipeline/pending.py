@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -148,7 +148,7 @@ _QUANTILES = (("err_p50", 0.5), ("err_p90", 0.9), ("err_p99", 0.99), ("err_max",
 LIST_COLUMNS = ("pending_at", "pending_max")
 
 
-def _is_sorted(cid, ledger, entry, due) -> bool:
+def _is_sorted(cid: np.ndarray, ledger: np.ndarray, entry: np.ndarray, due: np.ndarray) -> bool:
     """Rows sorted by ``(cid, ledger, entry, due)``? Runtime: O(n)."""
     if len(cid) < 2:
         return True
@@ -162,7 +162,8 @@ def _is_sorted(cid, ledger, entry, due) -> bool:
     return True
 
 
-def _sweep(lc: np.ndarray, start: np.ndarray, fire: np.ndarray, k: int, grid: Optional[Grid]):
+def _sweep(lc: np.ndarray, start: np.ndarray, fire: np.ndarray, k: int,
+           grid: Optional[Grid]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Exact peak of pending per consumer, its first instant, and the series.
 
     ``lc``: consumer index (0..k-1, non-decreasing) of each live occurrence,
@@ -209,7 +210,8 @@ def _sweep(lc: np.ndarray, start: np.ndarray, fire: np.ndarray, k: int, grid: Op
 DENSE_SWEEP_FACTOR = 2
 
 
-def _sweep_dense(lc, s, f, k, tmin, span, grid, peak, at, p_at, p_max) -> None:
+def _sweep_dense(lc: np.ndarray, s: np.ndarray, f: np.ndarray, k: int, tmin: int, span: int, grid: Any,
+                 peak: np.ndarray, at: np.ndarray, p_at: Any, p_max: Any) -> None:
     """:func:`_sweep` on a dense timeline: ``value[c × span + t]`` = pending of
     consumer c at ``tmin + t`` (its starts at or before t minus its fires at or
     before t: a fire at t ends before t), from two bincounts and one cumsum.
@@ -247,13 +249,15 @@ def _sweep_dense(lc, s, f, k, tmin, span, grid, peak, at, p_at, p_max) -> None:
     p_max[:] = np.maximum(highs.reshape(k, grid.bins), p_at)
 
 
-def _sweep_slice(lc, start, fire, k, tmin, span, grid, peak, at, p_at, p_max) -> None:
+def _sweep_slice(lc: np.ndarray, start: np.ndarray, fire: np.ndarray, k: int, tmin: int, span: int,
+                 grid: Any, peak: np.ndarray, at: np.ndarray, p_at: Any, p_max: Any) -> None:
     """:func:`_sweep` for consumers whose keys fit in int64; fills the output views."""
     _sweep_keys(np.sort(lc * span + (start - tmin)), np.sort(lc * span + (fire - tmin)), k, tmin, span, grid,
                 peak, at, p_at, p_max)
 
 
-def _sweep_keys(sk, fk, k, tmin, span, grid, peak, at, p_at, p_max) -> None:
+def _sweep_keys(sk: np.ndarray, fk: np.ndarray, k: int, tmin: int, span: int, grid: Any, peak: np.ndarray,
+                at: np.ndarray, p_at: Any, p_max: Any) -> None:
     """The sweep over sorted ``consumer × span + (time - tmin)`` keys of starts and fires."""
     m = len(sk)
     base = np.arange(k, dtype=np.int64) * span
@@ -301,7 +305,7 @@ def _sweep_keys(sk, fk, k, tmin, span, grid, peak, at, p_at, p_max) -> None:
     p_max[:] = np.maximum(highs.reshape(k, grid.bins), values)
 
 
-def _histogram_pairs(owner: np.ndarray, value: np.ndarray, k: int):
+def _histogram_pairs(owner: np.ndarray, value: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Distinct ``(owner, value)`` pairs with their counts, sorted by owner then
     value: counted in one bincount when the keys ``owner × span + value`` are
     few, else one int64 sort of them (a lexsort if they would overflow)."""
@@ -322,7 +326,8 @@ def _histogram_pairs(owner: np.ndarray, value: np.ndarray, k: int):
     return _runs(owner[order], value[order])
 
 
-def _runs(owner: np.ndarray, value: np.ndarray, counts: Optional[np.ndarray] = None):
+def _runs(owner: np.ndarray, value: np.ndarray,
+          counts: Optional[np.ndarray] = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Collapse sorted pairs into distinct ``(owner, value)`` with summed counts."""
     new = np.ones(len(value), dtype=bool)
     new[1:] = (owner[1:] != owner[:-1]) | (value[1:] != value[:-1])
@@ -331,7 +336,8 @@ def _runs(owner: np.ndarray, value: np.ndarray, counts: Optional[np.ndarray] = N
     return owner[heads], value[heads], summed
 
 
-def _error_histograms(lcid: np.ndarray, err: np.ndarray, k: int):
+def _error_histograms(lcid: np.ndarray, err: np.ndarray,
+                      k: int) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """The group's error histogram (signed, distinct values with counts) and
     each consumer's nearest-rank quantiles of ``|error|``.
     Returns ``(values, counts, {quantile name: array of k})``."""
@@ -361,7 +367,7 @@ def _error_histograms(lcid: np.ndarray, err: np.ndarray, k: int):
 
 def analyse_group(cid: np.ndarray, ledger: np.ndarray, entry: np.ndarray, ts: np.ndarray, due: np.ndarray,
                   bits_list: Sequence[int], costs: IndexCosts, rounding: str = "floor",
-                  grid: Optional[Grid] = None) -> dict:
+                  grid: Optional[Grid] = None) -> dict[str, Any]:
     """:func:`analyse_consumer` for many consumers at once, vectorised over the group.
 
     Arrays: nacks of whole consumers (int64), consumer id ``cid`` first;
@@ -389,7 +395,7 @@ def analyse_group(cid: np.ndarray, ledger: np.ndarray, entry: np.ndarray, ts: np
         new_message[1:] |= (ledger[1:] != ledger[:-1]) | (entry[1:] != entry[:-1])
     parts = [_group_bits(lcid, k, nacks, ledger, entry, ts, due, new_message, int(b), costs, rounding, grid)
              for b in bits_list]
-    out: dict = {"cid": np.tile(cid[heads], len(parts)),
+    out: dict[str, Any] = {"cid": np.tile(cid[heads], len(parts)),
                  "bits": np.repeat(np.asarray([int(b) for b in bits_list], dtype=np.int64), k),
                  "histograms": [p["histogram"] for p in parts]}
     for name in (*SCALAR_COLUMNS, "err_mean"):
@@ -405,7 +411,7 @@ def analyse_group(cid: np.ndarray, ledger: np.ndarray, entry: np.ndarray, ts: np
     return out
 
 
-def _row_order(cid, ledger, entry, due) -> np.ndarray:
+def _row_order(cid: np.ndarray, ledger: np.ndarray, entry: np.ndarray, due: np.ndarray) -> np.ndarray:
     """The permutation sorting rows by ``(cid, ledger, entry, due)``: one argsort
     of a mixed-radix int64 key when the four ranges fit in 63 bits (logs are
     like that: a few ledgers, entry ids and a time window per group), else a
@@ -427,7 +433,9 @@ def _series_lists(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.arange(k + 1, dtype=np.int64) * bins, matrix.reshape(-1)
 
 
-def _group_bits(lcid, k, nacks, ledger, entry, ts, due, new_message, bits, costs, rounding, grid) -> dict:
+def _group_bits(lcid: np.ndarray, k: int, nacks: np.ndarray, ledger: np.ndarray, entry: np.ndarray, ts: np.ndarray,
+                due: np.ndarray, new_message: np.ndarray, bits: int, costs: IndexCosts, rounding: str,
+                grid: Optional[Grid]) -> dict[str, Any]:
     """Every consumer of the group at one precision."""
     n = len(ts)
     bucket = bucket_times(due, bits, rounding)
@@ -499,4 +507,5 @@ def analyse_rows(rows: Iterable[tuple[int, int, int, int]], bits_list: Sequence[
     """:func:`analyse_consumer` for ``(ledger, entry, ts, due)`` tuples (tests, small data)."""
     cols = list(zip(*rows)) or [(), (), (), ()]
     arrays = [np.array(c, dtype=np.int64) for c in cols]
-    return analyse_consumer(*arrays, bits_list=bits_list, costs=costs, rounding=rounding)
+    ledger, entry, ts, due = arrays
+    return analyse_consumer(ledger, entry, ts, due, bits_list=bits_list, costs=costs, rounding=rounding)

@@ -5,8 +5,8 @@ The Spark job, end to end:
 
 1. read the log and check it (:mod:`.load`): one aggregation pass, which also
    counts events per consumer;
-2. keep the ``nack`` rows and only the columns the kernel reads, as 32-bit
-   ints when they fit (:func:`_narrow_columns`); number the consumers and
+2. keep the ``nack`` rows and only the columns the kernel reads, two 32-bit
+   values to an int64 when they fit (:func:`_narrow_columns`); number the consumers and
    spread those of at most :data:`STREAM_NACKS` nacks over partitions by
    size (largest first onto the emptiest partition), so each task gets whole
    consumers and the tasks weigh about the same;
@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, Sequence
 
 from ..events import EmptyTraceError
 from . import DEFAULT_BITS, DEFAULT_MAX_EARLY_MS
@@ -53,6 +53,15 @@ from .memory_model import IndexCosts
 from .pending import LIST_COLUMNS, SCALAR_COLUMNS, Grid
 from .progress import Progress
 from .spark import default_parallelism, quiet_pandas_check
+
+if TYPE_CHECKING:  # pandas, pyarrow and pyspark are imported where they are used (the `spark` extra)
+    import numpy as np
+    import pandas as pd
+    import pyarrow as pa
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+    #: A mapInArrow function: Arrow batches in, Arrow batches out.
+    ArrowKernel = Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 
 __all__ = ["PlanResult", "run_plan", "recommend", "DEFAULT_BITS", "DEFAULT_MAX_EARLY_MS"]
 
@@ -83,25 +92,26 @@ class PlanResult:
     bits: tuple[int, ...]
     rounding: str
     max_early_ms: float
-    consumers: "object"        # pandas: one row per (consumer, bits)
-    fleet: "object"            # pandas: one row per bits
-    fleet_errors: "object"     # pandas: bits, error_ms, nacks
+    consumers: pd.DataFrame     # one row per (consumer, bits)
+    fleet: pd.DataFrame         # one row per bits
+    fleet_errors: pd.DataFrame  # bits, error_ms, nacks
     recommended: Optional[int]  # fleet-wide bits, None when no candidate meets the bound
     costs: IndexCosts
     master: str
     partitions: int
     seconds: dict[str, float] = field(default_factory=dict)
-    series: "object" = None    # pandas: consumer, bits, t_ms, pending_at, pending_max (series_bits only;
+    series: Optional[pd.DataFrame] = None  # consumer, bits, t_ms, pending_at, pending_max (series_bits only;
     #                            the busiest consumers: SERIES_TOP per group of each task)
     series_bits: Optional[int] = None
-    fleet_series: "object" = None  # pandas: bits, t_ms, pending_at summed over every consumer
+    fleet_series: Optional[pd.DataFrame] = None  # bits, t_ms, pending_at summed over every consumer
 
 
 def measured_costs() -> IndexCosts:
-    """:meth:`IndexCosts.measure`, once per process, and read from the cache
+    """:func:`~.calibration.measure_index_costs`, once per process, and read from the cache
     of an earlier run measured with the same code and libraries
     (:func:`~.caches.cached_costs`: ~20 ms; measuring is 2-3 s)."""
-    return cached_costs()
+    costs: IndexCosts = cached_costs()
+    return costs
 
 
 def recommend(p99_by_bits: dict[int, float], max_early_ms: float) -> Optional[int]:
@@ -124,11 +134,11 @@ def _assign_partitions(sizes: dict[int, int], partitions: int) -> dict[int, int]
     return out
 
 
-def _lookup(key, mapping: dict, type_name: str):
+def _lookup(key: Column, mapping: dict[Any, Any], type_name: str) -> Column:
     """``mapping[key]`` as a Spark expression (a literal map: no join, no shuffle)."""
     from pyspark.sql import functions as F
 
-    pairs = []
+    pairs: list[Column] = []
     for k, v in mapping.items():
         pairs += [F.lit(k), F.lit(v).cast(type_name)]
     return F.create_map(*pairs)[key]
@@ -137,41 +147,58 @@ def _lookup(key, mapping: dict, type_name: str):
 _INT32_MAX = (1 << 31) - 1
 
 
-def _narrow_columns(summary: TraceSummary, first_ms: int, last_ms: int):
-    """The columns the kernel reads, as narrow as their values allow, and the
-    base to add back to the times: ``ledger_id`` and ``entry_id`` as 32-bit
-    ints when every value fits, the times as milliseconds since ``first_ms``
-    in 32 bits when the trace spans less than 24 days. 20 instead of 36 bytes
-    a nack through the shuffle and into Python. Returns ``(columns, base_ms)``."""
+#: The kernel's columns when two 31-bit values share one int64 (:func:`_narrow_columns`).
+_PACKED = {"ids": ("ledger_id", "entry_id"), "times": ("ts_ms", "due")}
+
+
+def _narrow_columns(summary: TraceSummary, first_ms: int, last_ms: int) -> tuple[list[Column], int, str]:
+    """The columns the kernel reads, as narrow as their values allow, the base
+    to add back to the times and the column that orders a consumer's rows in
+    time. When every ``ledger_id`` and ``entry_id`` is below 2^31 they share
+    one int64 (``ids``: ledger in the high half); when the trace spans less
+    than 24 days the times are milliseconds since ``first_ms``, and the nack
+    time and due time share one int64 (``times``: the nack time high, so
+    ``times`` sorts in time order). A shuffled row is then three 8-byte
+    fields instead of five (Spark's rows give every field 8 bytes, an int's
+    too), and three Arrow columns reach Python instead of five (:func:`_int64`
+    takes them apart). Returns ``(columns, base_ms, time_column)``."""
     from pyspark.sql import functions as F
 
     due = F.col("ts_ms") + F.col("delay_ms")
-    cols = []
-    for c in ("ledger_id", "entry_id"):
-        top = summary.maxima.get(c)
-        cols.append(F.col(c).cast("int").alias(c) if top is not None and top <= _INT32_MAX else F.col(c))
+    narrow_ids = all((top := summary.maxima.get(c)) is not None and top <= _INT32_MAX
+                     for c in ("ledger_id", "entry_id"))
+    cols = ([F.shiftleft(F.col("ledger_id").cast("long"), 32).bitwiseOR(F.col("entry_id").cast("long")).alias("ids")]
+            if narrow_ids else [F.col("ledger_id"), F.col("entry_id")])
     if last_ms - first_ms <= _INT32_MAX:
         base = int(first_ms)
-        return cols + [(F.col("ts_ms") - F.lit(base)).cast("int").alias("ts_ms"),
-                       (due - F.lit(base)).cast("int").alias("due")], base
-    return cols + [F.col("ts_ms"), due.alias("due")], 0
+        ts = F.col("ts_ms").cast("long") - F.lit(base)
+        return cols + [F.shiftleft(ts, 32).bitwiseOR(due - F.lit(base)).alias("times")], base, "times"
+    return cols + [F.col("ts_ms"), due.alias("due")], 0, "ts_ms"
 
 
-def _int64(batch, base_ms: int) -> list:
+def _int64(batch: pa.RecordBatch, base_ms: int) -> list[np.ndarray[Any, Any]]:
     """``cid, ledger_id, entry_id, ts_ms, due`` of an Arrow batch as int64 numpy
-    arrays, the times back in epoch milliseconds."""
+    arrays, the packed pairs (:data:`_PACKED`) taken apart and the times back
+    in epoch milliseconds."""
     import numpy as np
 
-    out = [batch.column(c).to_numpy().astype(np.int64, copy=False) for c in ("cid", "ledger_id", "entry_id")]
-    for c in ("ts_ms", "due"):
-        a = batch.column(c).to_numpy().astype(np.int64)
-        if base_ms:
-            a += base_ms
-        out.append(a)
+    names = batch.schema.names
+    out = [batch.column("cid").to_numpy().astype(np.int64, copy=False)]
+    for packed, (high, low) in _PACKED.items():
+        if packed in names:
+            both = batch.column(packed).to_numpy()
+            pair = [both >> 32, both & 0xFFFFFFFF]
+        else:
+            pair = [batch.column(high).to_numpy().astype(np.int64), batch.column(low).to_numpy().astype(np.int64)]
+        if packed == "times" and base_ms:
+            for a in pair:
+                a += base_ms
+        out += pair
     return out
 
 
-def _groups(batches, target_rows: Optional[int] = GROUP_ROWS, base_ms: int = 0):
+def _groups(batches: Iterable[pa.RecordBatch], target_rows: Optional[int] = GROUP_ROWS,
+            base_ms: int = 0) -> Iterator[list[np.ndarray[Any, Any]]]:
     """Gather a partition's Arrow batches, sorted by cid, into groups of whole
     consumers of about ``target_rows`` nacks: yields ``[cid, ledger_id,
     entry_id, ts_ms, due]`` numpy arrays. Holds at most one group plus the
@@ -180,7 +207,7 @@ def _groups(batches, target_rows: Optional[int] = GROUP_ROWS, base_ms: int = 0):
     import numpy as np
 
     names = ("cid", "ledger_id", "entry_id", "ts_ms", "due")
-    parts: list[list] = []
+    parts: list[list[np.ndarray[Any, Any]]] = []
     rows = 0
     for batch in batches:
         if batch.num_rows == 0:
@@ -203,7 +230,7 @@ def _groups(batches, target_rows: Optional[int] = GROUP_ROWS, base_ms: int = 0):
         yield [np.concatenate([p[k] for p in parts]) for k in range(len(names))]
 
 
-def _result_batch(cols: dict, seconds: float):
+def _result_batch(cols: dict[str, Any], seconds: float) -> pa.RecordBatch:
     """One Arrow batch of the kernel's rows: consumers × bits, then the group's
     histogram per bits (cid -1)."""
     import numpy as np
@@ -213,7 +240,8 @@ def _result_batch(cols: dict, seconds: float):
     hists = cols["histograms"]
     bits = np.concatenate([cols["bits"], [b for b in dict.fromkeys(cols["bits"].tolist())]]).astype(np.int32)
     extra = len(hists)
-    arrays = [pa.array(np.concatenate([cols["cid"], np.full(extra, -1)]).astype(np.int32)), pa.array(bits)]
+    arrays: list[Any] = [pa.array(np.concatenate([cols["cid"], np.full(extra, -1)]).astype(np.int32)),
+                         pa.array(bits)]
     arrays += [pa.array(np.concatenate([cols[c], np.zeros(extra, dtype=np.int64)]), pa.int64())
                for c in SCALAR_COLUMNS]
     nacks = cols["nacks"].astype(np.float64)
@@ -248,42 +276,46 @@ def _result_batch(cols: dict, seconds: float):
 
 
 def _make_kernel(bits: Sequence[int], costs: IndexCosts, rounding: str, grid: Grid, sorted_rows: bool = True,
-                 base_ms: int = 0):
+                 base_ms: int = 0) -> ArrowKernel:
     """The mapInArrow function: (cid, ledger, entry, ts, due) batches, sorted by
     cid unless ``sorted_rows`` is false (then a partition is one group) -> one
     row per (consumer, bits), a group of consumers per kernel call. Runs in
     the executors' Python workers."""
-    bits = tuple(bits)
+    bits_list = tuple(bits)
     target_rows = GROUP_ROWS if sorted_rows else None
 
-    def kernel(batches):
+    def kernel(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from nacktracker.pipeline.pending import analyse_group
 
         for group in _groups(batches, target_rows, base_ms):
             started = time.perf_counter()
-            cols = analyse_group(*group, bits_list=bits, costs=costs, rounding=rounding, grid=grid)
+            cid, ledger_id, entry_id, ts_ms, due = group
+            cols = analyse_group(cid, ledger_id, entry_id, ts_ms, due, bits_list=bits_list, costs=costs,
+                                 rounding=rounding, grid=grid)
             yield _result_batch(cols, time.perf_counter() - started)
 
     return kernel
 
 
 def _make_stream_kernel(bits: Sequence[int], costs: IndexCosts, rounding: str, grid: Grid,
-                        chunk_rows: Optional[int] = None, base_ms: int = 0):
+                        chunk_rows: Optional[int] = None, base_ms: int = 0) -> ArrowKernel:
     """The mapInArrow function for consumers streamed in time order
     (:class:`~.stream.ConsumerStream`): ``(cid, ledger, entry, ts, due)``
     batches sorted by ``(cid, ts)`` -> one batch of rows per consumer, as
     :func:`_make_kernel` gives them. Holds one consumer's pending
     occurrences and a chunk, never the consumer whole."""
-    bits = tuple(bits)
+    bits_list = tuple(bits)
 
-    def kernel(batches):
+    def kernel(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import numpy as np
 
         from nacktracker.pipeline.stream import CHUNK_ROWS, ConsumerStream
 
-        stream, cid, started = None, None, 0.0
+        stream: Optional[ConsumerStream] = None
+        cid: Optional[int] = None
+        started = 0.0
 
-        def done():
+        def done(stream: ConsumerStream) -> pa.RecordBatch:
             cols = stream.finish()
             cols["cid"] = np.full(len(cols["bits"]), cid, dtype=np.int64)
             return _result_batch(cols, time.perf_counter() - started)
@@ -296,12 +328,13 @@ def _make_stream_kernel(bits: Sequence[int], costs: IndexCosts, rounding: str, g
             for lo, hi in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(cols[0])].tolist()):
                 if int(cols[0][lo]) != cid:
                     if stream is not None:
-                        yield done()
+                        yield done(stream)
                     cid, started = int(cols[0][lo]), time.perf_counter()
-                    stream = ConsumerStream(bits, costs, rounding, grid, chunk_rows=chunk_rows or CHUNK_ROWS)
+                    stream = ConsumerStream(bits_list, costs, rounding, grid, chunk_rows=chunk_rows or CHUNK_ROWS)
+                assert stream is not None  # made at the first row
                 stream.feed(*(c[lo:hi] for c in cols[1:]))
         if stream is not None:
-            yield done()
+            yield done(stream)
 
     return kernel
 
@@ -312,15 +345,16 @@ def _make_stream_kernel(bits: Sequence[int], costs: IndexCosts, rounding: str, g
 STREAM_NACKS = 1 << 24
 
 
-def run_plan(spark, trace: str, bits: Sequence[int] = DEFAULT_BITS, *,
+def run_plan(spark: SparkSession, trace: str, bits: Sequence[int] = DEFAULT_BITS, *,
              max_early_ms: float = DEFAULT_MAX_EARLY_MS, rounding: str = "floor",
-             fmt: str = "auto", partitions: Optional[int] = None, progress=None,
+             fmt: str = "auto", partitions: Optional[int] = None, progress: Optional[Progress] = None,
              stream_nacks: Optional[int] = None) -> PlanResult:
     """Run the whole plan job on ``trace``; return the tables for the report.
 
     Raises :class:`~nacktracker.events.TraceError` for unusable traces.
-    Cost: two scans of the log, one shuffle of its nack rows (+ a sort, see
-    :func:`_sorted_nacks`), and the
+    Cost: two scans of the log (the validation's reads four columns of a
+    Parquet log with statistics, :func:`~.load.load_trace`), one shuffle of
+    its nack rows (+ a sort, see :func:`_sorted_nacks`), and the
     per-consumer kernel (see :mod:`.pending`).
     """
     bits = tuple(sorted(set(int(b) for b in bits)))
@@ -351,8 +385,8 @@ def run_plan(spark, trace: str, bits: Sequence[int] = DEFAULT_BITS, *,
     whole = [n for n in names if summary.consumers[n]["nacks"] <= limit]
     whole_nacks = sum(summary.consumers[n]["nacks"] for n in whole)
     parts = partitions or min(len(whole), max(4 * default_parallelism(spark), -(-whole_nacks // GROUP_ROWS)))
-    results = None
-    columns, base_ms = _narrow_columns(summary, first, last)
+    results: Optional[DataFrame] = None
+    columns, base_ms, time_column = _narrow_columns(summary, first, last)
     with quiet_pandas_check():
         if whole:
             nacks, sorted_rows = _sorted_nacks(spark, events, names, summary, max(1, parts), only=whole,
@@ -360,7 +394,7 @@ def run_plan(spark, trace: str, bits: Sequence[int] = DEFAULT_BITS, *,
             results = nacks.mapInArrow(_make_kernel(bits, costs, rounding, grid, sorted_rows, base_ms),
                                        _RESULT_SCHEMA)
         if big:
-            streamed = _streamed_nacks(events, names, big, columns).mapInArrow(
+            streamed = _streamed_nacks(events, names, big, columns, time_column).mapInArrow(
                 _make_stream_kernel(bits, costs, rounding, grid, base_ms=base_ms), _RESULT_SCHEMA)
             results = streamed if results is None else results.unionByName(streamed)
     parts += len(big)
@@ -368,6 +402,7 @@ def run_plan(spark, trace: str, bits: Sequence[int] = DEFAULT_BITS, *,
     t1 = time.perf_counter()
     with progress.phase("analyse", f"{summary.nacks:,} nacks of {len(names):,} consumers: shuffle, "
                                    f"{len(bits)} bits per consumer in {parts} tasks"):
+        assert results is not None  # there is a consumer with nacks: whole or big
         table = _collect_arrow(results)  # one job: everything the report needs comes back at once
     seconds["analyse"] = time.perf_counter() - t1
     t2 = time.perf_counter()
@@ -391,17 +426,18 @@ def run_plan(spark, trace: str, bits: Sequence[int] = DEFAULT_BITS, *,
     total = totals.get(series_bits, np.zeros(0, dtype=np.int64))
     fleet_series = pd.DataFrame({"bits": series_bits, "t_ms": grid.times()[:len(total)], "pending_at": total})
     seconds["total"] = time.perf_counter() - t0
-    master = spark.sparkContext.master
+    master = str(spark.sparkContext.master)
     return PlanResult(trace=summary, bits=bits, rounding=rounding, max_early_ms=max_early_ms,
                       consumers=rows, fleet=fleet, fleet_errors=fleet_errors, recommended=recommended,
                       costs=costs, master=master, partitions=parts, seconds=seconds, series=series,
                       series_bits=series_bits, fleet_series=fleet_series)
 
 
-def _streamed_nacks(events, names: list[str], big: list[str], columns: list):
+def _streamed_nacks(events: DataFrame, names: list[str], big: list[str], columns: list[Column],
+                    time_column: str = "ts_ms") -> DataFrame:
     """The nack rows of the ``big`` consumers, one consumer per partition,
     sorted by time (Spark's external sort: spills to disk, never holds a
-    consumer in memory), as ``(cid, ledger_id, entry_id, ts_ms, due)``."""
+    consumer in memory), as ``cid`` and ``columns`` (:func:`_narrow_columns`)."""
     from pyspark.sql import functions as F
 
     cids = {name: i for i, name in enumerate(names)}
@@ -413,12 +449,14 @@ def _streamed_nacks(events, names: list[str], big: list[str], columns: list):
         nacks = nacks.repartitionById(len(big), where)
     else:
         nacks = nacks.repartition(len(big), where)
-    return nacks.sortWithinPartitions("cid", "ts_ms")
+    return nacks.sortWithinPartitions("cid", time_column)
 
 
-def _sorted_nacks(spark, events, names: list[str], summary: TraceSummary, parts: int,
-                  only: Optional[list[str]] = None, columns: Optional[list] = None):
-    """The nack rows as ``(cid, ledger_id, entry_id, ts_ms, due)``, each
+def _sorted_nacks(spark: SparkSession, events: DataFrame, names: list[str], summary: TraceSummary, parts: int,
+                  only: Optional[list[str]] = None,
+                  columns: Optional[Sequence[Column | str]] = None) -> tuple[DataFrame, bool]:
+    """The nack rows as ``cid`` and ``columns`` (:func:`_narrow_columns`; by
+    default ``ledger_id, entry_id, ts_ms, due``), each
     consumer whole in one of ``parts`` partitions, and whether they are sorted
     by ``cid``: one shuffle, and a radix sort (a consumer's rows together, in
     any order: the kernel sorts each group by ``(cid, ledger_id, entry_id,
@@ -457,10 +495,10 @@ def _sorted_nacks(spark, events, names: list[str], summary: TraceSummary, parts:
     if sort:
         nacks = nacks.sortWithinPartitions("cid")
     # pid has done its work: every column left is one more Arrow column per row to the kernel
-    return nacks.select("cid", "ledger_id", "entry_id", "ts_ms", "due"), sort
+    return nacks.select("cid", *[c for c in nacks.columns if c not in ("cid", "pid")]), sort
 
 
-def _codes(spark, names: list[str], cids: dict[str, int], pid: dict[int, int]):
+def _codes(spark: SparkSession, names: list[str], cids: dict[str, int], pid: dict[int, int]) -> DataFrame:
     """The ``consumer, cid, pid`` table to join, built from Arrow on the JVM side:
     a list of Python rows would be a job of its own, run by Python workers
     (started for it alone, ~2 s on a cold session)."""
@@ -475,34 +513,38 @@ def _codes(spark, names: list[str], cids: dict[str, int], pid: dict[int, int]):
     return spark.createDataFrame(table.to_pandas())  # PySpark 3.5: from pandas, converted with Arrow
 
 
-def _collect_arrow(df):
+def _collect_arrow(df: DataFrame) -> pa.Table:
     """A DataFrame's rows as one pyarrow Table (Arrow batches straight from the
     executors; no pandas conversion, no Row objects)."""
     import pyarrow as pa
 
     with quiet_pandas_check():
         if hasattr(df, "toArrow"):  # PySpark >= 4.0
-            return df.toArrow()
-        batches = df._collect_as_arrow()  # PySpark 3.5
+            table: pa.Table = df.toArrow()
+            return table
+        batches = df._collect_as_arrow()  # type: ignore[operator]  # PySpark 3.5 (4.x stubs: a column)
     return pa.Table.from_batches(batches) if batches else pa.table({})
 
 
-def _split(table):
+def _split(table: pa.Table) -> tuple[pd.DataFrame, dict[int, tuple[Any, ...]], pd.DataFrame,
+                                    dict[int, np.ndarray[Any, Any]]]:
     """The kernel's rows -> (consumer rows as pandas, {bits: (cids, k × bins
     series matrices)}, fleet error histogram as pandas ``bits, error_ms, nacks``)."""
     import numpy as np
     import pandas as pd
     import pyarrow.compute as pc
 
-    is_hist = pc.equal(table.column("cid"), -1)
-    hist = table.filter(is_hist)
-    mine = table.filter(pc.invert(is_hist))
+    # Any: pyarrow-stubs type equal() and invert() on a column and a Python int as no overload, flatten() as absent
+    is_hist: Any = pc.equal(table.column("cid"), -1)  # type: ignore[call-overload]
+    hist: Any = table.filter(is_hist)
+    mine: Any = table.filter(pc.invert(is_hist))
     rows = mine.drop_columns([*LIST_COLUMNS, *_HISTOGRAM]).to_pandas()
-    series: dict[int, tuple] = {}
+    series: dict[int, tuple[Any, ...]] = {}
     bits_col = mine.column("bits").to_numpy()
     cids = mine.column("cid").to_numpy()
     lists = {c: mine.column(c).combine_chunks() for c in LIST_COLUMNS}
-    has = pc.greater(pc.list_value_length(lists["pending_at"]), 0).to_numpy(zero_copy_only=False)
+    lengths: Any = pc.list_value_length(lists["pending_at"])
+    has = pc.greater(lengths, 0).to_numpy(zero_copy_only=False)  # type: ignore[call-overload]
     for b in np.unique(bits_col).tolist():
         at = np.flatnonzero((bits_col == b) & has)  # the consumers whose series came back
         mats = []
@@ -514,7 +556,7 @@ def _split(table):
     fleet = []
     totals: dict[int, np.ndarray] = {}
     hb = hist.column("bits").to_numpy()
-    hist_at = hist.column("pending_at").combine_chunks() if hist.num_rows else None
+    hist_at: Any = hist.column("pending_at").combine_chunks() if hist.num_rows else None
     for b in np.unique(hb).tolist():
         at = np.flatnonzero(hb == b)
         sums = hist_at.take(at).flatten().to_numpy()
@@ -529,7 +571,7 @@ def _split(table):
     return rows, series, fleet_errors, totals
 
 
-def _series(series_lists: dict, bits: int, grid: Grid, names: list[str]):
+def _series(series_lists: dict[int, tuple[Any, ...]], bits: int, grid: Grid, names: list[str]) -> pd.DataFrame:
     """Pending over time of every consumer at ``bits``, long format: at each
     grid instant ``t_ms`` (``pending_at``) and the maximum until the next one
     (``pending_max``)."""
@@ -544,7 +586,7 @@ def _series(series_lists: dict, bits: int, grid: Grid, names: list[str]):
     return out.sort_values(["consumer", "t_ms"], kind="stable").reset_index(drop=True)
 
 
-def _fleet(rows, fleet_errors, bits):
+def _fleet(rows: pd.DataFrame, fleet_errors: pd.DataFrame, bits: Sequence[int]) -> pd.DataFrame:
     """Per-bits fleet totals (sums of per-consumer peaks) and fleet error quantiles."""
     import pandas as pd
 

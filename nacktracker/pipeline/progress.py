@@ -14,7 +14,10 @@ import contextlib
 import sys
 import threading
 import time
-from typing import Iterator, Optional, TextIO
+from typing import TYPE_CHECKING, Iterator, Optional, TextIO
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 __all__ = ["Progress"]
 
@@ -29,7 +32,7 @@ class Progress:
         self.stream = stream if stream is not None else sys.stdout
         self.every_s = every_s
         self.poll_s = poll_s
-        self.spark = None          # set once a session exists: then phases show task counts
+        self.spark: Optional[SparkSession] = None  # set once a session exists: then phases show task counts
         self._tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self._lock = threading.Lock()
         self._live = False         # a rewritable line is on screen
@@ -70,16 +73,17 @@ class Progress:
 
     def _watch(self, name: str, started: float, stop: threading.Event) -> None:
         try:
+            assert self.spark is not None  # a watcher starts only with a session
             tracker = self.spark.sparkContext.statusTracker()
         except Exception:  # noqa: BLE001  (the session went away: nothing to follow)
             return
         last_text, last_print = None, 0.0
         while not stop.wait(self.poll_s):
             try:
-                stages = [tracker.getStageInfo(s) for s in tracker.getActiveStageIds()]
+                infos = [tracker.getStageInfo(s) for s in tracker.getActiveStageIds()]
             except Exception:  # noqa: BLE001  (a progress line is best effort)
                 return
-            stages = [s for s in stages if s is not None]
+            stages = [s for s in infos if s is not None]
             if not stages:
                 continue
             done = sum(s.numCompletedTasks for s in stages)

@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import datetime as _dt
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
 
 from .plan import PlanResult
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["write_outputs", "markdown", "consumer_table", "consumer_markdown", "plot", "plot_pending"]
 
@@ -61,7 +65,7 @@ def _span(result: PlanResult) -> str:
 
 def _candidates(result: PlanResult) -> list[str]:
     """Each candidate against the bound, with its figure: why it was taken or not."""
-    fleet = result.fleet.set_index("bits")
+    fleet: Any = result.fleet.set_index("bits")  # Any: pandas-stubs type a row's cells as Series too
     bound = result.max_early_ms
     word = "early" if result.rounding == "floor" else "late"
     rec = result.recommended
@@ -81,11 +85,11 @@ def _candidates(result: PlanResult) -> list[str]:
     return lines
 
 
-def markdown(result: PlanResult, table=None) -> str:
+def markdown(result: PlanResult, table: Optional[pd.DataFrame] = None) -> str:
     """The report as Markdown (also printed by ``nacktracker plan``).
     ``table``: :func:`consumer_table` if already computed."""
     t = result.trace
-    fleet = result.fleet.set_index("bits")
+    fleet: Any = result.fleet.set_index("bits")  # Any: as in _candidates
     rec = result.recommended
     word = "early" if result.rounding == "floor" else "late"
     lines = [f"# nacktracker plan: `{t.path}`", ""]
@@ -208,7 +212,7 @@ def distribution(result: PlanResult) -> list[str]:
     return lines
 
 
-def consumer_table(result: PlanResult):
+def consumer_table(result: PlanResult) -> pd.DataFrame:
     """Every consumer at every candidate (pandas), the columns of consumers.csv:
     the figures, the peak time in UTC, and whether the bits meets the bound."""
     import pandas as pd
@@ -224,7 +228,7 @@ def consumer_table(result: PlanResult):
     return df[first + [c for c in df.columns if c not in first]]
 
 
-def consumer_markdown(result: PlanResult, top: int | None = None, table=None) -> list[str]:
+def consumer_markdown(result: PlanResult, top: int | None = None, table: Optional[pd.DataFrame] = None) -> list[str]:
     """Markdown rows: consumer × bits (consumers by memory at the recommended bits)."""
     import pandas as pd
 
@@ -239,6 +243,7 @@ def consumer_markdown(result: PlanResult, top: int | None = None, table=None) ->
              "| DictIndex (est.) | error p99 | within bound | own best |",
              "|---|---:|---:|---:|---|---:|---:|---:|---:|:---:|---:|"]
     rec = result.recommended
+    r: Any  # a row of mixed columns: pandas-stubs type each cell as any scalar
     for r in chosen.itertuples(index=False):
         bpp = f"{r.bytes_per_pending:.2f}" if r.peak_pending else "-"
         best = "none" if pd.isna(r.own_best_bits) else int(r.own_best_bits)
@@ -302,6 +307,7 @@ def plot_pending(result: PlanResult, path: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     s = result.series
+    assert s is not None, "a plan result has its series"
     fig, (fleet, per) = plt.subplots(1, 2, figsize=(11, 4.2))
     t0 = s["t_ms"].min()
     if result.fleet_series is not None and len(result.fleet_series):  # every consumer, summed in the tasks

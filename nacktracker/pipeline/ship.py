@@ -43,7 +43,13 @@ import uuid
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
+
+from ..errors import ExecutorCheckError
+from .cache_dirs import cache_root
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 __all__ = ["EXECUTOR_DISTRIBUTIONS", "PROBE_MODULES", "ALIAS", "ExecutorEnv", "ExecutorCheckError",
            "ProbeReport", "build_executor_env", "ship", "probe_executors", "prepare_executors",
@@ -64,10 +70,6 @@ _SKIP_DIRS = {"__pycache__", "tests", "include"}
 _SKIP_SUFFIXES = (".pyc", ".pyx", ".pxd", ".pxi", ".h", ".hpp", ".cc", ".cpp", ".c")
 
 
-class ExecutorCheckError(RuntimeError):
-    """The executors cannot run the job; the message is one line and names the fix."""
-
-
 @dataclass(frozen=True)
 class ExecutorEnv:
     """A packed executor environment in the cache."""
@@ -82,8 +84,6 @@ class ExecutorEnv:
 
 def cache_dir() -> Path:
     """``$NACKTRACKER_CACHE_DIR/executor-env`` or ``~/.cache/nacktracker/executor-env``."""
-    from .caches import cache_root
-
     return cache_root() / "executor-env"
 
 
@@ -144,7 +144,7 @@ def _dist_files(dist: metadata.Distribution) -> list[tuple[str, Path]]:
     for f in dist.files:
         rel = str(f).replace(os.sep, "/")
         if _keep(rel):
-            path = Path(dist.locate_file(f))
+            path = Path(str(dist.locate_file(f)))
             if path.is_file():
                 out.append((rel, path))
     return out
@@ -241,7 +241,7 @@ def prune_executor_envs(folder: Path, keep: int = KEEP_EXECUTOR_ENVS) -> list[Pa
     return removed
 
 
-def ship(spark, env: ExecutorEnv) -> None:
+def ship(spark: SparkSession, env: ExecutorEnv) -> None:
     """Add ``env`` as an archive every executor unpacks into ``nacktracker-env/``,
     and put that directory first on the executors' Python path.
 
@@ -302,10 +302,11 @@ class ProbeReport:
     nacktracker: Optional[str] = None
 
 
-def _probe_function():
-    namespace = {"__name__": "nacktracker_executor_probe", "MODULES": PROBE_MODULES}
+def _probe_function() -> Callable[..., Any]:
+    namespace: dict[str, Any] = {"__name__": "nacktracker_executor_probe", "MODULES": PROBE_MODULES}
     exec(compile(_PROBE_SOURCE, "<nacktracker executor probe>", "exec"), namespace)
-    return namespace["probe"]
+    probe: Callable[..., Any] = namespace["probe"]
+    return probe
 
 
 def _fix(shipped: bool) -> str:
@@ -338,7 +339,7 @@ def _job_failure(exc: BaseException, python: str) -> ExecutorCheckError:
     return ExecutorCheckError(f"the executor probe job failed ({python}): {(errors or lines or ['?'])[-1]}")
 
 
-def probe_executors(spark, timeout_s: float = 60.0, tasks: Optional[int] = None) -> list[ProbeReport]:
+def probe_executors(spark: SparkSession, timeout_s: float = 60.0, tasks: Optional[int] = None) -> list[ProbeReport]:
     """Run the import probe on the executors (``tasks`` one-row partitions,
     default the cluster's parallelism, so most executors take one).
 
@@ -350,7 +351,7 @@ def probe_executors(spark, timeout_s: float = 60.0, tasks: Optional[int] = None)
     n = tasks or max(1, min(64, sc.defaultParallelism))
     probe = _probe_function()
     group = f"nacktracker-probe-{uuid.uuid4().hex[:8]}"
-    box: dict = {}
+    box: dict[str, Any] = {}
 
     def run() -> None:
         try:
@@ -394,7 +395,7 @@ def check_reports(reports: list[ProbeReport], shipped: bool, fingerprint: str) -
                 "drop --no-ship to ship this one, or install the same version on the workers")
 
 
-def prepare_executors(spark, *, ship_env: bool = True, timeout_s: float = 60.0,
+def prepare_executors(spark: SparkSession, *, ship_env: bool = True, timeout_s: float = 60.0,
                       cache: Optional[Path] = None,
                       say: Callable[[str], None] = lambda _: None) -> Optional[ExecutorEnv]:
     """Ship (unless ``ship_env`` is False) and probe; return the shipped env.

@@ -24,15 +24,18 @@ import os
 import sys
 import tempfile
 import warnings
-from typing import Mapping, Optional
+from typing import TYPE_CHECKING, Iterator, Mapping, Optional
 
 from .caches import class_archive_options
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 __all__ = ["get_spark", "stop_spark", "is_local", "default_parallelism", "quiet_pandas_check"]
 
 
 @contextlib.contextmanager
-def quiet_pandas_check():
+def quiet_pandas_check() -> Iterator[None]:
     """Silence PySpark 4.3's "does not yet fully support pandas >= 3" warning.
 
     PySpark checks the pandas version when a session starts and whenever a
@@ -83,7 +86,7 @@ def is_local(master: Optional[str]) -> bool:
 
 def get_spark(master: Optional[str] = None, *, app_name: str = "nacktracker",
               shuffle_partitions: Optional[int] = None, driver_memory: str = "4g",
-              conf: Optional[Mapping[str, str]] = None):
+              conf: Optional[Mapping[str, str]] = None) -> SparkSession:
     """Return a SparkSession (the active one if a session already runs).
 
     ``master``: a Spark master URL; None means ``local[*]``, unless the
@@ -141,7 +144,7 @@ def get_spark(master: Optional[str] = None, *, app_name: str = "nacktracker",
     settings.update(conf or {})
     # PySpark takes the executors' Python from $PYSPARK_PYTHON, not from this
     # setting (spark-submit translates it; a session started here must too)
-    if "spark.pyspark.python" in (conf or {}):
+    if conf is not None and "spark.pyspark.python" in conf:
         os.environ["PYSPARK_PYTHON"] = conf["spark.pyspark.python"]
     for key, value in settings.items():
         b = b.config(key, value)
@@ -162,9 +165,9 @@ def _local_cores(master: Optional[str]) -> int:
         return os.cpu_count() or 1
 
 
-def default_parallelism(spark) -> int:
+def default_parallelism(spark: SparkSession) -> int:
     """Task slots Spark reports (``spark.default.parallelism`` or cores)."""
-    return max(1, spark.sparkContext.defaultParallelism)
+    return max(1, int(spark.sparkContext.defaultParallelism))
 
 
 #: How long :func:`stop_spark` lets the driver JVM finish on its own (writing
@@ -172,7 +175,7 @@ def default_parallelism(spark) -> int:
 JVM_EXIT_TIMEOUT_S = 60.0
 
 
-def stop_spark(spark, timeout_s: float = JVM_EXIT_TIMEOUT_S) -> None:
+def stop_spark(spark: SparkSession, timeout_s: float = JVM_EXIT_TIMEOUT_S) -> None:
     """Stop the session and wait until the driver JVM this process started has
     exited, so a command returns with no process of its own left running.
 
@@ -192,7 +195,7 @@ def stop_spark(spark, timeout_s: float = JVM_EXIT_TIMEOUT_S) -> None:
     if proc is None:
         return
     with contextlib.suppress(Exception):
-        gateway.shutdown()
+        gateway.shutdown()  # type: ignore[union-attr]  # proc is not None: a gateway exists
     with contextlib.suppress(Exception):
         proc.stdin.close()  # the launcher exits when its stdin closes
     try:

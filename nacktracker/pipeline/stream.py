@@ -39,7 +39,7 @@ peak.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -95,7 +95,7 @@ class _Bits:
         self.immediate = 0
         self.peak = 0
         self.at = -1
-        self.snapshot: Optional[tuple] = None  # (history rows seen by the peak, dropped, wide)
+        self.snapshot: Optional[tuple[list[np.ndarray], int, bool]] = None  # (history rows seen by the peak, dropped, wide)
         self.err: dict[int, int] = {}
         self.p_at = np.zeros(bins, dtype=np.int64)
         self.p_max = np.zeros(bins, dtype=np.int64)
@@ -124,7 +124,7 @@ class ConsumerStream:
 
     # -- input ------------------------------------------------------------------------
 
-    def feed(self, ledger, entry, ts, due) -> None:
+    def feed(self, ledger: np.ndarray, entry: np.ndarray, ts: np.ndarray, due: np.ndarray) -> None:
         """Append rows (int64 arrays, time order, continuing the previous batch)."""
         cols = [np.asarray(a, dtype=np.int64) for a in (ledger, entry, ts, due)]
         if len(cols[2]) == 0:
@@ -145,7 +145,7 @@ class ConsumerStream:
             self._parts = [[r[cut:] for r in rows]]
             self._rows = len(t) - cut
 
-    def finish(self) -> dict:
+    def finish(self) -> dict[str, Any]:
         """The rows: ``bits``, :data:`~.pending.SCALAR_COLUMNS`, ``err_mean``,
         the series (``pending_at``, ``pending_max``, one array per bits) and
         the error histogram ``(values, counts)`` per bits."""
@@ -170,7 +170,8 @@ class ConsumerStream:
         if hi is not None:
             self.lo = hi + 1
 
-    def _chunk_bits(self, s: _Bits, ledger, entry, ts, due, lo: int, hi: Optional[int]) -> None:
+    def _chunk_bits(self, s: _Bits, ledger: np.ndarray, entry: np.ndarray, ts: np.ndarray, due: np.ndarray, lo: int,
+                    hi: Optional[int]) -> None:
         bucket = bucket_times(due, s.bits, self.rounding)
         err = np.maximum(bucket, ts) - due
         values, counts = np.unique(err, return_counts=True)
@@ -227,9 +228,9 @@ class ConsumerStream:
         if hi is None:
             return
         # carry what is still pending after this chunk's last instant
-        keep = v_fire > hi
-        s.pend = [np.concatenate([p_led, o_led])[keep], np.concatenate([p_ent, o_ent])[keep],
-                  v_fire[keep], np.concatenate([p_start, o_start])[keep]]
+        still = v_fire > hi
+        s.pend = [np.concatenate([p_led, o_led])[still], np.concatenate([p_ent, o_ent])[still],
+                  v_fire[still], np.concatenate([p_start, o_start])[still]]
         # the history: from the oldest pending occurrence's start, at most history_rows
         oldest = int(s.pend[3].min()) if len(s.pend[3]) else hi + 1
         cut = int(np.searchsorted(hist[3], oldest, side="left"))
@@ -243,11 +244,12 @@ class ConsumerStream:
 
     # -- the rows -----------------------------------------------------------------------
 
-    def _result(self) -> dict:
+    def _result(self) -> dict[str, Any]:
         costs = self.costs
-        out: dict = {name: [] for name in (*SCALAR_COLUMNS, "err_mean")}
+        out: dict[str, Any] = {name: [] for name in (*SCALAR_COLUMNS, "err_mean")}
         out["bits"] = np.asarray(self.bits_list, dtype=np.int64)
-        out["histograms"], series = [], {c: [] for c in LIST_COLUMNS}
+        series: dict[str, list[np.ndarray]] = {c: [] for c in LIST_COLUMNS}
+        out["histograms"] = []
         for s in self.state:
             mem = [0, 0, 0, 0, 0]
             if s.snapshot is not None and s.peak > 0:
@@ -267,7 +269,7 @@ class ConsumerStream:
             order = np.argsort(a, kind="stable")
             cum = np.cumsum(counts[order])
             total = int(cum[-1]) if len(cum) else 0
-            row = {"nacks": self.nacks, "occurrences": s.occurrences, "immediate": s.immediate,
+            row: dict[str, float] = {"nacks": self.nacks, "occurrences": s.occurrences, "immediate": s.immediate,
                    "merged": self.nacks - s.immediate - s.occurrences, "peak_pending": s.peak,
                    "peak_at_ms": s.at, "index_bytes": mem[0], "roaring_bytes": mem[1], "buckets": mem[2],
                    "bitmaps": mem[3], "ledgers": mem[4],

@@ -25,9 +25,12 @@ import json
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from . import memory_experiment
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 __all__ = ["SweepConfig", "grid", "workload", "measure", "measure_fresh", "run_sweep", "table",
            "seed_estimate", "INDEXES", "COLUMNS"]
@@ -60,19 +63,20 @@ def grid(xs: Sequence[int], ys: Sequence[int], entries: Sequence[int], shares: S
             for i, s, e, x, y in itertools.product(indexes, shares, entries, xs, ys)]
 
 
-def measure(cfg: SweepConfig) -> dict:
+def measure(cfg: SweepConfig) -> dict[str, Any]:
     """Build one index in this process and measure it (bench/memory.py's row)."""
     return memory_experiment.measure(cfg.index, cfg.workload, cfg.messages, cfg.x, cfg.y, cfg.entries_per_ledger, cfg.share)
 
 
-def measure_fresh(cfg: SweepConfig) -> dict:
+def measure_fresh(cfg: SweepConfig) -> dict[str, Any]:
     """:func:`measure` in a fresh interpreter (what a Spark task runs)."""
     cmd = [sys.executable, "-m", "nacktracker.pipeline.sweep", "--one", json.dumps(asdict(cfg))]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
 
 
-def run_sweep(spark, configs: Sequence[SweepConfig]) -> list[dict]:
+def run_sweep(spark: SparkSession, configs: Sequence[SweepConfig]) -> list[dict[str, Any]]:
     """One Spark task per configuration; rows come back in ``configs`` order."""
     if not configs:
         return []
@@ -111,7 +115,7 @@ COLUMNS = (
 )
 
 
-def table(rows: list[dict]) -> str:
+def table(rows: list[dict[str, Any]]) -> str:
     """The measured grid as Markdown, then what every column means."""
     head = "| " + " | ".join(name for name, _ in COLUMNS) + " |"
     lines = [head, "|" + "---|" * 4 + "---:|" * (len(COLUMNS) - 4)]
@@ -135,7 +139,7 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_outputs(rows: list[dict], out_dir: str, command: str) -> dict:
+def write_outputs(rows: list[dict[str, Any]], out_dir: str, command: str) -> dict[str, Any]:
     """``sweep.parquet``, ``sweep.json`` and ``sweep.md`` in ``out_dir``."""
     import pandas as pd
     from pathlib import Path

@@ -27,8 +27,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..events import COLUMNS, COLUMN_TYPES
+
+
+if TYPE_CHECKING:  # pyspark is imported where it is used (the `spark` extra)
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 __all__ = ["TraceSpec", "generate_trace", "trace_frame"]
 
@@ -68,11 +73,11 @@ class TraceSpec:
             if not ok:
                 raise ValueError(f"trace: bad {name}={getattr(self, name)!r}")
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def trace_frame(spark, spec: TraceSpec, partitions: int | None = None):
+def trace_frame(spark: SparkSession, spec: TraceSpec, partitions: int | None = None) -> DataFrame:
     """The trace as a lazy DataFrame with the event log's columns and types."""
     from pyspark.sql import functions as F
 
@@ -83,7 +88,7 @@ def trace_frame(spark, spec: TraceSpec, partitions: int | None = None):
     i = F.floor(F.col("id") / C).cast("long")
     seed = F.lit(spec.seed)
 
-    def uniform(*salt) -> "F.Column":
+    def uniform(*salt: int) -> Column:
         # a deterministic uniform [0, 1) per row and salt (Spark's murmur3 hash)
         h = F.xxhash64(seed, F.col("id"), *[F.lit(s) for s in salt])
         return F.pmod(h, F.lit(1 << 30)).cast("double") / float(1 << 30)
@@ -91,19 +96,30 @@ def trace_frame(spark, spec: TraceSpec, partitions: int | None = None):
     # per-consumer values come from small literal arrays: a lookup per row is far
     # cheaper than building strings or calling pow() 20 million times. With many
     # consumers the arrays would be a plan of C literals each (planning 20,000
-    # consumers took a minute on the driver): then each row computes its own.
+    # consumers took a minute on the driver): then the values are computed once
+    # per consumer, in a table of C rows joined by broadcast (a hash lookup per row).
     few = C <= _LITERAL_CONSUMERS
 
-    def per_consumer(values, type_name):
+    def per_consumer(values: Sequence[object], type_name: str) -> Column:
         return F.element_at(F.array(*[F.lit(v).cast(type_name) for v in values]), (cid + 1).cast("int"))
 
     # per-consumer rate: a geometric spread from rate to rate * spread
     if few:
         ms_per_nack = per_consumer([1000.0 / (spec.rate * spec.rate_spread ** (c / max(1, C - 1)))
                                     for c in range(C)], "double")
+        topic = per_consumer([f"persistent://public/default/nacks-{c % spec.topics}" for c in range(C)], "string")
+        name = per_consumer([f"consumer-{c:03d}" for c in range(C)], "string")
     else:
-        ms_per_nack = F.lit(1000.0) / (F.lit(float(spec.rate)) * F.pow(F.lit(float(spec.rate_spread)),
-                                                                       cid.cast("double") / float(max(1, C - 1))))
+        c = F.col("id")
+        table = spark.range(0, C, numPartitions=1).select(
+            c.alias("cid"),
+            (F.lit(1000.0) / (F.lit(float(spec.rate)) * F.pow(F.lit(float(spec.rate_spread)),
+                                                              c.cast("double") / float(max(1, C - 1))))
+             ).alias("ms_per_nack"),
+            F.concat(F.lit("persistent://public/default/nacks-"), (c % spec.topics).cast("string")).alias("topic"),
+            F.format_string("consumer-%03d", c).alias("name"))
+        df = df.withColumn("cid", cid).join(F.broadcast(table), "cid")
+        ms_per_nack, topic, name = F.col("ms_per_nack"), F.col("topic"), F.col("name")
     ts = F.lit(spec.start_ms) + cid + F.floor(i.cast("double") * ms_per_nack).cast("long")
     jitter = (F.floor(uniform(1) * (spec.delay_jitter_ms + 1)).cast("long")
               if spec.delay_jitter_ms else F.lit(0).cast("long"))
@@ -132,17 +148,14 @@ def trace_frame(spark, spec: TraceSpec, partitions: int | None = None):
         "redelivery_count": F.when(renack, 1).otherwise(0),
         "partition": F.lit(-1),
         "batch_index": (m % spec.batch_size) if spec.batch_size > 1 else F.lit(-1),
-        "topic": (per_consumer([f"persistent://public/default/nacks-{c % spec.topics}" for c in range(C)], "string")
-                  if few else F.concat(F.lit("persistent://public/default/nacks-"),
-                                       (cid % spec.topics).cast("string"))),
-        "consumer": (per_consumer([f"consumer-{c:03d}" for c in range(C)], "string")
-                     if few else F.format_string("consumer-%03d", cid)),
+        "topic": topic,
+        "consumer": name,
     }
     spark_type = {"int64": "bigint", "int32": "int", "string": "string"}
     return df.select(*[columns[c].cast(spark_type[COLUMN_TYPES[c]]).alias(c) for c in COLUMNS])
 
 
-def generate_trace(spark, spec: TraceSpec, out: str, fmt: str = "parquet", overwrite: bool = False,
+def generate_trace(spark: SparkSession, spec: TraceSpec, out: str, fmt: str = "parquet", overwrite: bool = False,
                    files: int | None = None) -> None:
     """Write a synthetic trace to ``out`` (a directory of Parquet or JSON Lines files)."""
     if fmt not in ("parquet", "jsonl"):

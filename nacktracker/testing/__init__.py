@@ -27,7 +27,8 @@ import logging
 import os
 from typing import Any, Iterator, Union
 
-from ._process import BrokerStartError, free_port
+from ..errors import BrokerStartError
+from ._process import free_port
 from .apache import PULSAR_VERSION, ApacheBroker
 from .lite import EmbeddedBroker
 

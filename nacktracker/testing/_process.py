@@ -26,10 +26,6 @@ log = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
 
 
-class BrokerStartError(RuntimeError):
-    """A broker did not become ready; the message carries its log tail."""
-
-
 def free_port() -> int:
     """A currently free 127.0.0.1 TCP port (bind to port 0, then release it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

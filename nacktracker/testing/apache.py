@@ -43,7 +43,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from ._process import BrokerStartError
+from ..errors import BrokerStartError
 from .owned import OwnedBroker, probe
 
 __all__ = ["ApacheBroker", "PULSAR_VERSION", "DEFAULT_SETTINGS", "resolve_classpath"]

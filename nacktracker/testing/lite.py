@@ -45,7 +45,7 @@ import socket
 import time
 from typing import Optional, Union
 
-from ._process import BrokerStartError
+from ..errors import BrokerStartError
 from .owned import OwnedBroker, probe
 
 __all__ = ["EmbeddedBroker"]

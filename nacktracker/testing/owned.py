@@ -20,7 +20,8 @@ import weakref
 from pathlib import Path
 from typing import Any, Optional, Self, Union
 
-from ._process import BrokerStartError, free_port, kill_quietly, log_tail, port_in_use, spawn, stop
+from ..errors import BrokerStartError
+from ._process import free_port, kill_quietly, log_tail, port_in_use, spawn, stop
 
 __all__ = ["OwnedBroker", "probe"]
 
@@ -48,7 +49,7 @@ class OwnedBroker:
         self.startup_timeout = startup_timeout
         self.stop_timeout = stop_timeout
         self._proc: Optional[subprocess.Popen[bytes]] = None
-        self._finalizer: Optional[weakref.finalize] = None
+        self._finalizer: Optional["weakref.finalize[Any, Any]"] = None
         self._started_once = False
 
     # -- what a subclass says ----------------------------------------------------------------
