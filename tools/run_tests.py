@@ -15,6 +15,7 @@ SIGTERM stops both (each pytest stops the brokers it started).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -30,10 +31,12 @@ HALVES = {"apache": ["-m", "apache"], "others": ["-m", "not apache"]}
 def main(argv: list[str]) -> int:
     started = time.monotonic()
     if os.environ.get("NACKTRACKER_TEST_REQUIRE", "") not in ("", "0"):
-        sys.path.insert(0, str(ROOT / "tests"))  # the suite's own check of what it needs, run once
-        from run_checks import missing_dependencies
-
-        problems = missing_dependencies()
+        # the suite's own check of what it needs (tests/run_checks.py), run once
+        spec = importlib.util.spec_from_file_location("run_checks", ROOT / "tests" / "run_checks.py")
+        assert spec is not None and spec.loader is not None
+        run_checks = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(run_checks)
+        problems = run_checks.missing_dependencies()
         if problems:  # one line, as pytest would print it (and not once per half)
             print("ERROR: make test cannot run: " + "; ".join(problems), file=sys.stderr)
             return 4
