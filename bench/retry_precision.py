@@ -31,7 +31,6 @@ import json
 import math
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,8 +39,9 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
+from bench.java_client import java_classpath
+
 ROOT = Path(__file__).resolve().parents[1]
-JAVA_DIR = ROOT / "tests" / "java"
 OUT = ROOT / "bench" / "results" / "retry"
 SHOW_LATE_MS: Optional[float] = None  # --show-late: print each nacktracker retry later than this (stderr)
 
@@ -57,16 +57,6 @@ def summary(errors: list[float]) -> dict:
 
     return {"count": len(s), "min": round(s[0], 2), "p50": rank(s, 50), "p99": rank(s, 99), "max": round(s[-1], 2),
             "abs_p50": rank(a, 50), "abs_p99": rank(a, 99), "abs_max": round(a[-1], 2)}
-
-
-def java_classpath() -> str:
-    target = JAVA_DIR / "target"
-    jar, cp = target / "retry-interop-1.jar", target / "classpath.txt"
-    sources = [JAVA_DIR / "pom.xml", *sorted((JAVA_DIR / "src").rglob("*.java"))]
-    if not (jar.exists() and cp.exists() and jar.stat().st_mtime >= max(p.stat().st_mtime for p in sources)):
-        subprocess.run(["mvn", "-q", "-B", "package",
-                        "dependency:build-classpath"], cwd=JAVA_DIR, check=True, timeout=900)
-    return f"{jar}{os.pathsep}{cp.read_text().strip()}"
 
 
 async def java_side(url: str, delays: list[int]) -> list[float]:

@@ -9,18 +9,14 @@ for the Java client's behaviour); needs ``java`` and ``mvn`` (Maven Central).
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 
 pulsar = pytest.importorskip("pulsar")
 
 import nacktracker  # noqa: E402
-
-JAVA_DIR = Path(__file__).resolve().parent / "java"
+from bench.java_client import java_classpath as build_java_classpath  # noqa: E402  (the root is on pythonpath)
 
 
 @pytest.fixture(scope="session")
@@ -28,13 +24,7 @@ def java_classpath() -> str:
     """Build the Java program (Maven, Central only) once per session; its class path."""
     if shutil.which("java") is None or shutil.which("mvn") is None:
         pytest.fail("the Java interop test needs java and mvn on PATH")
-    target = JAVA_DIR / "target"
-    jar, cp = target / "retry-interop-1.jar", target / "classpath.txt"
-    sources = [JAVA_DIR / "pom.xml", *sorted((JAVA_DIR / "src").rglob("*.java"))]
-    if not (jar.exists() and cp.exists() and jar.stat().st_mtime >= max(p.stat().st_mtime for p in sources)):
-        subprocess.run(["mvn", "-q", "-B", "package",
-                        "dependency:build-classpath"], cwd=JAVA_DIR, check=True, timeout=900)
-    return f"{jar}{os.pathsep}{cp.read_text().strip()}"
+    return build_java_classpath()
 
 
 async def run_java(classpath: str, *args: object) -> list[str]:
