@@ -108,20 +108,7 @@ def test_bad_retry_and_ack_timeout_options_are_refused_before_anything_is_made()
 # -- the shell on ManualClock ---------------------------------------------------------------
 
 pulsar = pytest.importorskip("pulsar")
-from test_consumer_shell import Harness, first_delivery  # noqa: E402
-
-
-@pytest.fixture
-async def harness():
-    made = []
-
-    def make(**kw):
-        made.append(Harness(**kw))
-        return made[-1]
-
-    yield make
-    for h in made:
-        await h.close()
+from test_consumer_shell import Harness, first_delivery, harness  # noqa: E402, F401  (harness: the fixture)
 
 
 async def test_ack_timeout_redelivers_at_1_2_4_s_exactly_and_stops_on_ack(harness):
