@@ -78,12 +78,7 @@ def check_trace_path(path: str, fmt: str = "auto") -> None:
     a directory listing and 4 bytes per file."""
     if not _is_local_path(path):
         return
-    local = path[5:] if path.startswith("file:") else path
-    if not glob.glob(local):
-        raise EmptyTraceError(f"{path}: no such file or directory")
-    files = [f for g in sorted(glob.glob(local)) for f in _data_files(g)]
-    if not files:
-        raise EmptyTraceError(f"{path}: no event files in this directory")
+    files = _local_files(path)
     if (_detect_format(path) if fmt == "auto" else fmt) != "parquet":
         return
     for f in files:
@@ -110,6 +105,18 @@ def _spark_logical(dt: Any) -> str:
 
 def _is_local_path(path: str) -> bool:
     return "://" not in path or path.startswith("file:")
+
+
+def _local_files(path: str) -> list[str]:
+    """The event files of a local trace path (a file, a folder or a glob; ``file:`` prefix allowed).
+    Raises :class:`EmptyTraceError` when it names nothing or holds no event file. O(files)."""
+    local = path[5:] if path.startswith("file:") else path
+    if not glob.glob(local):
+        raise EmptyTraceError(f"{path}: no such file or directory")
+    files = [f for g in sorted(glob.glob(local)) for f in _data_files(g)]
+    if not files:
+        raise EmptyTraceError(f"{path}: no event files in this directory")
+    return files
 
 
 def _data_files(local: str) -> list[str]:
@@ -249,12 +256,7 @@ def read_events(spark: SparkSession, path: str, fmt: str = "auto") -> DataFrame:
         raise ValueError(f"format must be parquet, jsonl or auto, got {fmt!r}")
     schema = None
     if _is_local_path(path):
-        local = path[5:] if path.startswith("file:") else path
-        if not glob.glob(local):
-            raise EmptyTraceError(f"{path}: no such file or directory")
-        files = [f for g in sorted(glob.glob(local)) for f in _data_files(g)]
-        if not files:
-            raise EmptyTraceError(f"{path}: no event files in this directory")
+        files = _local_files(path)
         if fmt == "parquet":  # each file on its own: mixed schemas and stale metadata name the file
             schema = _parquet_schema(files)
     try:
