@@ -276,7 +276,7 @@ def _add_plan(sub: Any) -> None:
                         "million nacks each, at most one a consumer)")
     p.add_argument("--stream-nacks", type=int, default=None, metavar="N",
                    help="a consumer with more nacks than N is read in time order, holding only what is "
-                        "pending, instead of whole (default 16777216: ~3.5 GB held whole)")
+                        "pending, instead of whole (default 16777216: about 3 GB held whole)")
     _spark_options(p)
     p.set_defaults(func=_plan)
 

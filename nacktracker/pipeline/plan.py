@@ -521,7 +521,7 @@ def _make_stream_kernel(bits: Sequence[int], costs: IndexCosts, rounding: str, g
 
 #: A consumer with more nacks than this is streamed in time order
 #: (:mod:`.stream`: memory O(pending + a chunk)) instead of analysed whole
-#: (about 220 bytes per nack in the worker: ~3.5 GB at this size).
+#: (about 180 bytes per nack in the worker, docs/pipeline.md: about 3 GB at this size).
 STREAM_NACKS = 1 << 24
 
 
