@@ -4,8 +4,8 @@ fleet-wide, for every candidate ``precision_bits``.
 The Spark job, end to end:
 
 1. read the log and check it (:mod:`.load`): one aggregation pass, which also
-   counts events per consumer; for a local Parquet log each task reads a row
-   group itself with pyarrow (:func:`~.load.parquet_tasks`);
+   counts events per consumer; for a local Parquet log each task reads its
+   row groups itself with pyarrow (:func:`~.load.parquet_tasks`);
 2. number the consumers and spread those of at most :data:`STREAM_NACKS`
    nacks over partitions by size (largest first onto the emptiest
    partition), so each task gets whole consumers and the tasks weigh about
@@ -14,7 +14,7 @@ The Spark job, end to end:
    32-bit values to an int64 when they fit (:func:`_layout`), reach Python
    once and leave it packed (:func:`_pack`): a row per (batch, consumer)
    holding its values as raw bytes. A local Parquet log is read by the tasks
-   with pyarrow, a row group each (:func:`_make_file_packer`: columnar from
+   with pyarrow, ~2M rows each (:func:`_make_file_packer`: columnar from
    the file, no row converted between Spark and Arrow, which is most of
    what moving a row through Spark costs); any other log by Spark
    (:func:`_make_packer`);
