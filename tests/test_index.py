@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from pyroaring import BitMap, BitMap64
 
 from nacktracker import DictIndex, HeapIndex, TimeBucketIndex
+from nacktracker.precision import Precision
 
 ALL = (TimeBucketIndex, DictIndex, HeapIndex)
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,6 +75,38 @@ def test_reference_models_bucket_as_worked_by_hand(model, bits, due, floor, ceil
         if bucket:
             assert m.pop_due(bucket - 1) == [] and len(m) == 41
         assert m.pop_due(bucket) == [(1, 1)] + [(2, e) for e in range(40)] and len(m) == 0
+
+
+@pytest.mark.parametrize("bits,due,floor,ceil", HAND_WORKED)
+def test_precision_buckets_as_worked_by_hand(bits, due, floor, ceil):
+    """The one bucket rule every layer asks (index, tracker timer, delivery core, planner), one
+    due time at a time and over an int64 array, against the same hand-worked cases."""
+    for rounding, bucket in (("floor", floor), ("ceil", ceil)):
+        p = Precision.of(bits, rounding)
+        assert (p.bits, p.rounding, p.width) == (bits, rounding, 1 << bits)
+        assert p.bucket(due) == bucket
+        assert p.buckets(np.array([due, due], dtype=np.int64)).tolist() == [bucket, bucket]
+    assert Precision.of(bits) is Precision.of(bits, "floor")  # floor by default
+
+
+def test_precision_is_one_shared_object_per_bits_and_rounding():
+    assert Precision.of(np.int64(5), "ceil") is Precision.of(5, "ceil")
+    assert Precision.of(5, "ceil") is not Precision.of(5, "floor")
+    assert Precision.of(5, "ceil") is not Precision.of(6, "ceil")
+    assert type(Precision.of(np.int64(5)).bits) is int
+
+
+@pytest.mark.parametrize("bits,rounding,error,message", [
+    (31, "floor", ValueError, "precision_bits must be <= 30, got 31"),
+    (-1, "floor", ValueError, "precision_bits must be >= 0, got -1"),
+    (1.0, "floor", TypeError, "precision_bits must be an int, not float"),
+    (8, "round", ValueError, "rounding must be 'floor' or 'ceil', got 'round'"),
+    (8, None, ValueError, "rounding must be 'floor' or 'ceil', got None"),
+])
+def test_precision_refuses_bad_bits_or_rounding_naming_them(bits, rounding, error, message):
+    with pytest.raises(error) as refused:
+        Precision.of(bits, rounding)
+    assert str(refused.value) == message
 
 
 @pytest.mark.parametrize("model", [DictIndex, HeapIndex])
