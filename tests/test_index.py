@@ -476,3 +476,42 @@ def test_bucket_of_refuses_a_bad_due_time_naming_it():
     with pytest.raises(ValueError, match=r"^due_ms "):
         idx.bucket_of(1 << 62)
     assert idx.bucket_of((1 << 62) - 1) == (1 << 62) - 1
+
+
+def test_every_index_refuses_a_bad_due_time_naming_it(cls):
+    idx = cls(precision_bits=3)
+    with pytest.raises(TypeError) as refused:
+        idx.bucket_of(1.5)
+    assert str(refused.value) == "due_ms must be an int, not float"
+    with pytest.raises(ValueError) as refused:
+        idx.bucket_of(-1)
+    assert str(refused.value) == "due_ms must be >= 0, got -1"
+
+
+def test_every_index_shows_its_settings_and_pending_count(cls):
+    idx = cls(precision_bits=3, rounding="ceil")
+    idx.add(1, 2, 3)
+    idx.add(1, 2, 100)
+    shown = f"{cls.__name__}(precision_bits=3, rounding='ceil', pending=2"
+    assert repr(idx) == shown + (", windows=1)" if cls is TimeBucketIndex else ")")
+
+
+def test_reference_models_count_their_dict_tuples_and_ints_each_once():
+    """The baselines' nbytes (what the benchmarks compare the index against): the dict, each key
+    tuple, and each int object it holds, once (ints up to 256 are the interpreter's shared ones:
+    not counted); HeapIndex adds its list and its (bucket, ledger, entry) triples."""
+    big = 10**12
+    adds = [(256, 257, 301), (big, 7, big + 1), (big, 8, big + 1)]  # the second ledger int is the same object
+    for model in (DictIndex, HeapIndex):
+        idx = model(1)  # 2 ms buckets: each bucket (due - 1) an int computed on its own
+        heap: list = []
+        for ledger, entry, due in adds:
+            idx.add(ledger, entry, due)
+            heap.append((due - 1, ledger, entry))
+        pending = {(ledger, entry): due - 1 for ledger, entry, due in adds}
+        # ints of their own: 257, the bucket 300, big, and the two buckets of value big
+        ints = 2 * sys.getsizeof(257) + 3 * sys.getsizeof(big)
+        expected = sys.getsizeof(pending) + 3 * sys.getsizeof((1, 2)) + ints
+        if model is HeapIndex:
+            expected += sys.getsizeof(heap) + 3 * sys.getsizeof((1, 2, 3))
+        assert idx.nbytes() == expected, model

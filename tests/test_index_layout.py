@@ -598,3 +598,29 @@ def test_widening_and_popping_more_ids_than_one_re_keying_step():
         for probe in probes:
             assert (probe in idx) == (probe in ref), (due, probe)
     assert not idx and not idx._ids.bits
+
+
+def test_an_ack_emptying_one_of_two_listed_cells_keeps_the_other():
+    """Two ledgers' bursts in one window: the acks that empty one ledger's cell take that cell out
+    of the window and leave the other ledger's cell, whole, to be taken when due."""
+    idx = TimeBucketIndex(precision_bits=0)
+    for ledger, bucket in ((1, 50), (2, 51)):
+        for e in range(PROMOTE + 1):
+            idx.add(ledger, e, bucket)
+    for e in range(PROMOTE + 1):
+        assert idx.discard(1, e)
+    assert len(idx) == PROMOTE + 1 and idx.next_due_ms() == 51
+    assert idx.pop_due(100) == [(2, e) for e in range(PROMOTE + 1)] and len(idx) == 0
+
+
+@pytest.mark.parametrize("bits", [0, 4, 14])
+def test_count_bounds_count_only_what_a_pop_left_in_a_window(bits):
+    """A window partly taken by pop_due is bounded by the copies left in it: 40 copies left of
+    100 (at most SMALL_WINDOW) are counted exactly, as the one bucket and the 40 cells they are."""
+    idx = TimeBucketIndex(precision_bits=bits)
+    width = 1 << bits
+    for i in range(100):  # one copy per ledger: no dense cell
+        idx.add(1_000 + i, 1, 5 * width if i < 60 else 6 * width)
+    assert len(idx.pop_due(5 * width)) == 60
+    assert (idx.bucket_count(), idx.bitmap_count()) == (1, 40)
+    assert (idx.bucket_count_bound(), idx.bitmap_count_bound()) == (1, 40)
