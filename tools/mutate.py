@@ -43,6 +43,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 KILLED = {1, 3, 36, 24, -24, 152, 255, 37}  # killed, pytest internal error, timeouts, type check
+TIMEOUTS = {36, 24, -24, 152, 255}  # mutmut's CPU-time limit (SIGXCPU): a mutant that loops; counted as killed
 SURVIVED = {0}
 
 
@@ -98,6 +99,7 @@ def main() -> int:
             kind = "killed" if code in KILLED else "survived" if code in SURVIVED else \
                 "not checked" if code is None else "no tests" if code in (5, 33) else f"other ({code})"
             by_module[module][kind] += 1
+            by_module[module]["timeout"] += code in TIMEOUTS
             if kind not in ("killed", "not checked"):
                 survivors.append((module, name))
     if not by_module:
@@ -107,17 +109,18 @@ def main() -> int:
     if seconds is not None:
         lines += [f"Run time: {seconds / 60:.1f} min with --max-children {args.max_children}; "
                   f"load average at the end: {Path('/proc/loadavg').read_text().split()[0]}.", ""]
-    lines += ["| module | mutants | killed | survived | no tests | not checked | score |", "|---|---|---|---|---|---|---|"]
+    lines += ["| module | mutants | killed (of which timeouts) | survived | no tests | not checked | score |",
+              "|---|---|---|---|---|---|---|"]
     total = Counter()
     for module, c in sorted(by_module.items()):
         total.update(c)
-        n = sum(c.values())
+        n = sum(c.values()) - c["timeout"]
         tested = n - c["not checked"]
-        lines.append(f"| {module} | {n} | {c['killed']} | {c['survived']} | {c['no tests']} | {c['not checked']} | "
-                     f"{c['killed'] / tested:.1%} |" if tested else f"| {module} | {n} | 0 | 0 | - | - | - |")
-    tested = sum(total.values()) - total["not checked"]
-    lines.append(f"| **all** | {sum(total.values())} | {total['killed']} | {total['survived']} | {total['no tests']} | "
-                 f"{total['not checked']} | {total['killed'] / max(tested, 1):.1%} |")
+        lines.append(f"| {module} | {n} | {c['killed']} ({c['timeout']}) | {c['survived']} | {c['no tests']} | "
+                     f"{c['not checked']} | {c['killed'] / tested:.1%} |" if tested else f"| {module} | {n} | 0 | 0 | - | - | - |")
+    n = sum(total.values()) - total["timeout"]
+    lines.append(f"| **all** | {n} | {total['killed']} ({total['timeout']}) | {total['survived']} | {total['no tests']} | "
+                 f"{total['not checked']} | {total['killed'] / max(n - total['not checked'], 1):.1%} |")
     lines += ["", "## Survivors (and mutants no test reaches)", ""]
     for _module, name in survivors:
         diff = subprocess.run([*mutmut, "show", name], cwd=ROOT, capture_output=True, text=True).stdout.strip()
