@@ -382,6 +382,11 @@ def test_counts_take_a_bucket_with_sparse_and_dense_copies_once(bits):
     assert (idx.bucket_count(), idx.bitmap_count()) == (1, 2)
     idx.add(500, 1_000, 5_000)  # a sparse copy in the dense cell's (bucket, ledger)
     assert (idx.bucket_count(), idx.bitmap_count()) == (1, 2)
+    later = TimeBucketIndex(precision_bits=bits)  # the sparse copy first, the dense cell made after it
+    later.add(7, 1, 5_000)
+    later.add(500, 1_000, 5_000)
+    later.add_many(500, range(64), 5_000)
+    assert (later.bucket_count(), later.bitmap_count()) == (1, 2)
 
 
 def test_a_burst_is_stored_once_in_a_listed_cell():
