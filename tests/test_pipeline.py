@@ -87,20 +87,46 @@ def test_kernel_with_nothing_ever_pending(costs):
     assert r.index_bytes == TimeBucketIndex().nbytes()
 
 
-def test_partition_stream_is_cut_into_groups_of_whole_consumers():
-    from nacktracker.pipeline.plan import _groups
+def test_packed_rows_come_back_as_groups_of_whole_consumers():
+    """The shuffle's packed rows (a row per map-side batch and consumer, in any
+    order) are gathered per consumer and cut into groups of whole consumers,
+    in consumer order, each consumer's rows in the order they were read."""
+    from nacktracker.pipeline.plan import _pack, _packed_groups
 
-    def batch(cids, start):
+    names = ("ledger_id", "entry_id", "ts_ms", "due")
+    lookup = np.zeros(5, dtype=np.int32)
+
+    def packed(cids, start):
         n = len(cids)
-        return pa.RecordBatch.from_pydict({
-            "cid": pa.array(cids, pa.int32()), "ledger_id": list(range(start, start + n)),
-            "entry_id": [0] * n, "ts_ms": [0] * n, "due": [1] * n})
+        named = {"ledger_id": np.arange(start, start + n), "entry_id": np.zeros(n, dtype=np.int64),
+                 "ts_ms": np.zeros(n, dtype=np.int64), "due": np.ones(n, dtype=np.int64)}
+        return _pack(np.array(cids), named, names, lookup)
 
-    stream = [batch([0, 0], 0), batch([0, 1, 1], 2), batch([1], 5), batch([3, 4], 6), batch([4, 4, 4], 8)]
-    got = [(g[0].tolist(), g[1].tolist()) for g in _groups(iter(stream), target_rows=3)]
-    # every group holds whole consumers; consumer 1 spans two batches, 4 ends the stream
-    assert got == [([0, 0, 0], [0, 1, 2]), ([1, 1, 1, 3], [3, 4, 5, 6]), ([4, 4, 4, 4], [7, 8, 9, 10])]
-    assert [g[0].tolist() for g in _groups(iter(stream))] == [[0, 0, 0, 1, 1, 1, 3, 4, 4, 4, 4]]
+    stream = [packed([0, 1, 0], 0), packed([1, 4], 3), packed([3, 4, 4, 0], 5)]
+    got = [(g[0].tolist(), g[1].tolist()) for g in _packed_groups(iter(stream), names, target_rows=3)]
+    assert got == [([0, 0, 0], [0, 2, 8]), ([1, 1, 3], [1, 3, 5]), ([4, 4, 4], [4, 6, 7])]
+    (whole,) = _packed_groups(iter(stream), names, target_rows=100)
+    assert whole[0].tolist() == [0, 0, 0, 1, 1, 3, 4, 4, 4]
+    assert _pack(np.zeros(0, dtype=np.int64), {n: np.zeros(0, dtype=np.int64) for n in names}, names, lookup) is None
+
+
+def test_narrow_packing_gives_back_every_value():
+    """Ids below 2^31 share an int64, and so do the times of a trace spanning
+    less than 24 days (relative to its first instant): unpacked, every value
+    is what was read."""
+    from nacktracker.pipeline.plan import _narrowed, _pack, _packed_groups
+
+    base = 1_700_000_000_000
+    ledger = np.array([0, 7, (1 << 31) - 1], dtype=np.int64)
+    entry = np.array([(1 << 31) - 1, 0, 5], dtype=np.int64)
+    ts = np.array([base, base + 1, base + (1 << 31) - 2], dtype=np.int64)
+    due = ts + np.array([0, 60_000, 1], dtype=np.int64)
+    named = _narrowed(ledger, entry, ts, due, True, base)
+    assert list(named) == ["ids", "times"]
+    (group,) = _packed_groups(iter([_pack(np.array([2, 2, 2]), named, ("ids", "times"), np.zeros(3, np.int32))]),
+                              ("ids", "times"), base_ms=base)
+    for got, want in zip(group, (np.full(3, 2), ledger, entry, ts, due)):
+        assert got.tolist() == want.tolist()
 
 
 def test_a_group_gives_each_consumer_what_it_gets_alone(costs):
@@ -514,6 +540,48 @@ def test_jsonl_and_writer_logs_plan_too(spark, tmp_path):
     cols = ["consumer", "bits", "peak_pending", "peak_at_ms", "index_bytes", "err_p99"]
     assert a.consumers[cols].equals(b.consumers[cols])
     assert a.consumers.query("consumer == 'a' and bits == 0")["peak_pending"].item() == 200
+
+
+@pytest.mark.spark
+@needs_spark
+def test_row_group_tasks_and_spark_reading_the_log_plan_alike(spark, tmp_path, monkeypatch):
+    """A local Parquet log is read by the tasks themselves with pyarrow, a row
+    group each (validation and analysis); any other log by Spark. Both give
+    the same summary and tables, here on a log with several files and row
+    groups, 32-bit ids, an unnamed consumer, re-nacks into one bucket and
+    redeliver/dead-letter rows."""
+    from nacktracker.pipeline import load, plan
+
+    rng = np.random.default_rng(3)
+    events = []
+    for i in range(3000):
+        consumer = ("a", "b", None)[i % 3]
+        events.append(NackEvent(T0 + i, "nack", 5 + i % 4, int(rng.integers(0, 400)),
+                                delay_ms=int(rng.integers(0, 900)), consumer=consumer))
+        if i % 97 == 0:
+            events.append(NackEvent(T0 + i, "redeliver", 5, i, consumer=consumer))
+        if i % 389 == 0:
+            events.append(NackEvent(T0 + i, "dead_letter", 6, i, redelivery_count=3, consumer=consumer))
+    with EventLogWriter(tmp_path / "log", rows_per_file=1000, buffer_rows=300) as w:
+        w.write_many(events)
+    n = 500  # and a file of 32-bit ids, from another writer
+    pq.write_table(pa.table({"ts_ms": pa.array([T0 + 5 * i for i in range(n)], pa.int64()), "kind": ["nack"] * n,
+                             "ledger_id": pa.array([9] * n, pa.int32()), "entry_id": pa.array(range(n), pa.int32()),
+                             "delay_ms": pa.array([300] * n, pa.int64()), "consumer": ["b"] * n}),
+                   tmp_path / "log" / "other.parquet", row_group_size=200)
+    assert load.parquet_units(str(tmp_path / "log")) is not None
+    assert len(load.parquet_units(str(tmp_path / "log"))) > 4  # several files, several row groups each
+    by_tasks = plan.run_plan(spark, str(tmp_path / "log"), [0, 4, 9])
+    monkeypatch.setattr(load, "parquet_units", lambda *a, **k: None)
+    monkeypatch.setattr(plan, "parquet_units", lambda *a, **k: None)
+    by_spark = plan.run_plan(spark, str(tmp_path / "log"), [0, 4, 9])
+    assert by_tasks.trace == by_spark.trace
+    assert set(by_tasks.consumers["consumer"]) == {"a", "b", "(unnamed)"}
+    drop = lambda t: t.drop(columns=["kernel_s"]).reset_index(drop=True)  # noqa: E731
+    assert drop(by_tasks.consumers).equals(drop(by_spark.consumers))
+    assert by_tasks.fleet_errors.equals(by_spark.fleet_errors)
+    assert by_tasks.series.equals(by_spark.series)
+    assert (by_tasks.consumers["merged"] > 0).any()  # re-nacks of one message into one bucket happened
 
 
 # -- bad traces -------------------------------------------------------------------------

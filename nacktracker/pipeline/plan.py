@@ -4,29 +4,32 @@ fleet-wide, for every candidate ``precision_bits``.
 The Spark job, end to end:
 
 1. read the log and check it (:mod:`.load`): one aggregation pass, which also
-   counts events per consumer;
-2. keep the ``nack`` rows and only the columns the kernel reads, two 32-bit
-   values to an int64 when they fit (:func:`_narrow_columns`); number the consumers and
-   spread those of at most :data:`STREAM_NACKS` nacks over partitions by
-   size (largest first onto the emptiest partition), so each task gets whole
-   consumers and the tasks weigh about the same;
-3. shuffle once (``repartitionById`` on that number; with more than 64
-   consumers the number comes from a broadcast join on a small table built
-   from Arrow); only when a partition holds more than one group of
-   consumers (:data:`GROUP_ROWS` nacks) sort within each partition by the
-   consumer number alone (one int key, Spark's radix sort), so each
-   consumer's rows arrive together; else a partition is one group;
-4. ``mapInArrow``: a task streams its rows in groups of whole consumers and
-   runs :func:`~nacktracker.pipeline.pending.analyse_group` on each group for
-   every bits value (one numpy sort of the group by ``(consumer, ledger,
-   entry, due)`` — a mixed-radix int64 argsort, several times faster than
-   Spark's four-key row comparisons on consumers of millions of rows — then
-   numpy sweeps for the exact peaks, pyroaring bitmaps for the memory),
-   emitting one row per (consumer, bits) and the group's error histogram;
-   a consumer above :data:`STREAM_NACKS` gets a partition of its own, sorted
-   by time in Spark (external sort), and its task reads it a chunk at a time
-   (:class:`~nacktracker.pipeline.stream.ConsumerStream`: what is pending and
-   a chunk held, never the consumer);
+   counts events per consumer; for a local Parquet log each task reads a row
+   group itself with pyarrow (:func:`~.load.parquet_units`);
+2. number the consumers and spread those of at most :data:`STREAM_NACKS`
+   nacks over partitions by size (largest first onto the emptiest
+   partition), so each task gets whole consumers and the tasks weigh about
+   the same;
+3. map side: the ``nack`` rows, only the columns the kernel reads, two
+   32-bit values to an int64 when they fit (:func:`_layout`), reach Python
+   once and leave it packed (:func:`_pack`): a row per (batch, consumer)
+   holding its values as raw bytes. A local Parquet log is read by the tasks
+   with pyarrow, a row group each (:func:`_make_file_packer`: columnar from
+   the file, no row converted between Spark and Arrow, which is most of
+   what moving a row through Spark costs); any other log by Spark
+   (:func:`_make_packer`);
+4. shuffle the packed rows once (``repartitionById`` on the partition chosen
+   in 2); ``mapInArrow``: a task gathers its consumers' rows
+   (:func:`_packed_groups`) and runs
+   :func:`~nacktracker.pipeline.pending.analyse_group` on groups of whole
+   consumers (:data:`GROUP_ROWS` nacks) for every bits value (one numpy sort
+   of the group by ``(consumer, ledger, entry, due)`` when not in that order
+   already, numpy sweeps for the exact peaks, pyroaring bitmaps for the
+   memory), emitting one row per (consumer, bits) and the group's error
+   histogram; a consumer above :data:`STREAM_NACKS` gets a partition of its
+   own, sorted by time in Spark (external sort), and its task reads it a
+   chunk at a time (:class:`~nacktracker.pipeline.stream.ConsumerStream`:
+   what is pending and a chunk held, never the consumer);
 5. the driver collects those small rows (the series of each group's busiest
    consumers and the group's total, not every consumer's); the fleet's error
    histogram is the sum of the groups'.
@@ -48,7 +51,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, S
 from ..events import EmptyTraceError
 from . import DEFAULT_BITS, DEFAULT_MAX_EARLY_MS
 from .caches import cached_costs
-from .load import TraceSummary, load_trace
+from .load import TraceSummary, load_trace, parquet_units
 from .memory_model import IndexCosts
 from .pending import LIST_COLUMNS, SCALAR_COLUMNS, Grid
 from .progress import Progress
@@ -151,45 +154,61 @@ _INT32_MAX = (1 << 31) - 1
 _PACKED = {"ids": ("ledger_id", "entry_id"), "times": ("ts_ms", "due")}
 
 
-def _narrow_columns(summary: TraceSummary, first_ms: int, last_ms: int) -> tuple[list[Column], int, str]:
-    """The columns the kernel reads, as narrow as their values allow, the base
-    to add back to the times and the column that orders a consumer's rows in
-    time. When every ``ledger_id`` and ``entry_id`` is below 2^31 they share
-    one int64 (``ids``: ledger in the high half); when the trace spans less
-    than 24 days the times are milliseconds since ``first_ms``, and the nack
-    time and due time share one int64 (``times``: the nack time high, so
-    ``times`` sorts in time order). A shuffled row is then three 8-byte
-    fields instead of five (Spark's rows give every field 8 bytes, an int's
-    too), and three Arrow columns reach Python instead of five (:func:`_int64`
-    takes them apart). Returns ``(columns, base_ms, time_column)``."""
-    from pyspark.sql import functions as F
-
-    due = F.col("ts_ms") + F.col("delay_ms")
+def _layout(summary: TraceSummary, first_ms: int, last_ms: int) -> tuple[bool, Optional[int]]:
+    """How narrow the kernel's columns can be: ``(narrow_ids, base_ms)``.
+    ``narrow_ids``: every ``ledger_id`` and ``entry_id`` is below 2^31, so
+    they share one int64 (``ids``: ledger in the high half). ``base_ms``: when
+    the trace spans less than 24 days, the times are milliseconds since it
+    and the nack time and due time share one int64 (``times``: the nack time
+    high, so ``times`` sorts in time order); None otherwise."""
     narrow_ids = all((top := summary.maxima.get(c)) is not None and top <= _INT32_MAX
                      for c in ("ledger_id", "entry_id"))
+    return narrow_ids, (int(first_ms) if last_ms - first_ms <= _INT32_MAX else None)
+
+
+def _narrow_columns(summary: TraceSummary, first_ms: int, last_ms: int) -> tuple[list[Column], int, str]:
+    """The columns the kernel reads as Spark expressions, as narrow as
+    :func:`_layout` allows, the base to add back to the times and the column
+    that orders a consumer's rows in time. A row is then two or three 8-byte
+    fields instead of five, and as many Arrow columns reach Python
+    (:func:`_unpacked` takes them apart). Returns ``(columns, base_ms,
+    time_column)``."""
+    from pyspark.sql import functions as F
+
+    narrow_ids, base = _layout(summary, first_ms, last_ms)
+    due = F.col("ts_ms") + F.col("delay_ms")
     cols = ([F.shiftleft(F.col("ledger_id").cast("long"), 32).bitwiseOR(F.col("entry_id").cast("long")).alias("ids")]
             if narrow_ids else [F.col("ledger_id"), F.col("entry_id")])
-    if last_ms - first_ms <= _INT32_MAX:
-        base = int(first_ms)
+    if base is not None:
         ts = F.col("ts_ms").cast("long") - F.lit(base)
         return cols + [F.shiftleft(ts, 32).bitwiseOR(due - F.lit(base)).alias("times")], base, "times"
     return cols + [F.col("ts_ms"), due.alias("due")], 0, "ts_ms"
 
 
-def _int64(batch: pa.RecordBatch, base_ms: int) -> list[np.ndarray[Any, Any]]:
-    """``cid, ledger_id, entry_id, ts_ms, due`` of an Arrow batch as int64 numpy
-    arrays, the packed pairs (:data:`_PACKED`) taken apart and the times back
-    in epoch milliseconds."""
+def _narrowed(ledger: np.ndarray[Any, Any], entry: np.ndarray[Any, Any], ts: np.ndarray[Any, Any],
+              due: np.ndarray[Any, Any], narrow_ids: bool, base_ms: Optional[int]) -> dict[str, np.ndarray[Any, Any]]:
+    """:func:`_narrow_columns` in numpy: the kernel's columns by name from int64 arrays."""
+    out = {"ids": (ledger << 32) | entry} if narrow_ids else {"ledger_id": ledger, "entry_id": entry}
+    if base_ms is not None:
+        out["times"] = ((ts - base_ms) << 32) | (due - base_ms)
+    else:
+        out.update(ts_ms=ts, due=due)
+    return out
+
+
+def _unpacked(named: dict[str, np.ndarray[Any, Any]], base_ms: int) -> list[np.ndarray[Any, Any]]:
+    """``ledger_id, entry_id, ts_ms, due`` as int64 numpy arrays from the
+    kernel's columns by name, the packed pairs (:data:`_PACKED`) taken apart
+    and the times back in epoch milliseconds."""
     import numpy as np
 
-    names = batch.schema.names
-    out = [batch.column("cid").to_numpy().astype(np.int64, copy=False)]
+    out: list[np.ndarray[Any, Any]] = []
     for packed, (high, low) in _PACKED.items():
-        if packed in names:
-            both = batch.column(packed).to_numpy()
+        if packed in named:
+            both = named[packed]
             pair = [both >> 32, both & 0xFFFFFFFF]
         else:
-            pair = [batch.column(high).to_numpy().astype(np.int64), batch.column(low).to_numpy().astype(np.int64)]
+            pair = [named[high].astype(np.int64), named[low].astype(np.int64)]
         if packed == "times" and base_ms:
             for a in pair:
                 a += base_ms
@@ -197,37 +216,196 @@ def _int64(batch: pa.RecordBatch, base_ms: int) -> list[np.ndarray[Any, Any]]:
     return out
 
 
-def _groups(batches: Iterable[pa.RecordBatch], target_rows: Optional[int] = GROUP_ROWS,
-            base_ms: int = 0) -> Iterator[list[np.ndarray[Any, Any]]]:
-    """Gather a partition's Arrow batches, sorted by cid, into groups of whole
-    consumers of about ``target_rows`` nacks: yields ``[cid, ledger_id,
-    entry_id, ts_ms, due]`` numpy arrays. Holds at most one group plus the
-    consumer being read. ``target_rows=None``: the whole partition is one
-    group, its rows in any order (the kernel sorts a group itself)."""
+def _int64(batch: pa.RecordBatch, base_ms: int) -> list[np.ndarray[Any, Any]]:
+    """``cid, ledger_id, entry_id, ts_ms, due`` of an Arrow batch as int64 numpy
+    arrays (:func:`_unpacked`)."""
     import numpy as np
 
-    names = ("cid", "ledger_id", "entry_id", "ts_ms", "due")
-    parts: list[list[np.ndarray[Any, Any]]] = []
-    rows = 0
+    named = {name: batch.column(name).to_numpy() for name in batch.schema.names if name != "cid"}
+    return [batch.column("cid").to_numpy().astype(np.int64, copy=False), *_unpacked(named, base_ms)]
+
+
+#: The schema of the packed rows crossing the shuffle (:func:`_make_packer`).
+_PACKED_SCHEMA = "pid int, cid int, rows int, data binary"
+
+
+def _pack(cid: np.ndarray[Any, Any], named: dict[str, np.ndarray[Any, Any]], names: Sequence[str],
+          partition_of: np.ndarray[Any, Any]) -> Optional[pa.RecordBatch]:
+    """Rows of several consumers as packed rows: one per consumer, with its
+    partition ``pid`` (``partition_of[cid]``), ``cid``, its number of rows and
+    ``data``, its rows' values (``named[n]`` for ``n`` in ``names``) as raw
+    int64 bytes, one column after the other. None for no rows. Runtime: one
+    stable argsort of ``cid`` and a copy of the values."""
+    import numpy as np
+    import pyarrow as pa
+
+    n = len(cid)
+    if n == 0:
+        return None
+    order = np.argsort(cid, kind="stable")
+    cid = cid[order]
+    starts = np.flatnonzero(np.r_[True, cid[1:] != cid[:-1]])
+    counts = np.diff(np.r_[starts, n])
+    width = len(names)
+    matrix = np.empty((width, n), dtype=np.int64)
+    for k, name in enumerate(names):
+        matrix[k] = named[name][order]
+    # consumer after consumer, each its columns one after the other
+    data = np.concatenate([matrix[:, s:s + c].reshape(-1) for s, c in zip(starts.tolist(), counts.tolist())])
+    offsets: Any = np.r_[0, np.cumsum(counts * (8 * width))].astype(np.int32)
+    values: Any = data  # pyarrow-stubs: an ndarray is no SupportPyBuffer
+    blobs = pa.Array.from_buffers(pa.binary(), len(starts), [None, pa.py_buffer(offsets), pa.py_buffer(values)])
+    owners = cid[starts]
+    return pa.RecordBatch.from_arrays(
+        [pa.array(partition_of[owners].astype(np.int32)), pa.array(owners.astype(np.int32)),
+         pa.array(counts.astype(np.int32)), blobs], names=["pid", "cid", "rows", "data"])
+
+
+def _make_packer(pid_of: Sequence[int], names: Sequence[str]) -> ArrowKernel:
+    """The map-side mapInArrow function of the shuffle when Spark reads the
+    log: ``cid`` and the kernel's ``names`` columns (:func:`_narrow_columns`)
+    in, packed rows (:func:`_pack`) out: one per (Arrow batch, consumer). So
+    the shuffle moves a few rows of about a hundred kilobytes each instead of
+    a row per nack."""
+    partition_of = list(pid_of)
+    value_names = tuple(names)
+
+    def pack(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import numpy as np
+
+        lookup = np.asarray(partition_of, dtype=np.int32)
+        for batch in batches:
+            out = _pack(batch.column("cid").to_numpy(), {n: batch.column(n).to_numpy() for n in value_names},
+                        value_names, lookup)
+            if out is not None:
+                yield out
+
+    return pack
+
+
+#: Rows per Arrow batch read from a Parquet row group by :func:`_make_file_packer`.
+_READ_ROWS = 1 << 20
+
+
+def _make_file_packer(units: Sequence[tuple[str, int]], cid_of: dict[str, int], pid_of: Sequence[int],
+                      narrow_ids: bool, base_ms: Optional[int]) -> ArrowKernel:
+    """The map-side mapInArrow function when the log is local Parquet: the
+    ids of ``spark.range`` in (unit numbers), packed rows (:func:`_pack`) out.
+    Each unit is a (file, row group) that the task reads itself with pyarrow
+    (``consumer``, ``kind``, ``ledger_id``, ``entry_id``, ``ts_ms``,
+    ``delay_ms``), keeping the nacks of the consumers in ``cid_of``: columnar
+    from the file to numpy, with no row of the log converted from Spark's
+    rows to Arrow (that conversion is most of what moving a row costs).
+    Values were validated by :func:`~.load.summarize` before."""
+    partition_of = list(pid_of)
+    work = list(units)
+    chosen = dict(cid_of)
+
+    def pack(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from nacktracker.pipeline.load import UNNAMED
+
+        lookup = np.asarray(partition_of, dtype=np.int32)
+        wanted = pa.array(list(chosen), pa.string())
+        codes = np.asarray(list(chosen.values()), dtype=np.int64)
+        for batch in batches:
+            for unit in batch.column("id").to_numpy().tolist():
+                path, group = work[unit]
+                pf = pq.ParquetFile(path, read_dictionary=["consumer", "kind"])
+                columns = ["consumer", "kind", "ledger_id", "entry_id", "ts_ms", "delay_ms"]
+                for rb in pf.iter_batches(batch_size=_READ_ROWS, row_groups=[group], columns=columns):
+                    keep = _codes_of(rb.column("kind"), pa.array(["nack"]), np.zeros(1, dtype=np.int64)) == 0
+                    cid = _codes_of(rb.column("consumer"), wanted, codes, UNNAMED)  # every file has it (checked)
+                    keep &= cid >= 0
+                    if not keep.any():
+                        continue
+                    at = np.flatnonzero(keep)
+                    ints = {c: np.asarray(rb.column(c).to_numpy(zero_copy_only=False)).astype(np.int64, copy=False)[at]
+                            for c in ("ledger_id", "entry_id", "ts_ms", "delay_ms")}
+                    named = _narrowed(ints["ledger_id"], ints["entry_id"], ints["ts_ms"],
+                                      ints["ts_ms"] + ints["delay_ms"], narrow_ids, base_ms)
+                    out = _pack(cid[at], named, tuple(named), lookup)
+                    if out is not None:
+                        yield out
+
+    return pack
+
+
+def _codes_of(column: Any, wanted: Any, codes: np.ndarray[Any, Any],
+              null_as: Optional[str] = None) -> np.ndarray[Any, Any]:
+    """``codes[i]`` for each value equal to ``wanted[i]``, -1 for any other
+    value; a null counts as ``null_as``. A dictionary column is looked up once
+    per distinct value. Runtime: O(rows + distinct values)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def lookup(values: Any) -> np.ndarray[Any, Any]:
+        if null_as is not None:
+            values = pc.fill_null(values, null_as)
+        if pa.types.is_large_string(values.type):
+            values = values.cast(pa.string())
+        at = pc.index_in(values, value_set=wanted).to_numpy(zero_copy_only=False)
+        found = ~np.isnan(at) if at.dtype.kind == "f" else np.ones(len(at), dtype=bool)
+        out = np.full(len(at), -1, dtype=np.int64)
+        out[found] = codes[at[found].astype(np.int64)]
+        return out
+
+    if pa.types.is_dictionary(column.type):
+        per_value = lookup(column.dictionary)
+        indices = column.indices
+        if indices.null_count:
+            default = lookup(pa.array([None], pa.string()))[0] if null_as is not None else -1
+            filled = pc.fill_null(indices, 0).to_numpy()
+            out = per_value[filled] if len(per_value) else np.full(len(filled), -1, dtype=np.int64)
+            out[~indices.is_valid().to_numpy(zero_copy_only=False)] = default
+            return out
+        return per_value[indices.to_numpy()] if len(per_value) else np.full(len(indices), -1, dtype=np.int64)
+    return lookup(column)
+
+
+def _packed_groups(batches: Iterable[pa.RecordBatch], names: Sequence[str], target_rows: int = GROUP_ROWS,
+                   base_ms: int = 0) -> Iterator[list[np.ndarray[Any, Any]]]:
+    """A partition's packed rows (:func:`_make_packer`, any order) gathered per
+    consumer, then yielded in groups of whole consumers of about
+    ``target_rows`` nacks, in consumer order: ``[cid, ledger_id, entry_id,
+    ts_ms, due]`` int64 arrays. Holds the partition's packed values (8 bytes
+    per value) and one group unpacked."""
+    import numpy as np
+
+    width = len(names)
+    pieces: dict[int, list[np.ndarray[Any, Any]]] = {}
     for batch in batches:
         if batch.num_rows == 0:
             continue
-        parts.append(_int64(batch, base_ms))
-        rows += batch.num_rows
-        if target_rows is None or rows < target_rows:
-            continue
-        cols = [np.concatenate([p[k] for p in parts]) for k in range(len(names))]
-        parts.clear()
-        cid = cols[0]
-        cut = int(np.searchsorted(cid, cid[-1]))  # the last consumer may go on in the next batch
-        if cut == 0:  # one consumer so far: keep reading it
-            parts.append(cols)
-            continue
-        yield [c[:cut] for c in cols]
-        parts.append([c[cut:] for c in cols])
-        rows = len(cid) - cut
-    if parts:
-        yield [np.concatenate([p[k] for p in parts]) for k in range(len(names))]
+        blobs: Any = batch.column("data")
+        buffer: Any = blobs.buffers()[2]
+        offsets = np.frombuffer(blobs.buffers()[1], dtype=np.int32)[blobs.offset:blobs.offset + len(blobs) + 1]
+        for owner, rows, at in zip(batch.column("cid").to_numpy().tolist(), batch.column("rows").to_numpy().tolist(),
+                                   offsets[:-1].tolist()):
+            values = np.frombuffer(buffer, dtype=np.int64, count=width * rows, offset=at) if rows else \
+                np.zeros(0, dtype=np.int64)
+            pieces.setdefault(owner, []).append(values.reshape(width, rows))
+    group: list[tuple[int, np.ndarray[Any, Any]]] = []
+    rows = 0
+
+    def flush() -> list[np.ndarray[Any, Any]]:
+        cids = np.concatenate([np.full(m.shape[1], c, dtype=np.int64) for c, m in group])
+        matrix = np.concatenate([m for _, m in group], axis=1)
+        return [cids, *_unpacked(dict(zip(names, matrix)), base_ms)]
+
+    for owner in sorted(pieces):
+        matrix = np.concatenate(pieces.pop(owner), axis=1)
+        group.append((owner, matrix))
+        rows += matrix.shape[1]
+        if rows >= target_rows:
+            yield flush()
+            group, rows = [], 0
+    if group:
+        yield flush()
 
 
 def _result_batch(cols: dict[str, Any], seconds: float) -> pa.RecordBatch:
@@ -275,19 +453,20 @@ def _result_batch(cols: dict[str, Any], seconds: float) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, names=names)
 
 
-def _make_kernel(bits: Sequence[int], costs: IndexCosts, rounding: str, grid: Grid, sorted_rows: bool = True,
+def _make_kernel(bits: Sequence[int], costs: IndexCosts, rounding: str, grid: Grid, names: Sequence[str],
                  base_ms: int = 0) -> ArrowKernel:
-    """The mapInArrow function: (cid, ledger, entry, ts, due) batches, sorted by
-    cid unless ``sorted_rows`` is false (then a partition is one group) -> one
-    row per (consumer, bits), a group of consumers per kernel call. Runs in
-    the executors' Python workers."""
+    """The reduce-side mapInArrow function: a partition's packed rows
+    (:func:`_make_packer`, values ``names``) -> one row per (consumer, bits),
+    a group of whole consumers (:func:`_packed_groups`) per kernel call. Runs
+    in the executors' Python workers."""
     bits_list = tuple(bits)
-    target_rows = GROUP_ROWS if sorted_rows else None
+    target_rows = GROUP_ROWS
+    value_names = tuple(names)
 
     def kernel(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from nacktracker.pipeline.pending import analyse_group
 
-        for group in _groups(batches, target_rows, base_ms):
+        for group in _packed_groups(batches, value_names, target_rows, base_ms):
             started = time.perf_counter()
             cid, ledger_id, entry_id, ts_ms, due = group
             cols = analyse_group(cid, ledger_id, entry_id, ts_ms, due, bits_list=bits_list, costs=costs,
@@ -354,8 +533,8 @@ def run_plan(spark: SparkSession, trace: str, bits: Sequence[int] = DEFAULT_BITS
     Raises :class:`~nacktracker.events.TraceError` for unusable traces.
     Cost: two scans of the log (the validation's reads four columns of a
     Parquet log with statistics, :func:`~.load.load_trace`), one shuffle of
-    its nack rows (+ a sort, see :func:`_sorted_nacks`), and the
-    per-consumer kernel (see :mod:`.pending`).
+    its nack rows, packed (:func:`_packed_nacks`), and the per-consumer
+    kernel (see :mod:`.pending`).
     """
     bits = tuple(sorted(set(int(b) for b in bits)))
     if not bits or min(bits) < 0 or max(bits) > 30:
@@ -389,10 +568,11 @@ def run_plan(spark: SparkSession, trace: str, bits: Sequence[int] = DEFAULT_BITS
     columns, base_ms, time_column = _narrow_columns(summary, first, last)
     with quiet_pandas_check():
         if whole:
-            nacks, sorted_rows = _sorted_nacks(spark, events, names, summary, max(1, parts), only=whole,
-                                               columns=columns)
-            results = nacks.mapInArrow(_make_kernel(bits, costs, rounding, grid, sorted_rows, base_ms),
-                                       _RESULT_SCHEMA)
+            packed, value_names = _packed_nacks(spark, events, names, summary, max(1, parts), columns,
+                                                _layout(summary, first, last), only=whole,
+                                                units=parquet_units(trace, fmt))
+            results = packed.mapInArrow(_make_kernel(bits, costs, rounding, grid, value_names, base_ms),
+                                        _RESULT_SCHEMA)
         if big:
             streamed = _streamed_nacks(events, names, big, columns, time_column).mapInArrow(
                 _make_stream_kernel(bits, costs, rounding, grid, base_ms=base_ms), _RESULT_SCHEMA)
@@ -452,50 +632,47 @@ def _streamed_nacks(events: DataFrame, names: list[str], big: list[str], columns
     return nacks.sortWithinPartitions("cid", time_column)
 
 
-def _sorted_nacks(spark: SparkSession, events: DataFrame, names: list[str], summary: TraceSummary, parts: int,
-                  only: Optional[list[str]] = None,
-                  columns: Optional[Sequence[Column | str]] = None) -> tuple[DataFrame, bool]:
-    """The nack rows as ``cid`` and ``columns`` (:func:`_narrow_columns`; by
-    default ``ledger_id, entry_id, ts_ms, due``), each
-    consumer whole in one of ``parts`` partitions, and whether they are sorted
-    by ``cid``: one shuffle, and a radix sort (a consumer's rows together, in
-    any order: the kernel sorts each group by ``(cid, ledger_id, entry_id,
-    due)`` itself) only when a partition holds more than one group of whole
-    consumers (:data:`GROUP_ROWS`); else the kernel takes each partition as
-    one group and no row is sorted in Spark."""
+def _packed_nacks(spark: SparkSession, events: DataFrame, names: list[str], summary: TraceSummary, parts: int,
+                  columns: Sequence[Column], layout: tuple[bool, Optional[int]], only: Optional[list[str]] = None,
+                  units: Optional[list[tuple[str, int]]] = None) -> tuple[DataFrame, list[str]]:
+    """The nack rows of ``only`` (default: every consumer), each consumer whole
+    in one of ``parts`` partitions, packed (:func:`_pack`): a row per (Arrow
+    batch, consumer) crosses the shuffle. ``columns`` and ``layout``: the
+    kernel's columns (:func:`_narrow_columns`, :func:`_layout`).
+    ``units``: the (file, row group) pairs of a local Parquet log
+    (:func:`~.load.parquet_units`): the tasks read them with pyarrow
+    (:func:`_make_file_packer`); else Spark reads ``events`` and hands the
+    kernel's columns to Python (:func:`_make_packer`). Returns the packed
+    rows, partitioned, and the names of the packed values in their order."""
     from pyspark.sql import functions as F
 
     cids = {name: i for i, name in enumerate(names)}
-    everyone = len(only) == len(names) if only is not None else True
-    names = names if only is None else only
-    sizes = {cids[n]: summary.consumers[n]["nacks"] for n in names}
+    chosen = names if only is None else only
+    sizes = {cids[n]: summary.consumers[n]["nacks"] for n in chosen}
     pid = _assign_partitions(sizes, parts)
-    load, members = [0] * parts, [0] * parts
+    pid_of = [0] * len(names)
     for c, p in pid.items():
-        load[p] += sizes[c]
-        members[p] += 1
-    sort = any(m > 1 and n > GROUP_ROWS for m, n in zip(members, load))
-    nacks = events.where(F.col("kind") == "nack")
-    if not everyone:
-        nacks = nacks.where(F.col("consumer").isin(names)) if len(names) <= 64 else nacks
-    if columns is None:
-        columns = ["ledger_id", "entry_id", "ts_ms", (F.col("ts_ms") + F.col("delay_ms")).alias("due")]
-    if len(names) <= 64:  # a literal map lookup per row: no join, no extra column shuffled
-        nacks = nacks.select(_lookup(F.col("consumer"), cids, "int").alias("cid"), *columns)
-        where = _lookup(F.col("cid"), {cids[n]: pid[cids[n]] for n in names}, "int")
-    else:  # a literal map is a linear scan per row: join a broadcast table instead
-        nacks = (nacks.join(F.broadcast(_codes(spark, names, cids, pid)), "consumer")
-                 .select("pid", "cid", *columns))
-        where = F.col("pid")
-    if hasattr(nacks, "repartitionById"):  # Spark >= 4.1: exactly the partition we chose
-        nacks = nacks.repartitionById(parts, where)
-    else:  # older Spark: hash partitioning, a little less even (and loads not known: sort)
-        nacks = nacks.repartition(parts, where)
-        sort = True
-    if sort:
-        nacks = nacks.sortWithinPartitions("cid")
-    # pid has done its work: every column left is one more Arrow column per row to the kernel
-    return nacks.select("cid", *[c for c in nacks.columns if c not in ("cid", "pid")]), sort
+        pid_of[c] = p
+    narrow_ids, base = layout
+    if units is not None:
+        value_names = (["ids"] if narrow_ids else ["ledger_id", "entry_id"]) + \
+            (["times"] if base is not None else ["ts_ms", "due"])
+        reader = _make_file_packer(units, {n: cids[n] for n in chosen}, pid_of, narrow_ids, base)
+        packed = spark.range(len(units), numPartitions=max(1, len(units))).mapInArrow(reader, _PACKED_SCHEMA)
+    else:
+        nacks = events.where(F.col("kind") == "nack")
+        if len(chosen) < len(names) and len(chosen) <= 64:
+            nacks = nacks.where(F.col("consumer").isin(chosen))
+        if len(chosen) <= 64:  # a literal map lookup per row: no join
+            nacks = nacks.select(_lookup(F.col("consumer"), {n: cids[n] for n in chosen}, "int").alias("cid"),
+                                 *columns)
+        else:  # a literal map is a linear scan per row: join a broadcast table (only's consumers: a filter too)
+            nacks = nacks.join(F.broadcast(_codes(spark, chosen, cids, pid)), "consumer").select("cid", *columns)
+        value_names = [c for c in nacks.columns if c != "cid"]
+        packed = nacks.mapInArrow(_make_packer(pid_of, value_names), _PACKED_SCHEMA)
+    if hasattr(packed, "repartitionById"):  # Spark >= 4.1: exactly the partition we chose
+        return packed.repartitionById(parts, F.col("pid")), value_names
+    return packed.repartition(parts, F.col("pid")), value_names  # older Spark: hash partitioning, a little less even
 
 
 def _codes(spark: SparkSession, names: list[str], cids: dict[str, int], pid: dict[int, int]) -> DataFrame:
