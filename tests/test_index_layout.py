@@ -629,3 +629,21 @@ def test_count_bounds_count_only_what_a_pop_left_in_a_window(bits):
     assert len(idx.pop_due(5 * width)) == 60
     assert (idx.bucket_count(), idx.bitmap_count()) == (1, 40)
     assert (idx.bucket_count_bound(), idx.bitmap_count_bound()) == (1, 40)
+
+
+@pytest.mark.parametrize("listed_wide,batch_wide", [(False, True), (True, False)])
+def test_a_bulk_add_meeting_a_listed_cell_of_the_other_width_counts_each_id_once(listed_wide, batch_wide):
+    """add_many's bulk path is taken only when none of its ids is pending: a listed cell of 32-bit
+    ids checked against a batch holding 64-bit ids (or the other way round) still finds the id they
+    share, which then is pending in both buckets, as the reference model says."""
+    idx, ref = TimeBucketIndex(precision_bits=0), DictIndex(precision_bits=0)
+    base = 2**32 if listed_wide else 0
+    for m in (idx, ref):
+        for e in range(PROMOTE + 1):  # a burst: a listed cell
+            m.add(1, base + e, 50)
+        shared = base + 5
+        batch = [shared] + [(2**32 if batch_wide else 0) + 100 + i for i in range(40)]
+        m.add_many(1, batch, 60)
+    assert len(idx) == len(ref) == PROMOTE + 42
+    assert ((1, shared) in idx) and idx.pop_due(50) == ref.pop_due(50) and ((1, shared) in idx)
+    assert idx.pop_due(60) == ref.pop_due(60) and len(idx) == 0
