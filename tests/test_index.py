@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from pyroaring import BitMap, BitMap64
 
 from nacktracker import DictIndex, HeapIndex, TimeBucketIndex
+from nacktracker import precision
 from nacktracker.precision import Precision
 
 ALL = (TimeBucketIndex, DictIndex, HeapIndex)
@@ -77,8 +78,14 @@ def test_reference_models_bucket_as_worked_by_hand(model, bits, due, floor, ceil
         assert m.pop_due(bucket) == [(1, 1)] + [(2, e) for e in range(40)] and len(m) == 0
 
 
+@pytest.fixture
+def fresh_precisions(monkeypatch):
+    """Precision objects made by the test itself, not ones an earlier test made (they are shared)."""
+    monkeypatch.setattr(precision, "_MADE", {})
+
+
 @pytest.mark.parametrize("bits,due,floor,ceil", HAND_WORKED)
-def test_precision_buckets_as_worked_by_hand(bits, due, floor, ceil):
+def test_precision_buckets_as_worked_by_hand(fresh_precisions, bits, due, floor, ceil):
     """The one bucket rule every layer asks (index, tracker timer, delivery core, planner), one
     due time at a time and over an int64 array, against the same hand-worked cases."""
     for rounding, bucket in (("floor", floor), ("ceil", ceil)):
@@ -89,7 +96,7 @@ def test_precision_buckets_as_worked_by_hand(bits, due, floor, ceil):
     assert Precision.of(bits) is Precision.of(bits, "floor")  # floor by default
 
 
-def test_precision_is_one_shared_object_per_bits_and_rounding():
+def test_precision_is_one_shared_object_per_bits_and_rounding(fresh_precisions):
     assert Precision.of(np.int64(5), "ceil") is Precision.of(5, "ceil")
     assert Precision.of(5, "ceil") is not Precision.of(5, "floor")
     assert Precision.of(5, "ceil") is not Precision.of(6, "ceil")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import array
 
+import numpy as np
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -18,7 +19,7 @@ from nacktracker.index import _live, layout
 from nacktracker.index._windows import SMALL_WINDOW
 from nacktracker.index._ledgers import NO_EXTS, NO_SLOTS
 from nacktracker.index._live import NO_GHOSTS, NO_MULTI
-from nacktracker.index.layout import (LISTED, LISTING, LIVE_ENTRY_BITS, LIVE_SLOT_BITS, NO_CELLS, NO_KEYS, NO_PACKED,
+from nacktracker.index.layout import (Layout, LISTED, LISTING, LIVE_ENTRY_BITS, LIVE_SLOT_BITS, NO_CELLS, NO_KEYS, NO_PACKED,
                                       NO_SEGMENTS, PROMOTE, SEGMENT)
 
 ledgers = st.sampled_from([1, 2, 7, 2**40 + 3])
@@ -647,3 +648,21 @@ def test_a_bulk_add_meeting_a_listed_cell_of_the_other_width_counts_each_id_once
     assert len(idx) == len(ref) == PROMOTE + 42
     assert ((1, shared) in idx) and idx.pop_due(50) == ref.pop_due(50) and ((1, shared) in idx)
     assert idx.pop_due(60) == ref.pop_due(60) and len(idx) == 0
+
+
+@pytest.mark.parametrize("bits,offset_bits,window_shift,offset_shift,slot_limit", [
+    (0, 14, 14, 50, 1 << 18), (8, 6, 14, 58, 1 << 26), (11, 3, 14, 61, 1 << 29), (14, 3, 17, 61, 1 << 29),
+    (30, 3, 33, 61, 1 << 29),
+])
+def test_the_layout_of_each_precision_as_worked_by_hand(monkeypatch, bits, offset_bits, window_shift, offset_shift,
+                                                         slot_limit):
+    """A window spans 2^14 ms and at least 8 buckets: a packed copy's top ``14 - bits`` bits (at
+    least 3) are its bucket's offset in the window, the next ones its ledger slot, the low 32 its
+    entry id."""
+    monkeypatch.setattr(layout, "_LAYOUTS", {})  # made here, not an object an earlier test made
+    lay = Layout.for_bits(bits)
+    assert (lay.bits, lay.offset_bits, lay.window_shift, lay.offset_shift) == (bits, offset_bits, window_shift, offset_shift)
+    assert (lay.slot_limit, lay.offset_mask) == (slot_limit, (1 << offset_bits) - 1)
+    assert Layout.for_bits(bits) is lay
+    packed = ((5 << (64 - offset_bits)) | ((slot_limit - 1) << 32) | 7)
+    assert lay.offset_of(packed) == 5 and lay.offsets(np.array([packed, 7], dtype=np.uint64)).tolist() == [5, 0]
