@@ -1072,3 +1072,33 @@ def test_a_message_nacked_twice_keeps_the_copies_dropped_in_between():
     core.nacked(m, 900, "n2", 200)  # nacked again: its new time
     assert list(core.pending_batch_nacks()) == [(m.entry, 0, 900, False)]
     assert sorted(core.acked(m, 300).tokens) == ["early", "n1", "n2"]
+
+
+def test_only_a_blind_restore_holds_back_copies_of_pending_batch_entries_without_records():
+    """A batch entry the tracker holds, with no record here: after a restore that came without
+    batch records its copies are held back while pending (their nacks' times are unknown);
+    otherwise nothing of the entry was nacked here and its copies surface."""
+    for blind, verdict in ((False, S), (True, E)):
+        core, pending = make()
+        m = [key(0, i, 2) for i in range(2)]
+        deliver(core, m, 0)
+        core.forget_held()  # the application asked for everything unacknowledged again
+        pending.add(m[0].entry)
+        if blind:
+            core.restored_without_records()
+        assert deliver(core, m, 10) == [verdict, verdict], blind
+
+
+def test_a_request_taking_back_a_parked_copy_of_an_entry_without_a_record_makes_one():
+    """The parked copy's record ended when its copy arrived; a request for the entry takes the copy
+    back into a new record, as fired: the new copy is parked until its time, not dropped as early."""
+    core, _ = make()
+    m = [key(0, i, 2) for i in range(2)]
+    deliver(core, m, 0)
+    core.nacked(m[0], 2000, "n0", 0)
+    core.fired(2000, [m[0].entry], 1970)
+    assert deliver(core, [m[0]], 1975) == [P] and not core.records  # parked; its record ended
+    core.fired(1980, [m[0].entry], 1976)  # a request for the entry: the broker takes it back
+    assert not core.parked and core.awaits_copy(m[0].entry)
+    assert deliver(core, m, 1985) == [P, H]  # m0 parked again until 2000; m1 still held
+    assert core.release(1999) == [] and core.release(2000) == [m[0]]
