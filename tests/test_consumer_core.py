@@ -1102,3 +1102,22 @@ def test_a_request_taking_back_a_parked_copy_of_an_entry_without_a_record_makes_
     assert not core.parked and core.awaits_copy(m[0].entry)
     assert deliver(core, m, 1985) == [P, H]  # m0 parked again until 2000; m1 still held
     assert core.release(1999) == [] and core.release(2000) == [m[0]]
+
+
+def test_holds_sibling_looks_only_at_the_entry_s_own_messages():
+    core, _ = make()
+    m = [key(0, i, 2) for i in range(2)]
+    other = key(1, 0, 1)
+    deliver(core, m + [other], 0)
+    core.nacked(m[0], 500, m[0], 0, batch_size=2)
+    core.acked(m[1], 1)
+    assert not core.holds_sibling(m[0].entry)  # another entry's message is held, none of this one's
+
+
+def test_a_nack_of_a_held_batch_message_keeps_its_dropped_twins_for_the_ack():
+    core, _ = make()
+    m = key(0, 0, 2)
+    deliver(core, [m], 0)
+    assert core.arrive(m, 2, "twin", 5) == H  # a twin while held: dropped, kept
+    core.nacked(m, 500, "nacked", 10)
+    assert sorted(core.acked(m, 20).tokens) == ["nacked", "twin"]
