@@ -717,6 +717,26 @@ def test_latency_histogram_percentiles_are_nearest_rank_worked_by_hand():
     assert h.summary() == {"count": 10, "p50": 5, "p99": 10, "max": 10}
 
 
+def test_latency_histogram_percentiles_of_a_thousand_values_worked_by_hand():
+    from nacktracker.tracker import LatencyHistogram
+
+    h = LatencyHistogram()
+    for v in range(1, 1001):
+        h.add(v)
+    assert [h.percentile(p) for p in (1, 50, 99)] == [10, 500, 990]
+    assert h.summary() == {"count": 1000, "p50": 500, "p99": 990, "max": 1000}
+
+
+async def test_imported_pending_cells_arm_the_timer_the_adapter_s_lead_ahead():
+    import array
+
+    tracker, adapter, clock = make(precision_bits=0, lead_ms=30)
+    tracker.import_pending([("t", 0, 5), ("t", 0, 6)], [(0, 1_002_000, array.array("I", range(40)))])
+    assert tracker.pending == 40 and tracker.next_fire_ms() == 1_002_000 - 30
+    buckets = [(origin, bucket, list(ids)) for origin, bucket, ids in tracker.export_pending().buckets]
+    assert buckets == [(("t", 0, 5), 1_002_000, list(range(40)))]
+
+
 def test_latency_histogram_weights_rounding_and_clamping():
     from nacktracker.tracker import LatencyHistogram
 
