@@ -493,6 +493,9 @@ def test_every_index_refuses_a_bad_due_time_naming_it(cls):
     with pytest.raises(ValueError) as refused:
         idx.bucket_of(-1)
     assert str(refused.value) == "due_ms must be >= 0, got -1"
+    with pytest.raises(ValueError) as refused:
+        idx.pop_due(-1)
+    assert str(refused.value) == "now_ms must be >= 0, got -1"
 
 
 def test_every_index_shows_its_settings_and_pending_count(cls):
