@@ -261,7 +261,7 @@ async def test_flush_failure_raises_and_keeps_the_keys_counted():
     adapter.fail_next(1)
     with pytest.raises(AdapterError):
         await tracker.close(flush=True)
-    assert tracker.stats()["unsent"] == 1
+    assert tracker.stats()["unsent"] == 1 and tracker.stats()["failures"] == 1  # the failed flush is counted
 
 
 async def test_async_with_closes():
