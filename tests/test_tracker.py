@@ -236,7 +236,9 @@ async def test_discard_cancels_every_pending_occurrence():
 async def test_close_without_flush_keeps_pending_accounted_and_stops_the_timer():
     tracker, adapter, clock = make(precision_bits=0)
     tracker.add(K(1), delay_ms=10)
+    assert tracker.next_fire_ms() == 1_000_010
     await tracker.close()
+    assert tracker.next_fire_ms() is None  # nothing armed any more
     clock.advance(100)
     await settle()
     assert adapter.calls == [] and tracker.pending == 1
