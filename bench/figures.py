@@ -16,7 +16,8 @@ its results file renders, so the text cannot go stale.
 
 Blocks: ``demo`` (the demo's table), ``consume-throughput`` (TrackedConsumer
 against the plain consumer, from ``python -m bench.consume_throughput --json``),
-``index-grid`` (the index on real client traffic, by precision).
+``index-grid`` (the index on real client traffic, by precision), ``pipeline-scale`` and
+``pipeline-speed`` (``nacktracker plan`` at scale and against pandas, from ``bench/results/plan-*``).
 """
 
 from __future__ import annotations
@@ -103,8 +104,81 @@ def index_grid() -> str:
             f"on {r['cores']} cores; every cell: [RESULTS.md](bench/results/index-grid/RESULTS.md).")
 
 
+PLAN_SCALE = ROOT / "bench" / "results" / "plan-scale"
+#: ``bench.plan_scale`` cases shown in docs/pipeline.md: the log, and how its consumers are planned.
+SCALE_CASES = {
+    "200m-1": ("200M nacks, one consumer (1,000/s, 60 s delay: 60,000 pending)", "read in time order"),
+    "8m-1-streamed": ("8M nacks, one consumer (same workload)", "read in time order"),
+    "8m-1-whole": ("8M nacks, one consumer (same workload)", "whole"),
+    "8m-20000": ("8M nacks, 20,000 consumers", "whole"),
+}
+
+
+def _load_range(*runs: dict) -> str:
+    loads = [x for r in runs for x in (r["load_before"], r["load_after"])]
+    return f"{min(loads):.1f}-{max(loads):.1f}"
+
+
+def pipeline_scale() -> str:
+    """``plan`` at scale: wall time and peak memory per case (``bench.plan_scale``), and what a worker holds per
+    nack when a consumer is planned whole."""
+    rows = ["| log | planned as | wall | largest Python worker | driver | `consumers.md` | measured | command |",
+            "|---|---|---:|---:|---:|---:|---|---|"]
+    results = {}
+    for case, (log, how) in SCALE_CASES.items():
+        r = results[case] = _load(PLAN_SCALE / f"plan_scale-{case}.json")
+        plan, rss = r["plan"], r["plan"]["peak_rss_mb"]
+        rows.append(f"| {log} | {how} | {plan['wall_s']:,.1f} s (load {_load_range(plan)}) | {rss['worker']:,} MB | "
+                    f"{rss['driver']:,} MB | {r['outputs_bytes']['consumers.md'] / 1000:,.0f} KB | {r['date']} | "
+                    f"`python -m bench.plan_scale --case {case}` |")
+    whole = results["8m-1-whole"]
+    per_nack = whole["plan"]["peak_rss_mb"]["worker"] * 1e6 / 8e6
+    fleet = results["8m-20000"]
+    return ("\n".join(rows) + "\n\n" +
+            f"A consumer planned whole costs its worker about **{per_nack:,.0f} bytes per nack** at the peak (the "
+            f"8M-nack consumer: {whole['plan']['peak_rss_mb']['worker']:,} MB, the worker's own start-up memory "
+            f"included), so the default `--stream-nacks` of 16,777,216 nacks is about "
+            f"{per_nack * 16_777_216 / 1e9:.1f} GB in one worker. At 20,000 consumers the full tables hold "
+            f"{fleet['consumers_csv_rows']:,} rows (`consumers.csv` {fleet['outputs_bytes']['consumers.csv'] / 1e6:.1f} MB, "
+            f"`consumers.parquet` {fleet['outputs_bytes']['consumers.parquet'] / 1e6:.1f} MB) and the driver peaked at "
+            f"{fleet['plan']['peak_rss_mb']['driver']:,} MB. Results: [bench/results/plan-scale/](bench/results/plan-scale/).")
+
+
+def pipeline_speed() -> str:
+    """``plan`` on 100M nacks against an earlier version, ``plan --bits 0`` against pandas, ``trace generate``
+    at 20,000 consumers: the committed runs of ``bench.plan_speed``, ``bench.plan_pandas``, ``bench.plan_generate``."""
+    import statistics
+
+    speed = _load(ROOT / "bench" / "results" / "plan-speed-100m" / "plan_speed.json")
+    this = [r for r in speed if r["side"] == "this"]
+    base = [r for r in speed if r["side"] == "baseline"]
+    med = lambda runs, key="wall_s": statistics.median(r[key] for r in runs)  # noqa: E731
+    pandas = _load(ROOT / "bench" / "results" / "plan-pandas" / "plan_pandas.json")
+    side = {k: [r for r in pandas["runs"] if r["side"] == k] for k in ("pandas", "plan --bits 0")}
+    gen = _load(PLAN_SCALE / "plan_generate.json")
+    gen_this = [r for r in gen["runs"] if r["side"] == "this"]
+    walls = lambda runs: " and ".join(f"{r['wall_s']:.1f}" for r in runs)  # noqa: E731
+    return (f"- 100M nacks of 8 consumers, six candidate bits, `--master 'local[2]'`: **{walls(this)} s**, side by "
+            f"side with an earlier version's {walls(base)} s (ratio {med(this) / med(base):.2f}; CPU of the whole "
+            f"process tree {med(this, 'cpu_s'):.0f} s against {med(base, 'cpu_s'):.0f} s; load average "
+            f"{_load_range(*this, *base)}), about {med(this) / 100:.2f} µs per event with the JVM's start, the "
+            f"check of the log and the report included: `python -m bench.plan_speed --traces 100m-8 --baseline <checkout>`, "
+            f"[results](bench/results/plan-speed-100m/plan_speed.md).\n"
+            f"- `plan --bits 0` on 20M nacks of 8 consumers against the single-process pandas script one would "
+            f"write for the same figure: **{walls(side['plan --bits 0'])} s** against {walls(side['pandas'])} s, "
+            f"the same peaks ({'checked equal' if pandas['peaks_equal'] else 'NOT equal'}); peak memory "
+            f"{max(r['peak_rss_mb'] for r in side['plan --bits 0']):,} MB for `plan`'s whole process tree, "
+            f"{max(r['peak_rss_mb'] for r in side['pandas']):,} MB for pandas; load average "
+            f"{_load_range(*pandas['runs'])}: `python -m bench.plan_pandas`, "
+            f"[results](bench/results/plan-pandas/plan_pandas.md).\n"
+            f"- `trace generate` of 8M events from {gen['consumers']:,} consumers: **{walls(gen_this)} s**, the JVM's "
+            f"start included (load average {_load_range(*gen_this)}): `python -m bench.plan_generate`, "
+            f"[results](bench/results/plan-scale/plan_generate.md).")
+
+
 RENDERERS: dict[str, Callable[[], str]] = {"demo": demo, "consume-throughput": consume_throughput,
-                                          "index-grid": index_grid}
+                                          "index-grid": index_grid, "pipeline-scale": pipeline_scale,
+                                          "pipeline-speed": pipeline_speed}
 
 
 def _relink(text: str, doc: Path) -> str:

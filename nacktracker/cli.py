@@ -37,8 +37,8 @@ pulsar-lite broker on a free 127.0.0.1 port (the 'demo' extra)."""
 
 #: The suite's parts, in the order they run (``--skip`` takes these names).
 BENCH_PARTS: dict[str, str] = {
-    "memory": "bytes per tracked nack, seed 000's grid (a fresh process per configuration)",
-    "grid": "the index on real client traffic (issue 12's grid, a fresh process per cell)",
+    "memory": "bytes per tracked nack over the design's grid of workloads (a fresh process per configuration)",
+    "grid": "the index on real client traffic, by precision (a fresh process per cell)",
     "throughput": "ns per message: add, add_many, pop_due, discard",
     "precision": "tracker error and the starvation case on a real event loop (MemoryAdapter)",
     "pulsar": "redelivery error through the broker, beside the built-in client",

@@ -569,11 +569,20 @@ def test_row_group_tasks_and_spark_reading_the_log_plan_alike(spark, tmp_path, m
                              "ledger_id": pa.array([9] * n, pa.int32()), "entry_id": pa.array(range(n), pa.int32()),
                              "delay_ms": pa.array([300] * n, pa.int64()), "consumer": ["b"] * n}),
                    tmp_path / "log" / "other.parquet", row_group_size=200)
-    assert load.parquet_units(str(tmp_path / "log")) is not None
-    assert len(load.parquet_units(str(tmp_path / "log"))) > 4  # several files, several row groups each
+    # tasks of at least 700 rows: consecutive row groups of a file, several files, batches of 700 rows
+    monkeypatch.setattr(load, "TASK_ROWS", 700)
+    tasks = load.parquet_tasks(str(tmp_path / "log"))
+    assert len(tasks) > 2 and any(len(groups) > 1 for task in tasks for _, groups in task)
+    assert any(len(task) > 1 for task in tasks)  # a task reading the end of one file and the start of the next
+    sizes = [sum(pq.ParquetFile(f).metadata.row_group(g).num_rows for f, groups in task for g in groups)
+             for task in tasks]
+    assert all(n >= 700 for n in sizes[:-1]) and sum(sizes) == len(events) + n
+    read = [(f, g) for task in tasks for f, groups in task for g in groups]
+    assert read == [(f, g) for f in sorted(str(p) for p in (tmp_path / "log").iterdir())
+                    for g in range(pq.ParquetFile(f).metadata.num_row_groups)]  # each row group once, in order
     by_tasks = plan.run_plan(spark, str(tmp_path / "log"), [0, 4, 9])
-    monkeypatch.setattr(load, "parquet_units", lambda *a, **k: None)
-    monkeypatch.setattr(plan, "parquet_units", lambda *a, **k: None)
+    monkeypatch.setattr(load, "parquet_tasks", lambda *a, **k: None)
+    monkeypatch.setattr(plan, "parquet_tasks", lambda *a, **k: None)
     by_spark = plan.run_plan(spark, str(tmp_path / "log"), [0, 4, 9])
     assert by_tasks.trace == by_spark.trace
     assert set(by_tasks.consumers["consumer"]) == {"a", "b", "(unnamed)"}

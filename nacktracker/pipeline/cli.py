@@ -194,7 +194,7 @@ def _add_trace(sub: Any) -> None:  # argparse's private _SubParsersAction
     tsub = trace.add_subparsers(dest="trace_command", required=True)
     g = tsub.add_parser("generate", help="write a synthetic nack trace (Spark)",
                         description="Write a synthetic nack event log, generated in Spark from spark.range: "
-                                    "seed 000's sequential workload or a random nack share, several consumers, "
+                                    "every entry nacked in order (the sequential workload) or a random share of them, several consumers, "
                                     "configurable rate, delays and ledger rollover.")
     g.add_argument("--out", required=True, help="output directory")
     g.add_argument("--events", type=int, required=True, help="number of nack events")
@@ -276,7 +276,7 @@ def _add_plan(sub: Any) -> None:
                         "million nacks each, at most one a consumer)")
     p.add_argument("--stream-nacks", type=int, default=None, metavar="N",
                    help="a consumer with more nacks than N is read in time order, holding only what is "
-                        "pending, instead of whole (default 16777216: ~3.5 GB held whole)")
+                        "pending, instead of whole (default 16777216: about 3 GB held whole)")
     _spark_options(p)
     p.set_defaults(func=_plan)
 

@@ -28,8 +28,8 @@ if TYPE_CHECKING:  # pyarrow and pyspark are imported where they are used (the `
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["TraceSummary", "read_events", "summarize", "load_trace", "check_trace_path", "parquet_units", "UNNAMED",
-           "FORMATS"]
+__all__ = ["TraceSummary", "read_events", "summarize", "load_trace", "check_trace_path", "parquet_tasks", "ReadTask",
+           "UNNAMED", "FORMATS"]
 
 #: Consumer name used for events whose ``consumer`` is null.
 UNNAMED = "(unnamed)"
@@ -121,11 +121,19 @@ def _local_files(path: str) -> list[str]:
     return files
 
 
-def parquet_units(path: str, fmt: str = "auto") -> Optional[list[tuple[str, int]]]:
-    """The ``(file, row group)`` pairs of a local Parquet log, file by file:
-    what a task can read on its own with pyarrow. None for any other log
-    (a remote path, JSON Lines), which Spark reads. Cost: one footer read
-    per file."""
+#: A read task of a local Parquet log: ``(file, row groups)`` pairs, read one after the other.
+ReadTask = list[tuple[str, list[int]]]
+#: Rows a read task gathers (consecutive row groups of a file, or several small files) before the next begins.
+TASK_ROWS = 1 << 21
+
+
+def parquet_tasks(path: str, fmt: str = "auto", task_rows: Optional[int] = None) -> Optional[list[ReadTask]]:
+    """How the tasks read a local Parquet log themselves with pyarrow: its row
+    groups, in file order, gathered into tasks of about ``task_rows`` rows
+    (default :data:`TASK_ROWS`; a larger row group is a task of its own), so a log written in many small
+    row groups or files is not thousands of tasks. None for any other log (a
+    remote path, JSON Lines, partition folders such as ``date=…/``), which
+    Spark reads. Cost: one footer read per file."""
     import pyarrow.parquet as pq
 
     if not _is_local_path(path) or (_detect_format(path) if fmt == "auto" else fmt) != "parquet":
@@ -135,7 +143,24 @@ def parquet_units(path: str, fmt: str = "auto") -> Optional[list[tuple[str, int]
     if os.path.isdir(local) and any("=" in part for f in files
                                     for part in Path(os.path.relpath(os.path.dirname(f), local)).parts):
         return None  # partition folders (key=value): Spark reads their values as columns, a file alone has not
-    return [(f, g) for f in files for g in range(pq.ParquetFile(f).metadata.num_row_groups)]
+    task_rows = TASK_ROWS if task_rows is None else task_rows
+    tasks: list[ReadTask] = []
+    task: ReadTask = []
+    rows = 0
+    for f in files:
+        meta = pq.ParquetFile(f).metadata
+        for g in range(meta.num_row_groups):
+            if task and task[-1][0] == f:
+                task[-1][1].append(g)
+            else:
+                task.append((f, [g]))
+            rows += meta.row_group(g).num_rows
+            if rows >= task_rows:
+                tasks.append(task)
+                task, rows = [], 0
+    if task:
+        tasks.append(task)
+    return tasks
 
 
 def _data_files(local: str) -> list[str]:
@@ -338,59 +363,66 @@ def _spark_rows(events: DataFrame, aggregates: list[tuple[str, str, Optional[str
     return [r.asDict() for r in events.groupBy("consumer", "kind").agg(*aggs).collect()]
 
 
-def _arrow_rows(spark: SparkSession, units: list[tuple[str, int]],
+def _arrow_rows(spark: SparkSession, tasks: list[ReadTask],
                 aggregates: list[tuple[str, str, Optional[str]]]) -> list[dict[str, Any]]:
     """The ``(consumer, kind)`` aggregates of a local Parquet log, computed by
-    the tasks with pyarrow, a ``(file, row group)`` each (:func:`parquet_units`):
-    columnar from the file, no row converted between Spark and Python; the
-    driver merges one small table per row group. Raises :class:`TraceError`
-    naming the file a task cannot read."""
+    the tasks with pyarrow, each reading its row groups (:func:`parquet_tasks`)
+    a batch at a time: columnar from the file, no row converted between Spark
+    and Python; the driver merges one small table per batch. Raises
+    :class:`TraceError` naming the file a task cannot read."""
     import json
 
-    work = list(units)
+    work = list(tasks)
     wanted = list(aggregates)
+    batch_rows = TASK_ROWS
 
     def aggregate(batches: Any) -> Any:
         import pyarrow as pa
-        import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
+        need = {"consumer", "kind", "ts_ms", "delay_ms"} | {c for _, _, c in wanted if c}
         for batch in batches:
-            for unit in batch.column("id").to_numpy().tolist():
-                path, group = work[unit]
-                try:
-                    pf = pq.ParquetFile(path, read_dictionary=["consumer", "kind"])
-                    names = set(pf.schema_arrow.names)
-                    need = {"consumer", "kind", "ts_ms", "delay_ms"} | {c for _, _, c in wanted if c}
-                    table = pf.read_row_group(group, columns=[c for c in COLUMNS if c in need and c in names])
-                    table = table.unify_dictionaries()  # one dictionary per column, for the grouping
-                except Exception as e:  # noqa: BLE001  (a file pyarrow cannot read: one line, below)
-                    yield pa.RecordBatch.from_pydict({"stats": [json.dumps({"error": f"{path}: cannot read the "
-                                                      f"log: {str(e).splitlines()[0][:300]}"})]})
-                    continue
-                n = table.num_rows
-                # grouped by the dictionary codes of the two text columns (every file has them: checked):
-                # a string per distinct value, not per row; a null consumer is the unnamed one (below)
-                cols: dict[str, Any] = {"consumer": table.column("consumer"), "kind": table.column("kind"),
-                                        "__due": pc.add(table.column("ts_ms"), table.column("delay_ms"))}
-                specs: list[Any] = []
-                for name, op, column in wanted:
-                    if op == "rows":
-                        specs.append(([], "count_all", name))
-                        continue
-                    source = "__due" if op == "max_due" else column
-                    assert source is not None
-                    if source not in cols:
-                        cols[source] = table.column(source) if source in names else pa.nulls(n, pa.int64())
-                    specs.append((source, "max" if op == "max_due" else op, name))
-                pairs: Any = [(s, op) for s, op, _ in specs]
-                grouped = pa.table(cols).group_by(["consumer", "kind"], use_threads=False).aggregate(pairs)
-                # pyarrow names an aggregate "<column>_<op>", "count_all" alone
-                renamed = {(f"{s}_{op}" if s else op): name for s, op, name in specs}
-                rows = [{renamed.get(k, k): v for k, v in r.items()} for r in grouped.to_pylist()]
-                for r in rows:
-                    r["consumer"] = UNNAMED if r["consumer"] is None else r["consumer"]
-                yield pa.RecordBatch.from_pydict({"stats": [json.dumps({"rows": rows})]})
+            for number in batch.column("id").to_numpy().tolist():
+                for path, groups in work[number]:
+                    try:
+                        pf = pq.ParquetFile(path, read_dictionary=["consumer", "kind"])
+                        names = set(pf.schema_arrow.names)
+                        read = list(pf.iter_batches(batch_size=batch_rows, row_groups=groups,
+                                                    columns=[c for c in COLUMNS if c in need and c in names]))
+                    except Exception as e:  # noqa: BLE001  (a file pyarrow cannot read: one line, below)
+                        yield pa.RecordBatch.from_pydict({"stats": [json.dumps({"error": f"{path}: cannot read "
+                                                          f"the log: {str(e).splitlines()[0][:300]}"})]})
+                        return
+                    for table in read:
+                        yield pa.RecordBatch.from_pydict({"stats": [json.dumps({"rows": _grouped(table, names)})]})
+
+    def _grouped(table: Any, names: set[str]) -> list[dict[str, Any]]:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        n = table.num_rows
+        # grouped by the dictionary codes of the two text columns (every file has them: checked):
+        # a string per distinct value, not per row; a null consumer is the unnamed one (below)
+        cols: dict[str, Any] = {"consumer": table.column("consumer"), "kind": table.column("kind"),
+                                "__due": pc.add(table.column("ts_ms"), table.column("delay_ms"))}
+        specs: list[Any] = []
+        for name, op, column in wanted:
+            if op == "rows":
+                specs.append(([], "count_all", name))
+                continue
+            source = "__due" if op == "max_due" else column
+            assert source is not None
+            if source not in cols:
+                cols[source] = table.column(source) if source in names else pa.nulls(n, pa.int64())
+            specs.append((source, "max" if op == "max_due" else op, name))
+        pairs: Any = [(s, op) for s, op, _ in specs]
+        grouped = pa.table(cols).group_by(["consumer", "kind"], use_threads=False).aggregate(pairs)
+        # pyarrow names an aggregate "<column>_<op>", "count_all" alone
+        renamed = {(f"{s}_{op}" if s else op): name for s, op, name in specs}
+        rows = [{renamed.get(k, k): v for k, v in r.items()} for r in grouped.to_pylist()]
+        for r in rows:
+            r["consumer"] = UNNAMED if r["consumer"] is None else r["consumer"]
+        return rows
 
     merged: dict[tuple[Any, Any], dict[str, Any]] = {}
     ops = {name: op for name, op, _ in aggregates}
@@ -416,16 +448,16 @@ def _arrow_rows(spark: SparkSession, units: list[tuple[str, int]],
 
 
 def summarize(events: DataFrame, path: str, known: Optional[dict[str, dict[str, Optional[int]]]] = None,
-              units: Optional[list[tuple[str, int]]] = None) -> TraceSummary:
+              tasks: Optional[list[ReadTask]] = None) -> TraceSummary:
     """Check values (nulls, negatives, kinds, empty) in one pass; return counts.
 
     One aggregation per ``(consumer, kind)`` of counts, minima and maxima
     (:func:`_aggregates`; kinds are checked on the driver from the group
     keys), so the driver only sees a consumers x kinds table: Spark's
-    ``groupBy`` over ``events``, or, given ``units`` (the row groups of a
-    local Parquet log, :func:`parquet_units`), pyarrow in the tasks, a row
-    group each (:func:`_arrow_rows`: several times faster, no row crosses
-    between Spark and Python). Raises :class:`EmptyTraceError` /
+    ``groupBy`` over ``events``, or, given ``tasks`` (the row groups of a
+    local Parquet log, :func:`parquet_tasks`), pyarrow in the tasks
+    (:func:`_arrow_rows`: several times faster, no row crosses between Spark
+    and Python). Raises :class:`EmptyTraceError` /
     :class:`BadValueError`. ``known``: the nulls, minimum and maximum of
     columns the files' statistics gave (:func:`footer_stats`): checked from
     those, not aggregated (those columns are not read at all). Cost: one scan.
@@ -437,7 +469,7 @@ def summarize(events: DataFrame, path: str, known: Optional[dict[str, dict[str, 
     aggregates = _aggregates(present, known, unsigned)
     lows = [c for c in NON_NEGATIVE_COLUMNS if c in present and c not in known]
     try:
-        rows = _arrow_rows(events.sparkSession, units, aggregates) if units is not None and not unsigned \
+        rows = _arrow_rows(events.sparkSession, tasks, aggregates) if tasks is not None and not unsigned \
             else _spark_rows(events, aggregates)
     except Exception as e:  # a file Spark cannot read after all (remote paths are not pre-checked)
         if type(e).__name__ in ("Py4JJavaError", "SparkException", "AnalysisException",
@@ -487,7 +519,7 @@ def load_trace(spark: SparkSession, path: str, fmt: str = "auto") -> tuple[DataF
     columns and aggregates fewer."""
     events = read_events(spark, path, fmt)
     known = None
-    units = parquet_units(path, fmt)
-    if units is not None:
-        known = footer_stats(list(dict.fromkeys(f for f, _ in units)))
-    return events, summarize(events, path, known, units)
+    tasks = parquet_tasks(path, fmt)
+    if tasks is not None:
+        known = footer_stats(list(dict.fromkeys(f for task in tasks for f, _ in task)))
+    return events, summarize(events, path, known, tasks)

@@ -4,8 +4,8 @@ fleet-wide, for every candidate ``precision_bits``.
 The Spark job, end to end:
 
 1. read the log and check it (:mod:`.load`): one aggregation pass, which also
-   counts events per consumer; for a local Parquet log each task reads a row
-   group itself with pyarrow (:func:`~.load.parquet_units`);
+   counts events per consumer; for a local Parquet log each task reads its
+   row groups itself with pyarrow (:func:`~.load.parquet_tasks`);
 2. number the consumers and spread those of at most :data:`STREAM_NACKS`
    nacks over partitions by size (largest first onto the emptiest
    partition), so each task gets whole consumers and the tasks weigh about
@@ -14,7 +14,7 @@ The Spark job, end to end:
    32-bit values to an int64 when they fit (:func:`_layout`), reach Python
    once and leave it packed (:func:`_pack`): a row per (batch, consumer)
    holding its values as raw bytes. A local Parquet log is read by the tasks
-   with pyarrow, a row group each (:func:`_make_file_packer`: columnar from
+   with pyarrow, ~2M rows each (:func:`_make_file_packer`: columnar from
    the file, no row converted between Spark and Arrow, which is most of
    what moving a row through Spark costs); any other log by Spark
    (:func:`_make_packer`);
@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, S
 from ..events import EmptyTraceError
 from . import DEFAULT_BITS, DEFAULT_MAX_EARLY_MS
 from .caches import cached_costs
-from .load import TraceSummary, load_trace, parquet_units
+from .load import ReadTask, TraceSummary, load_trace, parquet_tasks
 from .memory_model import IndexCosts
 from .pending import LIST_COLUMNS, SCALAR_COLUMNS, Grid
 from .progress import Progress
@@ -287,18 +287,19 @@ def _make_packer(pid_of: Sequence[int], names: Sequence[str]) -> ArrowKernel:
 _READ_ROWS = 1 << 20
 
 
-def _make_file_packer(units: Sequence[tuple[str, int]], cid_of: dict[str, int], pid_of: Sequence[int],
+def _make_file_packer(tasks: Sequence[ReadTask], cid_of: dict[str, int], pid_of: Sequence[int],
                       narrow_ids: bool, base_ms: Optional[int]) -> ArrowKernel:
     """The map-side mapInArrow function when the log is local Parquet: the
-    ids of ``spark.range`` in (unit numbers), packed rows (:func:`_pack`) out.
-    Each unit is a (file, row group) that the task reads itself with pyarrow
-    (``consumer``, ``kind``, ``ledger_id``, ``entry_id``, ``ts_ms``,
-    ``delay_ms``), keeping the nacks of the consumers in ``cid_of``: columnar
-    from the file to numpy, with no row of the log converted from Spark's
-    rows to Arrow (that conversion is most of what moving a row costs).
-    Values were validated by :func:`~.load.summarize` before."""
+    ids of ``spark.range`` in (task numbers), packed rows (:func:`_pack`) out.
+    Each task reads its row groups (:func:`~.load.parquet_tasks`) itself with
+    pyarrow (``consumer``, ``kind``, ``ledger_id``, ``entry_id``, ``ts_ms``,
+    ``delay_ms``), a batch at a time, keeping the nacks of the consumers in
+    ``cid_of``: columnar from the file to numpy, with no row of the log
+    converted from Spark's rows to Arrow (that conversion is most of what
+    moving a row costs). Values were validated by :func:`~.load.summarize`
+    before."""
     partition_of = list(pid_of)
-    work = list(units)
+    work = list(tasks)
     chosen = dict(cid_of)
 
     def pack(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -311,25 +312,25 @@ def _make_file_packer(units: Sequence[tuple[str, int]], cid_of: dict[str, int], 
         lookup = np.asarray(partition_of, dtype=np.int32)
         wanted = pa.array(list(chosen), pa.string())
         codes = np.asarray(list(chosen.values()), dtype=np.int64)
+        columns = ["consumer", "kind", "ledger_id", "entry_id", "ts_ms", "delay_ms"]
         for batch in batches:
-            for unit in batch.column("id").to_numpy().tolist():
-                path, group = work[unit]
-                pf = pq.ParquetFile(path, read_dictionary=["consumer", "kind"])
-                columns = ["consumer", "kind", "ledger_id", "entry_id", "ts_ms", "delay_ms"]
-                for rb in pf.iter_batches(batch_size=_READ_ROWS, row_groups=[group], columns=columns):
-                    keep = _codes_of(rb.column("kind"), pa.array(["nack"]), np.zeros(1, dtype=np.int64)) == 0
-                    cid = _codes_of(rb.column("consumer"), wanted, codes, UNNAMED)  # every file has it (checked)
-                    keep &= cid >= 0
-                    if not keep.any():
-                        continue
-                    at = np.flatnonzero(keep)
-                    ints = {c: np.asarray(rb.column(c).to_numpy(zero_copy_only=False)).astype(np.int64, copy=False)[at]
-                            for c in ("ledger_id", "entry_id", "ts_ms", "delay_ms")}
-                    named = _narrowed(ints["ledger_id"], ints["entry_id"], ints["ts_ms"],
-                                      ints["ts_ms"] + ints["delay_ms"], narrow_ids, base_ms)
-                    out = _pack(cid[at], named, tuple(named), lookup)
-                    if out is not None:
-                        yield out
+            for number in batch.column("id").to_numpy().tolist():
+                for path, groups in work[number]:
+                    pf = pq.ParquetFile(path, read_dictionary=["consumer", "kind"])
+                    for rb in pf.iter_batches(batch_size=_READ_ROWS, row_groups=groups, columns=columns):
+                        keep = _codes_of(rb.column("kind"), pa.array(["nack"]), np.zeros(1, dtype=np.int64)) == 0
+                        cid = _codes_of(rb.column("consumer"), wanted, codes, UNNAMED)  # every file has it (checked)
+                        keep &= cid >= 0
+                        if not keep.any():
+                            continue
+                        at = np.flatnonzero(keep)
+                        ints = {c: np.asarray(rb.column(c).to_numpy(zero_copy_only=False)).astype(np.int64, copy=False)[at]
+                                for c in ("ledger_id", "entry_id", "ts_ms", "delay_ms")}
+                        named = _narrowed(ints["ledger_id"], ints["entry_id"], ints["ts_ms"],
+                                          ints["ts_ms"] + ints["delay_ms"], narrow_ids, base_ms)
+                        out = _pack(cid[at], named, tuple(named), lookup)
+                        if out is not None:
+                            yield out
 
     return pack
 
@@ -520,7 +521,7 @@ def _make_stream_kernel(bits: Sequence[int], costs: IndexCosts, rounding: str, g
 
 #: A consumer with more nacks than this is streamed in time order
 #: (:mod:`.stream`: memory O(pending + a chunk)) instead of analysed whole
-#: (about 220 bytes per nack in the worker: ~3.5 GB at this size).
+#: (about 180 bytes per nack in the worker, docs/pipeline.md: about 3 GB at this size).
 STREAM_NACKS = 1 << 24
 
 
@@ -570,7 +571,7 @@ def run_plan(spark: SparkSession, trace: str, bits: Sequence[int] = DEFAULT_BITS
         if whole:
             packed, value_names = _packed_nacks(spark, events, names, summary, max(1, parts), columns,
                                                 _layout(summary, first, last), only=whole,
-                                                units=parquet_units(trace, fmt))
+                                                tasks=parquet_tasks(trace, fmt))
             results = packed.mapInArrow(_make_kernel(bits, costs, rounding, grid, value_names, base_ms),
                                         _RESULT_SCHEMA)
         if big:
@@ -634,13 +635,13 @@ def _streamed_nacks(events: DataFrame, names: list[str], big: list[str], columns
 
 def _packed_nacks(spark: SparkSession, events: DataFrame, names: list[str], summary: TraceSummary, parts: int,
                   columns: Sequence[Column], layout: tuple[bool, Optional[int]], only: Optional[list[str]] = None,
-                  units: Optional[list[tuple[str, int]]] = None) -> tuple[DataFrame, list[str]]:
+                  tasks: Optional[list[ReadTask]] = None) -> tuple[DataFrame, list[str]]:
     """The nack rows of ``only`` (default: every consumer), each consumer whole
     in one of ``parts`` partitions, packed (:func:`_pack`): a row per (Arrow
     batch, consumer) crosses the shuffle. ``columns`` and ``layout``: the
     kernel's columns (:func:`_narrow_columns`, :func:`_layout`).
-    ``units``: the (file, row group) pairs of a local Parquet log
-    (:func:`~.load.parquet_units`): the tasks read them with pyarrow
+    ``tasks``: the row groups of a local Parquet log, by task
+    (:func:`~.load.parquet_tasks`): the tasks read them with pyarrow
     (:func:`_make_file_packer`); else Spark reads ``events`` and hands the
     kernel's columns to Python (:func:`_make_packer`). Returns the packed
     rows, partitioned, and the names of the packed values in their order."""
@@ -654,11 +655,11 @@ def _packed_nacks(spark: SparkSession, events: DataFrame, names: list[str], summ
     for c, p in pid.items():
         pid_of[c] = p
     narrow_ids, base = layout
-    if units is not None:
+    if tasks is not None:
         value_names = (["ids"] if narrow_ids else ["ledger_id", "entry_id"]) + \
             (["times"] if base is not None else ["ts_ms", "due"])
-        reader = _make_file_packer(units, {n: cids[n] for n in chosen}, pid_of, narrow_ids, base)
-        packed = spark.range(len(units), numPartitions=max(1, len(units))).mapInArrow(reader, _PACKED_SCHEMA)
+        reader = _make_file_packer(tasks, {n: cids[n] for n in chosen}, pid_of, narrow_ids, base)
+        packed = spark.range(len(tasks), numPartitions=max(1, len(tasks))).mapInArrow(reader, _PACKED_SCHEMA)
     else:
         nacks = events.where(F.col("kind") == "nack")
         if len(chosen) < len(names) and len(chosen) <= 64:
