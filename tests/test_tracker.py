@@ -1084,3 +1084,9 @@ async def test_each_dead_letter_is_counted_and_finished_async_ones_are_not_kept(
     assert tracker2.stats()["dead_lettered"] == 3 and not tracker2._side_tasks  # nothing held per finished one
     await tracker.close()
     await tracker2.close()
+
+
+async def test_by_default_a_nack_comes_back_after_60_s_in_256_ms_buckets():
+    tracker, adapter, clock = make(ManualClock(start_ms=1_000_100))  # delay_ms=60_000, precision_bits=8, floor
+    tracker.add(K(1))
+    assert tracker.next_fire_ms() == 1_060_096  # 4141 x 256: the bucket of 1_060_100, 4 ms early
