@@ -65,3 +65,26 @@ def test_bad_jitter_is_refused(jitter, exc):
 def test_bad_rng_is_refused():
     with pytest.raises(TypeError):
         MultiplierBackoff(10, 100, jitter=0.1, rng=42)
+
+
+@pytest.mark.parametrize("jitter, exc, message", [
+    (1.5, ValueError, "jitter must be in [0, 1], got 1.5"),
+    ("0.2", TypeError, "jitter must be a number in [0, 1], not str"),
+])
+def test_bad_jitter_is_refused_naming_it(jitter, exc, message):
+    with pytest.raises(exc) as refused:
+        MultiplierBackoff(10, 100, jitter=jitter)
+    assert str(refused.value) == message
+
+
+def test_bad_rng_is_refused_naming_its_type():
+    with pytest.raises(TypeError) as refused:
+        MultiplierBackoff(10, 100, jitter=0.1, rng=42)
+    assert str(refused.value) == "rng must be a random.Random, not int"
+
+
+def test_jitter_without_an_rng_draws_from_a_private_one_and_shows_in_repr():
+    b = MultiplierBackoff(1000, 8000, jitter=0.5)
+    assert all(2000 <= b(2) <= 4000 for _ in range(20))  # d = 4000 (1000 x 2^2): drawn from [2000, 4000]
+    assert repr(b) == "MultiplierBackoff(1000, 8000, multiplier=2.0, jitter=0.5)"
+    assert repr(MultiplierBackoff(1000, 8000)) == "MultiplierBackoff(1000, 8000, multiplier=2.0)"

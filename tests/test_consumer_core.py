@@ -1026,3 +1026,98 @@ def test_a_request_takes_back_a_parked_copy_of_batch_index_0_with_its_copies():
     assert core.release(2000) == []
     assert [core.arrive(k, 0, f"{k.batch_index}#3", 2010) for k in m] == [S, S]
     assert sorted(core.acked(m[0], 2011).tokens) == ["0#1", "0#2"]
+
+
+def test_a_message_being_dead_lettered_waits_for_no_bucket_and_its_record_expires():
+    """``nacked(due_ms=None)``: the tracker is dead-lettering the message, no bucket will ask for
+    it. Its record counts it as fired at the next whole ms (a copy that comes surfaces from then
+    on; one a millisecond earlier is parked until then) and ends overdue_ms later if none comes."""
+    core, _ = make()
+    m = [key(0, i, 2) for i in range(2)]
+    deliver(core, m, 0)
+    core.nacked(m[0], None, m[0], 10.4)
+    assert list(core.pending_batch_nacks()) == [(m[0].entry, 0, 11, True)]
+    assert core.next_wakeup_ms() == 11 + OVERDUE
+    assert deliver(core, [m[0]], 10.6) == [P] and core.release(10.9) == [] and core.release(11) == [m[0]]
+    core.nacked(m[1], None, m[1], 20)
+    core.release(20 + OVERDUE - 1)
+    assert core.counts["expired"] == 0 and core.awaits_copy(m[1].entry)
+    core.release(20 + OVERDUE)
+    assert core.counts["expired"] == 1 and not core.records and not core.awaits_copy(m[1].entry)
+
+
+def test_a_copy_is_parked_until_its_bucket_time_in_either_rounding():
+    """A nack due at 17 ms with 8 ms buckets: its copy surfaces at its bucket's time, 16 (floor:
+    up to 7 ms early) or 24 (ceil: never early), and not a millisecond before."""
+    for rounding, bucket in (("floor", 16), ("ceil", 24)):
+        core = DeliveryCore(Precision.of(3, rounding), dedup=Deduplicator(100), overdue_ms=OVERDUE)
+        assert core.bucket_ms(17) == bucket
+        m = key(0, 0, 2)
+        deliver(core, [m], 0)
+        core.nacked(m, 17, m, 0)
+        core.fired(bucket, [m.entry], 1)
+        assert deliver(core, [m], 2) == [P]
+        assert core.next_wakeup_ms() == bucket
+        assert core.release(bucket - 1) == [] and core.release(bucket) == [m]
+
+
+def test_a_message_nacked_twice_keeps_the_copies_dropped_in_between():
+    """A nack of a message whose earlier nack still waits replaces its time and keeps every
+    copy dropped meanwhile: the ack hands them all back (they complete the client's batch acks)."""
+    core, _ = make()
+    m = key(0, 0, 2)
+    deliver(core, [m], 0)
+    core.nacked(m, 500, "n1", 0)
+    assert core.arrive(m, 2, "early", 100) == E  # its bucket has not fired: dropped, kept
+    core.nacked(m, 900, "n2", 200)  # nacked again: its new time
+    assert list(core.pending_batch_nacks()) == [(m.entry, 0, 900, False)]
+    assert sorted(core.acked(m, 300).tokens) == ["early", "n1", "n2"]
+
+
+def test_only_a_blind_restore_holds_back_copies_of_pending_batch_entries_without_records():
+    """A batch entry the tracker holds, with no record here: after a restore that came without
+    batch records its copies are held back while pending (their nacks' times are unknown);
+    otherwise nothing of the entry was nacked here and its copies surface."""
+    for blind, verdict in ((False, S), (True, E)):
+        core, pending = make()
+        m = [key(0, i, 2) for i in range(2)]
+        deliver(core, m, 0)
+        core.forget_held()  # the application asked for everything unacknowledged again
+        pending.add(m[0].entry)
+        if blind:
+            core.restored_without_records()
+        assert deliver(core, m, 10) == [verdict, verdict], blind
+
+
+def test_a_request_taking_back_a_parked_copy_of_an_entry_without_a_record_makes_one():
+    """The parked copy's record ended when its copy arrived; a request for the entry takes the copy
+    back into a new record, as fired: the new copy is parked until its time, not dropped as early."""
+    core, _ = make()
+    m = [key(0, i, 2) for i in range(2)]
+    deliver(core, m, 0)
+    core.nacked(m[0], 2000, "n0", 0)
+    core.fired(2000, [m[0].entry], 1970)
+    assert deliver(core, [m[0]], 1975) == [P] and not core.records  # parked; its record ended
+    core.fired(1980, [m[0].entry], 1976)  # a request for the entry: the broker takes it back
+    assert not core.parked and core.awaits_copy(m[0].entry)
+    assert deliver(core, m, 1985) == [P, H]  # m0 parked again until 2000; m1 still held
+    assert core.release(1999) == [] and core.release(2000) == [m[0]]
+
+
+def test_holds_sibling_looks_only_at_the_entry_s_own_messages():
+    core, _ = make()
+    m = [key(0, i, 2) for i in range(2)]
+    other = key(1, 0, 1)
+    deliver(core, m + [other], 0)
+    core.nacked(m[0], 500, m[0], 0, batch_size=2)
+    core.acked(m[1], 1)
+    assert not core.holds_sibling(m[0].entry)  # another entry's message is held, none of this one's
+
+
+def test_a_nack_of_a_held_batch_message_keeps_its_dropped_twins_for_the_ack():
+    core, _ = make()
+    m = key(0, 0, 2)
+    deliver(core, [m], 0)
+    assert core.arrive(m, 2, "twin", 5) == H  # a twin while held: dropped, kept
+    core.nacked(m, 500, "nacked", 10)
+    assert sorted(core.acked(m, 20).tokens) == ["nacked", "twin"]

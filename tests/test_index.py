@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 from pyroaring import BitMap, BitMap64
 
 from nacktracker import DictIndex, HeapIndex, TimeBucketIndex
+from nacktracker import precision
+from nacktracker.precision import Precision
 
 ALL = (TimeBucketIndex, DictIndex, HeapIndex)
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,6 +76,44 @@ def test_reference_models_bucket_as_worked_by_hand(model, bits, due, floor, ceil
         if bucket:
             assert m.pop_due(bucket - 1) == [] and len(m) == 41
         assert m.pop_due(bucket) == [(1, 1)] + [(2, e) for e in range(40)] and len(m) == 0
+
+
+@pytest.fixture
+def fresh_precisions(monkeypatch):
+    """Precision objects made by the test itself, not ones an earlier test made (they are shared)."""
+    monkeypatch.setattr(precision, "_MADE", {})
+
+
+@pytest.mark.parametrize("bits,due,floor,ceil", HAND_WORKED)
+def test_precision_buckets_as_worked_by_hand(fresh_precisions, bits, due, floor, ceil):
+    """The one bucket rule every layer asks (index, tracker timer, delivery core, planner), one
+    due time at a time and over an int64 array, against the same hand-worked cases."""
+    for rounding, bucket in (("floor", floor), ("ceil", ceil)):
+        p = Precision.of(bits, rounding)
+        assert (p.bits, p.rounding, p.width) == (bits, rounding, 1 << bits)
+        assert p.bucket(due) == bucket
+        assert p.buckets(np.array([due, due], dtype=np.int64)).tolist() == [bucket, bucket]
+    assert Precision.of(bits) is Precision.of(bits, "floor")  # floor by default
+
+
+def test_precision_is_one_shared_object_per_bits_and_rounding(fresh_precisions):
+    assert Precision.of(np.int64(5), "ceil") is Precision.of(5, "ceil")
+    assert Precision.of(5, "ceil") is not Precision.of(5, "floor")
+    assert Precision.of(5, "ceil") is not Precision.of(6, "ceil")
+    assert type(Precision.of(np.int64(5)).bits) is int
+
+
+@pytest.mark.parametrize("bits,rounding,error,message", [
+    (31, "floor", ValueError, "precision_bits must be <= 30, got 31"),
+    (-1, "floor", ValueError, "precision_bits must be >= 0, got -1"),
+    (1.0, "floor", TypeError, "precision_bits must be an int, not float"),
+    (8, "round", ValueError, "rounding must be 'floor' or 'ceil', got 'round'"),
+    (8, None, ValueError, "rounding must be 'floor' or 'ceil', got None"),
+])
+def test_precision_refuses_bad_bits_or_rounding_naming_them(bits, rounding, error, message):
+    with pytest.raises(error) as refused:
+        Precision.of(bits, rounding)
+    assert str(refused.value) == message
 
 
 @pytest.mark.parametrize("model", [DictIndex, HeapIndex])
@@ -443,3 +483,45 @@ def test_bucket_of_refuses_a_bad_due_time_naming_it():
     with pytest.raises(ValueError, match=r"^due_ms "):
         idx.bucket_of(1 << 62)
     assert idx.bucket_of((1 << 62) - 1) == (1 << 62) - 1
+
+
+def test_every_index_refuses_a_bad_due_time_naming_it(cls):
+    idx = cls(precision_bits=3)
+    with pytest.raises(TypeError) as refused:
+        idx.bucket_of(1.5)
+    assert str(refused.value) == "due_ms must be an int, not float"
+    with pytest.raises(ValueError) as refused:
+        idx.bucket_of(-1)
+    assert str(refused.value) == "due_ms must be >= 0, got -1"
+    with pytest.raises(ValueError) as refused:
+        idx.pop_due(-1)
+    assert str(refused.value) == "now_ms must be >= 0, got -1"
+
+
+def test_every_index_shows_its_settings_and_pending_count(cls):
+    idx = cls(precision_bits=3, rounding="ceil")
+    idx.add(1, 2, 3)
+    idx.add(1, 2, 100)
+    shown = f"{cls.__name__}(precision_bits=3, rounding='ceil', pending=2"
+    assert repr(idx) == shown + (", windows=1)" if cls is TimeBucketIndex else ")")
+
+
+def test_reference_models_count_their_dict_tuples_and_ints_each_once():
+    """The baselines' nbytes (what the benchmarks compare the index against): the dict, each key
+    tuple, and each int object it holds, once (ints up to 256 are the interpreter's shared ones:
+    not counted); HeapIndex adds its list and its (bucket, ledger, entry) triples."""
+    big = 10**12
+    adds = [(256, 257, 301), (big, 3, big + 1), (big, 8, big + 1)]  # the second ledger int is the same object
+    for model in (DictIndex, HeapIndex):
+        idx = model(1)  # 2 ms buckets: each bucket (due - 1) an int computed on its own
+        heap: list = []
+        for ledger, entry, due in adds:
+            idx.add(ledger, entry, due)
+            heap.append((due - 1, ledger, entry))
+        pending = {(ledger, entry): due - 1 for ledger, entry, due in adds}
+        # ints of their own: 257, the bucket 300, big, and the two buckets of value big
+        ints = 2 * sys.getsizeof(257) + 3 * sys.getsizeof(big)
+        expected = sys.getsizeof(pending) + 3 * sys.getsizeof((1, 2)) + ints
+        if model is HeapIndex:
+            expected += sys.getsizeof(heap) + 3 * sys.getsizeof((1, 2, 3))
+        assert idx.nbytes() == expected, model

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import array
 
+import numpy as np
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -18,7 +19,7 @@ from nacktracker.index import _live, layout
 from nacktracker.index._windows import SMALL_WINDOW
 from nacktracker.index._ledgers import NO_EXTS, NO_SLOTS
 from nacktracker.index._live import NO_GHOSTS, NO_MULTI
-from nacktracker.index.layout import (LISTED, LISTING, LIVE_ENTRY_BITS, LIVE_SLOT_BITS, NO_CELLS, NO_KEYS, NO_PACKED,
+from nacktracker.index.layout import (Layout, LISTED, LISTING, LIVE_ENTRY_BITS, LIVE_SLOT_BITS, NO_CELLS, NO_KEYS, NO_PACKED,
                                       NO_SEGMENTS, PROMOTE, SEGMENT)
 
 ledgers = st.sampled_from([1, 2, 7, 2**40 + 3])
@@ -382,6 +383,11 @@ def test_counts_take_a_bucket_with_sparse_and_dense_copies_once(bits):
     assert (idx.bucket_count(), idx.bitmap_count()) == (1, 2)
     idx.add(500, 1_000, 5_000)  # a sparse copy in the dense cell's (bucket, ledger)
     assert (idx.bucket_count(), idx.bitmap_count()) == (1, 2)
+    later = TimeBucketIndex(precision_bits=bits)  # the sparse copy first, the dense cell made after it
+    later.add(7, 1, 5_000)
+    later.add(500, 1_000, 5_000)
+    later.add_many(500, range(64), 5_000)
+    assert (later.bucket_count(), later.bitmap_count()) == (1, 2)
 
 
 def test_a_burst_is_stored_once_in_a_listed_cell():
@@ -598,3 +604,65 @@ def test_widening_and_popping_more_ids_than_one_re_keying_step():
         for probe in probes:
             assert (probe in idx) == (probe in ref), (due, probe)
     assert not idx and not idx._ids.bits
+
+
+def test_an_ack_emptying_one_of_two_listed_cells_keeps_the_other():
+    """Two ledgers' bursts in one window: the acks that empty one ledger's cell take that cell out
+    of the window and leave the other ledger's cell, whole, to be taken when due."""
+    idx = TimeBucketIndex(precision_bits=0)
+    for ledger, bucket in ((1, 50), (2, 51)):
+        for e in range(PROMOTE + 1):
+            idx.add(ledger, e, bucket)
+    for e in range(PROMOTE + 1):
+        assert idx.discard(1, e)
+    assert len(idx) == PROMOTE + 1 and idx.next_due_ms() == 51
+    assert idx.pop_due(100) == [(2, e) for e in range(PROMOTE + 1)] and len(idx) == 0
+
+
+@pytest.mark.parametrize("bits", [0, 4, 14])
+def test_count_bounds_count_only_what_a_pop_left_in_a_window(bits):
+    """A window partly taken by pop_due is bounded by the copies left in it: 40 copies left of
+    100 (at most SMALL_WINDOW) are counted exactly, as the one bucket and the 40 cells they are."""
+    idx = TimeBucketIndex(precision_bits=bits)
+    width = 1 << bits
+    for i in range(100):  # one copy per ledger: no dense cell
+        idx.add(1_000 + i, 1, 5 * width if i < 60 else 6 * width)
+    assert len(idx.pop_due(5 * width)) == 60
+    assert (idx.bucket_count(), idx.bitmap_count()) == (1, 40)
+    assert (idx.bucket_count_bound(), idx.bitmap_count_bound()) == (1, 40)
+
+
+@pytest.mark.parametrize("listed_wide,batch_wide", [(False, True), (True, False)])
+def test_a_bulk_add_meeting_a_listed_cell_of_the_other_width_counts_each_id_once(listed_wide, batch_wide):
+    """add_many's bulk path is taken only when none of its ids is pending: a listed cell of 32-bit
+    ids checked against a batch holding 64-bit ids (or the other way round) still finds the id they
+    share, which then is pending in both buckets, as the reference model says."""
+    idx, ref = TimeBucketIndex(precision_bits=0), DictIndex(precision_bits=0)
+    base = 2**32 if listed_wide else 0
+    for m in (idx, ref):
+        for e in range(PROMOTE + 1):  # a burst: a listed cell
+            m.add(1, base + e, 50)
+        shared = base + 5
+        batch = [shared] + [(2**32 if batch_wide else 0) + 100 + i for i in range(40)]
+        m.add_many(1, batch, 60)
+    assert len(idx) == len(ref) == PROMOTE + 42
+    assert ((1, shared) in idx) and idx.pop_due(50) == ref.pop_due(50) and ((1, shared) in idx)
+    assert idx.pop_due(60) == ref.pop_due(60) and len(idx) == 0
+
+
+@pytest.mark.parametrize("bits,offset_bits,window_shift,offset_shift,slot_limit", [
+    (0, 14, 14, 50, 1 << 18), (8, 6, 14, 58, 1 << 26), (11, 3, 14, 61, 1 << 29), (14, 3, 17, 61, 1 << 29),
+    (30, 3, 33, 61, 1 << 29),
+])
+def test_the_layout_of_each_precision_as_worked_by_hand(monkeypatch, bits, offset_bits, window_shift, offset_shift,
+                                                         slot_limit):
+    """A window spans 2^14 ms and at least 8 buckets: a packed copy's top ``14 - bits`` bits (at
+    least 3) are its bucket's offset in the window, the next ones its ledger slot, the low 32 its
+    entry id."""
+    monkeypatch.setattr(layout, "_LAYOUTS", {})  # made here, not an object an earlier test made
+    lay = Layout.for_bits(bits)
+    assert (lay.bits, lay.offset_bits, lay.window_shift, lay.offset_shift) == (bits, offset_bits, window_shift, offset_shift)
+    assert (lay.slot_limit, lay.offset_mask) == (slot_limit, (1 << offset_bits) - 1)
+    assert Layout.for_bits(bits) is lay
+    packed = ((5 << (64 - offset_bits)) | ((slot_limit - 1) << 32) | 7)
+    assert lay.offset_of(packed) == 5 and lay.offsets(np.array([packed, 7], dtype=np.uint64)).tolist() == [5, 0]

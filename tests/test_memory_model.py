@@ -52,6 +52,28 @@ def test_held_size_is_what_the_allocators_take():
     assert held_size(set()) == held(sys.getsizeof(set()))
 
 
+# CRoaring's array container growth, worked by hand: by adds from 16 (x2 below 64, x1.5 below 1,024,
+# x1.25 above, at most 4,096), and by one step from its size when shrunk to fit ("refit")
+ARRAY_GROWTH = [  # (ids in the container, capacity grown by adds, capacity regrown after a refit)
+    (10, 16, 20), (63, 64, 126), (64, 64, 96), (1000, 1093, 1500), (1023, 1093, 1534), (1024, 1093, 1280),
+    (4000, 4096, 4096),
+]
+
+
+@pytest.mark.parametrize("card,grown,regrown", ARRAY_GROWTH)
+def test_roaring_bytes_count_an_array_container_at_its_grown_capacity(card, grown, regrown):
+    """One array container of ``card`` ids (2 bytes each): counted at its size, or (the live
+    bitmap, built by adds) at the capacity CRoaring grew it to; only its payload chunk differs."""
+    from pyroaring import BitMap
+
+    from nacktracker.index.layout import malloc_bytes, roaring_bytes
+
+    bm = BitMap(range(0, 2 * card, 2))  # every other id: an array container, not a run
+    exact = roaring_bytes(bm)
+    assert roaring_bytes(bm, grown=True) - exact == malloc_bytes(2 * grown) - malloc_bytes(2 * card)
+    assert roaring_bytes(bm, grown=True, refit=True) - exact == malloc_bytes(2 * regrown) - malloc_bytes(2 * card)
+
+
 def random_share_nacks(n: int = 40_000, delay_ms: int = 60_000):
     """Seed 000's random-10% workload (10% of each ledger's 50,000 entries, at
     random, 1 nack per ms) as nacks ``delay_ms`` ahead: scattered ids, so each

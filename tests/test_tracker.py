@@ -236,7 +236,9 @@ async def test_discard_cancels_every_pending_occurrence():
 async def test_close_without_flush_keeps_pending_accounted_and_stops_the_timer():
     tracker, adapter, clock = make(precision_bits=0)
     tracker.add(K(1), delay_ms=10)
+    assert tracker.next_fire_ms() == 1_000_010
     await tracker.close()
+    assert tracker.next_fire_ms() is None  # nothing armed any more
     clock.advance(100)
     await settle()
     assert adapter.calls == [] and tracker.pending == 1
@@ -261,7 +263,7 @@ async def test_flush_failure_raises_and_keeps_the_keys_counted():
     adapter.fail_next(1)
     with pytest.raises(AdapterError):
         await tracker.close(flush=True)
-    assert tracker.stats()["unsent"] == 1
+    assert tracker.stats()["unsent"] == 1 and tracker.stats()["failures"] == 1  # the failed flush is counted
 
 
 async def test_async_with_closes():
@@ -717,6 +719,26 @@ def test_latency_histogram_percentiles_are_nearest_rank_worked_by_hand():
     assert h.summary() == {"count": 10, "p50": 5, "p99": 10, "max": 10}
 
 
+def test_latency_histogram_percentiles_of_a_thousand_values_worked_by_hand():
+    from nacktracker.tracker import LatencyHistogram
+
+    h = LatencyHistogram()
+    for v in range(1, 1001):
+        h.add(v)
+    assert [h.percentile(p) for p in (1, 50, 99)] == [10, 500, 990]
+    assert h.summary() == {"count": 1000, "p50": 500, "p99": 990, "max": 1000}
+
+
+async def test_imported_pending_cells_arm_the_timer_the_adapter_s_lead_ahead():
+    import array
+
+    tracker, adapter, clock = make(precision_bits=0, lead_ms=30)
+    tracker.import_pending([("t", 0, 5), ("t", 0, 6)], [(0, 1_002_000, array.array("I", range(40)))])
+    assert tracker.pending == 40 and tracker.next_fire_ms() == 1_002_000 - 30
+    buckets = [(origin, bucket, list(ids)) for origin, bucket, ids in tracker.export_pending().buckets]
+    assert buckets == [(("t", 0, 5), 1_002_000, list(range(40)))]
+
+
 def test_latency_histogram_weights_rounding_and_clamping():
     from nacktracker.tracker import LatencyHistogram
 
@@ -1062,3 +1084,9 @@ async def test_each_dead_letter_is_counted_and_finished_async_ones_are_not_kept(
     assert tracker2.stats()["dead_lettered"] == 3 and not tracker2._side_tasks  # nothing held per finished one
     await tracker.close()
     await tracker2.close()
+
+
+async def test_by_default_a_nack_comes_back_after_60_s_in_256_ms_buckets():
+    tracker, adapter, clock = make(ManualClock(start_ms=1_000_100))  # delay_ms=60_000, precision_bits=8, floor
+    tracker.add(K(1))
+    assert tracker.next_fire_ms() == 1_060_096  # 4141 x 256: the bucket of 1_060_100, 4 ms early

@@ -20,7 +20,9 @@ every configured module is run.
 
 ``--tests`` checks the mutants against those tests instead of the configured
 selection (tools/mutmut_tests.py), e.g. the index's modules against the index
-tests.
+tests; mutmut's state for that selection lives in ``mutation/work/<hash>/``
+(mutmut resets every result when the selection changes, so each selection
+keeps its own), and a later run with the same ``--tests`` resumes it.
 
 Hypothesis runs its ``mutate`` profile (tests/run_checks.py): ``ci``'s
 derandomized examples without shrinking a failure, so a rerun on the same code
@@ -32,6 +34,7 @@ minutes to hours on 2 cores): it is not part of ``make test``.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shlex
@@ -43,15 +46,33 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 KILLED = {1, 3, 36, 24, -24, 152, 255, 37}  # killed, pytest internal error, timeouts, type check
+TIMEOUTS = {36, 24, -24, 152, 255}  # mutmut's CPU-time limit (SIGXCPU): a mutant that loops; counted as killed
 SURVIVED = {0}
 
 
-def _not_killed(module: str, survivors_only: bool = False) -> list[str]:
+def _workdir(tests: list[str] | None) -> Path:
+    """Where mutmut keeps its state (``mutants/``) for a test selection: the
+    checkout for the configured one; for ``--tests``, a directory of its own
+    under ``mutation/work/`` (links to the package, the tests and
+    pyproject.toml), because mutmut resets every result and its test mapping
+    when the selection changes: each selection keeps its own results there."""
+    if not tests:
+        return ROOT
+    work = ROOT / "mutation" / "work" / hashlib.sha1(json.dumps(tests).encode()).hexdigest()[:10]
+    work.mkdir(parents=True, exist_ok=True)
+    for name in ("nacktracker", "tests", "pyproject.toml"):
+        if not (work / name).exists():
+            (work / name).symlink_to(ROOT / name)
+    (work / "selection.json").write_text(json.dumps(tests) + "\n")
+    return work
+
+
+def _not_killed(work: Path, module: str, survivors_only: bool = False) -> list[str]:
     """The mutants of ``module`` to run: those not killed by an earlier run (the
     tests only grow; mutmut resets the results of a function whose code
     changed), or all of them (mutmut's name pattern) before its first run;
     ``survivors_only``: those run and not killed."""
-    meta = ROOT / "mutants" / (module + ".meta")
+    meta = work / "mutants" / (module + ".meta")
     if not meta.exists():
         return [module.removesuffix(".py").replace("/", ".") + ".*"]
     codes = json.loads(meta.read_text())["exit_code_by_key"]
@@ -72,25 +93,26 @@ def main() -> int:
     ap.add_argument("--only-report", action="store_true", help="summarise the last run, run nothing")
     ap.add_argument("--out", default=str(ROOT / "mutation" / "latest.md"))
     args = ap.parse_args()
+    work = _workdir(args.tests)
     mutmut = [sys.executable, "-m", "mutmut"]
     seconds = None
     if not args.only_report:
         env = {**os.environ, "NACKTRACKER_HYPOTHESIS": "mutate"}
         started = time.monotonic()
-        names = [name for m in args.module for name in _not_killed(m, args.survivors)]
+        names = [name for m in args.module for name in _not_killed(work, m, args.survivors)]
         if args.module and not names:
             print("every mutant of those modules is killed already: nothing to run", file=sys.stderr)
             return 0
         runner = [sys.executable, str(ROOT / "tools" / "mutmut_tests.py"), json.dumps(args.tests)] if args.tests else mutmut
-        proc = subprocess.run([*runner, "run", "--max-children", str(args.max_children), *names], cwd=ROOT, env=env)
+        proc = subprocess.run([*runner, "run", "--max-children", str(args.max_children), *names], cwd=work, env=env)
         seconds = time.monotonic() - started
         if proc.returncode != 0:
             print(f"mutmut run exited {proc.returncode}", file=sys.stderr)
             return proc.returncode
     by_module: dict[str, Counter] = defaultdict(Counter)
     survivors: list[tuple[str, str]] = []
-    for meta in sorted((ROOT / "mutants").rglob("*.py.meta")):
-        module = str(meta.relative_to(ROOT / "mutants"))[: -len(".meta")]
+    for meta in sorted((work / "mutants").rglob("*.py.meta")):
+        module = str(meta.relative_to(work / "mutants"))[: -len(".meta")]
         if args.module and module not in args.module:
             continue
         data = json.loads(meta.read_text())
@@ -98,29 +120,32 @@ def main() -> int:
             kind = "killed" if code in KILLED else "survived" if code in SURVIVED else \
                 "not checked" if code is None else "no tests" if code in (5, 33) else f"other ({code})"
             by_module[module][kind] += 1
+            by_module[module]["timeout"] += code in TIMEOUTS
             if kind not in ("killed", "not checked"):
                 survivors.append((module, name))
     if not by_module:
         print("no mutmut results under mutants/: run without --only-report first", file=sys.stderr)
         return 1
-    lines = ["# Mutation testing: the last `make mutate`", ""]
+    lines = ["# Mutation testing: the last `make mutate`", "",
+             f"Tests: {' '.join(args.tests) if args.tests else 'the configured selection ([tool.mutmut])'}.", ""]
     if seconds is not None:
         lines += [f"Run time: {seconds / 60:.1f} min with --max-children {args.max_children}; "
                   f"load average at the end: {Path('/proc/loadavg').read_text().split()[0]}.", ""]
-    lines += ["| module | mutants | killed | survived | no tests | not checked | score |", "|---|---|---|---|---|---|---|"]
+    lines += ["| module | mutants | killed (of which timeouts) | survived | no tests | not checked | score |",
+              "|---|---|---|---|---|---|---|"]
     total = Counter()
     for module, c in sorted(by_module.items()):
         total.update(c)
-        n = sum(c.values())
+        n = sum(c.values()) - c["timeout"]
         tested = n - c["not checked"]
-        lines.append(f"| {module} | {n} | {c['killed']} | {c['survived']} | {c['no tests']} | {c['not checked']} | "
-                     f"{c['killed'] / tested:.1%} |" if tested else f"| {module} | {n} | 0 | 0 | - | - | - |")
-    tested = sum(total.values()) - total["not checked"]
-    lines.append(f"| **all** | {sum(total.values())} | {total['killed']} | {total['survived']} | {total['no tests']} | "
-                 f"{total['not checked']} | {total['killed'] / max(tested, 1):.1%} |")
+        lines.append(f"| {module} | {n} | {c['killed']} ({c['timeout']}) | {c['survived']} | {c['no tests']} | "
+                     f"{c['not checked']} | {c['killed'] / tested:.1%} |" if tested else f"| {module} | {n} | 0 | 0 | - | - | - |")
+    n = sum(total.values()) - total["timeout"]
+    lines.append(f"| **all** | {n} | {total['killed']} ({total['timeout']}) | {total['survived']} | {total['no tests']} | "
+                 f"{total['not checked']} | {total['killed'] / max(n - total['not checked'], 1):.1%} |")
     lines += ["", "## Survivors (and mutants no test reaches)", ""]
     for _module, name in survivors:
-        diff = subprocess.run([*mutmut, "show", name], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        diff = subprocess.run([*mutmut, "show", name], cwd=work, capture_output=True, text=True).stdout.strip()
         lines += [f"### {name}", "", "```diff", diff, "```", ""]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -62,8 +62,6 @@ def common(bm: Cell, ids: set[int]) -> list[int]:
 def overlaps(a: Cell, b: Cell) -> bool:
     """Whether two bitmaps share an id, widening one when only one is 64-bit
     (pyroaring refuses to mix them). Runtime: O(containers) in C."""
-    if type(a) is BitMap and type(b) is BitMap:
-        return a.intersect(b)
     return BitMap64(a).intersect(BitMap64(b)) if type(a) is not type(b) else a.intersect(b)  # type: ignore[arg-type]
 
 

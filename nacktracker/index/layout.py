@@ -155,13 +155,11 @@ class Layout:
         return (1 << self.offset_bits) - 1
 
     def offsets(self, values: U64Array) -> U64Array:
-        """The offset of each packed value (vectorised)."""
-        if self.offset_bits == 0:
-            return np.zeros(len(values), dtype=np.uint64)
+        """The offset of each packed value (vectorised; offset_bits is at least MIN_OFFSET_BITS)."""
         return values >> np.uint64(self.offset_shift)
 
     def offset_of(self, value: int) -> int:
-        return value >> self.offset_shift if self.offset_bits else 0
+        return value >> self.offset_shift
 
 
 _LAYOUTS: dict[int, Layout] = {}
