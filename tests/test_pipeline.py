@@ -758,6 +758,30 @@ def test_bad_jsonl_traces_name_the_column(spark, tmp_path):
 
 @pytest.mark.spark
 @needs_spark
+def test_a_damaged_data_page_is_one_line_naming_the_file(spark, tmp_path):
+    """A Parquet file whose footer reads but whose data does not: the tasks
+    reading the log with pyarrow report it as one TraceError naming the file."""
+    from nacktracker.pipeline.plan import run_plan
+
+    n = 20_000
+    path = tmp_path / "log" / "a.parquet"
+    path.parent.mkdir()
+    pq.write_table(pa.table({"ts_ms": pa.array(np.arange(n) + T0), "kind": ["nack"] * n,
+                             "ledger_id": pa.array(np.arange(n) % 7), "entry_id": pa.array(np.arange(n)),
+                             "delay_ms": pa.array(np.full(n, 100)), "consumer": ["c"] * n}),
+                   path, compression="zstd", use_dictionary=False)
+    data = bytearray(path.read_bytes())
+    footer = 8 + int.from_bytes(data[-8:-4], "little")
+    for i in range(200, len(data) - footer - 200, 97):  # scramble the column chunks, keep the footer
+        data[i] ^= 0x5A
+    path.write_bytes(bytes(data))
+    with pytest.raises(TraceError, match=r"a\.parquet") as e:
+        run_plan(spark, str(tmp_path / "log"), [0])
+    assert "cannot read the log" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.spark
+@needs_spark
 def test_empty_traces(spark, tmp_path):
     from nacktracker.pipeline.plan import run_plan
 

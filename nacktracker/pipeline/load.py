@@ -384,17 +384,17 @@ def _arrow_rows(spark: SparkSession, tasks: list[ReadTask],
         for batch in batches:
             for number in batch.column("id").to_numpy().tolist():
                 for path, groups in work[number]:
-                    try:
+                    try:  # a batch at a time; a file pyarrow cannot read is one line (below)
                         pf = pq.ParquetFile(path, read_dictionary=["consumer", "kind"])
                         names = set(pf.schema_arrow.names)
-                        read = list(pf.iter_batches(batch_size=batch_rows, row_groups=groups,
-                                                    columns=[c for c in COLUMNS if c in need and c in names]))
-                    except Exception as e:  # noqa: BLE001  (a file pyarrow cannot read: one line, below)
+                        read = pf.iter_batches(batch_size=batch_rows, row_groups=groups,
+                                               columns=[c for c in COLUMNS if c in need and c in names])
+                        while (table := next(read, None)) is not None:
+                            yield pa.RecordBatch.from_pydict({"stats": [json.dumps({"rows": _grouped(table, names)})]})
+                    except Exception as e:  # noqa: BLE001  (re-raised on the driver as a TraceError)
                         yield pa.RecordBatch.from_pydict({"stats": [json.dumps({"error": f"{path}: cannot read "
                                                           f"the log: {str(e).splitlines()[0][:300]}"})]})
                         return
-                    for table in read:
-                        yield pa.RecordBatch.from_pydict({"stats": [json.dumps({"rows": _grouped(table, names)})]})
 
     def _grouped(table: Any, names: set[str]) -> list[dict[str, Any]]:
         import pyarrow as pa
