@@ -191,10 +191,11 @@ class SortedReleaseCore(DeliveryCore):
         return parked
 
 
-def core_round(make: Callable[..., DeliveryCore], n: int, removed: float) -> float:
-    """Seconds for ``n`` copies through one core: park (an early copy of a
-    requested message), ack a share of them by id before their time, release
-    the rest at wakeups every 100 ms. Requests are set up untimed."""
+def requested_core(make: Callable[..., DeliveryCore], n: int,
+                   removed: float) -> tuple[DeliveryCore, list[MessageKey], set[int]]:
+    """A core in which each of ``n`` messages was nacked and its redelivery
+    requested (so its next copy parks until its time), its keys, and which of
+    them the workload acks early (:func:`workload`)."""
     parks, gone = workload(n, removed)
     core = make(Precision.of(0, "floor"), dedup=Deduplicator(n), overdue_ms=10_000)
     keys = [MessageKey(1, key, -1, -1, "t") for key, _ in parks]
@@ -203,6 +204,14 @@ def core_round(make: Callable[..., DeliveryCore], n: int, removed: float) -> flo
         core.nacked(k, int(at) + 1_000, None, 0)
         core.fired(int(at) + 1_000, [k], 0)
     gc.collect()
+    return core, keys, gone
+
+
+def core_round(make: Callable[..., DeliveryCore], n: int, removed: float) -> float:
+    """Seconds for ``n`` copies through one core: park (an early copy of a
+    requested message), ack a share of them by id before their time, release
+    the rest at wakeups every 100 ms. Requests are set up untimed."""
+    core, keys, gone = requested_core(make, n, removed)
     t = time.perf_counter()
     for k in keys:
         core.arrive(k, 0, k, 0)
@@ -220,14 +229,7 @@ def core_parked_bytes(make: Callable[..., DeliveryCore], n: int) -> float:
     """Bytes the core holds per parked copy (tracemalloc over the parking
     arrivals: the Parked, its deadline and the structures' slots; the keys and
     tokens exist before)."""
-    parks, _ = workload(n, 0.0)
-    core = make(Precision.of(0, "floor"), dedup=Deduplicator(n), overdue_ms=10_000)
-    keys = [MessageKey(1, key, -1, -1, "t") for key, _ in parks]
-    for k, (_, at) in zip(keys, parks):
-        core.arrive(k, 0, None, 0)
-        core.nacked(k, int(at) + 1_000, None, 0)
-        core.fired(int(at) + 1_000, [k], 0)
-    gc.collect()
+    core, keys, _ = requested_core(make, n, 0.0)
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
     for k in keys:
