@@ -12,6 +12,11 @@ Hypothesis profiles, chosen by ``$NACKTRACKER_HYPOTHESIS`` (default ``ci``):
   the same examples in the same order, so a mutant fails on the same example as
   under ``ci``; only the search for a smaller failing example (seconds per
   killed mutant, and reported to nobody) is skipped;
+* ``mutate-quick``: ``mutate`` with ``quick``'s example counts, for a first
+  pass of ``make mutate`` over modules every state machine reaches (the
+  index): fewer examples can only let more mutants survive, never kill one
+  that the code does not fail on; ``tools/mutate.py --survivors`` reruns the
+  survivors on ``mutate``;
 * ``thorough``: random, and every test's example count (its own
   ``@settings(max_examples=...)`` too) times ``$NACKTRACKER_HYPOTHESIS_SCALE``
   (default 10), for long local runs;
@@ -47,13 +52,15 @@ settings.register_profile("ci", derandomize=True, database=None, deadline=None, 
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("mutate", settings.get_profile("ci"),
                           phases=[Phase.explicit, Phase.reuse, Phase.generate])
+settings.register_profile("mutate-quick", settings.get_profile("mutate"))
 settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("thorough", max_examples=1000, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("quick", derandomize=True, database=None, deadline=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
 #: How each profile scales a test's own example count (``@settings(max_examples=...)``).
-SCALES = {"thorough": lambda n: n * int(os.environ.get(SCALE_ENV, "10")), "quick": lambda n: max(10, n // 4)}
+SCALES = {"thorough": lambda n: n * int(os.environ.get(SCALE_ENV, "10")), "quick": lambda n: max(10, n // 4),
+          "mutate-quick": lambda n: max(10, n // 4)}
 PROFILE = os.environ.get(PROFILE_ENV, "ci")
 settings.load_profile(PROFILE)  # before the test modules are imported: their @settings inherit it
 
@@ -156,7 +163,8 @@ def _scale_examples(item, scale) -> None:
     inner = getattr(fn, "hypothesis", None)
     target = getattr(inner, "inner_test", None) and fn
     if target is not None and hasattr(target, "_hypothesis_internal_use_settings"):
-        own = target._hypothesis_internal_use_settings
+        # scaled from its own count once: mutmut collects the same module objects several times
+        own = target.__dict__.setdefault("_nacktracker_own_settings", target._hypothesis_internal_use_settings)
         target._hypothesis_internal_use_settings = settings(own, max_examples=scale(own.max_examples))
     cls = getattr(item, "cls", None)
     own = getattr(cls, "settings", None)

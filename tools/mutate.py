@@ -10,7 +10,7 @@ reason for each survivor kept (an equivalent mutant) or names the test added
 for it.
 
     python tools/mutate.py [--max-children N] [--module nacktracker/tracker.py ... [--survivors]]
-                           [--tests 'tests/test_x.py ...'] [--only-report]
+                           [--tests 'tests/test_x.py ...'] [--profile mutate-quick] [--only-report]
 
 ``--module`` runs the mutants of those modules only (mutmut's mutant names,
 ``nacktracker.tracker.*``), each against the tests that call the mutated
@@ -27,7 +27,10 @@ keeps its own), and a later run with the same ``--tests`` resumes it.
 Hypothesis runs its ``mutate`` profile (tests/run_checks.py): ``ci``'s
 derandomized examples without shrinking a failure, so a rerun on the same code
 gives the same survivors, and a mutant ``ci`` kills is killed here on the same
-example. It takes long (tens of
+example. ``--profile mutate-quick`` runs a quarter of each test's examples: a
+first pass for modules whose survivors run every state machine (the index); a
+mutant it kills failed a test, and its survivors are rerun with
+``--survivors`` on ``mutate``. It takes long (tens of
 minutes to hours on 2 cores): it is not part of ``make test``.
 """
 
@@ -90,6 +93,10 @@ def main() -> int:
     ap.add_argument("--tests", type=shlex.split, metavar="'ARGS'",
                     help="the tests to run instead of [tool.mutmut]'s selection, one quoted string of pytest "
                          "arguments (e.g. 'tests/test_index.py --deselect ID'): the tests that own the modules' behaviour")
+    ap.add_argument("--profile", default="mutate", choices=["mutate", "mutate-quick"],
+                    help="hypothesis profile (tests/run_checks.py): mutate-quick runs a quarter of each test's "
+                         "examples, a cheaper first pass that can only let more mutants survive; rerun its "
+                         "survivors with --survivors on mutate")
     ap.add_argument("--only-report", action="store_true", help="summarise the last run, run nothing")
     ap.add_argument("--out", default=str(ROOT / "mutation" / "latest.md"))
     args = ap.parse_args()
@@ -97,7 +104,7 @@ def main() -> int:
     mutmut = [sys.executable, "-m", "mutmut"]
     seconds = None
     if not args.only_report:
-        env = {**os.environ, "NACKTRACKER_HYPOTHESIS": "mutate"}
+        env = {**os.environ, "NACKTRACKER_HYPOTHESIS": args.profile}
         started = time.monotonic()
         names = [name for m in args.module for name in _not_killed(work, m, args.survivors)]
         if args.module and not names:
@@ -129,7 +136,8 @@ def main() -> int:
     lines = ["# Mutation testing: the last `make mutate`", "",
              f"Tests: {' '.join(args.tests) if args.tests else 'the configured selection ([tool.mutmut])'}.", ""]
     if seconds is not None:
-        lines += [f"Run time: {seconds / 60:.1f} min with --max-children {args.max_children}; "
+        lines += [f"Run time: {seconds / 60:.1f} min with --max-children {args.max_children}, hypothesis profile "
+                  f"{args.profile}; "
                   f"load average at the end: {Path('/proc/loadavg').read_text().split()[0]}.", ""]
     lines += ["| module | mutants | killed (of which timeouts) | survived | no tests | not checked | score |",
               "|---|---|---|---|---|---|---|"]
