@@ -194,3 +194,58 @@ def test_dense_bursts_and_sparse_traffic_are_both_modelled(costs):
 def test_an_empty_instant_costs_an_empty_index(costs):
     z = np.zeros(0, dtype=np.int64)
     assert index_state(z, z, z, z, z > 0, 8, costs).index_bytes == costs.empty_index
+
+
+def test_the_ledger_table_counts_its_containers_ledger_ints_and_records_exactly():
+    """The ledger table's bytes, worked from its definition: the table object, the
+    dict by ledger id and the list by slot (built the same way, so of the same
+    capacity), the free-slot list once a slot was freed, each ledger id's int (ids
+    above 256 are ints of their own) and each slot number past 256 (below, CPython's
+    shared ints); each ledger's record with the containers it holds (its listed
+    cells' bitmaps are counted with their windows)."""
+    from pyroaring import BitMap, BitMap64
+
+    from nacktracker.index._ledgers import Ledgers
+    from nacktracker.index.layout import held_size, roaring_bytes
+
+    table = Ledgers()
+    assert table.nbytes() == held_size(table) + held_size({}) + held_size([])
+    ids = [10**12 + i for i in range(300)]
+    by_id: dict[int, int] = {}
+    lid: list[int | None] = []
+    for i, ledger in enumerate(ids):
+        assert table.slot(ledger) == i
+        by_id[ledger] = i
+        lid.append(ledger)
+    assert table.slot(ids[5]) == 5 and table.ledger_id(299) == ids[299]
+    slots = sum(held_size(s) for s in range(257, 300))  # 257.. are ints of their own
+    assert held_size(256) > 0 and slots > 0
+    base = held_size(table) + held_size(by_id) + held_size(lid)
+    assert table.nbytes() == base + sum(map(held_size, ids)) + slots
+    table.drop(3)
+    table.drop(280)
+    del by_id[ids[3]], by_id[ids[280]]
+    lid[3] = lid[280] = None
+    free: list[int] = []
+    free.append(3)
+    free.append(280)
+    live = sum(map(held_size, ids)) - held_size(ids[3]) - held_size(ids[280]) + slots - held_size(280)
+    assert table.nbytes() == held_size(table) + held_size(by_id) + held_size(lid) + held_size(free) + live
+    # records: one with every container, one with a wide bitmap only
+    rich, wide = table.ext_of(7), table.ext_of(290)
+    rich.wide = BitMap64([1 << 40, (1 << 40) + 5])
+    rich.cells, rich.hi = [BitMap([1, 2]), None, 12345678], 2
+    rich.multi, rich.ghost = {10**9, 10**9 + 1}, {10**9 + 7}
+    wide.wide = BitMap64([1 << 33])
+    exts: list = [None] * 300
+    records = (2 * held_size(rich) + roaring_bytes(rich.wide) + roaring_bytes(wide.wide)
+               + held_size(rich.cells) + held_size(2)  # hi, a shared int
+               + held_size(rich.multi) + 2 * held_size(10**9) + held_size(rich.ghost) + held_size(10**9 + 7))
+    assert table.nbytes() == (held_size(table) + held_size(by_id) + held_size(lid) + held_size(free)
+                              + held_size(exts) + live + records)
+    # a record emptied goes at tidy(); the list of records stays
+    rich.wide = rich.cells = rich.multi = rich.ghost = None
+    table.tidy(7)
+    assert table.ext_at(7) is None
+    assert table.nbytes() == (held_size(table) + held_size(by_id) + held_size(lid) + held_size(free)
+                              + held_size(exts) + live + held_size(wide) + roaring_bytes(wide.wide))
