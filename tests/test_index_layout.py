@@ -501,6 +501,40 @@ def test_distinct_is_numpy_unique():
         assert distinct(a).tolist() == np.unique(a).tolist()
 
 
+def test_bitmap_helpers_as_worked_by_hand():
+    """The bitmap helpers the index's bulk path and windows use, on each mix of
+    32- and 64-bit bitmaps (pyroaring refuses to mix them): a union keeps both
+    sides' ids, widens to 64 bits when either side is 64-bit and otherwise
+    updates the cell itself; an overlap is found across widths; a bitmap of ids
+    is 64-bit exactly when one is >= 2^32."""
+    from nacktracker.index.bitmaps import bitmap_of, common, merge_into, overlaps
+
+    big = 1 << 32
+    for a_wide in (False, True):
+        for b_wide in (False, True):
+            a = (BitMap64 if a_wide else BitMap)([1, 5] + ([big + 1] if a_wide else []))
+            b = (BitMap64 if b_wide else BitMap)([5, 9] + ([big + 9] if b_wide else []))
+            want = set(a) | set(b)
+            a_ids, b_ids = set(a), set(b)
+            assert overlaps(a, b) and overlaps(b, a)
+            assert not overlaps(a, (BitMap64 if b_wide else BitMap)([2, 3]))
+            out = merge_into(a, b)
+            assert set(out) == want and set(b) == b_ids, (a_wide, b_wide)
+            assert type(out) is (BitMap64 if a_wide or b_wide else BitMap)
+            if a_wide == b_wide:
+                assert out is a  # the cell itself, updated
+            else:
+                assert set(a) == a_ids or out is a
+    assert set(merge_into(BitMap(), BitMap64([big]))) == {big}
+    for ids, wide in (([], False), ([0, 7], False), ([big - 1], False), ([3, big], True), ([big + big // 2], True),
+                      ([1 << 40], True)):
+        bm = bitmap_of(np.array(ids, dtype=np.uint64))
+        assert (type(bm) is BitMap64) == wide and sorted(bm) == ids, ids
+    cell = BitMap([1, 2, 3, 4])
+    assert sorted(common(cell, {2, 4, 9})) == [2, 4] and sorted(common(cell, {1, 2, 3, 4, 5, 6})) == [1, 2, 3, 4]
+    assert common(BitMap([1]), {big}) == [] and common(BitMap64([big]), {big}) == [big]
+
+
 def test_taking_a_big_bucket_does_not_import_numpy_ma():
     """np.unique imports numpy.ma on first use (over 1 MB of RSS, counted
     against the index by the grid's RSS growth); the index never needs it."""
