@@ -499,6 +499,10 @@ def test_distinct_is_numpy_unique():
     for n in (0, 1, 2, 7, 500):
         a = rng.integers(0, 40, n).astype(np.uint64)
         assert distinct(a).tolist() == np.unique(a).tolist()
+    for values, want in (([5, 5], [5]), ([9, 3], [3, 9]), ([4, 4, 4], [4]), ([7], [7]), ([], [])):
+        a = np.array(values, dtype=np.uint64)
+        assert distinct(a).tolist() == want, values
+        assert a.tolist() == values  # its input untouched
 
 
 def test_bitmap_helpers_as_worked_by_hand():
