@@ -249,3 +249,14 @@ def test_the_ledger_table_counts_its_containers_ledger_ints_and_records_exactly(
     assert table.ext_at(7) is None
     assert table.nbytes() == (held_size(table) + held_size(by_id) + held_size(lid) + held_size(free)
                               + held_size(exts) + live + held_size(wide) + roaring_bytes(wide.wide))
+
+
+def test_an_empty_window_and_a_ledger_record_cost_their_objects():
+    """What the planner's model charges per window and per ledger record: the
+    object as allocated (64-bit CPython: a 16-byte header, a 16-byte GC header,
+    a pointer per slot, rounded to pymalloc's 16-byte classes); its containers
+    are counted as they are made."""
+    from nacktracker.index.layout import LedgerExt, Window, held, ledger_record_bytes, window_bytes
+
+    assert window_bytes() == held(16 + 16 + 8 * len(Window.__slots__)) == 96
+    assert ledger_record_bytes() == held(16 + 16 + 8 * len(LedgerExt.__slots__)) == 80
