@@ -525,10 +525,12 @@ def test_bitmap_helpers_as_worked_by_hand():
             out = merge_into(a, b)
             assert set(out) == want and set(b) == b_ids, (a_wide, b_wide)
             assert type(out) is (BitMap64 if a_wide or b_wide else BitMap)
-            if a_wide == b_wide:
-                assert out is a  # the cell itself, updated
+            if a_wide:
+                assert out is a  # 64-bit already: the cell itself, updated
+            elif not b_wide:
+                assert out is a
             else:
-                assert set(a) == a_ids or out is a
+                assert set(a) == a_ids  # widened: a new bitmap, the 32-bit cell as it was
     assert set(merge_into(BitMap(), BitMap64([big]))) == {big}
     for ids, wide in (([], False), ([0, 7], False), ([big - 1], False), ([3, big], True), ([big + big // 2], True),
                       ([1 << 40], True)):
@@ -537,6 +539,34 @@ def test_bitmap_helpers_as_worked_by_hand():
     cell = BitMap([1, 2, 3, 4])
     assert sorted(common(cell, {2, 4, 9})) == [2, 4] and sorted(common(cell, {1, 2, 3, 4, 5, 6})) == [1, 2, 3, 4]
     assert common(BitMap([1]), {big}) == [] and common(BitMap64([big]), {big}) == [big]
+
+
+def test_a_sort_across_segments_of_64_kib_or_more_uses_a_memory_map_of_its_own(monkeypatch):
+    """``sort_across`` sorts several arrays as one sequence; from SCRATCH_MAP
+    bytes of values on, its scratch array lives in a memory map of exactly their
+    size (given back to the system when done, not a hole left in the C heap),
+    below that in an ordinary array."""
+    import mmap as mmap_module
+
+    from nacktracker.index import bitmaps
+
+    maps: list[int] = []
+    real_mmap = mmap_module.mmap
+
+    def recording_mmap(fileno, length, *args, **kwargs):
+        maps.append(length)
+        return real_mmap(fileno, length, *args, **kwargs)
+
+    monkeypatch.setattr(bitmaps.mmap, "mmap", recording_mmap)
+    assert bitmaps.SCRATCH_MAP == 1 << 16
+    rng = np.random.default_rng(5)
+    for n, mapped in ((10, False), (8191, False), (8192, True), (20_000, True)):
+        maps.clear()
+        parts = [rng.integers(0, 1 << 60, k).astype(np.uint64) for k in (n // 3, n - n // 3)]
+        want = np.sort(np.concatenate(parts))
+        bitmaps.sort_across(parts)
+        assert np.concatenate(parts).tolist() == want.tolist() and [len(p) for p in parts] == [n // 3, n - n // 3]
+        assert maps == ([8 * n] if mapped else []), n
 
 
 def test_taking_a_big_bucket_does_not_import_numpy_ma():
