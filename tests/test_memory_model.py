@@ -260,3 +260,36 @@ def test_an_empty_window_and_a_ledger_record_cost_their_objects():
 
     assert window_bytes() == held(16 + 16 + 8 * len(Window.__slots__)) == 96
     assert ledger_record_bytes() == held(16 + 16 + 8 * len(LedgerExt.__slots__)) == 80
+
+
+def test_roaring_bytes_of_each_container_kind_as_worked_by_hand():
+    """CRoaring's heap behind a bitmap, worked by hand from glibc's chunks
+    (``malloc_bytes``: at least 32, n + 8 rounded up to 16): the bitmap header
+    (48 B, or 210 B for a 64-bit one), the container arrays (11 B per slot),
+    16 B and the payload per container (an array container 2 B per id, a run
+    2 + 4 B per run, a bitset 8 KiB), 24 B of ART leaf per 64-bit container,
+    and the Python object (48 B held). ``grown``: the container arrays and
+    array containers at the capacity adds grow them to; ``refit``: array
+    containers regrown one step from their size."""
+    from pyroaring import BitMap, BitMap64
+
+    from nacktracker.index.layout import roaring_bytes
+
+    py = 48
+    assert roaring_bytes(BitMap()) == 64 + py
+    assert roaring_bytes(BitMap64()) == 210 + py
+    three = BitMap([1, 2, 3])  # one array container of 6 B
+    assert roaring_bytes(three) == 64 + 32 + 32 + 32 + py
+    assert roaring_bytes(three, grown=True) == 64 + 32 + 32 + 48 + py  # 16 ids (32 B) grown
+    assert roaring_bytes(three, grown=True, refit=True) == 64 + 32 + 32 + 32 + py  # 6 ids (12 B) regrown
+    spread = BitMap([1, 1 << 16, 2 << 16])  # three containers of one id
+    assert roaring_bytes(spread) == 64 + 48 + 3 * 32 + 3 * 32 + py  # 33 B of arrays: a 48 B chunk
+    assert roaring_bytes(spread, grown=True) == 64 + 80 + 3 * 32 + 3 * 48 + py  # 6 slots (66 B)
+    assert roaring_bytes(spread, grown=True, refit=True) == 64 + 80 + 3 * 32 + 3 * 32 + py
+    runs = BitMap(range(100_000))  # two run containers of one run each (6 B)
+    assert roaring_bytes(runs) == roaring_bytes(runs, grown=True) == 64 + 32 + 2 * 32 + 2 * 32 + py
+    bitset = BitMap(range(0, 1 << 16, 2))  # one bitset container
+    assert roaring_bytes(bitset) == roaring_bytes(bitset, grown=True, refit=True) == 64 + 32 + 32 + 8208 + py
+    wide = BitMap64([1 << 40, 2, 3])  # two array containers (3 ids: 3 B each on average)
+    assert roaring_bytes(wide) == 210 + 32 + 2 * 32 + 2 * 32 + 2 * 24 + py
+    assert roaring_bytes(wide, grown=True) == 210 + 32 + 2 * 32 + 2 * 48 + 2 * 24 + py
