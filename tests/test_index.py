@@ -498,6 +498,49 @@ def test_every_index_refuses_a_bad_due_time_naming_it(cls):
     assert str(refused.value) == "now_ms must be >= 0, got -1"
 
 
+@pytest.mark.parametrize("bits,rounding,message", [
+    (31, "floor", "precision_bits must be <= 30, got 31"),
+    (-1, "floor", "precision_bits must be >= 0, got -1"),
+    (1.0, "floor", "precision_bits must be an int, not float"),
+    (8, "round", "rounding must be 'floor' or 'ceil', got 'round'"),
+])
+def test_every_index_refuses_bad_settings_naming_them(cls, bits, rounding, message):
+    with pytest.raises((TypeError, ValueError)) as refused:
+        cls(precision_bits=bits, rounding=rounding)
+    assert str(refused.value) == message
+    assert cls(precision_bits=30).bucket_of(3 << 30) == 3 << 30  # 30 bits: the largest precision
+
+
+def test_every_index_refuses_bad_ids_and_times_naming_them(cls):
+    """Each refusal in the caller's thread names the argument at fault and what
+    it got; the slow path of ``add`` (any argument not a plain int in range)
+    checks every one, the fast path none."""
+    idx = cls(precision_bits=0)
+    cases = [
+        (lambda: idx.add(-1, 1, 5), "ledger_id must be >= 0, got -1"),
+        (lambda: idx.add(1, -2, 5), "entry_id must be >= 0, got -2"),
+        (lambda: idx.add(1, 2, -3), "due_ms must be >= 0, got -3"),
+        (lambda: idx.add(1 << 63, 2, 5), f"ledger_id must be <= {(1 << 63) - 1}, got {1 << 63}"),
+        (lambda: idx.add(1, 1 << 63, 5), f"entry_id must be <= {(1 << 63) - 1}, got {1 << 63}"),
+        (lambda: idx.add(1, 2, 1 << 62), f"due_ms must be <= {(1 << 62) - 1}, got {1 << 62}"),
+        (lambda: idx.add(1.0, 2, 5), "ledger_id must be an int, not float"),
+        (lambda: idx.add(1, None, 5), "entry_id must be an int, not NoneType"),
+        (lambda: idx.add(1, 2, "5"), "due_ms must be an int, not str"),
+        (lambda: idx.add_many(-1, [1], 5), "ledger_id must be >= 0, got -1"),
+        (lambda: idx.add_many(1, [1], -5), "due_ms must be >= 0, got -5"),
+        (lambda: idx.discard(-1, 1), "ledger_id must be >= 0, got -1"),
+        (lambda: idx.discard(1, -1), "entry_id must be >= 0, got -1"),
+    ]
+    for call, message in cases:
+        with pytest.raises((TypeError, ValueError)) as refused:
+            call()
+        assert str(refused.value) == message
+    assert len(idx) == 0 and not idx
+    idx.add((1 << 63) - 1, (1 << 63) - 1, (1 << 62) - 1)  # the largest of each is taken
+    assert ((1 << 63) - 1, (1 << 63) - 1) in idx and len(idx) == 1 and idx
+    assert idx.pop_due((1 << 62) - 1) == [((1 << 63) - 1, (1 << 63) - 1)]
+
+
 def test_every_index_shows_its_settings_and_pending_count(cls):
     idx = cls(precision_bits=3, rounding="ceil")
     idx.add(1, 2, 3)
