@@ -293,3 +293,16 @@ def test_roaring_bytes_of_each_container_kind_as_worked_by_hand():
     wide = BitMap64([1 << 40, 2, 3])  # two array containers (3 ids: 3 B each on average)
     assert roaring_bytes(wide) == 210 + 32 + 2 * 32 + 2 * 32 + 2 * 24 + py
     assert roaring_bytes(wide, grown=True) == 210 + 32 + 2 * 32 + 2 * 48 + 2 * 24 + py
+
+
+def test_the_time_order_costs_its_dict_as_allocated():
+    """The index's time order is a dict of windows by id: its object (64 B on
+    64-bit CPython) and, once it holds windows, its keys table, each rounded as
+    allocated (the ids' ints and the windows are counted with each window)."""
+    import sys
+
+    from nacktracker.index.layout import Window, held, time_order_bytes
+
+    assert time_order_bytes({}) == held(sys.getsizeof({})) == 64
+    windows = {w << 20: Window() for w in range(6)}
+    assert time_order_bytes(windows) == 64 + held(sys.getsizeof(windows) - sys.getsizeof({}))
