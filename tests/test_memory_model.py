@@ -50,6 +50,8 @@ def test_held_size_is_what_the_allocators_take():
     big = array.array("Q", range(100))
     assert held_size(big) == held(sys.getsizeof(array.array("Q"))) + held(sys.getsizeof(big) - sys.getsizeof(array.array("Q")))
     assert held_size(set()) == held(sys.getsizeof(set()))
+    # a list: its 56-byte object and its item array (8 B per slot), each rounded on its own
+    assert held_size([None]) == 64 + 16 and held_size([None] * 3) == 64 + 32 and held_size([]) == 64
 
 
 # CRoaring's array container growth, worked by hand: by adds from 16 (x2 below 64, x1.5 below 1,024,
@@ -286,6 +288,9 @@ def test_roaring_bytes_of_each_container_kind_as_worked_by_hand():
     assert roaring_bytes(spread) == 64 + 48 + 3 * 32 + 3 * 32 + py  # 33 B of arrays: a 48 B chunk
     assert roaring_bytes(spread, grown=True) == 64 + 80 + 3 * 32 + 3 * 48 + py  # 6 slots (66 B)
     assert roaring_bytes(spread, grown=True, refit=True) == 64 + 80 + 3 * 32 + 3 * 32 + py
+    twenty = BitMap([k << 16 for k in range(20)])  # 220 B of arrays: a 240 B chunk (30 slots grown: 352 B)
+    assert roaring_bytes(twenty) == 64 + 240 + 20 * 32 + 20 * 32 + py
+    assert roaring_bytes(twenty, grown=True) == 64 + 352 + 20 * 32 + 20 * 48 + py
     runs = BitMap(range(100_000))  # two run containers of one run each (6 B)
     assert roaring_bytes(runs) == roaring_bytes(runs, grown=True) == 64 + 32 + 2 * 32 + 2 * 32 + py
     bitset = BitMap(range(0, 1 << 16, 2))  # one bitset container
