@@ -45,7 +45,7 @@ def test_held_size_is_what_the_allocators_take():
 
     from nacktracker.index.layout import held, held_size
 
-    assert [held(n) for n in (1, 16, 17, 512, 513, 1000)] == [16, 16, 32, 512, 528, 1008]
+    assert [held(n) for n in (1, 16, 17, 512, 513, 1000, 1001)] == [16, 16, 32, 512, 528, 1008, 1024]
     assert held_size(7 << 40) == 32  # an int of 34 bytes
     big = array.array("Q", range(100))
     assert held_size(big) == held(sys.getsizeof(array.array("Q"))) + held(sys.getsizeof(big) - sys.getsizeof(array.array("Q")))
