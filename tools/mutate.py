@@ -10,7 +10,8 @@ reason for each survivor kept (an equivalent mutant) or names the test added
 for it.
 
     python tools/mutate.py [--max-children N] [--module nacktracker/tracker.py ... [--survivors]]
-                           [--tests 'tests/test_x.py ...'] [--profile mutate-quick] [--only-report]
+                           [--mutant NAME ...] [--tests 'tests/test_x.py ...'] [--profile mutate-quick]
+                           [--only-report]
 
 ``--module`` runs the mutants of those modules only (mutmut's mutant names,
 ``nacktracker.tracker.*``), each against the tests that call the mutated
@@ -90,6 +91,9 @@ def main() -> int:
                     help="run (and report) the mutants of this module only, e.g. nacktracker/tracker.py; repeatable")
     ap.add_argument("--survivors", action="store_true",
                     help="with --module: run only the mutants that survived a run (after adding tests)")
+    ap.add_argument("--mutant", action="append", default=[], metavar="NAME",
+                    help="with --module: run only these mutants (mutmut's names, e.g. after a test was added for "
+                         "them), not every survivor again; repeatable")
     ap.add_argument("--tests", type=shlex.split, metavar="'ARGS'",
                     help="the tests to run instead of [tool.mutmut]'s selection, one quoted string of pytest "
                          "arguments (e.g. 'tests/test_index.py --deselect ID'): the tests that own the modules' behaviour")
@@ -106,7 +110,7 @@ def main() -> int:
     if not args.only_report:
         env = {**os.environ, "NACKTRACKER_HYPOTHESIS": args.profile}
         started = time.monotonic()
-        names = [name for m in args.module for name in _not_killed(work, m, args.survivors)]
+        names = args.mutant or [name for m in args.module for name in _not_killed(work, m, args.survivors)]
         if args.module and not names:
             print("every mutant of those modules is killed already: nothing to run", file=sys.stderr)
             return 0
