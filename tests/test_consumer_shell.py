@@ -13,7 +13,8 @@ import logging
 
 import pytest
 
-pytest.importorskip("pulsar")
+pulsar = pytest.importorskip("pulsar")
+import pulsar.asyncio  # noqa: E402
 
 from nacktracker import FixedBackoff, ManualClock, MessageKey  # noqa: E402
 from nacktracker.consumer import ReceiveTimeout, TrackedConsumer  # noqa: E402
@@ -53,6 +54,7 @@ class FakeConsumer:
     def __init__(self) -> None:
         self.queue: asyncio.Queue = asyncio.Queue()
         self.acks: list = []
+        self.acked_messages: list = []  # the objects, when copies of one message must be told apart
         self.fail_acks = 0
         self.sought: list = []
 
@@ -64,6 +66,7 @@ class FakeConsumer:
             self.fail_acks -= 1
             raise RuntimeError("ack failed")
         self.acks.append(message.data())
+        self.acked_messages.append(message)
 
     async def acknowledge_cumulative(self, message):
         raise RuntimeError("cumulative ack is not allowed on Shared subscriptions")
@@ -89,18 +92,23 @@ class FakeBroker:
         self.sizes: dict[int, int] = {}
         self.counts: dict[int, int] = {}
         self.elsewhere = False
+        self.batched: set[int] = set()  # entries of one message sent as a batch (batch index 0, size 1)
+        self.message_type = FakeMessage
 
-    def publish(self, size: int = 1) -> int:
+    def publish(self, size: int = 1, batched: bool = False) -> int:
         entry = len(self.sizes)
         self.sizes[entry] = size
+        if batched:
+            self.batched.add(entry)
         self.send(entry)
         return entry
 
     def send(self, entry: int) -> None:
         size = self.sizes[entry]
         count = self.counts.get(entry, 0)
-        for index in range(size) if size > 1 else [-1]:
-            self.consumer.queue.put_nowait(FakeMessage(entry, index, size if size > 1 else 0, count))
+        batched = size > 1 or entry in self.batched
+        for index in range(size) if batched else [-1]:
+            self.consumer.queue.put_nowait(self.message_type(entry, index, size if batched else 0, count))
 
     async def redeliver(self, keys):
         for key in keys:
@@ -613,3 +621,92 @@ async def test_direct_calls_take_an_answer_at_once_or_through_a_future(mode):
         assert acked is None  # accepted during the call: nothing to await
     else:
         assert await asyncio.wait_for(acked, 5) is None
+
+
+class LetterMessage(FakeMessage, pulsar.Message):
+    """A FakeMessage a dead-letter publisher takes (it carries a payload)."""
+
+
+class GatedProducer:
+    """A dead-letter producer whose sends wait for the test: ``release(ok)``."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.ok = True
+        self.sent: list = []
+
+    async def send(self, payload, **options):
+        await self.gate.wait()
+        if not self.ok:
+            raise pulsar.asyncio.PulsarException(pulsar.Result.Timeout, "send timed out")
+        self.sent.append(payload)
+        return FakeId(len(self.sent))
+
+    async def close(self):
+        pass
+
+
+class GatedClient(pulsar.asyncio.Client):
+    def __init__(self) -> None:  # no real client
+        self.producer = GatedProducer()
+
+    async def create_producer(self, topic, **options):
+        return self.producer
+
+
+@pytest.fixture
+def gated():
+    """A GatedClient whose gate opens at teardown, whatever the test did (a closing consumer waits for
+    the letters in flight)."""
+    client = GatedClient()
+    yield client
+    client.producer.gate.set()
+
+
+@pytest.mark.parametrize("size", [0, 1, 3], ids=["not-batched", "batch-of-one", "batch-of-three"])
+async def test_copies_arriving_while_a_dead_letter_is_published_never_surface_and_are_acked_with_it(
+        harness, gated, size):
+    """A broker restart resends what is unacknowledged while the message's dead letter is being
+    published: the copy must not reach the application again; a batch message's copy is
+    acknowledged once the letter's message is (each delivery of a batch entry acks it through its own
+    batch acker), then later copies are dropped as acknowledged."""
+    h = harness(precision_bits=0, client=gated, max_redeliveries=1, delay_ms=100)
+    h.broker.message_type = LetterMessage
+    h.broker.counts[0] = 1  # redelivered once already: the next nack dead-letters it
+    h.broker.publish(max(size, 1), batched=size == 1)
+    await settle()
+    first = (await h.drain())[0]
+    await h.consumer.negative_acknowledge(first)
+    h.broker.send(0)  # the resend, the letter still in flight
+    await h.advance(5)
+    assert await h.drain() == []
+    assert h.consumer.stats()["letter_copies_dropped"] == 1
+    gated.producer.gate.set()
+    await h.advance(5)
+    assert gated.producer.sent == [first.data()]
+    copy = [m for m in h.raw.acked_messages if m is not first and m.data() == first.data()]
+    assert h.raw.acked_messages.count(first) == 1 and len(copy) == (1 if size else 0)
+    h.broker.send(0)  # and again after the letter
+    await h.advance(200)
+    assert len(h.got) == max(size, 1)  # the first delivery only (and its siblings')
+
+
+@pytest.mark.parametrize("size", [0, 1], ids=["not-batched", "batch-of-one"])
+async def test_a_copy_dropped_while_a_dead_letter_failed_comes_back_with_the_redelivery(harness, gated, size):
+    """The letter fails: nothing is lost; the dropped copy is not acknowledged, and the message comes
+    back with the tracker's redelivery (the next nack tries the dead letter again)."""
+    gated.producer.ok = False
+    h = harness(precision_bits=0, client=gated, max_redeliveries=1, delay_ms=100, latency_ms=20)
+    h.broker.message_type = LetterMessage
+    h.broker.counts[0] = 1
+    h.broker.publish(1, batched=size == 1)
+    await settle()
+    (first,) = await h.drain()
+    await h.consumer.negative_acknowledge(first)
+    h.broker.send(0)
+    await h.advance(5)
+    assert await h.drain() == []
+    gated.producer.gate.set()
+    await h.advance(300)
+    assert h.raw.acked_messages == [] and gated.producer.sent == []
+    assert [data for _, data, _ in h.got[1:]] == [first.data()], h.got

@@ -80,11 +80,13 @@ class FailureHandling:
         """A copy the core let through: ``False`` when it is another copy of a message whose
         letter is being published (dropped: the letter's ack settles it), or a retry copy the
         broker sent before it is due (held here until then). O(log n)."""
-        in_flight = self._owner._dead_letters.in_flight
-        if in_flight and self._owner._message_key(msg) in in_flight:
+        letters = self._owner._dead_letters
+        if letters.in_flight:
             key = self._owner._message_key(msg)
-            if key.batch_index < 0:  # (a batch message's copy must be acked with it: the core keeps those)
-                self._owner.core.held.pop(key, None)
+            if key in letters.in_flight:
+                held = self._owner.core.held.pop(key, None)
+                if key.batch_index >= 0:  # each delivery of a batch entry acks it through its own batch acker
+                    letters.keep_copies(key, (held.tokens if held is not None else []) + [msg])
                 self.dropped_in_flight += 1
                 return False
         if self.retries is None:
@@ -208,12 +210,16 @@ class FailureHandling:
     async def _settle(self, message: Any, key: MessageKey, publishing: Any) -> None:
         """Publish a letter, then acknowledge the message; other copies of it are dropped meanwhile."""
         letters = self._owner._dead_letters
-        letters.in_flight[key] = letters.in_flight.get(key, 0) + 1
+        letters.publishing(key)
+        acked = False
         try:
             await publishing
             await self._owner._acknowledge(message, key)
+            acked = True
         finally:
-            letters.settled(key)
+            copies = letters.settled(key)
+        if acked and copies:
+            await self._owner._ack_copies([c for c in copies if c is not message])
 
     @staticmethod
     def _check_message(call: str, message: Any) -> None:
@@ -307,19 +313,23 @@ class ConsumerDeadLetters:
     published one (also while the consumer closes)."""
 
     def __init__(self, publisher: Optional[DeadLetterPublisher], ack: Callable[[Any], Awaitable[None]],
-                 hooked: bool = True) -> None:
+                 hooked: bool = True, ack_copies: Optional[Callable[[list[Any]], Awaitable[None]]] = None) -> None:
         self.publisher = publisher
         self._ack = ack
+        self._ack_copies = ack_copies
         self._hooked = hooked  # False: the publisher serves explicit dead letters only (no max_redeliveries)
         self.candidate: Any = None
         self.failures: Optional[FailureHandling] = None  # closed with these (set by FailureHandling)
         #: messages whose letter (dead letter, retry) is being published, until acknowledged: another
         #: copy of one (a broker restart's resend beside the requested one) must not surface meanwhile
         self.in_flight: dict[Any, int] = {}
+        #: copies of in-flight batch messages dropped meanwhile (:meth:`keep_copies`)
+        self._copies: dict[Any, list[Any]] = {}
 
     @classmethod
     def of(cls, consumer: Any, client: Any, opts: Any, schema: Any,
-           ack: Callable[[Any], Awaitable[None]]) -> tuple["ConsumerDeadLetters", str]:
+           ack: Callable[[Any], Awaitable[None]],
+           ack_copies: Optional[Callable[[list[Any]], Awaitable[None]]] = None) -> tuple["ConsumerDeadLetters", str]:
         """A consumer's dead letters, and the consumer's name. With a client there is a publisher
         (for ``dead_letter()`` and ``reconsume_later()`` too); the tracker's hook needs
         ``max_redeliveries``. The client leaves a multi-topic consumer subscribed without
@@ -330,7 +340,7 @@ class ConsumerDeadLetters:
             client, subscription=consumer.subscription_name(), consumer_name=name,
             dead_letter_topic=opts.dead_letter_topic, initial_subscription=opts.dead_letter_initial_subscription,
             schema=schema)
-        return cls(publisher, ack=ack, hooked=opts.max_redeliveries is not None), name
+        return cls(publisher, ack=ack, hooked=opts.max_redeliveries is not None, ack_copies=ack_copies), name
 
     @property
     def hook(self) -> Optional[Callable[[Any], Awaitable[None]]]:
@@ -345,21 +355,40 @@ class ConsumerDeadLetters:
         assert self.publisher is not None  # the hook exists only with a publisher
         message = self.candidate
         published = self.publisher.publish(message)
+        self.publishing(key)  # now, not when the tracker's task starts: a copy may arrive before that
         return self._ack_when_published(message, published, key)
 
     async def _ack_when_published(self, message: Any, published: "asyncio.Future[Any]", key: Any) -> None:
-        self.in_flight[key] = self.in_flight.get(key, 0) + 1
+        acked = False
         try:
             await published
             await self._ack(message)
+            acked = True
         finally:
-            self.settled(key)
+            copies = self.settled(key)
+        if acked and copies and self._ack_copies is not None:
+            await self._ack_copies([c for c in copies if c is not message])
 
-    def settled(self, key: Any) -> None:
-        """A letter of ``key`` was published and acknowledged, or failed (see :attr:`in_flight`)."""
+    def publishing(self, key: Any) -> None:
+        """A letter of ``key`` is being published: other copies of it are dropped until :meth:`settled`. O(1)."""
+        self.in_flight[key] = self.in_flight.get(key, 0) + 1
+
+    def keep_copies(self, key: Any, copies: list[Any]) -> None:
+        """Copies of an in-flight batch message, dropped: acknowledged once its letter's message is (a batch
+        entry is acknowledged at the broker by whichever delivery of it has all its messages acked).
+        O(len(copies))."""
+        self._copies.setdefault(key, []).extend(copies)
+
+    def settled(self, key: Any) -> list[Any]:
+        """A letter of ``key`` was published and acknowledged, or failed (see :attr:`in_flight`). Returns
+        the copies kept meanwhile once no letter of ``key`` is left in flight: the caller acknowledges
+        them if its letter's message was acknowledged; after a failure they are forgotten (the message
+        stays pending: its redelivery sends the entry again). O(1)."""
         left = self.in_flight.pop(key, 1) - 1
         if left:
             self.in_flight[key] = left
+            return []
+        return self._copies.pop(key, [])
 
     def stats(self) -> dict[str, int]:
         """The consumer's ``dead_letter_*`` stats (see
