@@ -687,6 +687,27 @@ def test_an_ack_emptying_one_of_two_listed_cells_keeps_the_other():
     assert idx.pop_due(100) == [(2, e) for e in range(PROMOTE + 1)] and len(idx) == 0
 
 
+@pytest.mark.parametrize("gone", [1, 2])
+def test_acks_emptying_a_cell_of_the_open_front_window_leave_the_other_cell_of_its_bucket(gone):
+    """The front window is open (its cells' keys in a heap); two ledgers' bursts share
+    one bucket there and acks empty one ledger's cell: its key is left stale in the
+    heap, on top of the other's (ledger 1, the lower slot) or behind it (ledger 2).
+    The next pop takes the remaining cell, whole, after the earlier bucket."""
+    idx = TimeBucketIndex(precision_bits=0)
+    idx.add(9, 0, 10)
+    idx.add(9, 1, 20)
+    assert idx.pop_due(10) == [(9, 0)]  # the window opens at the front
+    for ledger in (1, 2):
+        for e in range(PROMOTE + 1):
+            idx.add(ledger, e, 50)
+    for e in range(PROMOTE + 1):
+        assert idx.discard(gone, e)
+    kept = 3 - gone
+    assert len(idx) == PROMOTE + 2 and idx.next_due_ms() == 20
+    assert idx.pop_due(30) == [(9, 1)] and idx.next_due_ms() == 50
+    assert idx.pop_due(100) == [(kept, e) for e in range(PROMOTE + 1)] and len(idx) == 0 and not idx
+
+
 @pytest.mark.parametrize("bits", [0, 4, 14])
 def test_count_bounds_count_only_what_a_pop_left_in_a_window(bits):
     """A window partly taken by pop_due is bounded by the copies left in it: 40 copies left of
