@@ -541,6 +541,30 @@ def test_every_index_refuses_bad_ids_and_times_naming_them(cls):
     assert idx.pop_due((1 << 62) - 1) == [((1 << 63) - 1, (1 << 63) - 1)]
 
 
+def test_every_index_defaults_to_its_documented_precision_rounded_down(cls):
+    """The reference models default to exact milliseconds, the index to 2^8 ms buckets."""
+    idx = cls()
+    bits = 8 if cls is TimeBucketIndex else 0
+    assert (idx.precision_bits, idx.rounding) == (bits, "floor")
+    assert idx.bucket_of(1000) == 1000 >> bits << bits
+    assert repr(idx).startswith(f"{cls.__name__}(precision_bits={bits}, rounding='floor', pending=0")
+
+
+@pytest.mark.parametrize("model", [DictIndex, HeapIndex])
+def test_a_reference_model_popping_one_of_two_buckets_of_a_message_costs_what_holding_it_once_does(model):
+    """A message pending in two buckets is stored with a tuple of both; once the
+    first is popped it is stored as one bucket again, as if added once."""
+    big = 10**12
+    twice, once = model(0), model(0)
+    twice.add(big, big + 1, 1000)
+    twice.add(big, big + 1, 2000)
+    assert twice.pop_due(1500) == [(big, big + 1)] and len(twice) == 1
+    once.add(big, big + 1, 2000)
+    if model is DictIndex:
+        assert twice.nbytes() == once.nbytes()
+    assert twice.pop_due(2000) == once.pop_due(2000) == [(big, big + 1)]
+
+
 def test_every_index_shows_its_settings_and_pending_count(cls):
     idx = cls(precision_bits=3, rounding="ceil")
     idx.add(1, 2, 3)
