@@ -57,7 +57,7 @@ test: lint docs
 # tests); not part of `make test`. Writes the score per module and each survivor to mutation/latest.md; the committed
 # report with a reason per survivor is mutation/REPORT.md.
 mutate: $(MUTATE_STAMP)
-	$(PY) tools/mutate.py
+	$(PY) tools/mutate.py --owners
 
 $(MUTATE_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e '.[all,mutate]'

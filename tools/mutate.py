@@ -9,9 +9,17 @@ every survivor with its diff. The committed ``mutation/REPORT.md`` gives a
 reason for each survivor kept (an equivalent mutant) or names the test added
 for it.
 
+    python tools/mutate.py --owners [--max-children N] [--only-report]      (what `make mutate` runs)
     python tools/mutate.py [--max-children N] [--module nacktracker/tracker.py ... [--survivors]]
                            [--mutant NAME ...] [--tests 'tests/test_x.py ...'] [--profile mutate-quick]
                            [--only-report]
+
+``--owners`` runs each configured module against the tests that own its
+behaviour (the table ``OWNERS`` below, as mutation/REPORT.md reports them),
+one selection after the other, each resuming its own state: a module already
+run costs nothing more, and an interrupted run goes on where it stopped. It
+writes one report per selection (``mutation/latest/``) and their table with
+the run time of each in ``mutation/latest.md``.
 
 ``--module`` runs the mutants of those modules only (mutmut's mutant names,
 ``nacktracker.tracker.*``), each against the tests that call the mutated
@@ -52,6 +60,59 @@ ROOT = Path(__file__).resolve().parents[1]
 KILLED = {1, 3, 36, 24, -24, 152, 255, 37}  # killed, pytest internal error, timeouts, type check
 TIMEOUTS = {36, 24, -24, 152, 255}  # mutmut's CPU-time limit (SIGXCPU): a mutant that loops; counted as killed
 SURVIVED = {0}
+
+
+#: The index tests without the RSS test and the profile-hook test (one measures the process, one
+#: a tracing hook: neither is about what a mutant of the index changes).
+INDEX_TESTS = ("tests/test_index.py tests/test_index_layout.py tests/test_memory_model.py tests/test_fuzz.py "
+               "--deselect tests/test_index.py::test_nbytes_within_25_percent_of_rss_growth "
+               "--deselect tests/test_index.py::test_state_stays_whole_under_a_hook_reading_frame_locals")
+#: What ``--owners`` (``make mutate``) runs: (modules, the tests that own their behaviour, hypothesis
+#: profile), smallest first. The index's modules run on ``mutate-quick`` (see ``--profile``).
+OWNERS: list[tuple[tuple[str, ...], str, str]] = [
+    (("nacktracker/precision.py",), "tests/test_index.py "
+     "--deselect tests/test_index.py::test_nbytes_within_25_percent_of_rss_growth "
+     "--deselect tests/test_index.py::test_state_stays_whole_under_a_hook_reading_frame_locals", "mutate"),
+    (("nacktracker/backoff.py",), "tests/test_backoff.py tests/test_backoff_jitter.py", "mutate"),
+    (("nacktracker/snapshot.py",), "tests/test_snapshot.py tests/test_snapshot_edges.py tests/test_fuzz.py",
+     "mutate"),
+    (("nacktracker/consumer/core.py",), "tests/test_consumer_core.py", "mutate"),
+    (("nacktracker/tracker.py",), "tests/test_tracker.py tests/test_faults.py tests/test_events.py "
+     "tests/test_fuzz.py tests/test_snapshot.py", "mutate"),
+    *(((f"nacktracker/index/{m}.py",), INDEX_TESTS, "mutate-quick")
+      for m in ("_ledgers", "bitmaps", "baselines", "_windows", "_live", "layout", "buckets")),
+]
+
+
+def _owners(args: argparse.Namespace) -> int:
+    """``--owners``: every OWNERS selection in turn (each resumes its own state), then their table."""
+    rows, times = [], []
+    for modules, tests, profile in OWNERS:
+        out = ROOT / "mutation" / "latest" / (Path(modules[0]).stem.lstrip("_") + ".md")
+        cmd = [sys.executable, __file__, "--max-children", str(args.max_children), "--tests", tests,
+               "--profile", profile, "--out", str(out), *[a for m in modules for a in ("--module", m)]]
+        started = time.monotonic()
+        code = subprocess.run([*cmd, "--only-report"] if args.only_report else cmd).returncode
+        if code == 0 and not out.exists():  # every mutant killed already: nothing ran, report it
+            code = subprocess.run([*cmd, "--only-report"]).returncode
+        if code != 0:
+            print(f"{', '.join(modules)}: exited {code}; stopped (the same command resumes)", file=sys.stderr)
+            return code
+        times.append((", ".join(modules), profile, time.monotonic() - started))
+        rows += [line for line in out.read_text().splitlines() if line.startswith("| nacktracker/")]
+    lines = ["# Mutation testing: the last `make mutate`", "",
+             "Each module against the tests that own its behaviour (`OWNERS` in tools/mutate.py); the report "
+             "of each selection, with every survivor's diff, is in mutation/latest/.", "",
+             "| module | mutants | killed (of which timeouts) | survived | no tests | not checked | score |",
+             "|---|---|---|---|---|---|---|", *rows, "",
+             "Run time of each selection in this run (one already run costs its report only); load average "
+             f"at the end {Path('/proc/loadavg').read_text().split()[0]}:", ""]
+    lines += [f"- {modules} ({profile}): {seconds / 60:.1f} min" for modules, profile, seconds in times]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
 
 
 def _workdir(tests: list[str] | None) -> Path:
@@ -101,9 +162,14 @@ def main() -> int:
                     help="hypothesis profile (tests/run_checks.py): mutate-quick runs a quarter of each test's "
                          "examples, a cheaper first pass that can only let more mutants survive; rerun its "
                          "survivors with --survivors on mutate")
+    ap.add_argument("--owners", action="store_true",
+                    help="each configured module against the tests that own it (OWNERS), in turn: what "
+                         "`make mutate` runs")
     ap.add_argument("--only-report", action="store_true", help="summarise the last run, run nothing")
     ap.add_argument("--out", default=str(ROOT / "mutation" / "latest.md"))
     args = ap.parse_args()
+    if args.owners:
+        return _owners(args)
     work = _workdir(args.tests)
     mutmut = [sys.executable, "-m", "mutmut"]
     seconds = None
