@@ -218,8 +218,8 @@ class FailureHandling:
             acked = True
         finally:
             copies = letters.settled(key)
-        if acked and copies:
-            await self._owner._ack_copies([c for c in copies if c is not message])
+        if acked:
+            await letters.ack_kept(copies, message)
 
     @staticmethod
     def _check_message(call: str, message: Any) -> None:
@@ -366,8 +366,8 @@ class ConsumerDeadLetters:
             acked = True
         finally:
             copies = self.settled(key)
-        if acked and copies and self._ack_copies is not None:
-            await self._ack_copies([c for c in copies if c is not message])
+        if acked:
+            await self.ack_kept(copies, message)
 
     def publishing(self, key: Any) -> None:
         """A letter of ``key`` is being published: other copies of it are dropped until :meth:`settled`. O(1)."""
@@ -378,6 +378,13 @@ class ConsumerDeadLetters:
         entry is acknowledged at the broker by whichever delivery of it has all its messages acked).
         O(len(copies))."""
         self._copies.setdefault(key, []).extend(copies)
+
+    async def ack_kept(self, copies: list[Any], message: Any) -> None:
+        """Acknowledge the copies :meth:`settled` returned, once the letter's ``message`` was (not it
+        again). A failure is logged and counted by the consumer: the message is acknowledged. O(copies)."""
+        copies = [c for c in copies if c is not message]
+        if copies and self._ack_copies is not None:
+            await self._ack_copies(copies)
 
     def settled(self, key: Any) -> list[Any]:
         """A letter of ``key`` was published and acknowledged, or failed (see :attr:`in_flight`). Returns

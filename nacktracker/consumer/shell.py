@@ -94,7 +94,7 @@ class TrackedConsumer:
         self._arrived = learns = self.adapter if isinstance(self.adapter, LearnsPathLatency) else None
         # one producer per dead-letter topic, in the order decided; an unnamed consumer is named (failures.py)
         self._dead_letters, name = ConsumerDeadLetters.of(consumer, client, opts, schema, ack=self._acknowledge,
-                                                                ack_copies=self._ack_copies)
+                                                          ack_copies=self._ack_copies)
         # a single-topic consumer's ids need no topic; remember it for bare-id calls
         self._own_topic = None if isinstance(self.adapter, KnowsTopics) and self.adapter.multi_topic else consumer.topic()
         self._dedup = Deduplicator(opts.dedup_capacity) if opts.dedup else None
