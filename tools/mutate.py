@@ -62,17 +62,16 @@ TIMEOUTS = {36, 24, -24, 152, 255}  # mutmut's CPU-time limit (SIGXCPU): a mutan
 SURVIVED = {0}
 
 
-#: The index tests without the RSS test and the profile-hook test (one measures the process, one
-#: a tracing hook: neither is about what a mutant of the index changes).
+#: tests/test_index.py's RSS test and profile-hook test, left out of the index's selections: one
+#: measures the process, one a tracing hook; neither is about what a mutant of the index changes.
+_NOT_INDEX_TESTS = ("--deselect tests/test_index.py::test_nbytes_within_25_percent_of_rss_growth "
+                    "--deselect tests/test_index.py::test_state_stays_whole_under_a_hook_reading_frame_locals")
 INDEX_TESTS = ("tests/test_index.py tests/test_index_layout.py tests/test_memory_model.py tests/test_fuzz.py "
-               "--deselect tests/test_index.py::test_nbytes_within_25_percent_of_rss_growth "
-               "--deselect tests/test_index.py::test_state_stays_whole_under_a_hook_reading_frame_locals")
+               + _NOT_INDEX_TESTS)
 #: What ``--owners`` (``make mutate``) runs: (modules, the tests that own their behaviour, hypothesis
-#: profile), smallest first. The index's modules run on ``mutate-quick`` (see ``--profile``).
+#: profile), the fewest mutants first. The index's modules run on ``mutate-quick`` (see ``--profile``).
 OWNERS: list[tuple[tuple[str, ...], str, str]] = [
-    (("nacktracker/precision.py",), "tests/test_index.py "
-     "--deselect tests/test_index.py::test_nbytes_within_25_percent_of_rss_growth "
-     "--deselect tests/test_index.py::test_state_stays_whole_under_a_hook_reading_frame_locals", "mutate"),
+    (("nacktracker/precision.py",), "tests/test_index.py " + _NOT_INDEX_TESTS, "mutate"),
     (("nacktracker/backoff.py",), "tests/test_backoff.py tests/test_backoff_jitter.py", "mutate"),
     (("nacktracker/snapshot.py",), "tests/test_snapshot.py tests/test_snapshot_edges.py tests/test_fuzz.py",
      "mutate"),
@@ -80,7 +79,7 @@ OWNERS: list[tuple[tuple[str, ...], str, str]] = [
     (("nacktracker/tracker.py",), "tests/test_tracker.py tests/test_faults.py tests/test_events.py "
      "tests/test_fuzz.py tests/test_snapshot.py", "mutate"),
     *(((f"nacktracker/index/{m}.py",), INDEX_TESTS, "mutate-quick")
-      for m in ("_ledgers", "bitmaps", "baselines", "_windows", "_live", "layout", "buckets")),
+      for m in ("_ledgers", "bitmaps", "layout", "baselines", "_windows", "_live", "buckets")),
 ]
 
 
