@@ -17,7 +17,9 @@ for it.
 ``--owners`` runs each configured module against the tests that own its
 behaviour (the table ``OWNERS`` below, as mutation/REPORT.md reports them),
 one selection after the other, each resuming its own state: a module already
-run costs nothing more, and an interrupted run goes on where it stopped. It
+run costs nothing more, and an interrupted run goes on where it stopped (with
+the mutants not run yet; survivors keep their result until ``--survivors``
+reruns them). It
 writes one report per selection (``mutation/latest/``) and their table with
 the run time of each in ``mutation/latest.md``.
 
@@ -92,8 +94,6 @@ def _owners(args: argparse.Namespace) -> int:
                "--profile", profile, "--out", str(out), *[a for m in modules for a in ("--module", m)]]
         started = time.monotonic()
         code = subprocess.run([*cmd, "--only-report"] if args.only_report else cmd).returncode
-        if code == 0 and not out.exists():  # every mutant killed already: nothing ran, report it
-            code = subprocess.run([*cmd, "--only-report"]).returncode
         if code != 0:
             print(f"{', '.join(modules)}: exited {code}; stopped (the same command resumes)", file=sys.stderr)
             return code
@@ -132,16 +132,18 @@ def _workdir(tests: list[str] | None) -> Path:
 
 
 def _not_killed(work: Path, module: str, survivors_only: bool = False) -> list[str]:
-    """The mutants of ``module`` to run: those not killed by an earlier run (the
-    tests only grow; mutmut resets the results of a function whose code
-    changed), or all of them (mutmut's name pattern) before its first run;
-    ``survivors_only``: those run and not killed."""
+    """The mutants of ``module`` to run: all of them (mutmut's name pattern)
+    before its first run; then those not run yet (mutmut resets the results of
+    a function whose code changed), so that a resumed run goes on where it
+    stopped instead of rerunning its survivors first; ``survivors_only``: those
+    run and not killed (after tests were added for them)."""
     meta = work / "mutants" / (module + ".meta")
     if not meta.exists():
         return [module.removesuffix(".py").replace("/", ".") + ".*"]
     codes = json.loads(meta.read_text())["exit_code_by_key"]
-    return sorted(name for name, code in codes.items()
-                  if code not in KILLED and not (survivors_only and code is None))
+    if survivors_only:
+        return sorted(name for name, code in codes.items() if code is not None and code not in KILLED)
+    return sorted(name for name, code in codes.items() if code is None)
 
 
 def main() -> int:
@@ -177,14 +179,17 @@ def main() -> int:
         started = time.monotonic()
         names = args.mutant or [name for m in args.module for name in _not_killed(work, m, args.survivors)]
         if args.module and not names:
-            print("every mutant of those modules is killed already: nothing to run", file=sys.stderr)
-            return 0
-        runner = [sys.executable, str(ROOT / "tools" / "mutmut_tests.py"), json.dumps(args.tests)] if args.tests else mutmut
-        proc = subprocess.run([*runner, "run", "--max-children", str(args.max_children), *names], cwd=work, env=env)
-        seconds = time.monotonic() - started
-        if proc.returncode != 0:
-            print(f"mutmut run exited {proc.returncode}", file=sys.stderr)
-            return proc.returncode
+            print("every mutant of those modules has run already (rerun the survivors with --survivors): "
+                  "reporting the last results", file=sys.stderr)
+        else:
+            runner = ([sys.executable, str(ROOT / "tools" / "mutmut_tests.py"), json.dumps(args.tests)]
+                      if args.tests else mutmut)
+            proc = subprocess.run([*runner, "run", "--max-children", str(args.max_children), *names],
+                                  cwd=work, env=env)
+            seconds = time.monotonic() - started
+            if proc.returncode != 0:
+                print(f"mutmut run exited {proc.returncode}", file=sys.stderr)
+                return proc.returncode
     by_module: dict[str, Counter] = defaultdict(Counter)
     survivors: list[tuple[str, str]] = []
     for meta in sorted((work / "mutants").rglob("*.py.meta")):
