@@ -16,7 +16,7 @@ from pyroaring import BitMap, BitMap64
 
 from nacktracker import DictIndex, TimeBucketIndex
 from nacktracker.index import _live, layout
-from nacktracker.index._windows import SMALL_WINDOW
+from nacktracker.index._windows import SMALL_WINDOW, Windows
 from nacktracker.index._ledgers import NO_EXTS, NO_SLOTS
 from nacktracker.index._live import NO_GHOSTS, NO_MULTI
 from nacktracker.index.layout import (Layout, LISTED, LISTING, LIVE_ENTRY_BITS, LIVE_SLOT_BITS, NO_CELLS, NO_KEYS, NO_PACKED,
@@ -755,3 +755,71 @@ def test_the_layout_of_each_precision_as_worked_by_hand(monkeypatch, bits, offse
     assert Layout.for_bits(bits) is lay
     packed = ((5 << (64 - offset_bits)) | ((slot_limit - 1) << 32) | 7)
     assert lay.offset_of(packed) == 5 and lay.offsets(np.array([packed, 7], dtype=np.uint64)).tolist() == [5, 0]
+
+
+def _packed(lay: Layout, *copies: tuple[int, int, int]) -> array.array:
+    """``(offset, slot, entry)`` copies packed as the index packs them."""
+    return array.array("Q", [off << lay.offset_shift | slot << 32 | entry for off, slot, entry in copies])
+
+
+def test_a_narrow_layout_never_reads_a_slot_past_its_limit_as_the_next_bucket():
+    """``holds`` of a slot the packed copies cannot hold (a ledger at or past the
+    layout's slot limit keeps dense cells only) is False, though its bits, packed,
+    would read as slot 0 of the next bucket, where a copy of that entry sits."""
+    lay = Layout(0, 30)  # 4 slots per bucket: slot 4 of bucket 0 packs as slot 0 of bucket 1
+    assert lay.slot_limit == 4
+    wins = Windows(lay)
+    w = wins.window(0)
+    w.packed = _packed(lay, (1, 0, 5))
+    assert wins.holds(0, 5, 1) and not wins.holds(4, 5, 0) and not wins.holds(5, 5, 0)
+
+
+def test_holds_finds_a_copy_in_any_segment_of_a_sorted_or_unsorted_window():
+    """A window not opened keeps its segments in arrival order: each is scanned;
+    an open one's are sorted across, and a copy is found in any of them, before
+    or after the first segment's taken part (``pos``)."""
+    lay = Layout.for_bits(0)
+    wins = Windows(lay)
+    w = wins.window(0)
+    w.full = [_packed(lay, (0, 0, 9), (0, 0, 3)), _packed(lay, (0, 0, 1))]  # arrival order
+    assert all(wins.holds(0, e, 0) for e in (9, 3, 1)) and not wins.holds(0, 2, 0)
+    w = wins.window(1 << lay.window_shift)
+    w.full = [_packed(lay, (0, 0, 1), (0, 0, 2), (0, 0, 3)), _packed(lay, (0, 0, 4), (0, 0, 5), (0, 0, 6))]
+    w.opened, w.pos = True, 2  # entries 1 and 2 were taken
+    base = 1 << lay.window_shift
+    assert [e for e in range(8) if wins.holds(0, e, base)] == [3, 4, 5, 6]
+
+
+def _tail_window(lay: Layout, spill: list, packed: list, off_min: int):
+    w = Windows(lay).window(0)
+    w.opened = True
+    w.spill = [_packed(lay, *s) for s in spill]
+    w.packed = _packed(lay, *packed) if packed else NO_PACKED
+    w.tail_min = off_min
+    return w
+
+
+def test_taking_a_bucket_from_a_tail_with_spilled_segments_takes_them_all_and_keeps_the_rest_in_order():
+    """The open front window's unsorted tail: rolled segments (``spill``) and
+    ``packed``. Taking bucket 0 takes its copies from every array (even with a
+    short ``packed``) and leaves the others in their order, refilling the arrays
+    from the first: here exactly one copy lands in the last array."""
+    lay = Layout.for_bits(0)
+    wins = Windows(lay)
+    w = _tail_window(lay, [[(1, 0, 1), (1, 0, 2), (0, 0, 3)]], [(1, 0, 4), (2, 0, 5)], 0)
+    got = wins.take_sparse(w, 0)
+    assert [list(p) for p in got] == [list(_packed(lay, (0, 0, 3)))]
+    assert [list(a) for a in w.spill] == [list(_packed(lay, (1, 0, 1), (1, 0, 2), (1, 0, 4)))]
+    assert list(w.packed) == list(_packed(lay, (2, 0, 5))) and w.tail_min == 1
+    assert [v & 0xFFFFFFFF for v in wins.take_sparse(w, 1)[0]] == [1, 2, 4] and w.tail_min == 2
+
+
+def test_a_short_tail_taken_whole_goes_back_to_the_shared_empty_array():
+    """A window whose tail a take empties holds the shared empty array again, as
+    before its first sparse copy: its bytes are those of a window with none."""
+    lay = Layout.for_bits(0)
+    wins = Windows(lay)
+    w = _tail_window(lay, [], [(0, 0, 1), (0, 1, 2)], 0)
+    w.spill = NO_SEGMENTS
+    wins.take_sparse(w, 0)
+    assert w.packed is NO_PACKED and w.tail_min == w.NO_TAIL and w.empty()

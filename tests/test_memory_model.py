@@ -3,6 +3,8 @@ real indexes and trackers built live from the same events: no Spark needed."""
 
 from __future__ import annotations
 
+import array
+
 import numpy as np
 import pytest
 
@@ -251,6 +253,43 @@ def test_the_ledger_table_counts_its_containers_ledger_ints_and_records_exactly(
     assert table.ext_at(7) is None
     assert table.nbytes() == (held_size(table) + held_size(by_id) + held_size(lid) + held_size(free)
                               + held_size(exts) + live + held_size(wide) + roaring_bytes(wide.wide))
+
+
+def test_the_windows_count_their_objects_ids_segments_and_dense_cells_exactly():
+    """The time order's bytes, worked from its definition: the object and its dict
+    of windows; per window its id's int, its object, its array once it has one
+    (not the shared empty), each list of segments with its arrays, the heap of
+    dense keys once it has one, and the dict of dense cells with its keys' ints
+    and each bitmap's CRoaring heap."""
+    from pyroaring import BitMap
+
+    from nacktracker.index._windows import Windows
+    from nacktracker.index.layout import NO_PACKED, Layout, held_size, roaring_bytes
+
+    lay = Layout.for_bits(8)
+
+    def _packed(*copies):  # (offset, slot, entry) as the index packs them
+        return array.array("Q", [off << lay.offset_shift | slot << 32 | entry for off, slot, entry in copies])
+    wins = Windows(lay)
+    assert wins.nbytes() == held_size(wins) + held_size({})
+    bare = wins.window(1000 << lay.window_shift)  # a window of shared empties costs its object and its id
+    wid = 1000
+    assert wins.nbytes() == held_size(wins) + held_size(wins.by_id) + held_size(wid) + held_size(bare)
+    rich = wins.window(1001 << lay.window_shift)
+    rich.packed = _packed((3, 1, 7), (2, 1, 8))
+    rich.full = [_packed(*[(1, 0, e) for e in range(40)]), _packed((2, 0, 1))]
+    rich.spill = [_packed((5, 2, 9))]
+    rich.dense = {4 << 32 | 1: BitMap([1, 2, 3]), 6 << 32 | 2: BitMap(range(100, 900))}
+    rich.dense_keys = list(rich.dense)
+    keys = held_size(rich.dense_keys) + held_size(rich.dense) + sum(map(held_size, rich.dense))
+    cells = sum(map(roaring_bytes, rich.dense.values()))
+    segments = (held_size(rich.full) + sum(map(held_size, rich.full))
+                + held_size(rich.spill) + sum(map(held_size, rich.spill)))
+    expected = (held_size(wins) + held_size(wins.by_id) + held_size(1000) + held_size(bare)
+                + held_size(1001) + held_size(rich) + held_size(rich.packed) + segments + keys + cells)
+    assert segments > 0 and keys > 0 and cells > 0 and held_size(rich.packed) > held_size(NO_PACKED)
+    assert wins.nbytes() == expected
+
 
 
 def test_an_empty_window_and_a_ledger_record_cost_their_objects():
