@@ -823,3 +823,44 @@ def test_a_short_tail_taken_whole_goes_back_to_the_shared_empty_array():
     w.spill = NO_SEGMENTS
     wins.take_sparse(w, 0)
     assert w.packed is NO_PACKED and w.tail_min == w.NO_TAIL and w.empty()
+
+
+def test_a_take_refills_three_tail_arrays_in_order_and_drops_those_left_empty():
+    """Bucket 0's copies leave a tail of three arrays: the others move up in
+    order across all three (the last keeps one), and the arrays a take leaves
+    with nothing go (in the second case the first holds all that is left)."""
+    lay = Layout.for_bits(0)
+    wins = Windows(lay)
+    w = _tail_window(lay, [[(0, 0, 1), (1, 0, 2)], [(1, 0, 3), (1, 0, 4)]], [(1, 0, 5), (2, 0, 6), (0, 0, 7)], 0)
+    assert [v & 0xFFFFFFFF for v in wins.take_sparse(w, 0)[0]] == [1, 7]
+    assert [[v & 0xFFFFFFFF for v in a] for a in [*w.spill, w.packed]] == [[2, 3], [4, 5], [6]]
+    w = _tail_window(lay, [[(1, 0, 1), (0, 0, 2), (1, 0, 3)], [(0, 0, 4), (0, 0, 5)]], [(0, 0, 6), (0, 0, 7)], 0)
+    assert len(wins.take_sparse(w, 0)[0]) == 5
+    assert w.spill is NO_SEGMENTS and [v & 0xFFFFFFFF for v in w.packed] == [1, 3]  # exactly the first array
+    w = _tail_window(lay, [[(1, 0, 1), (0, 0, 2), (1, 0, 3)]], [(1, 0, 4), (0, 0, 5), (2, 0, 6)], 0)
+    wins.take_sparse(w, 0)
+    assert [[v & 0xFFFFFFFF for v in a] for a in [*w.spill, w.packed]] == [[1, 3, 4], [6]]
+
+
+def test_a_take_shrinks_a_copy_of_an_array_something_holds_a_view_of():
+    """An array someone else holds a view of (a debugger's frame) cannot shrink:
+    the take keeps a copy of what is left in its place, and the view still reads
+    the old array (refilled in place, not shrunk)."""
+    lay = Layout.for_bits(0)
+    wins = Windows(lay)
+    w = _tail_window(lay, [[(1, 0, 1), (0, 0, 2), (1, 0, 3)]], [(0, 0, 4)], 0)
+    held = memoryview(w.spill[0])
+    assert [v & 0xFFFFFFFF for v in wins.take_sparse(w, 0)[0]] == [2, 4]
+    assert w.spill is NO_SEGMENTS and [v & 0xFFFFFFFF for v in w.packed] == [1, 3] and w.tail_min == 1
+    assert held.tolist() == list(_packed(lay, (1, 0, 1), (1, 0, 3), (1, 0, 3)))
+    held.release()
+
+
+def test_a_tail_taken_whole_leaves_the_shared_empties():
+    """A take that empties a long tail (rolled segments and ``packed``) leaves
+    the window the shared empty array and list, as before its first copy."""
+    lay = Layout.for_bits(0)
+    wins = Windows(lay)
+    w = _tail_window(lay, [[(0, 0, e) for e in range(3)]], [(0, 1, 9)], 0)
+    assert len(wins.take_sparse(w, 0)[0]) == 4
+    assert w.spill is NO_SEGMENTS and w.packed is NO_PACKED and w.tail_min == w.NO_TAIL and w.empty()
