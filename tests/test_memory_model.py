@@ -292,6 +292,54 @@ def test_the_windows_count_their_objects_ids_segments_and_dense_cells_exactly():
 
 
 
+def test_the_live_ids_count_their_bitmap_multi_and_ghost_records_exactly():
+    """The live-id set's bytes, worked from its definition: the object, the live
+    bitmap at the capacity CRoaring grows it to (or refit), each record dict once
+    it is not the shared empty, and per record its key tuple and its count or
+    ghost (with the ghost's set of revived buckets)."""
+    from nacktracker.index._ledgers import Ledgers
+    from nacktracker.index._live import LiveIds
+    from nacktracker.index.layout import Ghost, held_size, roaring_bytes
+
+    ids = LiveIds(Ledgers())
+    assert ids.nbytes() == held_size(ids) + roaring_bytes(ids.bits, grown=True)
+    ids.bits.update([*range(0, 4000, 3), *range(70_000, 75_000)])
+    base = held_size(ids) + roaring_bytes(ids.bits, grown=True)
+    assert ids.nbytes() == base
+    ids.refitted = True
+    assert ids.nbytes() == held_size(ids) + roaring_bytes(ids.bits, grown=True, refit=True) != base
+    ids.refitted = False
+    ghost, lone = Ghost(2), Ghost(1)
+    ghost.revive(100)
+    ghost.revive(10**9)
+    ids.ghosts = {(2, 7): ghost, (4, 10**6): lone}  # the ids pending twice still the shared empty
+    ghosts = held_size(ids.ghosts) + 2 * held_size((2, 7)) + 2 * held_size(ghost) + held_size(ghost.revived)
+    assert ids.nbytes() == base + ghosts
+    ids.multi = {(1, 5): 2, (3, 10**6): 3}
+    multi = held_size(ids.multi) + 2 * held_size((1, 5)) + 2 * held_size(2)
+    assert ids.nbytes() == base + ghosts + multi
+    ids.ghosts = {}
+    assert ids.nbytes() == base + held_size({}) + multi
+
+
+def test_an_index_counts_its_object_counters_and_components():
+    """``TimeBucketIndex.nbytes()``: its object, its three counter ints (each
+    an int of its own, whatever its value), the ledger table, the live ids and
+    the time order, each of which counts itself (the tests above)."""
+    from nacktracker.index.layout import COUNTER_INTS, held_size
+
+    idx = TimeBucketIndex(precision_bits=4)
+    empty = held_size(idx) + 3 * 32 + idx._ledgers.nbytes() + idx._ids.nbytes() + idx._time.nbytes()
+    assert COUNTER_INTS == 3 and held_size(1 << 40) == 32 and idx.nbytes() == empty
+    for e in range(300):
+        idx.add(1 + e % 3, e * 7, 1_000 + (e % 5) * 20_000)
+    idx.add_many(9, range(5000), 70_000)
+    idx.discard(1, 0)
+    idx.pop_due(1_000)
+    parts = idx._ledgers.nbytes(), idx._ids.nbytes(), idx._time.nbytes()
+    assert all(parts) and idx.nbytes() == held_size(idx) + 3 * 32 + sum(parts)
+
+
 def test_an_empty_window_and_a_ledger_record_cost_their_objects():
     """What the planner's model charges per window and per ledger record: the
     object as allocated (64-bit CPython: a 16-byte header, a 16-byte GC header,
