@@ -864,3 +864,27 @@ def test_a_tail_taken_whole_leaves_the_shared_empties():
     w = _tail_window(lay, [[(0, 0, e) for e in range(3)]], [(0, 1, 9)], 0)
     assert len(wins.take_sparse(w, 0)[0]) == 4
     assert w.spill is NO_SEGMENTS and w.packed is NO_PACKED and w.tail_min == w.NO_TAIL and w.empty()
+
+
+def test_a_front_bucket_known_from_a_stale_tail_mark_is_checked_not_trusted():
+    """In the open front window, a run of adds promoted out of the tail into a
+    dense cell leaves the tail's earliest-offset mark behind; acks then empty
+    that cell (dense cells drop acked ids at once: no ghost). The mark now
+    names a bucket with nothing in it: the front is the next dense cell's
+    bucket, one ms later, not the stale one."""
+    idx = TimeBucketIndex(precision_bits=0)
+    base = 1 << 14  # window 1, offset 0
+    idx.add(1, 0, base + 10)
+    assert idx.next_due_ms() == base + 10  # the window opens (sorted)
+    run = range(PROMOTE + 5)
+    for e in run:
+        idx.add(2, e, base)  # offset 0: a run, promoted into a dense cell
+    for e in run:
+        idx.add(3, e, base + 1)  # offset 1: another
+    (w,) = idx._windows.values()
+    assert w.tail_min == 0 and sorted(key >> 32 for key in w.dense) == [0, 1]
+    for e in run:
+        assert idx.discard(2, e)
+    assert not idx._ids.ghost_copies and [key >> 32 for key in w.dense] == [1] and w.tail_min == 0
+    assert idx.next_due_ms() == base + 1
+    assert idx.pop_due(base) == [] and len(idx.pop_due(base + 1)) == len(run) and idx.next_due_ms() == base + 10
