@@ -64,6 +64,25 @@ ARRAY_GROWTH = [  # (ids in the container, capacity grown by adds, capacity regr
 ]
 
 
+def test_capacity_growth_as_worked_by_hand():
+    """CRoaring's growth rules as ``layout`` replays them (called here, not only
+    at import): from the first capacity, each step's result capped at the top,
+    until the top. An array container: 16, doubling below 64, x1.5 below 1,024,
+    x1.25 up to 4,096; container arrays: twice the slots needed below 1,024,
+    then 1.25x, up to 65,536."""
+    from nacktracker.index import layout
+
+    assert layout._growth(16, lambda c: c * 2, 100) == [16, 32, 64, 100]
+    assert layout._growth(7, lambda c: c + 1, 7) == [7] and layout._growth(7, lambda c: c + 1, 9) == [7, 8, 9]
+    array_rule = lambda c: c * 2 if c < 64 else c * 3 // 2 if c < 1024 else c * 5 // 4  # noqa: E731
+    assert layout._growth(16, array_rule, 4096) == layout.ARRAY_CAPS == [
+        16, 32, 64, 96, 144, 216, 324, 486, 729, 1093, 1366, 1707, 2133, 2666, 3332, 4096]
+    slot_rule = lambda c: 2 * (c + 1) if c < 1024 else 5 * (c + 1) // 4  # noqa: E731
+    slots = layout._growth(2, slot_rule, 1 << 16)
+    assert slots == layout.SLOT_CAPS and slots[:11] == [2, 6, 14, 30, 62, 126, 254, 510, 1022, 2046, 2558]
+    assert slots[-3:] == [46577, 58222, 65536] and len(slots) == 26
+
+
 @pytest.mark.parametrize("card,grown,regrown", ARRAY_GROWTH)
 def test_roaring_bytes_count_an_array_container_at_its_grown_capacity(card, grown, regrown):
     """One array container of ``card`` ids (2 bytes each): counted at its size, or (the live
