@@ -1121,3 +1121,113 @@ def test_a_nack_of_a_held_batch_message_keeps_its_dropped_twins_for_the_ack():
     assert core.arrive(m, 2, "twin", 5) == H  # a twin while held: dropped, kept
     core.nacked(m, 500, "nacked", 10)
     assert sorted(core.acked(m, 20).tokens) == ["nacked", "twin"]
+
+
+def test_defaults_a_request_waits_ten_seconds_and_a_nack_without_size_leaves_the_entry_size_unknown():
+    """Without ``overdue_ms`` a fired request expires 10,000 ms after its time; a nack without
+    ``batch_size`` (the dead-letter path passes none) leaves the entry's size unknown, so
+    holds_sibling answers no even with the entry's first message in the application's hands."""
+    core = DeliveryCore(Precision.of(0, "floor"), dedup=Deduplicator(100))
+    single = key(0, 0, 1)
+    deliver(core, [single], 0)
+    core.nacked(single, 100, single, 0)
+    core.fired(100, [single], 70)
+    assert core.next_wakeup_ms() == 100 + 10_000
+    core.release(100 + 10_000 - 1)
+    assert single in core.requested and core.counts["expired"] == 0
+    core.release(100 + 10_000)
+    assert not core.requested and core.counts["expired"] == 1
+    m = [key(1, i, 3) for i in range(3)]
+    deliver(core, m, 0)
+    core.nacked(m[1], 500, m[1], 0)  # m[0] is held, but the entry's size is not known
+    assert not core.holds_sibling(m[0].entry)
+    core.nacked(m[2], 500, m[2], 0, batch_size=3)
+    assert core.holds_sibling(m[0].entry)
+
+
+def test_a_nack_ahead_of_arrival_holds_back_the_copy_in_its_own_partition():
+    """A batch message of partition 2 nacked by id before its copy came (batch index 0, another
+    number than its partition): its copy is not a first delivery in partition 2 and waits for its
+    bucket; partition 0 knows nothing of it."""
+    core, pending = make()
+    ahead = MessageKey(1, 5, 2, 0, TOPIC)
+    core.nacked(ahead, 500, "nack", 0)
+    pending.add(ahead.entry)
+    assert not core.first_delivery(ahead) and core.arrive(ahead, 2, "early", 10) == E
+    assert core.first_delivery(MessageKey(1, 5, 0, 0, TOPIC))
+    core.fired(500, [ahead.entry], 470)
+    assert core.arrive(ahead, 2, "copy", 480) == P and core.release(500) == ["copy"]
+
+
+def test_a_nack_after_a_redeliver_all_leaves_nothing_once_its_copy_went_elsewhere():
+    """Messages held at a redeliver-all, then nacked (a single one and a batch message), whose
+    requested copies go to another consumer: once the requests expire nothing of them is left
+    here (nothing grows without bound) and the single message counts as never seen."""
+    core, _ = make()
+    single, batched = key(0, 0, 1), key(1, 0, 2)
+    deliver(core, [single, batched], 0)
+    core.forget_held()
+    core.nacked(single, 100, single, 1)
+    core.nacked(batched, 100, batched, 1)
+    core.fired(100, [single, batched.entry], 70)
+    core.release(100 + OVERDUE)
+    assert core.counts["expired"] == 2
+    assert not core.forgotten and not core.requested and not core.records and not core.parked
+    assert not core.seen(single)
+
+
+def test_a_nack_while_the_earlier_request_is_on_its_way_takes_its_new_time():
+    """A single message nacked again after its bucket fired, before that copy came: the
+    copy is early for the new time (the tracker holds the message again), dropped; only the
+    new bucket's copy surfaces, at the new time."""
+    core, pending = make()
+    single = key(0, 0, 1)
+    deliver(core, [single], 0)
+    core.nacked(single, 100, "n1", 0)
+    core.fired(100, [single], 70)
+    core.nacked(single, 900, "n2", 80)  # again, by id: its new time is 900
+    pending.add(single.entry)
+    assert core.arrive(single, 0, "first copy", 90) == E and core.release(100) == []
+    pending.discard(single.entry)
+    core.fired(900, [single], 870)
+    assert core.arrive(single, 0, "second copy", 880) == P
+    assert core.release(899) == [] and core.release(900) == ["second copy"]
+
+
+def test_without_dedup_a_record_made_for_a_taken_back_copy_remembers_acks():
+    """dedup=False: the entry's record ended (its linger passed) while a copy of m0 waited parked;
+    a request for the entry takes that copy back into a new record, which remembers the acks made
+    while it lives: the request's copy then drops the acked sibling."""
+    core, _ = make(dedup=False)
+    m = [key(0, i, 3) for i in range(3)]
+    deliver(core, m, 0)
+    core.nacked(m[0], 5_000, "n0", 0)
+    core.nacked(m[1], 500, "n1", 0)
+    core.fired(500, [m[0].entry], 470)  # answers both nacks; the record lingers to 500 + OVERDUE
+    assert core.arrive(m[0], 3, "c0", 2_600) == P  # parked until 5000
+    assert core.arrive(m[1], 3, "c1", 2_600) == S and not core.records  # its linger passed: ended
+    assert core.arrive(m[2], 3, "c2", 2_600) == H
+    core.fired(3_000, [m[0].entry], 2_970)  # a request for the entry: m0's parked copy is taken back
+    assert not core.parked and core.awaits_copy(m[0].entry)
+    core.acked(m[2], 2_980)
+    assert core.is_acked(m[2])
+    assert [core.arrive(k, 3, k, 2_990) for k in m] == [P, H, A]
+    assert core.release(5_000) == [m[0]]
+
+
+def test_an_earlier_fire_s_expiry_keeps_a_later_fired_nack_until_its_own_overdue_time():
+    """Two fires of one entry: the first one's copy went elsewhere; a sibling nacked after it is
+    fired just before the first expiry, its time after it. That expiry drops only the first nack:
+    the later one's copy, arriving early, is parked until its time (not surfaced early)."""
+    core, _ = make()
+    m = [key(0, i, 2) for i in range(2)]
+    deliver(core, m, 0)
+    core.nacked(m[0], 500, m[0], 0)
+    core.fired(500, [m[0].entry], 470)  # its copy goes to another consumer; expiry at 500 + OVERDUE
+    core.nacked(m[1], 2_520, m[1], 600)
+    core.fired(2_520, [m[0].entry], 2_490)
+    core.release(500 + OVERDUE)
+    assert core.counts["expired"] == 1
+    assert sorted(core.pending_batch_nacks()) == [(m[0].entry, 1, 2_520, True)]
+    assert core.arrive(m[1], 2, m[1], 2_505) == P
+    assert core.release(2_519) == [] and core.release(2_520) == [m[1]]

@@ -198,3 +198,84 @@ async def test_restore_subtracts_wall_time_by_default(monkeypatch):
     clock = ManualClock(start_ms=0)
     new = NegativeAcksTracker.restore(data, MemoryAdapter(clock=clock.now_ms), clock=clock)  # elapsed="wall"
     assert new.next_fire_ms() == 700
+
+
+def _records_in_bytes(data):
+    """``(origin, remaining, ids)`` of each record, in the order the bytes hold them."""
+    body = data[32:]
+    n_records = snap._BODY_HEAD.unpack_from(body)[5]
+    _, pos = _origin_spans(body)
+    out = []
+    for _ in range(n_records):
+        o, remaining, width, _, size = snap._RECORD.unpack_from(body, pos)
+        pos += snap._RECORD.size
+        bm = (BitMap if width == 32 else BitMap64).deserialize(body[pos:pos + size])
+        out.append((o, remaining, sorted(bm)))
+        pos += size
+    return out
+
+
+async def test_records_are_written_and_decoded_in_remaining_then_origin_order():
+    """The documented order with origins whose numbering disagrees with their delays and with
+    their slots: origin 0 (ledger 2) is first met in the earliest bucket, origin 1 (ledger 1)
+    holds the lower routing slot and shares the +100 bucket with origin 0, and the smallest ids
+    run against the order. Bytes: (remaining, origin) ascending; decoded: remaining order (ties
+    as written)."""
+    tracker, _, _ = tracker_on(precision_bits=0)
+    tracker.add(MessageKey(1, 10), delay_ms=100)  # ledger 1 first: the lower slot
+    tracker.add(MessageKey(2, 70), delay_ms=80)
+    tracker.add(MessageKey(2, 50), delay_ms=100)
+    tracker.add(MessageKey(2, 1), delay_ms=500)
+    data = tracker.snapshot()
+    info = snap.decode(data)
+    assert info.origins == ((None, -1, 2), (None, -1, 1))  # numbered as first met, in time order
+    expected = [(0, 80, [70]), (0, 100, [50]), (1, 100, [10]), (0, 500, [1])]
+    assert _records_in_bytes(data) == expected
+    assert [(o, r, sorted(bm)) for o, r, bm in info.records] == expected
+
+
+async def test_an_unsent_id_just_past_32_bits_round_trips_in_a_64_bit_record():
+    """Unsent (outbox) ids of 2^32 and 2^33 - 1 need a 64-bit bitmap; 2^32 - 1 still fits 32 bits."""
+    for unsent_id, width in ((2**32, BitMap64), (2**33 - 1, BitMap64), (2**32 - 1, BitMap)):
+        tracker, adapter, clock = tracker_on(precision_bits=0)
+        adapter.fail_next(5)
+        tracker.add(MessageKey(4, unsent_id, topic="t"), delay_ms=10)
+        clock.advance(10)
+        await settle()
+        await tracker.close()
+        assert tracker.stats()["unsent"] == 1 and tracker.pending == 0
+        info = snap.decode(tracker.snapshot())
+        ((o, remaining, bm),) = info.records
+        assert info.origins[o] == ("t", -1, 4) and remaining == 0
+        assert type(bm) is width and list(bm) == [unsent_id]
+        clock2 = ManualClock(start_ms=0)
+        new = NegativeAcksTracker.restore(tracker.snapshot(), MemoryAdapter(clock=clock2.now_ms), clock=clock2)
+        assert MessageKey(4, unsent_id, topic="t") in new
+
+
+def _first_record(body):
+    _, pos = _origin_spans(body)
+    return pos, snap._RECORD.unpack_from(body, pos)
+
+
+def test_record_refusals_say_exactly_what_is_wrong(good):  # noqa: F811
+    """Each field of a record one past its limit, alone (the others valid), is refused with its
+    whole message; so are a bitmap disagreeing with its header and bytes left over."""
+    body = good[32:]
+    n_origins = snap._BODY_HEAD.unpack_from(body)[4]
+    pos, (o, rem, width, count, size) = _first_record(body)
+    past_end = len(body) - pos - snap._RECORD.size + 1  # the record's bitmap would run past the body
+    for fields in ((n_origins, rem, width, count, size), (o, MAX_ID + 1, width, count, size),
+                   (o, rem, 48, count, size), (o, rem, width, 0, size), (o, rem, width, count, past_end)):
+        bad = body[:pos] + snap._RECORD.pack(*fields) + body[pos + snap._RECORD.size:]
+        assert_refused(reseal(bad), match=r"^malformed snapshot record$")
+    bad = body[:pos] + snap._RECORD.pack(o, rem, width, count + 1, size) + body[pos + snap._RECORD.size:]
+    assert_refused(reseal(bad), match=r"^malformed snapshot record: bitmap does not match its header$")
+    # a 64-bit record holding one id past the largest (2^63): its count agrees with its bitmap
+    raw = BitMap64([MAX_ID + 1]).serialize()
+    beyond = body[:pos] + snap._RECORD.pack(o, rem, 64, 1, len(raw)) + raw + body[pos + snap._RECORD.size + size:]
+    head = list(snap._BODY_HEAD.unpack_from(beyond))
+    head[3] += 1 - count  # the header's total agrees too
+    beyond = snap._BODY_HEAD.pack(*head) + beyond[snap._BODY_HEAD.size:]
+    assert_refused(reseal(beyond), match=r"^malformed snapshot record: bitmap does not match its header$")
+    assert_refused(reseal(body + b"\0\0\0"), match=r"^malformed snapshot: 3 unread bytes$")
