@@ -1090,3 +1090,210 @@ async def test_by_default_a_nack_comes_back_after_60_s_in_256_ms_buckets():
     tracker, adapter, clock = make(ManualClock(start_ms=1_000_100))  # delay_ms=60_000, precision_bits=8, floor
     tracker.add(K(1))
     assert tracker.next_fire_ms() == 1_060_096  # 4141 x 256: the bucket of 1_060_100, 4 ms early
+
+
+# -- details a caller relies on, each pinned exactly -------------------------------------
+
+async def test_add_refusals_name_the_argument_at_fault():
+    """add() says which of its inputs is wrong: the count, the explicit delay, the backoff's result, or a
+    delay running past the due-time range; nothing is scheduled."""
+    from nacktracker._checks import MAX_DUE
+
+    tracker, _, clock = make(precision_bits=0, backoff=lambda n: -1)
+    with pytest.raises(TypeError) as info:
+        tracker.add(K(1), redelivery_count="2")
+    assert str(info.value) == "redelivery_count must be an int, not str"
+    with pytest.raises(ValueError) as info:
+        tracker.add(K(1), delay_ms=-3)
+    assert str(info.value) == "delay_ms must be >= 0 ms, got -3"
+    with pytest.raises(ValueError) as info:
+        tracker.add(K(1))
+    assert str(info.value) == "backoff result must be >= 0 ms, got -1"
+    too_far = MAX_DUE - int(clock.now_ms()) + 1  # due one ms past the range
+    with pytest.raises(ValueError) as info:
+        tracker.add(K(1), delay_ms=too_far)
+    assert str(info.value) == f"delay_ms {too_far} is too large"
+    assert tracker.pending == 0 and tracker.stats()["nacks"] == 0
+    assert tracker.add(K(1), delay_ms=too_far - 1) == MAX_DUE  # the last due time in range is taken
+    await tracker.close()
+
+
+async def test_by_default_a_failed_call_is_retried_after_100_ms_doubling_up_to_10_s():
+    """retry_min_ms=100, retry_max_ms=10_000 by default: the waits between failed calls are
+    100, 200, ..., 6_400, then 10_000 (12_800 capped), and the retried call carries the batch."""
+    tracker, adapter, clock = make(precision_bits=0)  # retry bounds left at their defaults
+    t0 = clock.now_ms()
+    tracker.add(K(1), delay_ms=10)
+    adapter.fail_next(9)
+    clock.advance(10)
+    await settle()
+    waits = []
+    while adapter.failed_calls < 9:
+        assert len(clock.timers()) == 1  # the retry timer alone: nothing else is pending
+        waits.append(clock.timers()[0] - clock.now_ms())
+        clock.advance(waits[-1])
+        await settle()
+    waits.append(clock.timers()[0] - clock.now_ms())
+    clock.advance(waits[-1])
+    await settle()
+    assert waits == [100, 200, 400, 800, 1_600, 3_200, 6_400, 10_000, 10_000]
+    assert adapter.calls[0].at_ms == t0 + 10 + sum(waits) and adapter.redelivered == [K(1)]
+    assert tracker.stats()["failures"] == 9 and clock.timers() == []
+    await tracker.close()
+
+
+class _BareAdapter:
+    """The least an adapter may be: an async ``redeliver`` and no ``lead_ms``/``coalesce_ms``."""
+
+    def __init__(self, clock):
+        self.clock, self.calls = clock, []
+
+    async def redeliver(self, keys):
+        self.calls.append((self.clock.now_ms(), list(keys)))
+
+
+async def test_an_adapter_that_declares_no_lead_or_coalesce_window_is_taken_as_zero():
+    clock = ManualClock(start_ms=1_000_000)
+    adapter = _BareAdapter(clock)
+    tracker = NegativeAcksTracker(adapter, clock=clock, precision_bits=0)
+    assert tracker.lead_ms == 0
+    tracker.add(K(1), delay_ms=100)
+    tracker.add(K(2), delay_ms=101)
+    assert tracker.next_fire_ms() == 1_000_100
+    clock.advance(99)
+    await settle()
+    assert adapter.calls == []
+    clock.advance(1)
+    await settle()
+    assert adapter.calls == [(1_000_100, [K(1)])]  # no coalesce window: the next ms waits for its own fire
+    clock.advance(1)
+    await settle()
+    assert adapter.calls[1:] == [(1_000_101, [K(2)])]
+    await tracker.close()
+
+
+async def test_with_a_lead_the_timer_re_arms_the_lead_ahead_and_lag_is_against_that_time():
+    """Every fire, the first and the re-armed ones, is ``lead_ms`` before its bucket; the timer lag
+    (stats and FiredCell) is measured against that armed time: 0 on time, 70 for a loop 70 ms late."""
+    tracker, adapter, clock = make(precision_bits=0, lead_ms=30)
+    t0 = clock.now_ms()
+    cells = []
+    tracker.add_fire_listener(cells.append)
+    for i, delay in enumerate((100, 500, 900)):
+        tracker.add(K(i), delay_ms=delay)
+    assert tracker.next_fire_ms() == t0 + 70
+    clock.advance(70)
+    await settle()
+    assert tracker.next_fire_ms() == t0 + 470  # re-armed after the fire: the next bucket, the lead ahead
+    clock.advance(400)
+    await settle()
+    assert [c.at_ms for c in adapter.calls] == [t0 + 70, t0 + 470]
+    clock.stall(470)  # the loop was blocked past the third fire time (t0 + 870) until t0 + 940
+    await settle()
+    assert [c.at_ms for c in adapter.calls] == [t0 + 70, t0 + 470, t0 + 940]
+    assert [(c.bucket_ms, c.timer_lag_ms, c.keys) for c in cells] == [
+        (t0 + 100, 0, [K(0)]), (t0 + 500, 0, [K(1)]), (t0 + 900, 70, [K(2)])]
+    assert tracker.stats()["timer_lag_ms"] == {"count": 3, "p50": 0, "p99": 70, "max": 70}
+    await tracker.close()
+
+
+async def test_an_entry_already_taken_by_this_fire_does_not_end_the_fire():
+    """A late fire covering three cells: the entry's second bucket holds nothing new (it is on its way
+    already), and the cell after it is still handed over in the same call."""
+    tracker, adapter, clock = make(precision_bits=0)
+    tracker.add(K(1), delay_ms=10)
+    tracker.add(K(1), delay_ms=20)  # the same entry pending in a second bucket
+    tracker.add(K(2), delay_ms=30)
+    assert tracker.pending == 3
+    clock.stall(50)
+    await settle()
+    assert [c.keys for c in adapter.calls] == [(K(1), K(2))]
+    assert tracker.pending == 0 and tracker.stats()["redelivered"] == 2
+    await tracker.close()
+
+
+class _LateCancelClock(ManualClock):
+    """A clock whose ``cancel()`` comes too late to stop a timer (as a clock run by another thread may):
+    every timer armed fires, the cancelled ones too."""
+
+    class _Handle:
+        def cancel(self):
+            pass
+
+    def call_at(self, when_ms, callback):
+        super().call_at(when_ms, callback)
+        return self._Handle()
+
+
+async def test_a_timer_that_fires_after_being_cancelled_is_harmless():
+    """Stale fires (one re-armed over, one left over once nothing is armed) neither raise nor lose,
+    repeat or advance anything: each entry comes back once, at its own time."""
+    clock = _LateCancelClock(start_ms=1_000_000)
+    adapter = MemoryAdapter(clock=clock.now_ms)
+    tracker = NegativeAcksTracker(adapter, clock=clock, precision_bits=0)
+    t0 = clock.now_ms()
+    tracker.add(K(1), delay_ms=1_000)  # armed at t0 + 1000 ...
+    tracker.add(K(2), delay_ms=100)  # ... re-armed at t0 + 100; the first timer stays
+    clock.advance(100)
+    await settle()
+    clock.advance(900)  # the stale timer and the re-armed one both fire at t0 + 1000
+    await settle()
+    assert [(c.at_ms, c.keys) for c in adapter.calls] == [(t0 + 100, (K(2),)), (t0 + 1_000, (K(1),))]
+    assert tracker.pending == 0 and tracker.next_fire_ms() is None
+    tracker.add(K(3), delay_ms=50)
+    clock.advance(50)
+    await settle()
+    assert [(c.at_ms, c.keys) for c in adapter.calls][2:] == [(t0 + 1_050, (K(3),))]
+    await tracker.close()
+
+
+async def test_a_topic_less_id_s_ledger_learns_its_topic_from_a_later_key():
+    """An id-only nack, then a nack of the same ledger with its topic: the ledger's entries are that
+    topic's from then on (asked for by topic, acked by topic, and redelivered with it)."""
+    tracker, adapter, clock = make(precision_bits=0)
+    tracker.add(K(1), delay_ms=10)  # no topic yet
+    tracker.add(K(2, topic="t"), delay_ms=10)
+    tracker.add(K(3, topic="t"), delay_ms=10)
+    assert K(1, topic="t") in tracker and K(2, topic="t") in tracker and K(2) in tracker
+    assert tracker.discard(K(3, topic="t")) and K(3, topic="t") not in tracker
+    clock.advance(10)
+    await settle()
+    assert adapter.redelivered == [K(1, topic="t"), K(2, topic="t")]
+    assert tracker.pending == 0
+    await tracker.close()
+
+
+def test_an_unbound_tracker_exports_an_empty_pending_set_at_time_0():
+    from nacktracker.tracker import PendingState
+
+    tracker = NegativeAcksTracker(MemoryAdapter(), precision_bits=0)  # made outside any loop: no clock yet
+    assert tracker.export_pending() == PendingState(0, {}, [])
+
+
+async def test_nbytes_is_the_index_s_bytes_plus_the_routing_table_s_worked_from_its_definition():
+    """nbytes(): the index's nbytes() plus the routing table as built: the dict by (partition, ledger),
+    one {topic: slot} dict per entry of it, and the dict of origins by slot (sys.getsizeof each). Worked
+    on a twin index fed the same (slot, entry, due) and dicts built the same way."""
+    import sys
+
+    from nacktracker.index import TimeBucketIndex
+
+    tracker, adapter, clock = make(precision_bits=0)
+    assert tracker.nbytes() == TimeBucketIndex(0).nbytes() + 2 * sys.getsizeof({})
+    twin = TimeBucketIndex(0)
+    by_ledger: dict = {}
+    origins: dict = {}
+    keys = [K(1, ledger=5, topic="a"), K(2, ledger=5, topic="b"), K(3, ledger=6, topic="a"),
+            K(4, ledger=7, partition=2), K(5, ledger=5, topic="a")]
+    for key in keys:
+        due = tracker.add(key, delay_ms=10 * key.entry_id)
+        origin = (key.topic, key.partition, key.ledger_id)
+        slot = next((s for s, o in origins.items() if o == origin), len(origins))  # numbered as first seen
+        by_ledger.setdefault((key.partition, key.ledger_id), {})[key.topic] = slot
+        origins[slot] = origin
+        twin.add(slot, key.entry_id, due)
+    assert len(by_ledger) == 3 and len(origins) == 4
+    routing = sys.getsizeof(by_ledger) + sys.getsizeof(origins) + sum(map(sys.getsizeof, by_ledger.values()))
+    assert tracker.nbytes() == twin.nbytes() + routing
+    assert tracker.stats()["nbytes"] == tracker.nbytes()
+    await tracker.close()
