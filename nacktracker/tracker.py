@@ -713,6 +713,13 @@ class NegativeAcksTracker:
     async def _await_dead_letter(self, result: Any, key: MessageKey, delay: int, count: int) -> None:
         try:
             await result
+        except asyncio.CancelledError:
+            # cancelled under the hook (e.g. a client future) or this task itself cancelled: nothing is lost
+            self._dead_letter_failed(key, delay, count)
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            log.error("on_dead_letter(%s) was cancelled; the message stays pending", key)
         except Exception:
             log.exception("on_dead_letter(%s) failed; the message stays pending", key)
             self._dead_letter_failed(key, delay, count)
