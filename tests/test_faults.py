@@ -254,23 +254,26 @@ async def test_a_dead_letter_cancelled_under_its_hook_stays_pending(caplog):
     published: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     clock = ManualClock()
     adapter = MemoryAdapter(clock=clock.now_ms)
+    events = []
     tracker = NegativeAcksTracker(adapter, clock=clock, precision_bits=0, delay_ms=100, max_redeliveries=1,
-                                  on_dead_letter=lambda key: published)
-    tracker.add(K(3), redelivery_count=1)
+                                  on_dead_letter=lambda key: published, on_event=events.append)
+    tracker.add(K(3), redelivery_count=2, delay_ms=250)
     await settle()
     published.cancel()
     await settle()
     s = tracker.stats()
     assert (s["dead_lettered"], s["dead_letter_failures"], tracker.pending) == (0, 1, 1) and K(3) in tracker
+    assert [(e.kind, e.entry_id, e.delay_ms, e.redelivery_count) for e in events] == [
+        ("dead_letter", 3, 250, 2), ("nack", 3, 250, 2)]  # renacked with its delay and count
     assert f"on_dead_letter({K(3)}) was cancelled; the message stays pending" in [
         r.getMessage() for r in caplog.records]
-    clock.advance(100)
+    clock.advance(250)
     await settle()
     assert adapter.redelivered == [K(3)]  # redelivered, to be dead-lettered again at its next nack
     await tracker.close()
 
 
-async def test_close_completes_when_a_dead_letter_it_waits_for_is_cancelled():
+async def test_close_completes_when_a_dead_letter_it_waits_for_is_cancelled(caplog):
     """close() waits for the dead letters in flight; one of them cancelled meanwhile (an application
     cancelling its tasks at shutdown) does not make close() fail, and its message stays pending."""
     clock = ManualClock()
@@ -289,6 +292,8 @@ async def test_close_completes_when_a_dead_letter_it_waits_for_is_cancelled():
     assert tracker.closed and tracker.pending == 1 and K(4) in tracker
     s = tracker.stats()
     assert (s["dead_lettered"], s["dead_letter_failures"]) == (0, 1)
+    assert f"on_dead_letter({K(4)}) was cancelled; the message stays pending" in [
+        r.getMessage() for r in caplog.records]
 
 
 async def test_a_flush_reports_how_early_it_hands_each_cell_over():
