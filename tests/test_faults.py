@@ -214,7 +214,7 @@ async def test_close_timeout_bounds_the_wait_for_a_hung_adapter():
     assert tracker.closed and tracker.stats()["unsent"] == 1
 
 
-@pytest.mark.parametrize("how", ["timeout", "caller gives up"])
+@pytest.mark.parametrize("how", ["timeout", "caller_gives_up"])
 async def test_close_cancelling_a_hung_call_puts_its_batch_back_and_is_not_an_adapter_failure(how, caplog):
     """Past close()'s timeout (or when its caller gives up) the call in flight is cancelled: by the
     time close() is done its batch is back in ``unsent`` (and in a snapshot), and that cancellation,
