@@ -713,6 +713,10 @@ class NegativeAcksTracker:
     async def _await_dead_letter(self, result: Any, key: MessageKey, delay: int, count: int) -> None:
         try:
             await result
+        except asyncio.CancelledError:  # under the hook (e.g. a client future) or this task (shutdown)
+            log.error("on_dead_letter(%s) was cancelled; the message stays pending", key)
+            self._dead_letter_failed(key, delay, count)
+            raise  # the task ends cancelled either way: close() waits for it without raising
         except Exception:
             log.exception("on_dead_letter(%s) failed; the message stays pending", key)
             self._dead_letter_failed(key, delay, count)

@@ -23,19 +23,20 @@ def K(entry, ledger=7, **kw):
 
 
 class ScriptedAdapter:
-    """Raises the scripted exceptions, one per call, then succeeds."""
+    """Raises the scripted exceptions, one per call (``None``: that call succeeds), then succeeds."""
 
     lead_ms = 0
 
-    def __init__(self, *failures: BaseException) -> None:
+    def __init__(self, *failures: BaseException | None) -> None:
         self.failures = list(failures)
         self.delivered: list[MessageKey] = []
         self.calls = 0
 
     async def redeliver(self, keys) -> None:
         self.calls += 1
-        if self.failures:
-            raise self.failures.pop(0)
+        failure = self.failures.pop(0) if self.failures else None
+        if failure is not None:
+            raise failure
         self.delivered.extend(keys)
 
 
@@ -103,7 +104,7 @@ async def test_an_adapter_that_raises_before_returning_a_coroutine():
     await tracker.close()
 
 
-async def test_an_adapter_raising_cancelled_error_is_retried_like_any_failure():
+async def test_an_adapter_raising_cancelled_error_is_retried_like_any_failure(caplog):
     adapter = ScriptedAdapter(asyncio.CancelledError())  # e.g. a client future cancelled under the adapter
     clock = ManualClock()
     tracker = NegativeAcksTracker(adapter, clock=clock, precision_bits=0, retry_min_ms=10, retry_max_ms=100)
@@ -114,6 +115,31 @@ async def test_an_adapter_raising_cancelled_error_is_retried_like_any_failure():
     assert adapter.delivered == [K(1)]
     s = tracker.stats()
     assert s["failures"] == 1 and s["redelivered"] == 1 and s["unsent"] == 0  # counted like any failure
+    # the log names the cause (a bare CancelledError() would say nothing)
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("nacktracker")] == [
+        "redeliver of 1 messages failed (CancelledError('adapter raised CancelledError')); retrying in 10 ms"]
+    await tracker.close()
+
+
+async def test_a_delivery_resets_the_retry_backoff():
+    """The backoff doubles over one streak of failures; a delivery ends the streak, so the next
+    failure waits ``retry_min_ms`` again."""
+    down = RuntimeError("down")
+    adapter = ScriptedAdapter(down, down, None, down, None)
+    clock = ManualClock()
+    tracker = NegativeAcksTracker(adapter, clock=clock, precision_bits=0, retry_min_ms=10, retry_max_ms=1000)
+    tracker.add(K(1), delay_ms=1)
+    tracker.add(K(2), delay_ms=100)
+    times = []
+    for _ in range(200):
+        before = adapter.calls
+        clock.advance(1)
+        await settle(3)
+        if adapter.calls != before:
+            times.append(clock.now_ms())
+    assert times == [1, 11, 31, 100, 110]  # K(1): 10 then 20 ms; K(2): 10 ms, not 40
+    assert adapter.delivered == [K(1), K(2)]
+    assert tracker.stats()["failures"] == 3
     await tracker.close()
 
 
@@ -186,6 +212,107 @@ async def test_close_timeout_bounds_the_wait_for_a_hung_adapter():
     # bounded here too: a close() that ignored its timeout would otherwise hang the test
     await asyncio.wait_for(tracker.close(timeout=0.05), 5)
     assert tracker.closed and tracker.stats()["unsent"] == 1
+
+
+@pytest.mark.parametrize("how", ["timeout", "caller_gives_up"])
+async def test_close_cancelling_a_hung_call_puts_its_batch_back_and_is_not_an_adapter_failure(how, caplog):
+    """Past close()'s timeout (or when its caller gives up) the call in flight is cancelled: by the
+    time close() is done its batch is back in ``unsent`` (and in a snapshot), and that cancellation,
+    the tracker's own, is neither counted nor logged as a failure of the adapter."""
+    class Hung:
+        lead_ms = 0
+
+        async def redeliver(self, keys):
+            await asyncio.Event().wait()
+
+    clock = ManualClock()
+    tracker = NegativeAcksTracker(Hung(), clock=clock, precision_bits=0)
+    tracker.add(K(1), delay_ms=1)
+    clock.advance(1)
+    await settle()
+    if how == "timeout":
+        async with asyncio.timeout(5):  # bounded: a close() that ignored its timeout would hang here
+            await tracker.close(timeout=0.05)  # returns normally: the call was cancelled, not close()
+    else:
+        closing = asyncio.ensure_future(tracker.close())
+        await settle()
+        closing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await closing
+    s = tracker.stats()  # read at once, before the loop runs anything else
+    assert tracker.closed and s["unsent"] == 1 and s["redelivered"] == 0
+    assert s["failures"] == 0
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("nacktracker")] == []
+    restored = NegativeAcksTracker.restore(tracker.snapshot(), MemoryAdapter(), clock=ManualClock(),
+                                           elapsed="none")
+    assert K(1) in restored and restored.pending == 1
+
+
+async def test_a_dead_letter_cancelled_under_its_hook_stays_pending(caplog):
+    """A hook's awaitable that ends cancelled (a client future cancelled under it) is a failed dead
+    letter like any other: counted, logged, and the message stays pending."""
+    published: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    clock = ManualClock()
+    adapter = MemoryAdapter(clock=clock.now_ms)
+    events = []
+    tracker = NegativeAcksTracker(adapter, clock=clock, precision_bits=0, delay_ms=100, max_redeliveries=1,
+                                  on_dead_letter=lambda key: published, on_event=events.append)
+    tracker.add(K(3), redelivery_count=2, delay_ms=250)
+    await settle()
+    published.cancel()
+    await settle()
+    s = tracker.stats()
+    assert (s["dead_lettered"], s["dead_letter_failures"], tracker.pending) == (0, 1, 1) and K(3) in tracker
+    assert [(e.kind, e.entry_id, e.delay_ms, e.redelivery_count) for e in events] == [
+        ("dead_letter", 3, 250, 2), ("nack", 3, 250, 2)]  # renacked with its delay and count
+    assert f"on_dead_letter({K(3)}) was cancelled; the message stays pending" in [
+        r.getMessage() for r in caplog.records]
+    clock.advance(250)
+    await settle()
+    assert adapter.redelivered == [K(3)]  # redelivered, to be dead-lettered again at its next nack
+    await tracker.close()
+
+
+async def test_close_completes_when_a_dead_letter_it_waits_for_is_cancelled(caplog):
+    """close() waits for the dead letters in flight; one of them cancelled meanwhile (an application
+    cancelling its tasks at shutdown) does not make close() fail, and its message stays pending."""
+    clock = ManualClock()
+    tracker = NegativeAcksTracker(MemoryAdapter(clock=clock.now_ms), clock=clock, precision_bits=0, delay_ms=100,
+                                  max_redeliveries=1, on_dead_letter=lambda key: asyncio.Event().wait())
+    tracker.add(K(4), redelivery_count=1)
+    await settle()
+    closing = asyncio.ensure_future(tracker.close())
+    await settle()
+    assert not closing.done()  # waiting for the dead letter
+    others = asyncio.all_tasks() - {asyncio.current_task(), closing}
+    assert len(others) == 1  # the dead letter in flight
+    for task in others:
+        task.cancel()
+    await asyncio.wait_for(closing, 5)  # returns normally
+    assert tracker.closed and tracker.pending == 1 and K(4) in tracker
+    s = tracker.stats()
+    assert (s["dead_lettered"], s["dead_letter_failures"]) == (0, 1)
+    assert f"on_dead_letter({K(4)}) was cancelled; the message stays pending" in [
+        r.getMessage() for r in caplog.records]
+
+
+async def test_a_flush_reports_how_early_it_hands_each_cell_over():
+    """close(flush=True) hands every pending cell over now: each cell's timer lag, ``now - (bucket -
+    lead)``, is negative by how early that is, for the fire listeners and in stats()."""
+    clock = ManualClock(start_ms=1000)
+    adapter = MemoryAdapter(clock=clock.now_ms, lead_ms=20)
+    tracker = NegativeAcksTracker(adapter, clock=clock, precision_bits=0)
+    cells = []
+    tracker.add_fire_listener(cells.append)
+    tracker.add(K(1), delay_ms=5000)
+    tracker.add(K(2), delay_ms=300)
+    tracker.add(K(3), delay_ms=300)
+    clock.advance(100)
+    await settle()
+    await tracker.close(flush=True)
+    assert cells == [(1300, 1100 - 1280, [K(2), K(3)]), (6000, 1100 - 5980, [K(1)])]
+    assert tracker.stats()["timer_lag_ms"] == {"count": 3, "p50": -180, "p99": -180, "max": -180}
+    assert sorted(adapter.redelivered) == [K(1), K(2), K(3)]
 
 
 # -- a stalled event loop -------------------------------------------------------------------
