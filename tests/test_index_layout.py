@@ -888,3 +888,19 @@ def test_a_front_bucket_known_from_a_stale_tail_mark_is_checked_not_trusted():
     assert not idx._ids.ghost_copies and [key >> 32 for key in w.dense] == [1] and w.tail_min == 0
     assert idx.next_due_ms() == base + 1
     assert idx.pop_due(base) == [] and len(idx.pop_due(base + 1)) == len(run) and idx.next_due_ms() == base + 10
+
+
+def test_a_window_is_made_once_per_id_and_the_earliest_id_is_kept():
+    """``Windows.window(bucket)``: the window of the bucket's id, made if new and
+    the same object after (with what it holds); the earliest id follows the
+    windows made and dropped."""
+    lay = Layout.for_bits(0)
+    wins = Windows(lay)
+    w = wins.window(5 << lay.window_shift)
+    w.packed = _packed(lay, (0, 0, 1))
+    assert wins.window((5 << lay.window_shift) + 7) is w and list(w.packed) == list(_packed(lay, (0, 0, 1)))
+    assert wins.first() == (5, w)
+    early = wins.window(2 << lay.window_shift)
+    assert wins.first() == (2, early) and wins.window(9 << lay.window_shift) is not w and wins.first_id == 2
+    wins.drop_first()
+    assert wins.first() == (5, w) and [wid for wid, _ in wins.in_order()] == [5, 9]
