@@ -904,3 +904,130 @@ def test_a_window_is_made_once_per_id_and_the_earliest_id_is_kept():
     assert wins.first() == (2, early) and wins.window(9 << lay.window_shift) is not w and wins.first_id == 2
     wins.drop_first()
     assert wins.first() == (5, w) and [wid for wid, _ in wins.in_order()] == [5, 9]
+
+
+def _same_as_dict(ops) -> tuple[TimeBucketIndex, DictIndex]:
+    """Apply ``(method, *args)`` to a TimeBucketIndex and a DictIndex; each answer must agree."""
+    idx, ref = TimeBucketIndex(precision_bits=0), DictIndex(precision_bits=0)
+    for name, *args in ops:
+        assert getattr(idx, name)(*args) == getattr(ref, name)(*args), (name, args)
+        check_listed(idx)
+    return idx, ref
+
+
+def test_an_id_acked_nacked_again_and_acked_again_leaves_only_ghosts():
+    """An ack leaves ghost copies in their cells; a nack after it revives the id
+    in its new bucket; a second ack turns that copy into a ghost too: the id's
+    ghost then counts both copies, and no pop returns it."""
+    ops = [("add", 1, 5, 100), ("discard", 1, 5), ("add", 1, 5, 200), ("discard", 1, 5),
+           ("add", 1, 6, 250), ("pop_due", 150), ("pop_due", 300)]
+    idx, _ = _same_as_dict(ops)
+    assert not idx and not idx._ids.ghosts and not idx._ids.ghost_copies
+    # the second copy in a dense cell: a run of adds after the ack
+    run = [("add", 1, e, 200) for e in range(PROMOTE + 5)]
+    idx, _ = _same_as_dict([("add", 1, 5, 100), ("discard", 1, 5), *run, ("discard", 1, 5),
+                            ("pop_due", 150), ("pop_due", 300)])
+    assert not idx and not idx._ids.ghosts and not idx._ids.ghost_copies
+    # the copies the acks take out of a listed cell (listed before the first ack) leave no live one
+    idx, _ = _same_as_dict([*run, ("add", 1, 5, 100), ("discard", 1, 5), ("add", 1, 5, 200), ("discard", 1, 5),
+                            ("__contains__", (1, 5)), ("pop_due", 150), ("pop_due", 300)])
+    assert not idx and not idx._ids.ghosts and not idx._ids.ghost_copies
+
+
+def test_a_ledger_with_ghosts_widens_the_live_bitmap_for_an_id_it_cannot_key():
+    """A ledger with a ghost takes its next ids through the slower add; an id
+    the narrow live bitmap cannot key (entry >= 2^22) still widens it first,
+    so it is not mistaken for another ledger's id."""
+    big = 2**LIVE_ENTRY_BITS + 7
+    idx, _ = _same_as_dict([("add", 1, 5, 100), ("discard", 1, 5), ("add", 2, 7, 100), ("add", 1, big, 200),
+                            ("__contains__", (1, big)), ("__contains__", (2, 7)), ("discard", 2, 7),
+                            ("__contains__", (1, big)), ("pop_due", 300)])
+    assert type(idx._ids.bits) is BitMap64
+
+
+def test_an_id_pending_twice_keeps_the_live_bitmap_narrow():
+    """A second copy of an id the narrow live bitmap keys (a re-nack into another
+    bucket) does not widen it: every id of every ledger here fits."""
+    idx, _ = _same_as_dict([("add", 1, 5, 100), ("add", 2, 5, 100), ("add", 1, 5, 200), ("add", 2, 5, 200),
+                            ("__contains__", (2, 5)), ("pop_due", 150), ("__contains__", (2, 5))])
+    assert type(idx._ids.bits) is BitMap and idx._ids.shift == LIVE_ENTRY_BITS
+
+
+def test_an_id_past_32_bits_acked_in_a_ledger_with_32_and_64_bit_listed_cells():
+    """A ledger lists a 32-bit cell and a 64-bit one (a run widened by an id past
+    2^32): an ack of an id past 2^32 below the listed ids' top looks through
+    both without asking the 32-bit one for a 64-bit id."""
+    for wide in (2**32 + 5, 2**39):
+        low = [("add", 1, e, 100) for e in range(PROMOTE + 5)]
+        high = [("add", 1, e, 200) for e in range(1000, 1000 + PROMOTE + 5)]
+        idx, _ = _same_as_dict([*low, *high, ("add", 1, 2**40, 200), ("add", 1, wide, 300), ("discard", 1, wide),
+                                ("__contains__", (1, wide)), ("discard", 1, 2**40), ("discard", 1, 3),
+                                ("pop_due", 300)])
+        assert not idx
+
+
+def test_a_hot_listed_cell_emptied_by_acks_takes_no_more_adds():
+    """Acks empty the listed cell the run of adds is filling: it leaves its
+    window, so the next adds to that bucket go into a new cell, not the gone one."""
+    run = [("add", 1, e, 100) for e in range(PROMOTE + 5)]
+    acks = [("discard", 1, e) for e in range(PROMOTE + 5)]
+    idx, _ = _same_as_dict([("add", 1, 5000, 300), *run, *acks, ("add", 1, 50, 100), ("add", 1, 51, 100),
+                            ("__contains__", (1, 51)), ("pop_due", 300)])
+    assert not idx
+
+
+def test_a_gathered_bucket_merges_its_sparse_copies_into_its_listed_cell_and_lists_them():
+    """A copy added before its cell became a listed run stays sparse until the
+    bucket is gathered (here for a ghost in it, before its time): it then joins
+    the listed cell, whose top id follows, so an ack finds it there."""
+    run = [("add", 1, e, 100) for e in range(PROMOTE + 5)]
+    idx, _ = _same_as_dict([("add", 1, 900, 100), ("add", 2, 1, 100), *run, ("discard", 2, 1),
+                            ("next_due_ms",), ("__contains__", (1, 900)), ("discard", 1, 900),
+                            ("__contains__", (1, 900)), ("pop_due", 100)])
+    assert not idx
+
+
+def test_a_hot_cell_of_a_ledger_with_ghosts_widened_to_64_bits_keeps_its_ids_live():
+    """A run of adds in a ledger with a ghost makes a dense cell that is not
+    listed; a 64-bit id widens it mid-run, and the acked copy in that cell is
+    nacked again (the ledger's last ghost goes): the run's next ids still count
+    as pending (they go through the live bitmap, as the cell is not listed)."""
+    run = [("add", 1, e, 100) for e in range(PROMOTE + 5)]
+    more = [("add", 1, e, 100) for e in range(50, 60)]
+    idx, _ = _same_as_dict([("add", 1, 999, 100), ("discard", 1, 999), *run, ("add", 1, 2**40, 100),
+                            ("add", 1, 999, 100), *more,
+                            *[("__contains__", (1, e)) for e in (3, 50, 59, 999, 2**40)], ("discard", 1, 55),
+                            ("pop_due", 100)])
+    assert not idx
+
+
+def test_widening_re_keys_every_live_id_across_slices():
+    """More live ids than one re-keying slice, consecutive (no gap between two
+    slices): widening keeps every one."""
+    n = _live.KEY_SLICE + 300
+    idx = TimeBucketIndex(precision_bits=0)
+    for e in range(n):
+        idx.add(1, e, 100 + 50 * (e % 2))  # two buckets in turn: no run, every id in the live bitmap
+    assert type(idx._ids.bits) is BitMap and len(idx._ids.bits) == n
+    idx.add(1, 2**LIVE_ENTRY_BITS, 300)
+    assert type(idx._ids.bits) is BitMap64
+    assert all((1, e) in idx for e in range(n)) and len(idx.pop_due(1_000)) == n + 1
+
+
+def test_flushing_listed_cells_counts_their_ids_as_changes_to_the_live_bitmap():
+    """``flush_listed`` puts the listed cells' ids into the live bitmap, counts
+    each as a change (the live bitmap compacts every so many) and unlists them:
+    no listed cell, ``hi`` back to -1."""
+    from nacktracker.index._ledgers import Ledgers
+    from nacktracker.index._live import LiveIds
+
+    ledgers = Ledgers()
+    slot = ledgers.slot(42)
+    ids = LiveIds(ledgers)
+    ext = ledgers.ext_of(slot)
+    w = layout.Window()
+    ext.cells, ext.hi = [BitMap(range(10)), w, 1 << 32 | slot, BitMap(range(20, 25)), w, 2 << 32 | slot], 24
+    ids.churn = 3
+    ids.flush_listed(slot, ext)
+    assert ids.churn == 3 + 15 and sorted(e & (2**LIVE_ENTRY_BITS - 1) for e in ids.bits) == [*range(10), *range(20, 25)]
+    assert ext.cells is None and ext.hi == -1
