@@ -1031,3 +1031,32 @@ def test_flushing_listed_cells_counts_their_ids_as_changes_to_the_live_bitmap():
     ids.flush_listed(slot, ext)
     assert ids.churn == 3 + 15 and sorted(e & (2**LIVE_ENTRY_BITS - 1) for e in ids.bits) == [*range(10), *range(20, 25)]
     assert ext.cells is None and ext.hi == -1
+
+
+def test_an_id_the_narrow_live_bitmap_cannot_key_is_not_read_as_another_ledgers():
+    """While the live bitmap is narrow (``slot << 22 | entry``), an id of 2^22 or
+    more was never added (its add would have widened it): asking for one is
+    not answered with the next slot's id that its bits would spell."""
+    idx, _ = _same_as_dict([("add", 1, 5, 100), ("add", 2, 7, 100), ("__contains__", (1, 2**LIVE_ENTRY_BITS + 7)),
+                            ("discard", 1, 2**LIVE_ENTRY_BITS + 7), ("__contains__", (2, 7))])
+    assert type(idx._ids.bits) is BitMap
+
+
+def test_compacting_the_live_bitmap_refits_it_and_sets_the_next_compaction():
+    """``compact()``: the live bitmap shrunk to fit (its bytes are counted as
+    refit from then on), the change count back to 0, the next compaction a
+    quarter of its size in changes away (at least COMPACT_CHURN)."""
+    from nacktracker.index._ledgers import Ledgers
+    from nacktracker.index._live import LiveIds
+    from nacktracker.index.layout import COMPACT_CHURN, roaring_bytes
+
+    ids = LiveIds(Ledgers())
+    ids.bits.update(range(0, 40_000 * 8, 8))
+    ids.churn = 123
+    ids.compact()
+    assert ids.refitted is True and ids.churn == 0 and ids.compact_at == max(COMPACT_CHURN, 40_000 >> 2) == 10_000
+    assert ids.nbytes() == layout.held_size(ids) + roaring_bytes(ids.bits, grown=True, refit=True)
+    small = LiveIds(Ledgers())
+    small.bits.update(range(10))
+    small.compact()
+    assert small.compact_at == COMPACT_CHURN
