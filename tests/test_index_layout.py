@@ -985,6 +985,12 @@ def test_a_gathered_bucket_merges_its_sparse_copies_into_its_listed_cell_and_lis
                             ("next_due_ms",), ("__contains__", (1, 900)), ("discard", 1, 900),
                             ("__contains__", (1, 900)), ("pop_due", 100)])
     assert not idx
+    # with a listed cell of higher ids in a later bucket: the top id stays the higher one
+    high = [("add", 1, e, 200) for e in range(5000, 5000 + PROMOTE + 5)]
+    idx, _ = _same_as_dict([*high, ("add", 1, 900, 100), ("add", 2, 1, 100), *run, ("discard", 2, 1),
+                            ("next_due_ms",), ("__contains__", (1, 5010)), ("discard", 1, 5010), ("discard", 1, 900),
+                            ("pop_due", 200)])
+    assert not idx
 
 
 def test_a_hot_cell_of_a_ledger_with_ghosts_widened_to_64_bits_keeps_its_ids_live():
