@@ -1066,3 +1066,16 @@ def test_compacting_the_live_bitmap_refits_it_and_sets_the_next_compaction():
     small.bits.update(range(10))
     small.compact()
     assert small.compact_at == COMPACT_CHURN
+    small.churn, small.refitted = COMPACT_CHURN - 1, False
+    small.release(0, BitMap([3]))  # one change short of it: no compaction
+    assert small.churn == COMPACT_CHURN - 1 and not small.refitted
+    small.churn = COMPACT_CHURN
+    small.release(0, BitMap([4]))  # as many changes as the next compaction is away: compacted
+    assert small.churn == 0 and small.refitted and 4 not in small.bits
+
+
+def test_a_ledger_holding_only_a_ghost_has_nothing_pending_beside_the_previous_slots_top_id():
+    """``has_ledger`` counts the live ids in the ledger's key range of the live
+    bitmap: the previous slot's largest narrow id sits just below that range."""
+    idx, _ = _same_as_dict([("add", 1, 2**LIVE_ENTRY_BITS - 1, 100), ("add", 2, 5, 100), ("discard", 2, 5)])
+    assert idx.has_ledger(1) and not idx.has_ledger(2) and not idx.has_ledger(3)
