@@ -951,6 +951,10 @@ def test_an_id_pending_twice_keeps_the_live_bitmap_narrow():
     idx, _ = _same_as_dict([("add", 1, 5, 100), ("add", 2, 5, 100), ("add", 1, 5, 200), ("add", 2, 5, 200),
                             ("__contains__", (2, 5)), ("pop_due", 150), ("__contains__", (2, 5))])
     assert type(idx._ids.bits) is BitMap and idx._ids.shift == LIVE_ENTRY_BITS
+    # a ledger with listed cells (slot 1) takes its next ids through the rarer path: still narrow
+    run = [("add", 2, e, 100) for e in range(PROMOTE + 5)]
+    idx, _ = _same_as_dict([("add", 1, 5, 100), *run, ("add", 2, 500, 200), ("__contains__", (2, 500))])
+    assert ext_of(idx, 2).cells is not None and type(idx._ids.bits) is BitMap
 
 
 def test_an_id_past_32_bits_acked_in_a_ledger_with_32_and_64_bit_listed_cells():
