@@ -318,9 +318,10 @@ def test_the_live_ids_count_their_bitmap_multi_and_ghost_records_exactly():
     ghost (with the ghost's set of revived buckets)."""
     from nacktracker.index._ledgers import Ledgers
     from nacktracker.index._live import LiveIds
-    from nacktracker.index.layout import Ghost, held_size, roaring_bytes
+    from nacktracker.index.layout import COMPACT_CHURN, Ghost, held_size, roaring_bytes
 
     ids = LiveIds(Ledgers())
+    assert (ids.churn, ids.compact_at, ids.refitted) == (0, COMPACT_CHURN, False)  # no change made, never refit
     assert ids.nbytes() == held_size(ids) + roaring_bytes(ids.bits, grown=True)
     ids.bits.update([*range(0, 4000, 3), *range(70_000, 75_000)])
     base = held_size(ids) + roaring_bytes(ids.bits, grown=True)
