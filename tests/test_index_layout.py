@@ -923,6 +923,10 @@ def test_an_id_acked_nacked_again_and_acked_again_leaves_only_ghosts():
            ("add", 1, 6, 250), ("pop_due", 150), ("pop_due", 300)]
     idx, _ = _same_as_dict(ops)
     assert not idx and not idx._ids.ghosts and not idx._ids.ghost_copies
+    # an id pending twice acked (two ghosts), then another id of its ledger acked
+    idx, _ = _same_as_dict([("add", 1, 5, 100), ("add", 1, 5, 200), ("add", 1, 6, 300), ("discard", 1, 5),
+                            ("discard", 1, 6), ("pop_due", 400)])
+    assert not idx and not idx._ids.ghosts and not idx._ids.multi
     # the second copy in a dense cell: a run of adds after the ack
     run = [("add", 1, e, 200) for e in range(PROMOTE + 5)]
     idx, _ = _same_as_dict([("add", 1, 5, 100), ("discard", 1, 5), *run, ("discard", 1, 5),
