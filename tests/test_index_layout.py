@@ -1087,3 +1087,37 @@ def test_a_ledger_holding_only_a_ghost_has_nothing_pending_beside_the_previous_s
     bitmap: the previous slot's largest narrow id sits just below that range."""
     idx, _ = _same_as_dict([("add", 1, 2**LIVE_ENTRY_BITS - 1, 100), ("add", 2, 5, 100), ("discard", 2, 5)])
     assert idx.has_ledger(1) and not idx.has_ledger(2) and not idx.has_ledger(3)
+
+
+def test_a_bucket_drops_every_ghost_but_the_revived_ones():
+    """A cell holding two acked ids, one of them nacked again into that very
+    bucket (its other copy, elsewhere, is still a ghost): the pop returns the
+    revived one only."""
+    idx, _ = _same_as_dict([("add", 1, 5, 100), ("add", 1, 5, 200), ("discard", 1, 5), ("add", 1, 5, 100),
+                            ("add", 1, 6, 100), ("discard", 1, 6), ("pop_due", 100), ("pop_due", 200)])
+    assert not idx and not idx._ids.ghosts
+
+
+def test_a_hot_dense_cell_emptied_of_its_ghosts_takes_no_more_adds():
+    """A run in a ledger with a ghost (in a later window) fills a dense cell that
+    is not listed; once its window is open, an add makes it the hot cell again
+    and acks leave ghosts in it. Gathering the bucket (no sparse copy there)
+    drops them all and the cell with them (the ledger stays: its ghost waits in
+    the later window): the next adds there go into a new cell."""
+    run = [("add", 1, e, 100) for e in range(PROMOTE + 5)]
+    acks = [("discard", 1, e) for e in range(PROMOTE + 5)]
+    acks = [("discard", 1, e) for e in range(PROMOTE + 6)]
+    later = [("add", 2, e, 300) for e in range(PROMOTE + 5)]  # the next bucket: dense only, nothing to gather
+    idx, _ = _same_as_dict([("add", 1, 999, 20_000), ("discard", 1, 999), *run, *later,
+                            ("next_due_ms",), ("add", 1, PROMOTE + 5, 100), *acks, ("next_due_ms",),
+                            ("add", 1, 40, 100), ("__contains__", (1, 40)), ("pop_due", 20_000)])
+    assert not idx
+
+
+def test_a_ledger_keeps_its_slot_while_a_ghost_of_it_waits_in_a_later_bucket():
+    """Popping a bucket that empties a ledger of live ids does not free its slot
+    while a ghost copy of it waits elsewhere: a new ledger does not inherit it."""
+    idx, _ = _same_as_dict([("add", 1, 5, 100), ("add", 1, 6, 200), ("discard", 1, 5), ("discard", 1, 6),
+                            ("pop_due", 100), ("add", 2, 6, 300), ("__contains__", (2, 6)), ("pop_due", 200),
+                            ("__contains__", (2, 6)), ("pop_due", 300)])
+    assert not idx and not idx._by_id
