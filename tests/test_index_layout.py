@@ -912,6 +912,7 @@ def _same_as_dict(ops) -> tuple[TimeBucketIndex, DictIndex]:
     for name, *args in ops:
         assert getattr(idx, name)(*args) == getattr(ref, name)(*args), (name, args)
         check_listed(idx)
+        assert idx._ids.ghost_copies == sum(g.count for g in idx._ids.ghosts.values())
     return idx, ref
 
 
@@ -1121,3 +1122,40 @@ def test_a_ledger_keeps_its_slot_while_a_ghost_of_it_waits_in_a_later_bucket():
                             ("pop_due", 100), ("add", 2, 6, 300), ("__contains__", (2, 6)), ("pop_due", 200),
                             ("__contains__", (2, 6)), ("pop_due", 300)])
     assert not idx and not idx._by_id
+
+
+def test_an_id_pending_in_three_buckets_acked_and_nacked_again_into_one_keeps_two_ghosts():
+    """Three copies acked are three ghosts; a nack back into one of their cells
+    brings that copy back to life and leaves the other two ghosts."""
+    idx, _ = _same_as_dict([("add", 1, 5, 100), ("add", 1, 5, 200), ("add", 1, 5, 300), ("discard", 1, 5),
+                            ("add", 1, 5, 200), ("pop_due", 100), ("pop_due", 200), ("pop_due", 300)])
+    assert not idx and not idx._ids.ghosts
+
+
+def test_acking_a_ledgers_last_listed_ids_frees_its_slot_unless_a_ghost_of_it_waits():
+    """A ledger whose only copies were in a listed cell leaves as its last id is
+    acked; one with a ghost waiting in a later bucket stays until that goes."""
+    run = [("add", 1, e, 100) for e in range(PROMOTE + 5)]
+    acks = [("discard", 1, e) for e in range(PROMOTE + 5)]
+    idx, _ = _same_as_dict([*run, *acks])
+    assert not idx._by_id and not idx
+    idx, _ = _same_as_dict([*run, ("add", 1, 999, 300), ("discard", 1, 999), *acks, ("add", 2, 999, 400),
+                            ("__contains__", (2, 999)), ("pop_due", 300), ("__contains__", (2, 999)),
+                            ("pop_due", 400)])
+    assert not idx._by_id and not idx
+
+
+def test_add_many_refuses_a_ledger_id_or_due_time_past_its_range():
+    """``add_many``'s fast path takes only ids and times in range: a ledger id of
+    2^63 or a due time of 2^62 (or a ledger id that is not an int) is refused as
+    ``add`` refuses it, and nothing is added; with a few ids or a bulk of them
+    (the bulk path adds no id one by one, so nothing after it checks again)."""
+    for batch in ([1], list(range(PROMOTE + 1))):
+        for idx in (TimeBucketIndex(precision_bits=0), DictIndex(precision_bits=0)):
+            with pytest.raises(ValueError, match="ledger_id"):
+                idx.add_many(2**63, batch, 5)
+            with pytest.raises(ValueError, match="due_ms"):
+                idx.add_many(1, batch, 2**62)
+            with pytest.raises(TypeError, match="ledger_id"):
+                idx.add_many("7", batch, 5)
+            assert not idx
