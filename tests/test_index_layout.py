@@ -1159,3 +1159,56 @@ def test_add_many_refuses_a_ledger_id_or_due_time_past_its_range():
             with pytest.raises(TypeError, match="ledger_id"):
                 idx.add_many("7", batch, 5)
             assert not idx
+
+
+def test_bulk_adds_into_a_new_cell_then_the_same_cell_then_single_adds():
+    """``add_many``'s bulk path (PROMOTE ids or more, none pending): a new dense
+    cell, a second batch merged into that cell, then single adds to it; each
+    batch counts its ids as changes to the live bitmap."""
+    idx, _ = _same_as_dict([("add_many", 1, list(range(0, 40)), 100)])
+    churn = idx._ids.churn
+    idx.add_many(1, list(range(100, 150)), 100)
+    assert idx._ids.churn == churn + 50
+    _same_as_dict([("add_many", 1, list(range(0, 40)), 100), ("add_many", 1, list(range(100, 150)), 100),
+                   ("add", 1, 200, 100), ("add", 1, 201, 100), *[("__contains__", (1, e)) for e in (0, 39, 120, 201)],
+                   ("discard", 1, 120), ("pop_due", 100)])
+
+
+def test_bulk_adds_with_ids_past_32_bits_keep_narrow_ids_narrow_and_wide_ids_in_wide():
+    """A batch holding ids past 2^32 becomes a 64-bit cell (a batch of 64-bit
+    values that all fit 32 bits is taken as 32-bit): its ids past 2^32 join
+    the ledger's ``wide`` set, its ids below stay keyed in the narrow live
+    bitmap; an id in [2^22, 2^32) widens the live bitmap first."""
+    idx, _ = _same_as_dict([("add_many", 1, array.array("Q", range(1, 41)), 100), ("__contains__", (1, 7))])
+    assert ext_of(idx, 1) is None and type(idx._ids.bits) is BitMap
+    mixed = array.array("Q", [*range(1, 40), 2**32 + 1, 2**40])
+    idx, _ = _same_as_dict([("add_many", 1, mixed, 100), ("__contains__", (1, 2**40)), ("__contains__", (1, 3))])
+    assert sorted(ext_of(idx, 1).wide) == [2**32 + 1, 2**40] and type(idx._ids.bits) is BitMap
+    for keyless in ([*range(1, 40), 2**LIVE_ENTRY_BITS + 5], [*range(1, 40), 2**LIVE_ENTRY_BITS + 5, 2**40]):
+        idx, _ = _same_as_dict([("add_many", 1, array.array("Q", keyless), 100),
+                                ("__contains__", (1, 2**LIVE_ENTRY_BITS + 5)), ("add", 2, 5, 50),
+                                ("__contains__", (2, 5)), ("pop_due", 100)])
+        assert type(idx._ids.bits) is BitMap64 and not idx
+
+
+def test_bulk_adds_past_the_narrow_live_bitmaps_slots_widen_it_only_for_narrow_ids():
+    """The narrow live bitmap keys slots below 2^10: a batch for the ledger in
+    slot 1024 widens it when the batch has ids below 2^32 (alone or with ids
+    past 2^32), and not for a batch of ids past 2^32 only (they live in the
+    ledger's ``wide`` set)."""
+    base = [("add", ledger, 1, 50) for ledger in range(1, 1025)]  # slots 0-1023
+    idx, _ = _same_as_dict([*base, ("add_many", 5000, array.array("Q", [2**32 + e for e in range(1, 41)]), 100),
+                            ("__contains__", (5000, 2**32 + 3))])
+    assert idx._by_id[5000] == 1024 and type(idx._ids.bits) is BitMap
+    for batch in (list(range(3, 43)), array.array("Q", [*range(3, 43), 2**40])):
+        idx, _ = _same_as_dict([*base, ("add_many", 5000, batch, 100), ("__contains__", (5000, 7)),
+                                ("__contains__", (1, 7)), ("discard", 5000, 7), ("pop_due", 100)])
+        assert type(idx._ids.bits) is BitMap64 and not idx
+
+
+def test_a_bulk_add_into_a_ledger_with_ghosts_brings_back_the_acked_copy_in_its_cell():
+    """A ledger with a ghost in the batch's cell takes the batch id by id: the
+    acked copy there comes back to life once, and pops once."""
+    idx, _ = _same_as_dict([("add", 1, 5, 100), ("discard", 1, 5), ("add_many", 1, list(range(0, 40)), 100),
+                            ("__contains__", (1, 5)), ("pop_due", 100)])
+    assert not idx and not idx._ids.ghosts
