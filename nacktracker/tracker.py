@@ -516,7 +516,7 @@ class NegativeAcksTracker:
         if self._side_tasks:
             await asyncio.gather(*self._side_tasks, return_exceptions=True)
         if flush:
-            self._collect(_FOREVER, self._clock.now_ms() if self._clock else 0.0)
+            self._collect(_FOREVER, self._clock.now_ms() if self._clock is not None else 0.0)
             if self._outbox:
                 batch = self._take_outbox()
                 try:
