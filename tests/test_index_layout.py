@@ -1212,3 +1212,17 @@ def test_a_bulk_add_into_a_ledger_with_ghosts_brings_back_the_acked_copy_in_its_
     idx, _ = _same_as_dict([("add", 1, 5, 100), ("discard", 1, 5), ("add_many", 1, list(range(0, 40)), 100),
                             ("__contains__", (1, 5)), ("pop_due", 100)])
     assert not idx and not idx._ids.ghosts
+
+
+def test_a_run_promoted_to_a_listed_cell_counts_its_ids_as_changes_to_the_live_bitmap():
+    """The run's ids leave the live bitmap when it becomes a listed cell: each
+    is a change counted towards the live bitmap's next compaction (adds on the
+    fast path count none)."""
+    idx = TimeBucketIndex(precision_bits=0)
+    idx.add(2, 1, 50)
+    churn = idx._ids.churn
+    for e in range(PROMOTE - 1):
+        idx.add(1, e, 100)
+    assert idx._ids.churn == churn
+    idx.add(1, PROMOTE - 1, 100)  # the run is promoted
+    assert ext_of(idx, 1).cells is not None and idx._ids.churn == churn + PROMOTE
