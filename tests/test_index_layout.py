@@ -1226,3 +1226,17 @@ def test_a_run_promoted_to_a_listed_cell_counts_its_ids_as_changes_to_the_live_b
     assert idx._ids.churn == churn
     idx.add(1, PROMOTE - 1, 100)  # the run is promoted
     assert ext_of(idx, 1).cells is not None and idx._ids.churn == churn + PROMOTE
+    idx.add(1, 500, 200)
+    churn = idx._ids.churn
+    assert len(idx.pop_due(100)) == PROMOTE + 1  # each id popped is a change too (ledger 2's and the run's)
+    assert idx._ids.churn == churn + PROMOTE + 1
+
+
+def test_popping_a_listed_cell_leaves_the_hot_listed_cell_of_another_ledger_listed():
+    """Ledger 2's listed cell is the hot one (its run still going, in a window
+    already open) when ledger 1's listed cell pops: the next ids of the run are
+    still stored in the listed cell only, its top id following them."""
+    run1 = [("add", 1, e, 100) for e in range(PROMOTE + 5)]
+    run2 = [("add", 2, e, 300) for e in range(PROMOTE + 5)]
+    _same_as_dict([*run1, ("next_due_ms",), *run2, ("pop_due", 100), ("add", 2, 999, 300), ("add", 2, 1000, 300),
+                   ("__contains__", (2, 1000)), ("discard", 2, 999), ("pop_due", 300)])
