@@ -1240,3 +1240,14 @@ def test_popping_a_listed_cell_leaves_the_hot_listed_cell_of_another_ledger_list
     run2 = [("add", 2, e, 300) for e in range(PROMOTE + 5)]
     _same_as_dict([*run1, ("next_due_ms",), *run2, ("pop_due", 100), ("add", 2, 999, 300), ("add", 2, 1000, 300),
                    ("__contains__", (2, 1000)), ("discard", 2, 999), ("pop_due", 300)])
+
+
+def test_a_bucket_popped_while_its_cell_is_the_hot_one_takes_later_adds_in_a_new_cell():
+    """Adds fill a cell of bucket 100, the hot one (a sparse run, or a dense
+    cell made before its window opened); popping bucket 100 takes that cell
+    (the ledger stays: it has an id due later): an add due at 100 after the pop
+    goes into a new cell and pops with the next pop."""
+    run = [("add", 1, e, 100) for e in range(PROMOTE + 5)]
+    for before, after in (([], [("add", 1, 7, 100)]), (run, [("add", 1, 40, 100)])):
+        _same_as_dict([*before, ("add", 1, 9999, 5000), ("next_due_ms",), *after, ("pop_due", 100), ("add", 1, 50, 100),
+                       ("add", 1, 51, 100), ("__contains__", (1, 51)), ("pop_due", 100), ("pop_due", 5000)])
