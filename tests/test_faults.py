@@ -59,18 +59,24 @@ async def test_every_kind_of_adapter_error_is_retried_and_nothing_is_lost(caplog
     await tracker.close()
 
 
-async def test_retry_backoff_is_capped():
-    adapter = ScriptedAdapter(*[RuntimeError("down")] * 8)
-    clock = ManualClock()
-    tracker = NegativeAcksTracker(adapter, clock=clock, precision_bits=0, retry_min_ms=10, retry_max_ms=50)
-    tracker.add(K(1), delay_ms=0)
+async def call_times(adapter: "ScriptedAdapter", clock: ManualClock, steps: int) -> list[float]:
+    """Advance ``clock`` 1 ms at a time for ``steps`` ms; the times at which the adapter was called."""
     times = []
-    for _ in range(400):
+    for _ in range(steps):
         before = adapter.calls
         clock.advance(1)
         await settle(3)
         if adapter.calls != before:
             times.append(clock.now_ms())
+    return times
+
+
+async def test_retry_backoff_is_capped():
+    adapter = ScriptedAdapter(*[RuntimeError("down")] * 8)
+    clock = ManualClock()
+    tracker = NegativeAcksTracker(adapter, clock=clock, precision_bits=0, retry_min_ms=10, retry_max_ms=50)
+    tracker.add(K(1), delay_ms=0)
+    times = await call_times(adapter, clock, 400)
     gaps = [b - a for a, b in zip(times, times[1:])]
     assert gaps == [10, 20, 40, 50, 50, 50, 50, 50]  # doubling, then capped at retry_max_ms
     assert adapter.delivered == [K(1)]
@@ -130,13 +136,7 @@ async def test_a_delivery_resets_the_retry_backoff():
     tracker = NegativeAcksTracker(adapter, clock=clock, precision_bits=0, retry_min_ms=10, retry_max_ms=1000)
     tracker.add(K(1), delay_ms=1)
     tracker.add(K(2), delay_ms=100)
-    times = []
-    for _ in range(200):
-        before = adapter.calls
-        clock.advance(1)
-        await settle(3)
-        if adapter.calls != before:
-            times.append(clock.now_ms())
+    times = await call_times(adapter, clock, 200)
     assert times == [1, 11, 31, 100, 110]  # K(1): 10 then 20 ms; K(2): 10 ms, not 40
     assert adapter.delivered == [K(1), K(2)]
     assert tracker.stats()["failures"] == 3
@@ -197,18 +197,26 @@ async def test_closing_over_a_hung_adapter_with_a_timeout_keeps_the_batch_unsent
     assert restored.pending == 2 and restored.next_fire_ms() == 0  # the unsent one is due now
 
 
-async def test_close_timeout_bounds_the_wait_for_a_hung_adapter():
-    class Hung:
-        lead_ms = 0
+class HungAdapter:
+    """An adapter whose every call hangs until it is cancelled."""
+    lead_ms = 0
 
-        async def redeliver(self, keys):
-            await asyncio.Event().wait()
+    async def redeliver(self, keys):
+        await asyncio.Event().wait()
 
+
+async def tracker_in_a_hung_call() -> NegativeAcksTracker:
+    """A tracker whose one key is in an adapter call that never returns."""
     clock = ManualClock()
-    tracker = NegativeAcksTracker(Hung(), clock=clock, precision_bits=0)
+    tracker = NegativeAcksTracker(HungAdapter(), clock=clock, precision_bits=0)
     tracker.add(K(1), delay_ms=1)
     clock.advance(1)
     await settle()
+    return tracker
+
+
+async def test_close_timeout_bounds_the_wait_for_a_hung_adapter():
+    tracker = await tracker_in_a_hung_call()
     # bounded here too: a close() that ignored its timeout would otherwise hang the test
     await asyncio.wait_for(tracker.close(timeout=0.05), 5)
     assert tracker.closed and tracker.stats()["unsent"] == 1
@@ -219,17 +227,7 @@ async def test_close_cancelling_a_hung_call_puts_its_batch_back_and_is_not_an_ad
     """Past close()'s timeout (or when its caller gives up) the call in flight is cancelled: by the
     time close() is done its batch is back in ``unsent`` (and in a snapshot), and that cancellation,
     the tracker's own, is neither counted nor logged as a failure of the adapter."""
-    class Hung:
-        lead_ms = 0
-
-        async def redeliver(self, keys):
-            await asyncio.Event().wait()
-
-    clock = ManualClock()
-    tracker = NegativeAcksTracker(Hung(), clock=clock, precision_bits=0)
-    tracker.add(K(1), delay_ms=1)
-    clock.advance(1)
-    await settle()
+    tracker = await tracker_in_a_hung_call()
     if how == "timeout":
         async with asyncio.timeout(5):  # bounded: a close() that ignored its timeout would hang here
             await tracker.close(timeout=0.05)  # returns normally: the call was cancelled, not close()
