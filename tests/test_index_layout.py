@@ -1230,6 +1230,12 @@ def test_a_run_promoted_to_a_listed_cell_counts_its_ids_as_changes_to_the_live_b
     churn = idx._ids.churn
     assert len(idx.pop_due(100)) == PROMOTE + 1  # each id popped is a change too (ledger 2's and the run's)
     assert idx._ids.churn == churn + PROMOTE + 1
+    idx.add(3, 5, 300)
+    idx.discard(3, 5)  # a ghost: ledger 3's next adds take the slower path, each counted as one change
+    churn = idx._ids.churn
+    idx.add(3, 77, 400)
+    idx.add(3, 78, 400)
+    assert idx._ids.churn == churn + 2
 
 
 def test_popping_a_listed_cell_leaves_the_hot_listed_cell_of_another_ledger_listed():
