@@ -1257,3 +1257,22 @@ def test_a_bucket_popped_while_its_cell_is_the_hot_one_takes_later_adds_in_a_new
     for before, after in (([], [("add", 1, 7, 100)]), (run, [("add", 1, 40, 100)])):
         _same_as_dict([*before, ("add", 1, 9999, 5000), ("next_due_ms",), *after, ("pop_due", 100), ("add", 1, 50, 100),
                        ("add", 1, 51, 100), ("__contains__", (1, 51)), ("pop_due", 100), ("pop_due", 5000)])
+
+
+def test_a_run_on_the_slower_path_becomes_a_32_bit_dense_cell_at_exactly_promote_adds():
+    """In a ledger with a ghost, adds take the slower path: the run becomes a
+    dense cell at its PROMOTE-th add, and while its ids fit 32 bits the cell
+    stays a 32-bit bitmap (an id past 2^32 widens it)."""
+    idx = TimeBucketIndex(precision_bits=0)
+    idx.add(1, 5, 50)
+    idx.discard(1, 5)
+    for e in range(100, 100 + PROMOTE - 1):
+        idx.add(1, e, 300)
+    (w,) = idx._windows.values()
+    assert not w.dense
+    idx.add(1, 100 + PROMOTE - 1, 300)
+    assert [type(c) for c in w.dense.values()] == [BitMap]
+    idx.add(1, 500, 300)
+    assert [type(c) for c in w.dense.values()] == [BitMap] and len(next(iter(w.dense.values()))) == PROMOTE + 1
+    idx.add(1, 2**40, 300)
+    assert [type(c) for c in w.dense.values()] == [BitMap64]
