@@ -1276,3 +1276,23 @@ def test_a_run_on_the_slower_path_becomes_a_32_bit_dense_cell_at_exactly_promote
     assert [type(c) for c in w.dense.values()] == [BitMap] and len(next(iter(w.dense.values()))) == PROMOTE + 1
     idx.add(1, 2**40, 300)
     assert [type(c) for c in w.dense.values()] == [BitMap64]
+
+
+def test_a_ledger_at_the_packed_slot_limit_keeps_dense_32_bit_cells():
+    """A packed copy holds ledger slots below the layout's limit (2^18 at bits
+    0); the ledger given that slot keeps its copies in dense cells, 32-bit for
+    ids below 2^32, and nothing of it is read as slot 0 of the next bucket."""
+    idx, ref = TimeBucketIndex(precision_bits=0), DictIndex(precision_bits=0)
+    limit = idx._lay.slot_limit
+    assert limit == 2**18
+    for m in (idx, ref):
+        for ledger in range(limit):
+            m.add(ledger, 7, 5000)
+        m.add(limit, 7, 100)  # slot `limit`: dense only
+        m.add(limit, 8, 100)
+        m.add(0, 7, 101)  # bucket 101, slot 0: what slot `limit` of bucket 100 would pack as
+    assert idx._by_id[limit] == limit
+    (w,) = idx._windows.values()
+    assert [type(c) for k, c in w.dense.items() if k & 0xFFFFFFFF == limit] == [BitMap]
+    assert ((limit, 7) in idx) and idx.discard(0, 7) == ref.discard(0, 7)
+    assert idx.pop_due(101) == ref.pop_due(101) == [(limit, 7), (limit, 8)]

@@ -187,7 +187,7 @@ class TimeBucketIndex:
         except KeyError:  # a new window
             self._put(slot, entry_id, bucket)
             return
-        if self._hot_dense is not None:
+        if self._hot_dense is not None or slot >= self._slot_limit:  # a slot past the limit: dense cells only
             self._put(slot, entry_id, bucket)
             return
         off = (bucket >> self.precision_bits) & self._omask
