@@ -14,6 +14,11 @@ for it.
                            [--mutant NAME ...] [--tests 'tests/test_x.py ...'] [--profile mutate-quick]
                            [--only-report]
 
+While mutmut runs, its result files are copied aside every minute
+(``<module>.py.meta.bak``): mutmut rewrites a module's whole result file after
+each mutant, so a run killed during that write leaves it empty; the next run
+(or ``--only-report``) restores the copy.
+
 ``--owners`` runs each configured module against the tests that own its
 behaviour (the table ``OWNERS`` below, as mutation/REPORT.md reports them),
 one selection after the other, each resuming its own state: a module already
@@ -54,6 +59,7 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -146,6 +152,44 @@ def _not_killed(work: Path, module: str, survivors_only: bool = False) -> list[s
     return sorted(name for name, code in codes.items() if code is None)
 
 
+#: How often the results of a running mutmut are copied aside (seconds).
+BACKUP_EVERY_S = 60
+
+
+def _read_results(path: Path) -> str | None:
+    """The text of a mutmut result file (``<module>.py.meta``, JSON), or None when missing or unreadable."""
+    try:
+        text = path.read_text()
+        json.loads(text)
+    except (OSError, ValueError):
+        return None
+    return text
+
+
+def _back_up_results(work: Path, stop: threading.Event) -> None:
+    """Until ``stop``: every BACKUP_EVERY_S, copy each readable result file to ``.meta.bak``. mutmut
+    rewrites a module's whole result file after every mutant, so a run killed during that write leaves
+    it empty, and every result of the module with it."""
+    while not stop.wait(BACKUP_EVERY_S):
+        for meta in (work / "mutants").rglob("*.py.meta"):
+            text = _read_results(meta)
+            if text is not None:
+                tmp = meta.with_name(meta.name + ".bak.tmp")
+                tmp.write_text(text)
+                os.replace(tmp, meta.with_name(meta.name + ".bak"))
+
+
+def _restore_results(work: Path) -> None:
+    """Put back the last copy of each result file that is missing or unreadable (a killed run)."""
+    for bak in (work / "mutants").rglob("*.py.meta.bak"):
+        meta = bak.with_name(bak.name.removesuffix(".bak"))
+        text = _read_results(bak)
+        if text is not None and _read_results(meta) is None:
+            meta.write_text(text)
+            print(f"{meta.relative_to(work)}: missing or unreadable, restored from its copy of "
+                  f"{time.ctime(bak.stat().st_mtime)}", file=sys.stderr)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
@@ -172,6 +216,7 @@ def main() -> int:
     if args.owners:
         return _owners(args)
     work = _workdir(args.tests)
+    _restore_results(work)
     mutmut = [sys.executable, "-m", "mutmut"]
     seconds = None
     if not args.only_report:
@@ -184,8 +229,15 @@ def main() -> int:
         else:
             runner = ([sys.executable, str(ROOT / "tools" / "mutmut_tests.py"), json.dumps(args.tests)]
                       if args.tests else mutmut)
-            proc = subprocess.run([*runner, "run", "--max-children", str(args.max_children), *names],
-                                  cwd=work, env=env)
+            stop = threading.Event()
+            backup = threading.Thread(target=_back_up_results, args=(work, stop), daemon=True)
+            backup.start()
+            try:
+                proc = subprocess.run([*runner, "run", "--max-children", str(args.max_children), *names],
+                                      cwd=work, env=env)
+            finally:
+                stop.set()
+                backup.join()
             seconds = time.monotonic() - started
             if proc.returncode != 0:
                 print(f"mutmut run exited {proc.returncode}", file=sys.stderr)
