@@ -207,19 +207,11 @@ class FailureHandling:
     def _check_open(self) -> None:
         self._owner._check_open()
 
-    async def _settle(self, message: Any, key: MessageKey, publishing: Any) -> None:
+    async def _settle(self, message: Any, key: MessageKey, publishing: Awaitable[Any]) -> None:
         """Publish a letter, then acknowledge the message; other copies of it are dropped meanwhile."""
         letters = self._owner._dead_letters
         letters.publishing(key)
-        acked = False
-        try:
-            await publishing
-            await self._owner._acknowledge(message, key)
-            acked = True
-        finally:
-            copies = letters.settled(key)
-        if acked:
-            await letters.ack_kept(copies, message)
+        await letters.ack_when_published(message, publishing, key, message_key=key)
 
     @staticmethod
     def _check_message(call: str, message: Any) -> None:
@@ -309,10 +301,10 @@ class ConsumerDeadLetters:
     """A TrackedConsumer's dead letters: the tracker's ``on_dead_letter`` hook
     over its :class:`DeadLetterPublisher` (``None``: no ``max_redeliveries``).
     The consumer sets ``candidate`` to the message being nacked around
-    ``tracker.add`` (the hook gets only its key); ``ack`` acknowledges a
+    ``tracker.add`` (the hook gets only its key); ``ack(message, key)`` acknowledges a
     published one (also while the consumer closes)."""
 
-    def __init__(self, publisher: Optional[DeadLetterPublisher], ack: Callable[[Any], Awaitable[None]],
+    def __init__(self, publisher: Optional[DeadLetterPublisher], ack: Callable[[Any, Any], Awaitable[None]],
                  hooked: bool = True, ack_copies: Optional[Callable[[list[Any]], Awaitable[None]]] = None) -> None:
         self.publisher = publisher
         self._ack = ack
@@ -328,7 +320,7 @@ class ConsumerDeadLetters:
 
     @classmethod
     def of(cls, consumer: Any, client: Any, opts: Any, schema: Any,
-           ack: Callable[[Any], Awaitable[None]],
+           ack: Callable[[Any, Any], Awaitable[None]],
            ack_copies: Optional[Callable[[list[Any]], Awaitable[None]]] = None) -> tuple["ConsumerDeadLetters", str]:
         """A consumer's dead letters, and the consumer's name. With a client there is a publisher
         (for ``dead_letter()`` and ``reconsume_later()`` too); the tracker's hook needs
@@ -356,18 +348,23 @@ class ConsumerDeadLetters:
         message = self.candidate
         published = self.publisher.publish(message)
         self.publishing(key)  # now, not when the tracker's task starts: a copy may arrive before that
-        return self._ack_when_published(message, published, key)
+        return self.ack_when_published(message, published, key)
 
-    async def _ack_when_published(self, message: Any, published: "asyncio.Future[Any]", key: Any) -> None:
+    async def ack_when_published(self, message: Any, published: Awaitable[Any], key: Any,
+                                 message_key: Optional[MessageKey] = None) -> None:
+        """Once a letter of ``message`` (``key``, marked :meth:`publishing`) is ``published``, acknowledge the
+        message (``message_key``: its key when known; else ``ack`` reads it from the message), then the copies
+        kept meanwhile (:meth:`keep_copies`). Whatever happens, the letter is :meth:`settled`; after a failure
+        the message stays pending and its kept copies are forgotten. O(kept copies)."""
         acked = False
         try:
             await published
-            await self._ack(message)
+            await self._ack(message, message_key)
             acked = True
         finally:
             copies = self.settled(key)
         if acked:
-            await self.ack_kept(copies, message)
+            await self._ack_kept(copies, message)
 
     def publishing(self, key: Any) -> None:
         """A letter of ``key`` is being published: other copies of it are dropped until :meth:`settled`. O(1)."""
@@ -379,7 +376,7 @@ class ConsumerDeadLetters:
         O(len(copies))."""
         self._copies.setdefault(key, []).extend(copies)
 
-    async def ack_kept(self, copies: list[Any], message: Any) -> None:
+    async def _ack_kept(self, copies: list[Any], message: Any) -> None:
         """Acknowledge the copies :meth:`settled` returned, once the letter's ``message`` was (not it
         again). A failure is logged and counted by the consumer: the message is acknowledged. O(copies)."""
         copies = [c for c in copies if c is not message]
