@@ -175,6 +175,10 @@ class TimeBucketIndex:
             if not ids.claim_rare(slot, entry_id):  # a wide key, or the ledger has rare state
                 self._add_again(slot, entry_id, bucket)
                 return
+            if slot >= self._slot_limit:  # past the slots a packed copy holds: dense cells only (_put)
+                self._count += 1
+                self._put(slot, entry_id, bucket)
+                return
         else:
             try:
                 ids.bits.add_checked(slot << ids.shift | entry_id)
@@ -187,7 +191,7 @@ class TimeBucketIndex:
         except KeyError:  # a new window
             self._put(slot, entry_id, bucket)
             return
-        if self._hot_dense is not None or slot >= self._slot_limit:  # a slot past the limit: dense cells only
+        if self._hot_dense is not None:
             self._put(slot, entry_id, bucket)
             return
         off = (bucket >> self.precision_bits) & self._omask
