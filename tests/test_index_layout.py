@@ -962,6 +962,25 @@ def test_an_id_pending_twice_keeps_the_live_bitmap_narrow():
     assert ext_of(idx, 2).cells is not None and type(idx._ids.bits) is BitMap
 
 
+def test_the_largest_entry_id_and_slot_the_narrow_live_bitmap_keys_keep_it_narrow():
+    """Entry id 2^22 - 1 and ledger slot 2^10 - 1 are the largest the narrow live
+    bitmap keys (``slot << 22 | entry``): adding them, as a burst into the last
+    cell or as a ledger's first add, leaves it narrow and every answer as in
+    DictIndex."""
+    top = (1 << LIVE_ENTRY_BITS) - 1
+    idx, _ = _same_as_dict([("add", 1, 0, 100), ("add", 1, top, 100),  # a burst into the hot cell
+                            ("add", 2, top, 200), ("add", 1, top - 1, 300),  # a ledger's first add; another bucket
+                            ("__contains__", (1, top)), ("discard", 2, top), ("pop_due", 150)])
+    assert type(idx._ids.bits) is BitMap and idx._ids.shift == LIVE_ENTRY_BITS
+    last = 1 << LIVE_SLOT_BITS  # ledgers 1 .. last take slots 0 .. last - 1
+    firsts = [("add", lid, 0, 100) for lid in range(1, last + 1)]
+    idx, ref = _same_as_dict([*firsts, ("add", last, 1, 100), ("add", last, top, 100),  # bursts at the last slot
+                              ("__contains__", (last, top)), ("discard", last, 1)])
+    assert idx._ledgers.by_id[last] == last - 1
+    assert type(idx._ids.bits) is BitMap and idx._ids.shift == LIVE_ENTRY_BITS
+    assert idx.pop_due(150) == ref.pop_due(150) and not idx
+
+
 def test_an_id_past_32_bits_acked_in_a_ledger_with_32_and_64_bit_listed_cells():
     """A ledger lists a 32-bit cell and a 64-bit one (a run widened by an id past
     2^32): an ack of an id past 2^32 below the listed ids' top looks through
