@@ -981,6 +981,22 @@ def test_the_largest_entry_id_and_slot_the_narrow_live_bitmap_keys_keep_it_narro
     assert idx.pop_due(150) == ref.pop_due(150) and not idx
 
 
+def test_a_burst_into_a_sparse_cell_meets_the_copy_in_its_ledgers_listed_cell():
+    """A ledger with a listed cell (its ids kept there only, not in the live
+    bitmap) adds into a new sparse hot cell: re-adding an id the listed cell
+    holds, its top one included, is found there (pending twice, as in
+    DictIndex), not counted as a new id."""
+    run = [("add", 1, e, 100) for e in range(PROMOTE + 5)]
+    for probe in (5, PROMOTE + 4):
+        idx, ref = _same_as_dict([*run, ("add", 1, 1000, 200), ("add", 1, 1001, 200)])
+        assert ext_of(idx, 1).cells is not None and idx._hot_lid == 1 and idx._hot_dense is None
+        for m in (idx, ref):
+            m.add(1, probe, 200)  # a burst into the hot sparse cell
+        assert len(idx) == len(ref) and idx.pop_due(150) == ref.pop_due(150)
+        assert (1, probe) in idx and (1, probe) in ref
+        assert idx.pop_due(300) == ref.pop_due(300) and not idx
+
+
 def test_an_id_past_32_bits_acked_in_a_ledger_with_32_and_64_bit_listed_cells():
     """A ledger lists a 32-bit cell and a 64-bit one (a run widened by an id past
     2^32): an ack of an id past 2^32 below the listed ids' top looks through
