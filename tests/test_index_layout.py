@@ -1330,4 +1330,6 @@ def test_a_ledger_at_the_packed_slot_limit_keeps_dense_32_bit_cells():
     (w,) = idx._windows.values()
     assert [type(c) for k, c in w.dense.items() if k & 0xFFFFFFFF == limit] == [BitMap]
     assert ((limit, 7) in idx) and idx.discard(0, 7) == ref.discard(0, 7)
+    assert len(idx) == len(ref) == limit + 1  # its first id counted once; (0, 7) acked
     assert idx.pop_due(101) == ref.pop_due(101) == [(limit, 7), (limit, 8)]
+    assert len(idx) == len(ref) == limit - 1
