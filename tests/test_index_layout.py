@@ -247,6 +247,20 @@ TestDifferential = Differential.TestCase
 TestDifferential.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
 
 
+def test_a_run_that_starts_a_new_segment_becomes_a_bitmap_at_promote_adds():
+    """A window's array holds SEGMENT copies; the next cell's run starts a new
+    segment and, like any run, becomes a bitmap at exactly PROMOTE adds."""
+    idx, ref = _same_as_dict([("add", lid, 1, 100) for lid in range(SEGMENT)])  # one copy per ledger
+    (w,) = idx._windows.values()
+    assert len(w.packed) == SEGMENT and not w.dense
+    run = [("add", SEGMENT, e, 100) for e in range(PROMOTE)]
+    idx, ref = _same_as_dict([("add", lid, 1, 100) for lid in range(SEGMENT)] + run)
+    (w,) = idx._windows.values()
+    assert w.full and len(w.packed) == 0  # the run went to a new segment, then into its bitmap
+    assert list(w.dense.values()) == [BitMap(range(PROMOTE))]
+    assert idx.pop_due(100) == ref.pop_due(100) and not idx
+
+
 def test_a_run_of_adds_becomes_a_bitmap_and_stays_exact():
     idx = TimeBucketIndex(precision_bits=0)
     for e in range(PROMOTE * 3):
