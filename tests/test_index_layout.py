@@ -247,9 +247,10 @@ TestDifferential = Differential.TestCase
 TestDifferential.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
 
 
-def test_a_run_that_starts_a_new_segment_becomes_a_bitmap_at_promote_adds():
-    """A window's array holds SEGMENT copies; the next cell's run starts a new
-    segment and, like any run, becomes a bitmap at exactly PROMOTE adds."""
+def test_a_new_cell_after_a_full_segment_starts_a_new_segment():
+    """A window's array holds SEGMENT copies; a new cell's first copy starts a
+    new segment, whether it comes by add's inline path or by a switch away from
+    a hot bitmap, and a run from there becomes a bitmap at exactly PROMOTE adds."""
     idx, ref = _same_as_dict([("add", lid, 1, 100) for lid in range(SEGMENT)])  # one copy per ledger
     (w,) = idx._windows.values()
     assert len(w.packed) == SEGMENT and not w.dense
@@ -258,6 +259,13 @@ def test_a_run_that_starts_a_new_segment_becomes_a_bitmap_at_promote_adds():
     (w,) = idx._windows.values()
     assert w.full and len(w.packed) == 0  # the run went to a new segment, then into its bitmap
     assert list(w.dense.values()) == [BitMap(range(PROMOTE))]
+    assert idx.pop_due(100) == ref.pop_due(100) and not idx
+    # the other way into a new cell: a switch away from a hot bitmap rolls a full segment too
+    dense_run = [("add", 10**6, e, 100) for e in range(PROMOTE)]
+    ones = [("add", lid, 1, 100) for lid in range(SEGMENT)]  # the first of them switches away from the bitmap
+    idx, ref = _same_as_dict([*dense_run, *ones, ("add", 10**6, PROMOTE, 100), ("add", 10**7, 1, 100)])
+    (w,) = idx._windows.values()
+    assert [len(seg) for seg in w.full] == [SEGMENT] and len(w.packed) == 1
     assert idx.pop_due(100) == ref.pop_due(100) and not idx
 
 
