@@ -269,6 +269,20 @@ def test_a_new_cell_after_a_full_segment_starts_a_new_segment():
     assert idx.pop_due(100) == ref.pop_due(100) and not idx
 
 
+def test_due_times_far_apart_keep_their_own_windows():
+    """Windows are keyed by ``bucket >> window_shift``: an id due days after
+    another (2^28 ms, about 3 days, at precision 0) lives in a window of
+    its own, and the early one pops on time."""
+    for bits in (0, 3):
+        # the window a mix-up of shifts (bucket << window_shift) would read for the early bucket
+        far = 1 << (bits + 2 * TimeBucketIndex(precision_bits=bits)._wshift)
+        idx, ref = _same_as_dict([("add", 1, 5, far), ("add", 2, 5, 1 << bits), ("add", 2, 6, 1 << bits)])
+        assert len(idx._windows) == 2
+        assert idx.next_due_ms() == ref.next_due_ms() == 1 << bits
+        assert idx.pop_due(1 << bits) == ref.pop_due(1 << bits) == [(2, 5), (2, 6)]
+        assert idx.pop_due(far) == ref.pop_due(far) == [(1, 5)] and not idx
+
+
 def test_a_run_of_adds_becomes_a_bitmap_and_stays_exact():
     idx = TimeBucketIndex(precision_bits=0)
     for e in range(PROMOTE * 3):
