@@ -190,6 +190,21 @@ def _restore_results(work: Path) -> None:
                   f"{time.ctime(bak.stat().st_mtime)}", file=sys.stderr)
 
 
+def _run_mutmut(work: Path, args: argparse.Namespace, env: dict[str, str], names: list[str]) -> int:
+    """One ``mutmut run`` of ``names`` in ``work`` (its result files backed up meanwhile); its exit code."""
+    runner = ([sys.executable, str(ROOT / "tools" / "mutmut_tests.py"), json.dumps(args.tests)]
+              if args.tests else [sys.executable, "-m", "mutmut"])
+    stop = threading.Event()
+    backup = threading.Thread(target=_back_up_results, args=(work, stop), daemon=True)
+    backup.start()
+    try:
+        return subprocess.run([*runner, "run", "--max-children", str(args.max_children), *names],
+                              cwd=work, env=env).returncode
+    finally:
+        stop.set()
+        backup.join()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
@@ -217,7 +232,6 @@ def main() -> int:
         return _owners(args)
     work = _workdir(args.tests)
     _restore_results(work)
-    mutmut = [sys.executable, "-m", "mutmut"]
     seconds = None
     if not args.only_report:
         env = {**os.environ, "NACKTRACKER_HYPOTHESIS": args.profile}
@@ -226,23 +240,21 @@ def main() -> int:
         if args.module and not names:
             print("every mutant of those modules has run already (rerun the survivors with --survivors): "
                   "reporting the last results", file=sys.stderr)
-        else:
-            runner = ([sys.executable, str(ROOT / "tools" / "mutmut_tests.py"), json.dumps(args.tests)]
-                      if args.tests else mutmut)
-            stop = threading.Event()
-            backup = threading.Thread(target=_back_up_results, args=(work, stop), daemon=True)
-            backup.start()
-            try:
-                proc = subprocess.run([*runner, "run", "--max-children", str(args.max_children), *names],
-                                      cwd=work, env=env)
-            finally:
-                stop.set()
-                backup.join()
+        tried: set[str] = set()
+        run_all = not args.module and not args.mutant  # the whole configured selection: mutmut's own default
+        while names or run_all:
+            run_all = False
+            code = _run_mutmut(work, args, env, names)
             seconds = time.monotonic() - started
-            if proc.returncode != 0:
-                print(f"mutmut run exited {proc.returncode}", file=sys.stderr)
-                return proc.returncode
-    by_module: dict[str, Counter] = defaultdict(Counter)
+            if code != 0:
+                print(f"mutmut run exited {code}", file=sys.stderr)
+                return code
+            # mutmut makes a changed module's mutants afresh when its run starts (resetting those of the
+            # functions that changed): names read before it are then not all there is to run
+            tried.update(names)
+            names = [] if args.mutant or not args.module else \
+                [name for m in args.module for name in _not_killed(work, m) if name not in tried]
+    by_module: dict[str, Counter[str]] = defaultdict(Counter)
     survivors: list[tuple[str, str]] = []
     for meta in sorted((work / "mutants").rglob("*.py.meta")):
         module = str(meta.relative_to(work / "mutants"))[: -len(".meta")]
@@ -267,7 +279,7 @@ def main() -> int:
                   f"load average at the end: {Path('/proc/loadavg').read_text().split()[0]}.", ""]
     lines += ["| module | mutants | killed (of which timeouts) | survived | no tests | not checked | score |",
               "|---|---|---|---|---|---|---|"]
-    total = Counter()
+    total: Counter[str] = Counter()
     for module, c in sorted(by_module.items()):
         total.update(c)
         n = sum(c.values()) - c["timeout"]
@@ -279,7 +291,7 @@ def main() -> int:
                  f"{total['not checked']} | {total['killed'] / max(n - total['not checked'], 1):.1%} |")
     lines += ["", "## Survivors (and mutants no test reaches)", ""]
     for _module, name in survivors:
-        diff = subprocess.run([*mutmut, "show", name], cwd=work, capture_output=True, text=True).stdout.strip()
+        diff = subprocess.run([sys.executable, "-m", "mutmut", "show", name], cwd=work, capture_output=True, text=True).stdout.strip()
         lines += [f"### {name}", "", "```diff", diff, "```", ""]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
