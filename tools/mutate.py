@@ -57,6 +57,7 @@ import hashlib
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -97,7 +98,8 @@ def _owners(args: argparse.Namespace) -> int:
     for modules, tests, profile in OWNERS:
         out = ROOT / "mutation" / "latest" / (Path(modules[0]).stem.lstrip("_") + ".md")
         cmd = [sys.executable, __file__, "--max-children", str(args.max_children), "--tests", tests,
-               "--profile", profile, "--out", str(out), *[a for m in modules for a in ("--module", m)]]
+               "--profile", profile, "--out", str(out), *[a for m in modules for a in ("--module", m)],
+               *(["--cpu-limit", str(args.cpu_limit)] if args.cpu_limit else [])]
         started = time.monotonic()
         code = subprocess.run([*cmd, "--only-report"] if args.only_report else cmd).returncode
         if code != 0:
@@ -190,19 +192,52 @@ def _restore_results(work: Path) -> None:
                   f"{time.ctime(bak.stat().st_mtime)}", file=sys.stderr)
 
 
+def _cpu_seconds(pid: str) -> float | None:
+    """CPU time (user + system) of a process whose title is a mutmut worker's (``mutmut: <mutant>``), else None."""
+    proc = Path("/proc") / pid
+    try:
+        if not (proc / "cmdline").read_bytes().startswith(b"mutmut: "):
+            return None
+        fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()  # from field 3 (state) on
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14, 15
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _stop_loops(limit_s: float, stop: threading.Event) -> None:
+    """Until ``stop``: send SIGXCPU, mutmut's own CPU-limit signal (so mutmut records a timeout, a kill),
+    to each mutmut worker past ``limit_s`` of CPU. mutmut's own limit is many times a mutant's traced
+    test time (for a survivor of the index, about 1,450 s); ``--cpu-limit`` takes a loop for what it
+    is sooner."""
+    while not stop.wait(5):
+        for pid in (p.name for p in Path("/proc").iterdir() if p.name.isdigit()):
+            cpu = _cpu_seconds(pid)
+            if cpu is not None and cpu > limit_s:
+                try:
+                    os.kill(int(pid), signal.SIGXCPU)
+                except OSError:
+                    continue
+                print(f"--cpu-limit: stopped process {pid} after {cpu:.0f} s of CPU", file=sys.stderr)
+
+
 def _run_mutmut(work: Path, args: argparse.Namespace, env: dict[str, str], names: list[str]) -> int:
-    """One ``mutmut run`` of ``names`` in ``work`` (its result files backed up meanwhile); its exit code."""
+    """One ``mutmut run`` of ``names`` in ``work`` (its result files backed up meanwhile, and its
+    workers held to ``--cpu-limit``); its exit code."""
     runner = ([sys.executable, str(ROOT / "tools" / "mutmut_tests.py"), json.dumps(args.tests)]
               if args.tests else [sys.executable, "-m", "mutmut"])
     stop = threading.Event()
-    backup = threading.Thread(target=_back_up_results, args=(work, stop), daemon=True)
-    backup.start()
+    helpers = [threading.Thread(target=_back_up_results, args=(work, stop), daemon=True)]
+    if args.cpu_limit and Path("/proc/self/stat").exists():
+        helpers.append(threading.Thread(target=_stop_loops, args=(args.cpu_limit, stop), daemon=True))
+    for helper in helpers:
+        helper.start()
     try:
         return subprocess.run([*runner, "run", "--max-children", str(args.max_children), *names],
                               cwd=work, env=env).returncode
     finally:
         stop.set()
-        backup.join()
+        for helper in helpers:
+            helper.join()
 
 
 def main() -> int:
@@ -225,6 +260,9 @@ def main() -> int:
     ap.add_argument("--owners", action="store_true",
                     help="each configured module against the tests that own it (OWNERS), in turn: what "
                          "`make mutate` runs")
+    ap.add_argument("--cpu-limit", type=float, metavar="SECONDS",
+                    help="stop a mutant's tests past this much CPU time (SIGXCPU: recorded as a timeout, a kill); "
+                         "default: mutmut's own limit, many times the tests' traced time")
     ap.add_argument("--only-report", action="store_true", help="summarise the last run, run nothing")
     ap.add_argument("--out", default=str(ROOT / "mutation" / "latest.md"))
     args = ap.parse_args()
