@@ -266,6 +266,25 @@ async def test_flush_failure_raises_and_keeps_the_keys_counted():
     assert tracker.stats()["unsent"] == 1 and tracker.stats()["failures"] == 1  # the failed flush is counted
 
 
+async def test_a_failed_flush_adds_to_the_failures_already_counted():
+    tracker, adapter, clock = make(precision_bits=0, retry_min_ms=100)
+    tracker.add(K(1), delay_ms=5)
+    adapter.fail_next(2)
+    clock.advance(5)
+    await settle()  # the timer's call fails: retried in 100 ms
+    assert tracker.stats()["failures"] == 1 and tracker.stats()["unsent"] == 1
+    with pytest.raises(AdapterError):
+        await tracker.close(flush=True)  # fails too
+    assert tracker.stats()["failures"] == 2 and tracker.stats()["unsent"] == 1
+
+
+def test_an_unbound_tracker_closes_with_flush_handing_over_nothing():
+    adapter = MemoryAdapter()
+    tracker = NegativeAcksTracker(adapter, precision_bits=0)  # made outside any loop: no clock yet
+    asyncio.run(tracker.close(flush=True))
+    assert tracker.closed and adapter.calls == [] and tracker.stats()["redelivered"] == 0
+
+
 async def test_async_with_closes():
     clock = ManualClock()
     async with NegativeAcksTracker(MemoryAdapter(clock=clock.now_ms), clock=clock) as tracker:
