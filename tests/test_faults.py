@@ -322,16 +322,22 @@ async def test_a_one_second_loop_stall_delivers_everything_late_and_reports_it()
     due = {}
     for i in range(200):
         due[K(i)] = tracker.add(K(i), delay_ms=100 + 5 * i)  # due from +100 ms to +1095 ms
-    stall_at = loop.time()
-    loop.call_later(0.05, time.sleep, 1.0)  # a callback that blocks the loop for a second
+    stall = []
+
+    def block() -> None:  # a callback that blocks the loop for a second
+        stall.append(loop.time() * 1000)
+        time.sleep(1.0)
+        stall.append(loop.time() * 1000)
+
+    loop.call_later(0.05, block)
     await adapter.wait_for(200, timeout=10)
     arrivals = {k: c.at_ms for c in adapter.calls for k in c.keys}
     assert sorted(arrivals) == sorted(due)  # none lost
     assert len(adapter.redelivered) == 200  # none twice
-    stall_end = (stall_at + 1.05) * 1000
-    late = [k for k in due if due[k] < stall_end - 50]
-    assert len(late) > 150
-    assert all(arrivals[k] >= stall_end - 5 for k in late)  # they waited for the loop...
+    stall_start, stall_end = stall  # as it ran: on a loaded machine the callback can start late
+    late = [k for k in due if stall_start <= due[k] < stall_end]  # came due while the loop was blocked
+    assert len(late) > 100
+    assert all(arrivals[k] >= stall_end for k in late)  # they waited for the loop...
     assert all(arrivals[k] >= due[k] - 1 for k in due)  # ...and none came early
     lateness = tracker.stats()["timer_lag_ms"]
     assert lateness["count"] == 200 and lateness["max"] >= 850  # the stall is visible in stats()
