@@ -192,29 +192,41 @@ def _restore_results(work: Path) -> None:
                   f"{time.ctime(bak.stat().st_mtime)}", file=sys.stderr)
 
 
-def _cpu_seconds(pid: str) -> float | None:
-    """CPU time (user + system) of a process whose title is a mutmut worker's (``mutmut: <mutant>``), else None."""
-    proc = Path("/proc") / pid
+def _stat(pid: int) -> list[str]:
+    """``/proc/<pid>/stat`` from field 3 (state) on: field k is at index k - 3."""
+    return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+
+
+def _worker_cpu_seconds(pid: int, root: int) -> float | None:
+    """CPU time (user + system) of a mutmut worker (titled ``mutmut: <mutant>``) descending from process
+    ``root``; None for any other process (another run's workers are left alone)."""
     try:
-        if not (proc / "cmdline").read_bytes().startswith(b"mutmut: "):
+        if not (Path("/proc") / str(pid) / "cmdline").read_bytes().startswith(b"mutmut: "):
             return None
-        fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()  # from field 3 (state) on
+        fields = _stat(pid)
+        ancestor = int(fields[1])  # field 4: the parent
+        for _ in range(8):  # the runner, mutmut, its fork server: a few levels at most
+            if ancestor in (root, 0, 1):
+                break
+            ancestor = int(_stat(ancestor)[1])
+        if ancestor != root:
+            return None
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14, 15
     except (OSError, ValueError, IndexError):
         return None
 
 
-def _stop_loops(limit_s: float, stop: threading.Event) -> None:
+def _stop_loops(limit_s: float, root: int, stop: threading.Event) -> None:
     """Until ``stop``: send SIGXCPU, mutmut's own CPU-limit signal (so mutmut records a timeout, a kill),
-    to each mutmut worker past ``limit_s`` of CPU. mutmut's own limit is many times a mutant's traced
-    test time (for a survivor of the index, about 1,450 s); ``--cpu-limit`` takes a loop for what it
-    is sooner."""
+    to each mutmut worker under process ``root`` past ``limit_s`` of CPU. mutmut's own limit is many
+    times a mutant's traced test time (for a survivor of the index, about 1,450 s); ``--cpu-limit``
+    takes a loop for what it is sooner."""
     while not stop.wait(5):
-        for pid in (p.name for p in Path("/proc").iterdir() if p.name.isdigit()):
-            cpu = _cpu_seconds(pid)
+        for pid in (int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()):
+            cpu = _worker_cpu_seconds(pid, root)
             if cpu is not None and cpu > limit_s:
                 try:
-                    os.kill(int(pid), signal.SIGXCPU)
+                    os.kill(pid, signal.SIGXCPU)
                 except OSError:
                     continue
                 print(f"--cpu-limit: stopped process {pid} after {cpu:.0f} s of CPU", file=sys.stderr)
@@ -226,18 +238,19 @@ def _run_mutmut(work: Path, args: argparse.Namespace, env: dict[str, str], names
     runner = ([sys.executable, str(ROOT / "tools" / "mutmut_tests.py"), json.dumps(args.tests)]
               if args.tests else [sys.executable, "-m", "mutmut"])
     stop = threading.Event()
-    helpers = [threading.Thread(target=_back_up_results, args=(work, stop), daemon=True)]
-    if args.cpu_limit and Path("/proc/self/stat").exists():
-        helpers.append(threading.Thread(target=_stop_loops, args=(args.cpu_limit, stop), daemon=True))
-    for helper in helpers:
-        helper.start()
-    try:
-        return subprocess.run([*runner, "run", "--max-children", str(args.max_children), *names],
-                              cwd=work, env=env).returncode
-    finally:
-        stop.set()
+    with subprocess.Popen([*runner, "run", "--max-children", str(args.max_children), *names],
+                          cwd=work, env=env) as proc:
+        helpers = [threading.Thread(target=_back_up_results, args=(work, stop), daemon=True)]
+        if args.cpu_limit and Path("/proc/self/stat").exists():
+            helpers.append(threading.Thread(target=_stop_loops, args=(args.cpu_limit, proc.pid, stop), daemon=True))
         for helper in helpers:
-            helper.join()
+            helper.start()
+        try:
+            return proc.wait()
+        finally:
+            stop.set()
+            for helper in helpers:
+                helper.join()
 
 
 def main() -> int:
