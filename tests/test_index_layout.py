@@ -251,18 +251,17 @@ def test_a_new_cell_after_a_full_segment_starts_a_new_segment():
     """A window's array holds SEGMENT copies; a new cell's first copy starts a
     new segment, whether it comes by add's inline path or by a switch away from
     a hot bitmap, and a run from there becomes a bitmap at exactly PROMOTE adds."""
-    idx, ref = _same_as_dict([("add", lid, 1, 100) for lid in range(SEGMENT)])  # one copy per ledger
+    ones = [("add", lid, 1, 100) for lid in range(SEGMENT)]  # one copy per ledger
+    idx, ref = _same_as_dict(ones)
     (w,) = idx._windows.values()
     assert len(w.packed) == SEGMENT and not w.dense
-    run = [("add", SEGMENT, e, 100) for e in range(PROMOTE)]
-    idx, ref = _same_as_dict([("add", lid, 1, 100) for lid in range(SEGMENT)] + run)
+    idx, ref = _same_as_dict([*ones, *[("add", SEGMENT, e, 100) for e in range(PROMOTE)]])
     (w,) = idx._windows.values()
     assert w.full and len(w.packed) == 0  # the run went to a new segment, then into its bitmap
     assert list(w.dense.values()) == [BitMap(range(PROMOTE))]
     assert idx.pop_due(100) == ref.pop_due(100) and not idx
     # the other way into a new cell: a switch away from a hot bitmap rolls a full segment too
-    dense_run = [("add", 10**6, e, 100) for e in range(PROMOTE)]
-    ones = [("add", lid, 1, 100) for lid in range(SEGMENT)]  # the first of them switches away from the bitmap
+    dense_run = [("add", 10**6, e, 100) for e in range(PROMOTE)]  # then the first of `ones` switches away
     idx, ref = _same_as_dict([*dense_run, *ones, ("add", 10**6, PROMOTE, 100), ("add", 10**7, 1, 100)])
     (w,) = idx._windows.values()
     assert [len(seg) for seg in w.full] == [SEGMENT] and len(w.packed) == 1
