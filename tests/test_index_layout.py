@@ -1011,7 +1011,7 @@ def test_the_largest_entry_id_and_slot_the_narrow_live_bitmap_keys_keep_it_narro
     firsts = [("add", lid, 0, 100) for lid in range(1, last + 1)]
     idx, ref = _same_as_dict([*firsts, ("add", last, 1, 100), ("add", last, top, 100),  # bursts at the last slot
                               ("__contains__", (last, top)), ("discard", last, 1)])
-    assert idx._ledgers.by_id[last] == last - 1
+    assert idx._by_id[last] == last - 1
     assert type(idx._ids.bits) is BitMap and idx._ids.shift == LIVE_ENTRY_BITS
     assert idx.pop_due(150) == ref.pop_due(150) and not idx
 

@@ -9,10 +9,11 @@ every survivor with its diff. The committed ``mutation/REPORT.md`` gives a
 reason for each survivor kept (an equivalent mutant) or names the test added
 for it.
 
-    python tools/mutate.py --owners [--max-children N] [--only-report]      (what `make mutate` runs)
+    python tools/mutate.py --owners [--max-children N] [--cpu-limit S] [--only-report]
+                                                      (`make mutate`: --owners --cpu-limit 100)
     python tools/mutate.py [--max-children N] [--module nacktracker/tracker.py ... [--survivors]]
                            [--mutant NAME ...] [--tests 'tests/test_x.py ...'] [--profile mutate-quick]
-                           [--only-report]
+                           [--cpu-limit S] [--only-report]
 
 While mutmut runs, its result files are copied aside every minute
 (``<module>.py.meta.bak``): mutmut rewrites a module's whole result file after
