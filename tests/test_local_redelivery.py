@@ -106,9 +106,14 @@ class LocalAdapterMachine(RuleBasedStateMachine):
         super().__init__()
         self.answers: dict[MessageKey, HandBack] = {}
         self.handed: list[MessageKey] = []
-        self.adapter = LocalRedeliveryAdapter(self._deliver)
+        self.asked = 0
+        self.adapter = LocalRedeliveryAdapter(self._deliver, redeliver_all=self._redeliver_all)
         self.kept: dict[MessageKey, str] = {}
         self.counts: dict[MessageKey, int] = {}
+        self.expected: set[MessageKey] = set()  # nacked by bare id: nothing kept for them
+
+    def _redeliver_all(self) -> None:
+        self.asked += 1
 
     def _deliver(self, token: str) -> HandBack:
         k = TOKENS[token]
@@ -121,6 +126,11 @@ class LocalAdapterMachine(RuleBasedStateMachine):
         TOKENS[f"{k}"] = k
         self.kept.setdefault(k, f"{k}")
 
+    @rule(k=KEYS)
+    def expect(self, k):
+        self.adapter.expect(k)
+        self.expected.add(k)
+
     @rule(k=KEYS, answer=st.sampled_from(list(HandBack)))
     def set_answer(self, k, answer):
         self.answers[k] = answer
@@ -130,6 +140,7 @@ class LocalAdapterMachine(RuleBasedStateMachine):
         assert self.adapter.forget(k) == (k in self.kept)
         self.kept.pop(k, None)
         self.counts.pop(k, None)
+        self.expected.discard(k)
 
     @rule(k=KEYS)
     def cumulative_ack(self, k):
@@ -142,13 +153,19 @@ class LocalAdapterMachine(RuleBasedStateMachine):
             del self.kept[x]
         for x in [x for x in self.counts if covered(x)]:
             del self.counts[x]
+        self.expected = {x for x in self.expected if not covered(x)}
         emptied = {e for e in entries if not any(x.entry == e for x in self.kept)}
         assert set(self.adapter.forget_through(k)) == emptied
 
     @rule(entries=st.lists(KEYS.map(lambda k: k.entry), max_size=3, unique=True))
     def fire(self, entries):
         self.handed.clear()
+        # a bare-id nack of a fired entry with no copy kept asks the broker, once per fire
+        asks = any(x.entry in entries and x not in self.kept for x in self.expected)
+        self.expected = {x for x in self.expected if x.entry not in entries}
+        before = self.asked
         asyncio.run(self.adapter.redeliver(entries))
+        assert self.asked - before == int(asks)
         expected = [x for e in entries for x in sorted((x for x in self.kept if x.entry == e),
                                                        key=lambda x: x.batch_index)]
         assert self.handed == expected
@@ -164,6 +181,7 @@ class LocalAdapterMachine(RuleBasedStateMachine):
         asyncio.run(self.adapter.aclose())
         self.kept.clear()
         self.counts.clear()
+        self.expected.clear()
 
     @invariant()
     def agrees_with_the_model(self):
@@ -181,7 +199,7 @@ test_the_local_adapter_matches_its_model = LocalAdapterMachine.TestCase
 
 pulsar = pytest.importorskip("pulsar")
 
-from nacktracker.consumer import ReceiveTimeout, TrackedConsumer  # noqa: E402
+from nacktracker.consumer import NotReceivedError, ReceiveTimeout, TrackedConsumer  # noqa: E402
 
 from test_consumer_shell import TOPIC, FakeConsumer, FakeMessage, settle  # noqa: E402
 
@@ -206,7 +224,7 @@ class Local:
     def __init__(self, **options) -> None:
         self.clock = ManualClock(1_000_000)
         self.raw = FailoverConsumer()
-        self.adapter = LocalRedeliveryAdapter()
+        self.adapter = LocalRedeliveryAdapter(redeliver_all=self.raw.redeliver_unacknowledged_messages)
         self.consumer = TrackedConsumer(self.raw, adapter=self.adapter, clock=self.clock, **options)
         self.entries = 0
 
@@ -347,10 +365,31 @@ async def test_ack_of_a_pending_nack_frees_it_and_close_drops_what_is_kept(local
         await h.consumer.negative_acknowledge(m, delay_ms=500)
     await h.consumer.acknowledge(m1)
     assert h.adapter.stored == 2 and h.consumer.tracker.pending == 2
-    with pytest.raises(TypeError, match="nack the Message"):  # a bare id: no message to keep
-        await h.consumer.negative_acknowledge(m0.message_id())
     await h.consumer.close()
     assert h.adapter.stored == 0  # the broker still has them unacknowledged: the next consumer gets them
+
+
+async def test_a_nack_by_id_asks_the_broker_at_its_time_and_its_copy_surfaces_once(local):
+    """A bare id carries no message to keep: at its time the consumer asks the broker to resend
+    what is unacknowledged (the plain client's redelivery on Exclusive/Failover). Of the resent
+    copies only the nacked one surfaces; one the application holds is dropped, and one with a
+    pending nack of its own is kept for its bucket (no second request)."""
+    h = local(precision_bits=0)
+    m0, m1, m2 = await h.singles(3)
+    await h.consumer.negative_acknowledge(m0.message_id(), delay_ms=300)
+    await h.consumer.negative_acknowledge(m2.message_id(), delay_ms=500)
+    assert h.adapter.stored == 0 and h.consumer.tracker.pending == 2
+    assert await h.advance_to(299) == [] and h.raw.redeliver_all == 0
+    h.clock.advance(1)
+    await settle()
+    assert h.raw.redeliver_all == 1
+    for m in (m0, m1, m2):  # the broker resends everything unacknowledged
+        h.raw.queue.put_nowait(FakeMessage(m.message_id().entry_id(), -1, 0, 0))
+    assert [m.data() for m in await h.receive_all()] == [b"e0.-1"]  # at 300: its due time
+    assert await h.advance_to(600) == [(500, b"e2.-1")]
+    assert h.raw.redeliver_all == 1 and h.adapter.stored == 0
+    with pytest.raises(NotReceivedError):  # an id this consumer never handed out
+        await h.consumer.negative_acknowledge(FakeMessage(99, -1, 0, 0).message_id())
 
 
 async def test_a_copy_the_broker_resends_while_the_nack_is_pending_is_held_back_and_kept(local):

@@ -16,6 +16,15 @@ Costs: one received message kept per pending nack (freed by its ack, a
 cumulative ack covering it, or :meth:`aclose`), plus one int per message
 redelivered here and not yet acknowledged (its local redelivery count).
 
+A nack by bare message id (``msg.message_id()``) leaves no message to keep
+(:meth:`expect`): when its bucket fires with no copy kept, the adapter asks the
+broker to resend everything unacknowledged (``redeliver_all``, the client's
+``redeliver_unacknowledged_messages``), which is what the plain client does for
+any nack on these subscription types. The consumer's delivery path sorts the
+resent copies as any others: the expected one surfaces, copies of messages the
+application holds or acknowledged are dropped, and copies of other pending
+nacks are kept until their own buckets (so one request serves them all).
+
 No pulsar import: messages are opaque tokens, keyed by their
 :class:`~nacktracker.MessageKey`; tested without a broker.
 """
@@ -59,10 +68,16 @@ class LocalRedeliveryAdapter:
     lead_ms = 0
     coalesce_ms = 0
 
-    def __init__(self, deliver: Optional[Callable[[Token], HandBack]] = None, *, multi_topic: bool = False) -> None:
+    def __init__(self, deliver: Optional[Callable[[Token], HandBack]] = None, *, multi_topic: bool = False,
+                 redeliver_all: Optional[Callable[[], None]] = None) -> None:
         if deliver is not None and not callable(deliver):
             raise TypeError(f"deliver must be callable, not {type(deliver).__name__}")
+        if redeliver_all is not None and not callable(redeliver_all):
+            raise TypeError(f"redeliver_all must be callable, not {type(redeliver_all).__name__}")
         self._deliver = deliver
+        self._redeliver_all = redeliver_all
+        self._expected: dict[MessageKey, set[int]] = {}  # entry -> batch indices nacked by bare id, nothing kept
+        self.asked_broker = 0  # redeliver_all calls made for bare-id nacks
         #: whether the consumer is a multi-topic one (read by the consumer: bare ids have no topic there)
         self.multi_topic = multi_topic
         self._kept: dict[MessageKey, dict[int, Token]] = {}  # entry -> batch index (-1: not batched) -> message
@@ -90,10 +105,23 @@ class LocalRedeliveryAdapter:
             kept[key.batch_index] = token
             self._stored += 1
 
+    def expect(self, key: MessageKey) -> None:
+        """``key`` was nacked by bare id: nothing to keep. When its entry fires with no copy of it
+        kept (:meth:`keep` may get one meanwhile, from the broker), ``redeliver_all`` asks the broker
+        for it. Runtime: O(1)."""
+        if type(key) is not MessageKey:
+            raise TypeError(f"key must be a MessageKey, not {type(key).__name__}")
+        self._expected.setdefault(key.entry, set()).add(key.batch_index)
+
     def forget(self, key: MessageKey) -> bool:
         """``key`` was acknowledged: drop its message and count. Returns
         whether a message was kept. Runtime: O(1)."""
         self._counts.pop(key, None)
+        expected = self._expected.get(key.entry)
+        if expected is not None:
+            expected.discard(key.batch_index)
+            if not expected:
+                del self._expected[key.entry]
         kept = self._kept.get(key.entry)
         if kept is None or kept.pop(key.batch_index, None) is None:
             return False
@@ -123,6 +151,10 @@ class LocalRedeliveryAdapter:
                 emptied.append(entry)
         for k in [k for k in self._counts if covered(k, k.batch_index)]:
             del self._counts[k]
+        for entry in [e for e in self._expected if covered(e, -1)]:
+            self._expected[entry] = {i for i in self._expected[entry] if not covered(entry, i)}
+            if not self._expected[entry]:
+                del self._expected[entry]
         return emptied
 
     def redeliveries(self, key: MessageKey) -> int:
@@ -146,17 +178,23 @@ class LocalRedeliveryAdapter:
         """Hand every kept message of each fired entry back to the consumer, in
         batch-index order; one the consumer answers ``NOT_YET`` stays kept.
         Only the nacked (kept) messages of a batch entry come back: its acked
-        or held siblings were never kept. Runtime: O(k + m) for k entries and
-        m messages handed back."""
+        or held siblings were never kept. An entry nacked by bare id with no
+        copy kept asks the broker (``redeliver_all``, once per call). Runtime:
+        O(k + m) for k entries and m messages handed back."""
         deliver = self._deliver
         if deliver is None:
             raise RuntimeError("LocalRedeliveryAdapter has no deliver callback: bind() it to the consumer")
+        ask_broker = False
         for entry in keys:
             if type(entry) is not MessageKey:
                 raise TypeError(f"keys must be MessageKey, not {type(entry).__name__}")
             kept = self._kept.pop(entry.entry, None)
+            expected = self._expected.pop(entry.entry, None)
+            if expected and (kept is None or not expected.issubset(kept)):
+                ask_broker = True
             if kept is None:
-                self.missing += 1
+                if not expected:
+                    self.missing += 1
                 continue
             self._stored -= len(kept)
             for index in sorted(kept):
@@ -169,6 +207,9 @@ class LocalRedeliveryAdapter:
                 elif answer is HandBack.TAKEN:
                     self._counts[key] = self._counts.get(key, 0) + 1
                     self.handed_back += 1
+        if ask_broker and self._redeliver_all is not None:
+            self.asked_broker += 1
+            self._redeliver_all()
 
     async def aclose(self) -> None:
         """Drop everything kept: the consumer is closing, and the broker still
@@ -176,6 +217,7 @@ class LocalRedeliveryAdapter:
         consumer, or to this one on reconnect). Idempotent."""
         self._kept.clear()
         self._counts.clear()
+        self._expected.clear()
         self._stored = 0
 
     def __repr__(self) -> str:

@@ -4,7 +4,7 @@ of a received batch message id (a protobuf field the Python client has no getter
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import _pulsar
 import pulsar
@@ -12,14 +12,74 @@ import pulsar
 from ..keys import MessageKey, key_of
 from .direct import ReceivedMessage, message_key_of
 
-__all__ = ["key_and_count", "message_key", "seek_target", "batch_size"]
+__all__ = ["BareIds", "key_and_count", "message_key", "is_bare_id", "seek_target", "batch_size"]
 
 
-def key_and_count(message: Any, own_topic: Optional[str],
-                  held: Iterable[MessageKey]) -> tuple[MessageKey, Optional[int]]:
+#: Ledgers remembered per multi-topic consumer (oldest forgotten first): a ledger holds up to
+#: 50 000 entries by default (``managedLedgerMaxEntriesPerLedger``), so this covers far more
+#: messages than a consumer holds unacknowledged; a few dozen bytes each.
+MAX_LEDGERS = 65_536
+
+
+class BareIds:
+    """The topic of a bare message id (``msg.message_id()``, which names no topic in
+    Python) as this consumer received it, from the id's own fields and what the
+    consumer knows: a single-topic consumer's topic (``own_topic``), or its partition's
+    (``<topic>-partition-<n>``, from the id's partition index, as the client names them);
+    on a multi-topic consumer (``own_topic`` ``None``: a list or a pattern), the topic
+    whose messages of the id's ledger it received (ledger ids are unique in a cluster;
+    :meth:`saw` records each ledger's topic on arrival, a dict entry per ledger, not per
+    message). Pure: no pulsar-client. Every method is O(1)."""
+
+    __slots__ = ("own_topic", "_ledgers")
+
+    def __init__(self, own_topic: Optional[str]) -> None:
+        self.own_topic = own_topic
+        self._ledgers: Optional[dict[int, object]] = None if own_topic is not None else {}
+
+    @property
+    def learns(self) -> bool:
+        """Whether :meth:`saw` must see every arrival (a multi-topic consumer)."""
+        return self._ledgers is not None
+
+    def saw(self, key: MessageKey) -> None:
+        """A copy of ``key`` arrived (multi-topic consumers: remember its ledger's topic)."""
+        ledgers = self._ledgers
+        if ledgers is None or key.topic is None:
+            return
+        known = ledgers.get(key.ledger_id)
+        if known is None:
+            if len(ledgers) >= MAX_LEDGERS:
+                del ledgers[next(iter(ledgers))]
+            ledgers[key.ledger_id] = key.topic
+        elif known != key.topic and not (isinstance(known, frozenset) and key.topic in known):
+            # two topics with one ledger id (a broker whose ledger ids are not unique): ask the consumer
+            ledgers[key.ledger_id] = (known if isinstance(known, frozenset) else frozenset([known])) | {key.topic}
+
+    def topics(self, key: MessageKey) -> tuple[str, ...]:
+        """The topics a bare id's ``key`` (topic ``None``) may have been received from: one,
+        or on a broker that reuses ledger ids across topics each candidate; none when this
+        consumer received nothing of its ledger (it never handed this id out)."""
+        own = self.own_topic
+        if own is not None:
+            partition = key.partition
+            if partition < 0 or own.endswith(f"-partition-{partition}"):
+                return (own,)
+            return (f"{own}-partition-{partition}",)
+        assert self._ledgers is not None
+        known = self._ledgers.get(key.ledger_id)
+        if known is None:
+            return ()
+        return tuple(sorted(known)) if isinstance(known, frozenset) else (str(known),)
+
+
+def key_and_count(message: Any, ids: BareIds,
+                  knows: Callable[[MessageKey], bool] = lambda key: True) -> tuple[MessageKey, Optional[int]]:
     """The key and redelivery count of a Message or id the application passed;
-    a bare id gets ``own_topic``, or on a multi-topic consumer (``None``) the
-    topic of the ``held`` message it names (O(held)). A MessageKey: TypeError."""
+    a bare id gets the topic it was received from (:class:`BareIds`; where several
+    topics may hold it, the one ``knows(key)`` says this consumer received; none:
+    the key keeps topic ``None``, which the consumer takes as never received).
+    A MessageKey: TypeError. O(1)."""
     if type(message) is ReceivedMessage:  # its key was built on arrival
         return message_key_of(message), message.redelivery_count()
     if isinstance(message, MessageKey):
@@ -28,14 +88,15 @@ def key_and_count(message: Any, own_topic: Optional[str],
         message = message._msg_id
     key, count = key_of(message)
     if key.topic is None:
-        if own_topic is not None:
-            key = key._replace(topic=own_topic)
+        topics = ids.topics(key)
+        if len(topics) == 1:
+            key = key._replace(topic=topics[0])
         else:
-            key = next((k for k in held if k._replace(topic=None) == key), key)
+            key = next((k for k in (key._replace(topic=t) for t in topics) if knows(k)), key)
     return key, count
 
 
-def message_key(message: Any, own_topic: Optional[str], held: Iterable[MessageKey]) -> MessageKey:
+def message_key(message: Any, ids: BareIds, knows: Callable[[MessageKey], bool] = lambda key: True) -> MessageKey:
     """:func:`key_and_count` without the count; a received ``pulsar.Message``
     (the hot path: every receive and ack) skips the generic checks. O(1)."""
     if type(message) is ReceivedMessage:
@@ -43,7 +104,13 @@ def message_key(message: Any, own_topic: Optional[str], held: Iterable[MessageKe
     if type(message) is pulsar.Message:
         mid = message.message_id()
         return MessageKey(mid.ledger_id(), mid.entry_id(), mid.partition(), mid.batch_index(), message.topic_name())
-    return key_and_count(message, own_topic, held)[0]
+    return key_and_count(message, ids, knows)[0]
+
+
+def is_bare_id(message: Any) -> bool:
+    """Whether the application passed a message id rather than a Message (no payload, no
+    redelivery count). O(1)."""
+    return not callable(getattr(message, "message_id", None))  # as keys.key_of tells a message from an id
 
 
 def seek_target(target: object) -> Union[pulsar.MessageId, int]:

@@ -36,19 +36,21 @@ class LocalNacks:
         self._surface = surface
         adapter.bind(self._hand_back)
 
-    def redelivery_count(self, key: MessageKey, count: Optional[int]) -> int:
+    def redelivery_count(self, key: MessageKey, count: Optional[int]) -> Optional[int]:
         """The count a nack of ``key`` counts with: the broker's (the Message's
-        ``redelivery_count()``) plus the local redeliveries since its last ack.
-        A bare id (no count, and no message to keep): ``TypeError``."""
-        if count is None:
-            raise TypeError("on an Exclusive or Failover subscription nack the Message, not its id: "
-                            "the consumer redelivers the message it keeps")
-        return count + self.adapter.redeliveries(key)
+        ``redelivery_count()``) plus the local redeliveries since its last ack;
+        ``None`` for a bare id (no count, as on any subscription type)."""
+        return None if count is None else count + self.adapter.redeliveries(key)
 
-    def nacked(self, key: MessageKey, message: Any) -> None:
+    def nacked(self, key: MessageKey, message: Any, bare_id: bool = False) -> None:
         """Keep the nacked message (also when it is being dead-lettered: a
-        failed publish leaves it pending, and its bucket hands it back)."""
-        self.adapter.keep(key, message)
+        failed publish leaves it pending, and its bucket hands it back). A bare
+        id has no message to keep: its bucket asks the broker instead (see
+        :meth:`~nacktracker.adapters.LocalRedeliveryAdapter.expect`)."""
+        if bare_id:
+            self.adapter.expect(key)
+        else:
+            self.adapter.keep(key, message)
 
     def held_back(self, key: MessageKey, message: Any) -> None:
         """The broker resent ``key`` (a reconnect, a restart on a snapshot)

@@ -33,7 +33,7 @@ from .direct import DirectConsumer, ReceivedMessage, acknowledged, message_key_o
 from .errors import ConsumerClosed, NotReceivedError
 from .failures import ConsumerDeadLetters, FailureHandling, dead_letter, reconsume_later
 from .lateness import RedeliveryLateness
-from .ids import batch_size, key_and_count, message_key, seek_target
+from .ids import BareIds, batch_size, is_bare_id, key_and_count, message_key, seek_target
 from .options import ConsumerOptions, ConsumerOptionsDict, check_timeout_ms
 from .persist import SnapshotStore
 from .local import LocalNacks
@@ -86,7 +86,9 @@ class TrackedConsumer:
         # Copies that arrive early are parked until due, so the lead starts on the high side and is
         # learned down: an early copy costs a short wait, a late one costs precision.
         if adapter is None and opts.redelivery == "local":  # Exclusive/Failover: see adapters/local.py
-            adapter = LocalRedeliveryAdapter(multi_topic=is_multi_topic(consumer))
+            # a nack by bare id leaves no message to keep: its bucket asks the broker to resend (the client's way)
+            adapter = LocalRedeliveryAdapter(multi_topic=is_multi_topic(consumer),
+                                             redeliver_all=consumer.redeliver_unacknowledged_messages)
         self.adapter = adapter if adapter is not None else PulsarAdapter(
             consumer, lead_ms=opts.lead_ms, min_gap_ms=opts.min_gap_ms, initial_lead_ms=INITIAL_LEAD_MS)
         self._local = None if not isinstance(self.adapter, RedeliversLocally) else LocalNacks(  # capabilities: base.py
@@ -95,8 +97,10 @@ class TrackedConsumer:
         # one producer per dead-letter topic, in the order decided; an unnamed consumer is named (failures.py)
         self._dead_letters, name = ConsumerDeadLetters.of(consumer, client, opts, schema, ack=self._acknowledge,
                                                           ack_copies=self._ack_copies)
-        # a single-topic consumer's ids need no topic; remember it for bare-id calls
-        self._own_topic = None if isinstance(self.adapter, KnowsTopics) and self.adapter.multi_topic else consumer.topic()
+        # the topic of a bare id (msg.message_id() names none): the consumer's own, its partition's, or
+        # on a multi-topic consumer the one whose messages of the id's ledger arrived here
+        self._ids = BareIds(None if isinstance(self.adapter, KnowsTopics) and self.adapter.multi_topic
+                            else consumer.topic())
         self._dedup = Deduplicator(opts.dedup_capacity) if opts.dedup else None
         self.tracker: NegativeAcksTracker
         precision = Precision.of(opts.precision_bits)  # floor: a redelivery may come early, never late
@@ -170,6 +174,8 @@ class TrackedConsumer:
     def _admit(self, msg: Any) -> Union[bool, Awaitable[None]]:
         """Whether a copy from the broker goes to the application now, or what to await first (acks)."""
         key = message_key_of(msg) if type(msg) is ReceivedMessage else self._message_key(msg)
+        if self._ids.learns:  # a multi-topic consumer: which topic each ledger's ids belong to
+            self._ids.saw(key)
         if self._arrived is not None and self._arrived.awaiting_arrivals and self.core.seen(key):
             # a copy of a message seen before: the adapter learns its path latency (first copies of an
             # entry's other messages, still arriving after one of them was nacked, answer no request)
@@ -247,14 +253,16 @@ class TrackedConsumer:
         the application at its bucket's time (exactly at the due time with
         ``precision_bits=0``), not before.
 
-        Once its redelivery count reaches ``max_redeliveries`` the message is
-        dead-lettered instead. A bare message id has no redelivery count (it
-        is never dead-lettered) and, on a multi-topic consumer, no topic: pass
-        the Message there. A nack of a message already acknowledged is
+        ``message``: a received Message or its id (``msg.message_id()``, from any topic form: plain,
+        partitioned, a list, a pattern). Once its redelivery count reaches ``max_redeliveries`` the
+        message is dead-lettered instead. A bare message id has no redelivery count (it is never
+        dead-lettered). A nack of a message already acknowledged is
         ignored (logged, counted in ``nacks_after_ack``): the broker would
         never send it again. One this consumer did not receive:
-        :class:`NotReceivedError`. On Exclusive/Failover it comes back from this consumer's memory
-        (a bare id: ``TypeError``; the docs' "Subscription types per broker"). Never blocks. Runtime: O(1) amortised.
+        :class:`NotReceivedError`. On Exclusive/Failover a nacked Message comes back from this consumer's
+        memory (the docs' "Subscription types per broker"); a bare id, which carries no message, at its time
+        by asking the broker to resend what is unacknowledged, as the plain client does on those types (the
+        application's other messages are not surfaced twice). Never blocks. Runtime: O(1) amortised.
         """
         self._check_open()
         key, count = self._key(message)
@@ -274,7 +282,7 @@ class TrackedConsumer:
         finally:
             self._dead_letters.candidate = None
         if self._local is not None:
-            self._local.nacked(key, message)
+            self._local.nacked(key, message, bare_id=is_bare_id(message))
         size = batch_size(message.message_id()) if key.batch_index >= 0 and isinstance(message, pulsar.Message) else 0
         self.core.nacked(key, due, message, self.tracker.clock.now_ms(), size)
         self._release.rearm()
@@ -291,17 +299,21 @@ class TrackedConsumer:
         return bool(self.tracker.pending) and key in self.tracker
 
     def _received(self, key: MessageKey) -> MessageKey:
-        # Received: the core knows it, or a nack (maybe restored) is pending. Unchecked where that cannot be
-        # told: without dedup (re-acks stay idempotent), a bare id of no held message on a multi-topic consumer
-        if self._dedup is None or key.topic is None or self.core.knows(key) or self._pending(key):
+        # Received: the core knows it, or a nack (maybe restored) is pending. Unchecked without dedup (re-acks
+        # stay idempotent). A bare id with no topic: nothing of its ledger arrived at this multi-topic consumer
+        if key.topic is not None and (self._dedup is None or self.core.knows(key) or self._pending(key)):
             return key
         raise NotReceivedError(key)
 
     def _message_key(self, message: Any) -> MessageKey:
-        return message_key(message, self._own_topic, self.core.held)
+        return message_key(message, self._ids, self._knows)
 
     def _key(self, message: Any) -> tuple[MessageKey, Optional[int]]:
-        return key_and_count(message, self._own_topic, self.core.held)
+        return key_and_count(message, self._ids, self._knows)
+
+    def _knows(self, key: MessageKey) -> bool:
+        """Whether this consumer received ``key`` (the core knows it, or a nack of it is pending)."""
+        return self.core.knows(key) or self._pending(key) or self._pending(key.entry)
 
     # -- the rest of the consumer API ----------------------------------------------
 
