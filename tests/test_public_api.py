@@ -12,7 +12,10 @@ import pytest
 import nacktracker
 import nacktracker.errors as errors
 from nacktracker.consumer.options import ConsumerOptions, ConsumerOptionsDict
-from nacktracker.consumer.subscription import ClientSubscribeOptions, client_subscribe_options, subscribe
+from nacktracker.consumer import subscription
+from nacktracker.consumer.batches import BatchLimits
+from nacktracker.consumer.subscription import (CLIENT_OPTIONS, ClientSubscribeOptions, client_subscribe_options,
+                                               subscribe)
 
 
 @pytest.fixture
@@ -32,11 +35,80 @@ async def test_an_unknown_option_names_subscribe_and_the_nearest_valid_one(clien
     assert (f"did you mean {hint}?" in message) if hint else "did you mean" not in message
 
 
-async def test_pulsar_options_are_still_refused_where_they_were(client):
-    with pytest.raises(ValueError, match="dead_letter_policy is not supported"):
+def test_every_option_of_the_clients_subscribe_is_placed():
+    """Walks the installed client's signature: a new client option fails here until CLIENT_OPTIONS
+    says what subscribe does with it (pass it on, set it, or do it with the consumer's machinery)."""
+    params = set(inspect.signature(pulsar.asyncio.Client.subscribe).parameters) - {"self"}
+    assert params == set(CLIENT_OPTIONS)
+    assert all(how in ("set", "passed") or how.startswith("mapped: ") for how in CLIENT_OPTIONS.values())
+    own = {f.name for f in dataclasses.fields(ConsumerOptions)}
+    for how in CLIENT_OPTIONS.values():  # a mapped option names the consumer's options that do its work
+        if how.startswith("mapped: "):
+            assert set(how.removeprefix("mapped: ").split(", ")) <= own, how
+    # the ones subscribe sets: its own arguments (the subscription's name is "subscription" there)
+    assert {n for n, h in CLIENT_OPTIONS.items() if h == "set"} - {"subscription_name"} | {"subscription"} \
+        <= set(inspect.signature(subscribe).parameters)
+
+
+class Subscribed:
+    """What subscribe gave the client and the TrackedConsumer (both replaced: nothing connects)."""
+
+    def __init__(self, monkeypatch, client) -> None:
+        self.client_kwargs: dict = {}
+        self.consumer_kwargs: dict = {}
+
+        async def client_subscribe(topic, name, **kwargs):
+            self.client_kwargs = kwargs
+            return object()
+
+        def consumer(raw, **kwargs):
+            self.consumer_kwargs = kwargs
+            return self
+
+        monkeypatch.setattr(client, "subscribe", client_subscribe)
+        monkeypatch.setattr(subscription, "TrackedConsumer", consumer)
+        self._failures = type("NoRetries", (), {"retries": None})()
+
+
+async def test_every_passed_option_reaches_the_client_as_given(client, monkeypatch):
+    seen = Subscribed(monkeypatch, client)
+    passed = {name: f"value-of-{name}" for name, how in CLIENT_OPTIONS.items() if how == "passed"}
+    passed["batch_receive_policy"] = pulsar.ConsumerBatchReceivePolicy(5, -1, 100)
+    passed["receiver_queue_size"] = 10
+    await subscribe(client, "t", "s", **passed)
+    assert {k: seen.client_kwargs[k] for k in passed} == passed
+    assert seen.client_kwargs["negative_ack_redelivery_delay_ms"] == 100  # the adapter's path
+    assert seen.consumer_kwargs["batch_receive_policy"] == BatchLimits(5, -1, 100)
+
+
+async def test_the_options_that_would_fight_the_consumer_are_done_by_its_own_machinery(client, monkeypatch):
+    seen = Subscribed(monkeypatch, client)
+    policy = pulsar.ConsumerDeadLetterPolicy(3, "dlq-topic", "audit")
+    await subscribe(client, "t", "s", negative_ack_redelivery_delay_ms=1500, unacked_messages_timeout_ms=10_000,
+                    dead_letter_policy=policy)
+    for name in ("unacked_messages_timeout_ms", "dead_letter_policy"):
+        assert name not in seen.client_kwargs  # the client would resend or dead-letter on its own
+    assert seen.client_kwargs["negative_ack_redelivery_delay_ms"] == 100
+    mine = seen.consumer_kwargs
+    assert (mine["delay_ms"], mine["ack_timeout_ms"], mine["max_redeliveries"], mine["dead_letter_topic"],
+            mine["dead_letter_initial_subscription"]) == (1500, 10_000, 3, "dlq-topic", "audit")
+    await subscribe(client, "t", "s", unacked_messages_timeout_ms=0, dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(2))
+    mine = seen.consumer_kwargs  # 0: no ack timeout, as in the client; the policy's default topic: ours
+    assert (mine["delay_ms"], mine["ack_timeout_ms"], mine["max_redeliveries"], mine["dead_letter_topic"]) \
+        == (60_000, None, 2, None)
+
+
+async def test_an_option_given_both_ways_differently_is_refused_naming_both(client):
+    with pytest.raises(ValueError, match="negative_ack_redelivery_delay_ms and delay_ms disagree"):
+        await subscribe(client, "t", "s", negative_ack_redelivery_delay_ms=5, delay_ms=10)
+    with pytest.raises(ValueError, match="unacked_messages_timeout_ms and ack_timeout_ms disagree"):
+        await subscribe(client, "t", "s", unacked_messages_timeout_ms=10_000, ack_timeout_ms=5)
+    with pytest.raises(ValueError, match="max_redeliver_count and max_redeliveries disagree"):
+        await subscribe(client, "t", "s", dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(3), max_redeliveries=4)
+    with pytest.raises(TypeError, match="pulsar.ConsumerDeadLetterPolicy"):
         await subscribe(client, "t", "s", dead_letter_policy=object())
-    with pytest.raises(ValueError, match="negative_ack_redelivery_delay_ms is fixed"):
-        await subscribe(client, "t", "s", negative_ack_redelivery_delay_ms=5)
+    with pytest.raises(TypeError, match="ConsumerBatchReceivePolicy"):
+        await subscribe(client, "t", "s", batch_receive_policy=object())
 
 
 def test_subscribe_spells_out_every_consumer_option_with_its_default():
@@ -45,6 +117,8 @@ def test_subscribe_spells_out_every_consumer_option_with_its_default():
         assert params[f.name].kind is inspect.Parameter.KEYWORD_ONLY, f.name
         if f.name == "redelivery":
             assert params[f.name].default is None  # from the subscription type
+        elif f.name == "delay_ms":
+            assert params[f.name].default is None and f.default == 60_000  # None: the client's option, or this
         elif f.name == "dedup_capacity":
             assert params[f.name].default is None and f.default == 1_000_000  # None: the default
         else:
@@ -53,7 +127,8 @@ def test_subscribe_spells_out_every_consumer_option_with_its_default():
 
 
 def test_the_typed_pass_through_options_are_the_clients():
-    assert set(ClientSubscribeOptions.__annotations__) <= client_subscribe_options()
+    assert set(ClientSubscribeOptions.__annotations__) == {n for n, h in CLIENT_OPTIONS.items() if h != "set"}
+    assert client_subscribe_options() == {n for n, h in CLIENT_OPTIONS.items() if h == "passed"}
     assert nacktracker.subscribe is subscribe and nacktracker.consumer.subscribe is subscribe
 
 

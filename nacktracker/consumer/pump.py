@@ -125,6 +125,31 @@ class ReceivePump:
                 space.set_result(None)
         return item
 
+    def peek(self) -> Any:
+        """The next message without taking it, or ``None``; as :meth:`poll` once stopped. O(1)."""
+        items = self._items
+        if not items:
+            return None
+        if items[0] is _STOP:
+            raise self._stopped()
+        return items[0]
+
+    async def ready(self, timeout_ms: Optional[int]) -> bool:
+        """Wait until a message waits (then ``True``; take it with :meth:`poll`) or the pump
+        stopped (``True``: :meth:`poll` raises), at most ``timeout_ms`` (then ``False``). O(1)."""
+        if self._items:
+            return True
+        if timeout_ms is None:
+            await self._wait()
+            return True
+        if timeout_ms <= 0:
+            return False
+        try:
+            await asyncio.wait_for(self._wait(), timeout_ms / 1000)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
     async def get(self, timeout_ms: Optional[int]) -> Any:
         """The next message; :class:`ReceiveTimeout` after ``timeout_ms``; the
         pump's error or :class:`ConsumerClosed` once it stopped. O(1)."""

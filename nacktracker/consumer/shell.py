@@ -27,9 +27,10 @@ from ..dedup import Deduplicator
 from ..keys import MessageKey
 from ..precision import Precision
 from ..tracker import FiredCell, NegativeAcksTracker
+from .batches import BatchLimits
 from .core import DeliveryCore, Verdict
 from .dead_letters import quietly
-from .direct import DirectConsumer, ReceivedMessage, acknowledged, message_key_of
+from .direct import DirectConsumer, ReceivedMessage, acknowledged, message_key_of, message_length
 from .errors import ConsumerClosed, NotReceivedError
 from .failures import ConsumerDeadLetters, FailureHandling, dead_letter, reconsume_later
 from .lateness import RedeliveryLateness
@@ -66,7 +67,8 @@ class TrackedConsumer:
     ``redeliver_unacknowledged_messages``), plus ``negative_acknowledge(msg, delay_ms=…)``,
     ``receive(timeout_ms=…)``, ``async with`` and ``async for``. ``lateness``: see :mod:`.lateness`.
 
-    ``schema``: the consumer's (dead letters are published under it). After
+    ``schema``: the consumer's (dead letters are published under it). ``batch_receive_policy``: a
+    ``pulsar.ConsumerBatchReceivePolicy``, the limits of :meth:`batch_receive`. After
     :meth:`close` every call that would reach the broker raises :class:`ConsumerClosed`.
     ``adapter``/``clock``: the seams that make it testable without a broker (as httpx's ``transport=``):
     with an ``adapter`` the ``consumer`` may be any object with the ``pulsar.asyncio.Consumer`` methods
@@ -75,8 +77,10 @@ class TrackedConsumer:
 
     def __init__(self, consumer: Any, *, client: Optional[pulsar_asyncio.Client] = None,
                  adapter: Any = None, clock: Optional[Clock] = None, schema: Any = None,
-                 **options: Unpack[ConsumerOptionsDict]) -> None:
+                 batch_receive_policy: Any = None, **options: Unpack[ConsumerOptionsDict]) -> None:
         opts = ConsumerOptions.check(dict(options), has_client=client is not None)
+        self._batch_limits = batch_receive_policy if isinstance(batch_receive_policy, BatchLimits) \
+            else BatchLimits.of(batch_receive_policy, None)
         if adapter is None and not isinstance(consumer, pulsar_asyncio.Consumer):
             raise TypeError(f"consumer must be a pulsar.asyncio.Consumer, not {type(consumer).__name__}")
         if client is not None and not isinstance(client, pulsar_asyncio.Client):
@@ -154,6 +158,41 @@ class TrackedConsumer:
         if (msg := self._pump.poll()) is None:  # else a message waited: no coroutine made, no loop iteration
             msg = await self._pump.get(timeout_ms)
         return msg if self._failures.ack_timeouts is None else self._failures.received(msg)
+
+    async def batch_receive(self) -> list[pulsar.Message]:
+        """The next messages, as the client's ``batch_receive`` with ``subscribe``'s
+        ``batch_receive_policy`` (default: no message limit, 10 MiB, 100 ms): complete at the
+        policy's message count or payload bytes (a message that would pass either stays for the next
+        call; the first always fits), else when its timeout passes, with what came meanwhile (maybe
+        nothing: ``[]``). Each message is acked, nacked or dead-lettered on its own. No message is
+        lost by the timeout or by cancelling the caller. Raises :class:`ConsumerClosed` once closed
+        (a batch begun before the close is returned as it is). Runtime: O(messages)."""
+        self._check_open()
+        if self._pump.task is None:
+            self._start()
+        limits, pump, timed = self._batch_limits, self._pump, self._failures.ack_timeouts is not None
+        batch: list[pulsar.Message] = []
+        size = 0
+        try:
+            # waiting on the pump's queue is safe to cancel (the client's receive is never cancelled)
+            async with asyncio.timeout(limits.timeout_ms / 1000 if limits.timeout_ms > 0 else None):
+                while not limits.full(len(batch), size):
+                    msg = pump.peek()
+                    if msg is None:
+                        await pump.ready(None)
+                        continue
+                    length = message_length(msg)
+                    if not limits.fits(len(batch), size, length):
+                        break
+                    pump.poll()
+                    batch.append(self._failures.received(msg) if timed else msg)
+                    size += length
+        except TimeoutError:
+            pass
+        except Exception:
+            if not batch:  # closed or failed before anything was taken
+                raise
+        return batch
 
     def __aiter__(self) -> TrackedConsumer:
         return self

@@ -13,25 +13,51 @@ import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
 from ..adapters.pulsar import MIN_NACK_DELAY_MS
+from .batches import BatchLimits
 from .dead_letters import quietly
 from .options import (CLIENT_RECEIVER_QUEUE_SIZE, REDELIVERY_MODES, ConsumerOptions, Redelivery, SnapshotOnError,
                       unknown_option)
 from .retry_letters import MAX_RECONSUMETIMES, full_topic_name, retry_dead_letter_topic, retry_letter_topic
 from .shell import TrackedConsumer
 
-__all__ = ["subscribe", "ClientSubscribeOptions", "client_subscribe_options"]
+__all__ = ["subscribe", "ClientSubscribeOptions", "client_subscribe_options", "CLIENT_OPTIONS"]
 
 #: Subscription types whose broker redelivers only everything unacknowledged: nacks are redelivered locally.
 LOCAL_TYPES = (pulsar.ConsumerType.Exclusive, pulsar.ConsumerType.Failover)
 
 
+#: What :func:`subscribe` does with each parameter of pulsar-client's ``pulsar.asyncio.Client.subscribe``
+#: (3.13): ``"set"`` by subscribe itself from its own arguments; ``"passed"`` to the client as given;
+#: ``"mapped"`` onto the consumer's own machinery (the value: the option that does the work, which the
+#: client is not given, so that it does not fight the consumer). tests/test_public_api.py walks the
+#: installed client's signature against this table: a new client option fails it until it is placed.
+CLIENT_OPTIONS: dict[str, str] = {
+    "topic": "set", "subscription_name": "set", "consumer_type": "set", "batch_index_ack_enabled": "set",
+    # the client's own nack tracker only forwards the consumer's requests, at its minimum delay
+    "negative_ack_redelivery_delay_ms": "mapped: delay_ms",
+    # the client's ack timeout resends copies the consumer drops as held: the consumer times acks itself
+    "unacked_messages_timeout_ms": "mapped: ack_timeout_ms",
+    # the client's dead letters count the client's redeliveries; the consumer counts and publishes its own
+    "dead_letter_policy": "mapped: max_redeliveries, dead_letter_topic, dead_letter_initial_subscription",
+    "batch_receive_policy": "passed",  # and read by TrackedConsumer.batch_receive()
+    **dict.fromkeys(["schema", "receiver_queue_size", "max_total_receiver_queue_size_across_partitions",
+                     "consumer_name", "broker_consumer_stats_cache_time_ms", "is_read_compacted", "properties",
+                     "initial_position", "crypto_key_reader", "replicate_subscription_state_enabled",
+                     "max_pending_chunked_message", "auto_ack_oldest_chunked_message_on_queue_full",
+                     "start_message_id_inclusive", "key_shared_policy", "regex_subscription_mode",
+                     "crypto_failure_action", "is_pattern_topic"], "passed"),
+}
+
+
 class ClientSubscribeOptions(TypedDict, total=False):
     """pulsar-client's own ``pulsar.asyncio.Client.subscribe`` options that
-    :func:`subscribe` passes through as they are (pulsar-client 3.13's; a
-    newer client's extra ones pass too, unchecked by type checkers). Their
-    meaning: pulsar-client's documentation. ``negative_ack_redelivery_delay_ms``
-    is fixed (the tracker delays) and ``dead_letter_policy`` refused (use
-    ``max_redeliveries``)."""
+    :func:`subscribe` takes (pulsar-client 3.13's; a newer client's extra ones
+    are refused until placed in :data:`CLIENT_OPTIONS`). Their meaning:
+    pulsar-client's documentation. Three do their work through the consumer's
+    own machinery: ``negative_ack_redelivery_delay_ms`` is ``delay_ms``,
+    ``unacked_messages_timeout_ms`` is ``ack_timeout_ms`` and
+    ``dead_letter_policy`` is ``max_redeliveries``, ``dead_letter_topic`` and
+    ``dead_letter_initial_subscription``."""
 
     schema: pulsar.schema.Schema
     receiver_queue_size: int
@@ -40,6 +66,7 @@ class ClientSubscribeOptions(TypedDict, total=False):
     unacked_messages_timeout_ms: Optional[int]
     broker_consumer_stats_cache_time_ms: int
     negative_ack_redelivery_delay_ms: int
+    dead_letter_policy: Optional[pulsar.ConsumerDeadLetterPolicy]
     is_read_compacted: bool
     properties: Optional[dict[str, str]]
     initial_position: pulsar.InitialPosition
@@ -57,10 +84,37 @@ class ClientSubscribeOptions(TypedDict, total=False):
 
 @functools.cache
 def client_subscribe_options() -> frozenset[str]:
-    """The keyword options the installed client's ``pulsar.asyncio.Client.subscribe``
-    takes beyond the ones :func:`subscribe` sets itself (read from its signature)."""
-    own = {"self", "topic", "subscription_name", "consumer_type", "batch_index_ack_enabled", "dead_letter_policy"}
-    return frozenset(inspect.signature(pulsar_asyncio.Client.subscribe).parameters) - own
+    """The keyword options of the installed client's ``pulsar.asyncio.Client.subscribe``
+    that :func:`subscribe` passes through (read from its signature; placed in
+    :data:`CLIENT_OPTIONS`)."""
+    params = set(inspect.signature(pulsar_asyncio.Client.subscribe).parameters) - {"self"}
+    return frozenset(name for name in params if CLIENT_OPTIONS.get(name) == "passed")
+
+
+def _mapped_options(options: dict[str, Any], own: dict[str, Any]) -> None:
+    """Move the client options the consumer does itself (:data:`CLIENT_OPTIONS` ``"mapped"``) from
+    ``options`` onto the consumer's own in ``own``; the same thing said twice, differently: ``ValueError``."""
+    def take(name: str, value: Any, client_name: str) -> None:
+        if own.get(name) is not None and own[name] != value:
+            raise ValueError(f"{client_name} and {name} disagree ({value!r} and {own[name]!r}): "
+                             f"{client_name} is {name} here; pass one of them")
+        own[name] = value
+
+    if "negative_ack_redelivery_delay_ms" in options:
+        take("delay_ms", options.pop("negative_ack_redelivery_delay_ms"), "negative_ack_redelivery_delay_ms")
+    timeout = options.pop("unacked_messages_timeout_ms", None)
+    if timeout:  # 0 or None: off, as in the client
+        take("ack_timeout_ms", timeout, "unacked_messages_timeout_ms")
+    policy = options.pop("dead_letter_policy", None)
+    if policy is not None:
+        if not isinstance(policy, pulsar.ConsumerDeadLetterPolicy):
+            raise TypeError(f"dead_letter_policy must be a pulsar.ConsumerDeadLetterPolicy, not {type(policy).__name__}")
+        take("max_redeliveries", policy.max_redeliver_count, "dead_letter_policy.max_redeliver_count")
+        if policy.dead_letter_topic:
+            take("dead_letter_topic", policy.dead_letter_topic, "dead_letter_policy.dead_letter_topic")
+        if policy.initial_subscription_name:
+            take("dead_letter_initial_subscription", policy.initial_subscription_name,
+                 "dead_letter_policy.initial_subscription_name")
 
 
 def _with_retry_topic(topic: Union[str, list[str]], subscription: str, own: dict[str, Any]) -> list[str]:
@@ -85,7 +139,7 @@ def _with_retry_topic(topic: Union[str, list[str]], subscription: str, own: dict
 async def subscribe(client: pulsar_asyncio.Client, topic: Union[str, list[str]], subscription: str, *,
                     consumer_type: pulsar.ConsumerType = pulsar.ConsumerType.Shared,
                     batch_index_ack_enabled: bool = False,
-                    delay_ms: float = 60_000, precision_bits: int = 0, backoff: Optional[Callable[[int], int]] = None,
+                    delay_ms: Optional[float] = None, precision_bits: int = 0, backoff: Optional[Callable[[int], int]] = None,
                     max_redeliveries: Optional[int] = None, dead_letter_topic: Optional[str] = None,
                     dead_letter_initial_subscription: Optional[str] = None, lead_ms: Optional[float] = None,
                     min_gap_ms: Optional[float] = None, prefetch: int = 16,
@@ -109,7 +163,8 @@ async def subscribe(client: pulsar_asyncio.Client, topic: Union[str, list[str]],
     time, no broker call (the docs' "Subscription types per broker");
     ``redelivery`` (default: from the type) may only say the same.
 
-    Options (the docs' consumer guide has a table): ``delay_ms`` (60 000), ``precision_bits``
+    Options (the docs' consumer guide has a table): ``delay_ms`` (60 000, or the client's
+    ``negative_ack_redelivery_delay_ms`` when given), ``precision_bits``
     (0, the default: exact; 8: buckets of 256 ms, up to 255 ms early), ``backoff``, ``max_redeliveries``,
     ``dead_letter_topic`` (default ``<topic>-<subscription>-DLQ``, per
     partition), ``dead_letter_initial_subscription`` (made on the dead-letter
@@ -139,11 +194,18 @@ async def subscribe(client: pulsar_asyncio.Client, topic: Union[str, list[str]],
     measured: ``tests/test_pulsar.py::test_batch_index_ack_on_a_broker_without_it``).
 
     The consumer is subscribed with ``negative_ack_redelivery_delay_ms=100``
-    (the client's minimum; the adapter redelivers through that path).
-    ``dead_letter_policy`` is refused (use ``max_redeliveries``). Other
-    keyword arguments go to ``client.subscribe`` (``schema``, ``receiver_queue_size``,
-    ``consumer_name``, ``initial_position``, ... :class:`ClientSubscribeOptions`); any other
-    name is a ``TypeError`` that names the nearest valid option. Partitioned topics work as
+    (the client's minimum; the adapter redelivers through that path). The
+    client's options that would fight the consumer are done by its own
+    machinery instead (:data:`CLIENT_OPTIONS`): ``negative_ack_redelivery_delay_ms``
+    is ``delay_ms``, ``unacked_messages_timeout_ms`` is ``ack_timeout_ms`` (the
+    message comes back to the application after that long unacknowledged) and a
+    ``dead_letter_policy`` is ``max_redeliveries``, ``dead_letter_topic`` and
+    ``dead_letter_initial_subscription`` (given both ways and different:
+    ``ValueError``). ``batch_receive_policy`` sets :meth:`TrackedConsumer.batch_receive`'s
+    limits. Other keyword arguments go to ``client.subscribe`` (``schema``,
+    ``receiver_queue_size``, ``consumer_name``, ``initial_position``, ...
+    :class:`ClientSubscribeOptions`); any other name is a ``TypeError`` that names
+    the nearest valid option. Partitioned topics work as
     any other (proven on Apache Pulsar; pulsar-lite cannot redeliver on them).
 
     >>> async def main(url):                                        # doctest: +SKIP
@@ -178,22 +240,20 @@ async def subscribe(client: pulsar_asyncio.Client, topic: Union[str, list[str]],
         raise ValueError(f"redelivery={own['redelivery']!r} does not work on {consumer_type.name} subscriptions "
                          f"(it is {expected!r} there: the broker redelivers chosen messages only on Shared "
                          "and Key_Shared); leave it out")
-    nack_delay = options.pop("negative_ack_redelivery_delay_ms", MIN_NACK_DELAY_MS)
-    if nack_delay != MIN_NACK_DELAY_MS:
-        raise ValueError(f"negative_ack_redelivery_delay_ms is fixed at {MIN_NACK_DELAY_MS} (the client's "
-                         "minimum; the tracker does the delaying): use delay_ms")
-    if options.get("dead_letter_policy") is not None:
-        raise ValueError("dead_letter_policy is not supported: use max_redeliveries and dead_letter_topic")
-    options.pop("dead_letter_policy", None)
     passed_on = client_subscribe_options()
     for name in options:
-        if name not in passed_on:
+        if name not in passed_on and not CLIENT_OPTIONS.get(name, "").startswith("mapped"):
             raise unknown_option("nacktracker.subscribe", name, [*own, *passed_on, "consumer_type",
                                                                  "batch_index_ack_enabled"])
+    _mapped_options(options, own)
+    if own["delay_ms"] is None:
+        own["delay_ms"] = ConsumerOptions.delay_ms
     ConsumerOptions.check(own, has_client=True)  # bad options fail before a subscription is made
     if own.get("enable_retry"):
         topic = _with_retry_topic(topic, subscription, own)
     queue_size = options.get("receiver_queue_size", CLIENT_RECEIVER_QUEUE_SIZE)
+    batch_limits = BatchLimits.of(options.get("batch_receive_policy"),
+                                  queue_size if isinstance(queue_size, int) else CLIENT_RECEIVER_QUEUE_SIZE)
     if isinstance(queue_size, int) and not isinstance(queue_size, bool):  # else the client's own error
         # the pump takes no more ahead of the application than the client would (0: a zero queue, 1 here)
         own["prefetch"] = max(1, min(own.get("prefetch", ConsumerOptions.prefetch), queue_size))
@@ -201,7 +261,8 @@ async def subscribe(client: pulsar_asyncio.Client, topic: Union[str, list[str]],
                                       negative_ack_redelivery_delay_ms=MIN_NACK_DELAY_MS,
                                       batch_index_ack_enabled=batch_index_ack_enabled, **options)
     try:
-        tracked = TrackedConsumer(consumer, client=client, schema=options.get("schema"), **own)
+        tracked = TrackedConsumer(consumer, client=client, schema=options.get("schema"),
+                                  batch_receive_policy=batch_limits, **own)
     except BaseException:
         await quietly(consumer.close())
         raise
