@@ -564,10 +564,10 @@ async def test_api_boundary_errors(client, broker_url, topic, pulsar_logger):
         sync_client.close()
     with pytest.raises(TypeError):
         await nacktracker.subscribe(object(), topic(), "sub")
-    with pytest.raises(ValueError, match="negative_ack_redelivery_delay_ms"):
-        await nacktracker.subscribe(client, topic(), "sub", negative_ack_redelivery_delay_ms=1000)
+    with pytest.raises(ValueError, match="negative_ack_redelivery_delay_ms and delay_ms disagree"):
+        await nacktracker.subscribe(client, topic(), "sub", negative_ack_redelivery_delay_ms=1000, delay_ms=5)
     with pytest.raises(ValueError, match="dead_letter_policy"):
-        await nacktracker.subscribe(client, topic(), "sub",
+        await nacktracker.subscribe(client, topic(), "sub", max_redeliveries=2,
                                     dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(max_redeliver_count=3))
     with pytest.raises(ValueError):
         await nacktracker.subscribe(client, topic(), "sub", delay_ms=-1)

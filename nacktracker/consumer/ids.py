@@ -12,7 +12,7 @@ import pulsar
 from ..keys import MessageKey, key_of
 from .direct import ReceivedMessage, message_key_of
 
-__all__ = ["BareIds", "key_and_count", "message_key", "is_bare_id", "seek_target", "batch_size"]
+__all__ = ["BareIds", "names_several_topics", "key_and_count", "message_key", "is_bare_id", "seek_target", "batch_size"]
 
 
 #: Ledgers remembered per multi-topic consumer (oldest forgotten first): a ledger holds up to
@@ -71,6 +71,18 @@ class BareIds:
         if known is None:
             return ()
         return tuple(sorted(known)) if isinstance(known, frozenset) else (str(known),)
+
+
+#: Characters no topic name has (Pulsar's names take letters, digits and ``_-=:.%``) and regular
+#: expressions use: a pattern consumer's ``topic()`` is its pattern.
+_PATTERN_CHARS = frozenset("*+?[](){}|\\^$")
+
+
+def names_several_topics(topic: str) -> bool:
+    """Whether a consumer's ``topic()`` names no single topic: a regex pattern (a multi-topic
+    consumer of a list has the client's made-up name instead, see ``adapters.pulsar.is_multi_topic``).
+    O(len(topic))."""
+    return not _PATTERN_CHARS.isdisjoint(topic.rsplit("/", 1)[-1])
 
 
 def key_and_count(message: Any, ids: BareIds,

@@ -34,7 +34,7 @@ from .direct import DirectConsumer, ReceivedMessage, acknowledged, message_key_o
 from .errors import ConsumerClosed, NotReceivedError
 from .failures import ConsumerDeadLetters, FailureHandling, dead_letter, reconsume_later
 from .lateness import RedeliveryLateness
-from .ids import BareIds, batch_size, is_bare_id, key_and_count, message_key, seek_target
+from .ids import BareIds, batch_size, is_bare_id, key_and_count, message_key, names_several_topics, seek_target
 from .options import ConsumerOptions, ConsumerOptionsDict, check_timeout_ms
 from .persist import SnapshotStore
 from .local import LocalNacks
@@ -103,8 +103,9 @@ class TrackedConsumer:
                                                           ack_copies=self._ack_copies)
         # the topic of a bare id (msg.message_id() names none): the consumer's own, its partition's, or
         # on a multi-topic consumer the one whose messages of the id's ledger arrived here
-        self._ids = BareIds(None if isinstance(self.adapter, KnowsTopics) and self.adapter.multi_topic
-                            else consumer.topic())
+        own_topic = consumer.topic()
+        several = (isinstance(self.adapter, KnowsTopics) and self.adapter.multi_topic) or names_several_topics(own_topic)
+        self._ids = BareIds(None if several else own_topic)
         self._dedup = Deduplicator(opts.dedup_capacity) if opts.dedup else None
         self.tracker: NegativeAcksTracker
         precision = Precision.of(opts.precision_bits)  # floor: a redelivery may come early, never late
