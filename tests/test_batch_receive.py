@@ -112,12 +112,13 @@ async def test_a_batch_waits_for_messages_until_its_timeout_and_a_cancelled_one_
     await settle()
     assert [m.data() for m in await waiting] == [b"e0.-1", b"e1.-1", b"e2.-1"]
     cancelled = asyncio.ensure_future(b.consumer.batch_receive())
-    await settle()
+    b.broker.publish()
+    await settle()  # it took one and waits for two more
     cancelled.cancel()
     await asyncio.gather(cancelled, return_exceptions=True)
     b.broker.publish()
     await settle()
-    assert (await b.consumer.receive(timeout_ms=1000)).data() == b"e3.-1"
+    assert [(await b.consumer.receive(timeout_ms=1000)).data() for _ in range(2)] == [b"e3.-1", b"e4.-1"]
 
 
 async def test_batch_receive_after_close_raises_and_a_batch_begun_returns_what_it_has(batches):

@@ -150,6 +150,13 @@ class ReceivePump:
             return False
         return True
 
+    def put_back(self, msgs: list[Any]) -> None:
+        """Messages taken with :meth:`poll` and not handed to the application (a batch receive
+        cancelled while it waited for more): first in the queue again, in their order. O(len(msgs))."""
+        self._items.extendleft(reversed(msgs))
+        if msgs and self._receivers:
+            self._wake_receiver()
+
     async def get(self, timeout_ms: Optional[int]) -> Any:
         """The next message; :class:`ReceiveTimeout` after ``timeout_ms``; the
         pump's error or :class:`ConsumerClosed` once it stopped. O(1)."""

@@ -171,7 +171,7 @@ class TrackedConsumer:
         self._check_open()
         if self._pump.task is None:
             self._start()
-        limits, pump, timed = self._batch_limits, self._pump, self._failures.ack_timeouts is not None
+        limits, pump = self._batch_limits, self._pump
         batch: list[pulsar.Message] = []
         size = 0
         try:
@@ -185,14 +185,18 @@ class TrackedConsumer:
                     length = message_length(msg)
                     if not limits.fits(len(batch), size, length):
                         break
-                    pump.poll()
-                    batch.append(self._failures.received(msg) if timed else msg)
+                    batch.append(pump.poll())
                     size += length
         except TimeoutError:
             pass
         except Exception:
             if not batch:  # closed or failed before anything was taken
                 raise
+        except BaseException:  # the caller was cancelled: what it took waits for the next receive
+            pump.put_back(batch)
+            raise
+        if self._failures.ack_timeouts is not None:
+            batch = [self._failures.received(msg) for msg in batch]
         return batch
 
     def __aiter__(self) -> TrackedConsumer:
