@@ -176,3 +176,25 @@ async def test_batch_receive_gives_batches_within_the_policy_and_each_message_is
         await consumer.acknowledge(back[0])
         assert (await letters.receive()).data() == dead.data()
         await letters.close()
+
+
+@pytest.mark.parametrize("partitions", [False, True], ids=["plain", "partitioned"])
+async def test_a_cumulative_ack_by_id_settles_its_partition(client, topic, session_broker, broker_kind, partitions):
+    """Failover: the last id received of each partition, acknowledged cumulatively, settles all of them:
+    a nack by id made before it is cancelled, and a new consumer of the subscription gets nothing."""
+    t = partitioned(session_broker, broker_kind, topic("cumulative")) if partitions else topic("cumulative")
+    async with await nacktracker.subscribe(client, t, "sub", consumer_type=Types.Failover, delay_ms=300) as consumer:
+        await publish(client, [t])
+        got = await receive_set(consumer, N)
+        await consumer.negative_acknowledge(got[0].message_id())
+        last = {}
+        for m in got:
+            last[m.topic_name()] = m.message_id()
+        for mid in last.values():
+            await consumer.acknowledge_cumulative(mid)
+        assert consumer.tracker.pending == 0
+        with pytest.raises(ReceiveTimeout):
+            await consumer.receive(timeout_ms=600)
+    async with await nacktracker.subscribe(client, t, "sub", consumer_type=Types.Failover) as again:
+        with pytest.raises(ReceiveTimeout):
+            await again.receive(timeout_ms=1000)

@@ -64,8 +64,9 @@ class TrackedConsumer:
     docs' consumer guide). Same methods and argument types as ``pulsar.asyncio.Consumer`` (``receive``,
     ``acknowledge``, ``acknowledge_cumulative``, ``negative_acknowledge``, ``seek``, ``unsubscribe``, ``close``,
     ``get_last_message_id``, ``topic``, ``subscription_name``, ``consumer_name``,
-    ``redeliver_unacknowledged_messages``), plus ``negative_acknowledge(msg, delay_ms=…)``,
-    ``receive(timeout_ms=…)``, ``async with`` and ``async for``. ``lateness``: see :mod:`.lateness`.
+    ``redeliver_unacknowledged_messages``), each taking a Message or its id where the client does, plus
+    ``negative_acknowledge(msg, delay_ms=…)``, ``receive(timeout_ms=…)``, ``batch_receive()`` (the sync
+    client's, absent from ``pulsar.asyncio``), ``async with`` and ``async for``. ``lateness``: see :mod:`.lateness`.
 
     ``schema``: the consumer's (dead letters are published under it). ``batch_receive_policy``: a
     ``pulsar.ConsumerBatchReceivePolicy``, the limits of :meth:`batch_receive`. After
