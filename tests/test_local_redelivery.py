@@ -148,13 +148,13 @@ class LocalAdapterMachine(RuleBasedStateMachine):
             return (x.topic, x.partition) == (k.topic, k.partition) and \
                 (x.ledger_id, x.entry_id, x.batch_index) <= (k.ledger_id, k.entry_id, k.batch_index)
 
-        entries = {x.entry for x in self.kept}
+        entries = {x.entry for x in self.kept} | {x.entry for x in self.expected}
         for x in [x for x in self.kept if covered(x)]:
             del self.kept[x]
         for x in [x for x in self.counts if covered(x)]:
             del self.counts[x]
         self.expected = {x for x in self.expected if not covered(x)}
-        emptied = {e for e in entries if not any(x.entry == e for x in self.kept)}
+        emptied = {e for e in entries if not any(x.entry == e for x in [*self.kept, *self.expected])}
         assert set(self.adapter.forget_through(k)) == emptied
 
     @rule(entries=st.lists(KEYS.map(lambda k: k.entry), max_size=3, unique=True))

@@ -133,14 +133,15 @@ class LocalRedeliveryAdapter:
     def forget_through(self, key: MessageKey) -> list[MessageKey]:
         """A cumulative ack up to ``key``: drop everything at or before it in
         its topic partition (acknowledged by it, as in Pulsar). Returns the
-        entries that had messages kept and have none left (their pending
-        nacks can be cancelled). Runtime: O(kept entries + counted messages)."""
+        entries that had messages kept or expected (nacked by bare id) and
+        have none left (their pending nacks can be cancelled). Runtime:
+        O(kept entries + counted messages + expected entries)."""
         where, mark = (key.topic, key.partition), (key.ledger_id, key.entry_id, key.batch_index)
 
         def covered(k: MessageKey, index: int) -> bool:
             return (k.topic, k.partition) == where and (k.ledger_id, k.entry_id, index) <= mark
 
-        emptied = []
+        touched = []  # entries with something kept or expected covered by the ack
         for entry in [e for e in self._kept if covered(e, -1)]:
             kept = self._kept[entry]
             for index in [i for i in kept if covered(entry, i)]:
@@ -148,14 +149,16 @@ class LocalRedeliveryAdapter:
                 self._stored -= 1
             if not kept:
                 del self._kept[entry]
-                emptied.append(entry)
+            touched.append(entry)
         for k in [k for k in self._counts if covered(k, k.batch_index)]:
             del self._counts[k]
         for entry in [e for e in self._expected if covered(e, -1)]:
             self._expected[entry] = {i for i in self._expected[entry] if not covered(entry, i)}
             if not self._expected[entry]:
                 del self._expected[entry]
-        return emptied
+            touched.append(entry)
+        emptied = dict.fromkeys(e for e in touched if e not in self._kept and e not in self._expected)
+        return list(emptied)
 
     def redeliveries(self, key: MessageKey) -> int:
         """How often ``key`` was handed back here since its last acknowledgement
