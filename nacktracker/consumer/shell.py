@@ -107,6 +107,7 @@ class TrackedConsumer:
         own_topic = consumer.topic()
         several = (isinstance(self.adapter, KnowsTopics) and self.adapter.multi_topic) or names_several_topics(own_topic)
         self._ids = BareIds(None if several else own_topic)
+        self._saw = self._ids.saw if self._ids.learns else None  # multi-topic: each arrival's ledger (hot path)
         self._dedup = Deduplicator(opts.dedup_capacity) if opts.dedup else None
         self.tracker: NegativeAcksTracker
         precision = Precision.of(opts.precision_bits)  # floor: a redelivery may come early, never late
@@ -219,8 +220,8 @@ class TrackedConsumer:
     def _admit(self, msg: Any) -> Union[bool, Awaitable[None]]:
         """Whether a copy from the broker goes to the application now, or what to await first (acks)."""
         key = message_key_of(msg) if type(msg) is ReceivedMessage else self._message_key(msg)
-        if self._ids.learns:  # a multi-topic consumer: which topic each ledger's ids belong to
-            self._ids.saw(key)
+        if self._saw is not None:  # a multi-topic consumer: which topic each ledger's ids belong to
+            self._saw(key)
         if self._arrived is not None and self._arrived.awaiting_arrivals and self.core.seen(key):
             # a copy of a message seen before: the adapter learns its path latency (first copies of an
             # entry's other messages, still arriving after one of them was nacked, answer no request)
