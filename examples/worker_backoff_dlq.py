@@ -98,10 +98,6 @@ async def main(url: str) -> int:
         return 0 if dead.data() == b"job-4" and done == set(JOBS) - {"job-4"} else 1
     finally:
         await client.close()
-        # pulsar-client 3.13: the client's threads can still be releasing Python callbacks when
-        # close() returns; an interpreter exiting right then aborts ("terminate called without
-        # an active exception", 1 exit in 5-10 here). A moment's grace lets them finish.
-        await asyncio.sleep(0.2)
 
 
 if __name__ == "__main__":

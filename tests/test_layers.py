@@ -31,6 +31,7 @@ IMPURE_IMPORTS = {"pulsar", "_pulsar", "asyncio", "time", "os", "socket", "threa
 
 PULSAR_IMPORTERS = {
     "adapters/pulsar.py": "the adapter: the one redelivery path into the client",
+    "adapters/client_close.py": "the client's close, through its blocking close: no callback outlives it",
     "consumer/shell.py": "the consumer's Pulsar shell",
     "consumer/direct.py": "the shell's receives and acks straight into the client's C++ consumer",
     "consumer/subscription.py": "subscribe() makes the client's consumer",

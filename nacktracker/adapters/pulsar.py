@@ -42,6 +42,7 @@ import _pulsar
 
 from .._checks import check_delay_ms
 from ..keys import MessageKey
+from .client_close import close_leaves_no_callback
 from .lead import LeadEstimator
 
 __all__ = ["PulsarAdapter", "MIN_NACK_DELAY_MS", "DEFAULT_LEAD_MS", "DEFAULT_MIN_GAP_MS", "LEAD_BOUNDS_MS", "is_multi_topic"]
@@ -132,6 +133,7 @@ class PulsarAdapter:
             raise TypeError("consumer must be a pulsar.Consumer, pulsar.asyncio.Consumer or _pulsar.Consumer, "
                             f"not {type(consumer).__name__}")
         self._raw = raw
+        close_leaves_no_callback()  # the client's close() leaves nothing to outlive the interpreter (client_close.py)
         if lead_ms is None:
             self._lead = check_delay_ms("initial_lead_ms", DEFAULT_LEAD_MS if initial_lead_ms is None
                                         else initial_lead_ms)

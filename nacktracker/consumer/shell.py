@@ -20,6 +20,7 @@ import pulsar.asyncio as pulsar_asyncio
 from .._checks import check_delay_ms
 from ..adapters.base import (ClosesAsync, KnowsTopics, LearnsPathLatency, RedeliversLocally, ReportsBursts,
                              WaitsForSiblings)
+from ..adapters.client_close import close_leaves_no_callback
 from ..adapters.local import LocalRedeliveryAdapter
 from ..adapters.pulsar import PulsarAdapter, is_multi_topic
 from ..clock import Clock
@@ -86,6 +87,7 @@ class TrackedConsumer:
             raise TypeError(f"consumer must be a pulsar.asyncio.Consumer, not {type(consumer).__name__}")
         if client is not None and not isinstance(client, pulsar_asyncio.Client):
             raise TypeError(f"client must be a pulsar.asyncio.Client, not {type(client).__name__}")
+        close_leaves_no_callback()  # the client's close() leaves nothing to outlive the interpreter (client_close.py)
         self._consumer = consumer
         self.options = opts
         # Copies that arrive early are parked until due, so the lead starts on the high side and is
