@@ -47,8 +47,7 @@ class RedeliveryAdapter(Protocol):
     What a :class:`~nacktracker.TrackedConsumer` does with an adapter beyond
     this is declared by the capability protocols below; it checks for each
     with ``isinstance`` once, when it is made, and uses what the adapter has:
-    :class:`LearnsPathLatency` (``arrived``, ``awaiting_arrivals``,
-    ``forget_handed``), :class:`KnowsTopics` (``multi_topic``),
+    :class:`LearnsPathLatency` (``arrived``, ``awaiting_arrivals``), :class:`KnowsTopics` (``multi_topic``),
     :class:`ReportsBursts` (``bursts``), :class:`WaitsForSiblings` (``sibling_held``, ``settle_waits``) and :class:`RedeliversLocally` (the
     adapter keeps nacked messages and hands them back itself); ``aclose`` is
     :class:`ClosesAsync`.
@@ -69,10 +68,6 @@ class LearnsPathLatency(Protocol):
 
     def arrived(self, entry: MessageKey) -> None:
         """The consumer received a copy of ``entry`` (``batch_index`` -1)."""
-        ...
-
-    def forget_handed(self) -> None:
-        """The application fell behind: copies received from now on say nothing about the path."""
         ...
 
 

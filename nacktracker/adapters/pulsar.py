@@ -78,11 +78,12 @@ DEFAULT_MIN_GAP_MS = 40
 #: (it re-arms the client's timer), so a long burst yields to the event loop
 #: every this many ids (~6 ms) instead of blocking it.
 _CHUNK = 512
-#: The longest a request waits for the application to settle an entry's sibling it holds (see
-#: :attr:`PulsarAdapter.sibling_held`): past it the request goes anyway (a duplicate at worst, if
-#: another consumer gets the entry). Long enough for a message's usual processing, short enough
-#: that a sibling held for long costs its nacked neighbours at most this much lateness.
-SETTLE_WAIT_MS = 100
+#: The longest a request waits while :attr:`PulsarAdapter.sibling_held` says the application still
+#: works through a message of its entry: past it the request goes anyway (a duplicate at worst, if
+#: another consumer gets the entry). A TrackedConsumer's own rule ends the wait sooner: once the
+#: entry's first nack is due. This bound, the slowest path planned for (:data:`LEAD_BOUNDS_MS`), is
+#: for a ``sibling_held`` that never lets go.
+SETTLE_WAIT_MS = 1000
 #: How the C++ client names a multi-topic consumer's topic(); the only outward sign
 #: of one. Only matters for keys without a topic (the consumer always sets it).
 _MULTI_TOPIC_MARK = "-TopicsConsumerFakeName-"
@@ -141,8 +142,7 @@ class PulsarAdapter:
             self._lead = check_delay_ms("lead_ms", lead_ms)
         self.learns_lead = lead_ms is None
         self._handed: dict[MessageKey, float] = {}  # entry -> when redeliver() got it (insertion order)
-        # entry -> when it was last requested, until its copy arrives (or _HANDED_TTL_MS): not asked twice.
-        # Apart from _handed, which forget_handed() clears for the lead's sake.
+        # entry -> when it was last requested, until its copy arrives (or twice the lead): not asked twice.
         self._in_flight: dict[MessageKey, float] = {}
         self._latencies: deque[float] = deque(maxlen=_SUMMARY_WINDOW)
         self._estimator = LeadEstimator(self._lead, LEAD_BOUNDS_MS)
@@ -171,7 +171,8 @@ class PulsarAdapter:
         #: request made while the application still works on a sibling would send that sibling again,
         #: to another consumer of a Shared subscription: a duplicate of a message about to be
         #: acknowledged (measured on Apache Pulsar). Such a request waits until the sibling is
-        #: acknowledged or nacked, checked every ``min_gap_ms``, at most :data:`SETTLE_WAIT_MS`.
+        #: acknowledged or nacked (or ``sibling_held`` says so), checked every ``min_gap_ms``, at most
+        #: :data:`SETTLE_WAIT_MS`.
         self.sibling_held: Optional[Callable[[MessageKey], bool]] = None
         self._settling: dict[MessageKey, float] = {}  # entry -> since when its request waits for a sibling
         # entries asked for again while their requested copy was on its way: asked for once more if that
@@ -194,6 +195,11 @@ class PulsarAdapter:
         consumer skips :meth:`arrived` otherwise). O(1)."""
         return bool(self._in_flight)
 
+    @property
+    def lead_samples(self) -> int:
+        """Path latencies measured so far (the lead is learned from the 20th on). O(1)."""
+        return self._estimator.samples
+
     def arrived(self, entry: MessageKey) -> None:
         """The consumer received a copy of ``entry`` (``batch_index`` -1): if
         this adapter asked for it, one latency sample, and the lead follows
@@ -212,12 +218,6 @@ class PulsarAdapter:
         lead = self._estimator.observe(latency, now)
         if self.learns_lead:
             self._lead = lead
-
-    def forget_handed(self) -> None:
-        """The consumer's application fell behind (its receive pump waited):
-        copies of entries handed over so far may have sat in the client's
-        queue, so their arrivals say nothing about the path. Runtime: O(1)."""
-        self._handed = {}
 
     def latency_summary(self) -> dict[str, Any]:
         """The measured path latency over the window (ms): count, p50, p99, max."""

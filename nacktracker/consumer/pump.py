@@ -32,9 +32,7 @@ class ReceivePump:
     decides what goes in: ``True`` (queue it), ``False`` (drop it), or an
     awaitable to finish before the next receive (e.g. acks of dropped
     copies). ``put`` adds a message from elsewhere (a parked copy released at
-    its time). ``on_resume()`` is called when the pump goes on after waiting
-    for the application: what arrives next sat in the client's queue
-    meanwhile (the adapter must not learn its path latency from those).
+    its time).
 
     ``direct(consumer)``: a :class:`~.direct.DirectConsumer` for it or
     ``None``, made when the pump starts (on the loop); with one the pump
@@ -59,14 +57,12 @@ class ReceivePump:
     ``prefetch`` completes."""
 
     def __init__(self, consumer: Any, admit: Callable[[Any], Union[bool, Awaitable[Any]]], prefetch: int,
-                 on_resume: Optional[Callable[[], None]] = None,
                  direct: Optional[Callable[[Any], Any]] = None) -> None:
         self._consumer = consumer
         self._make_direct = direct
         self.direct: Any = None  # the consumer's DirectConsumer, once started
         self._admit = admit
         self._prefetch = prefetch
-        self._on_resume = on_resume
         self._items: deque[Any] = deque()  # messages for the application, then _STOP once stopped
         self._receivers: deque[asyncio.Future[Any]] = deque()  # futures of receivers waiting, in arrival order
         self._space: Optional[asyncio.Future[None]] = None  # the pump waiting for the application to take some
@@ -235,8 +231,6 @@ class ReceivePump:
                     self._space = loop.create_future()
                     await self._space
                     caught_up = False  # what arrived meanwhile waits in the client's queue already
-                    if self._on_resume is not None:
-                        self._on_resume()
                 if direct is None:
                     msg = await self._consumer.receive()
                 else:

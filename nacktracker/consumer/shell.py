@@ -100,7 +100,7 @@ class TrackedConsumer:
             consumer, lead_ms=opts.lead_ms, min_gap_ms=opts.min_gap_ms, initial_lead_ms=INITIAL_LEAD_MS)
         self._local = None if not isinstance(self.adapter, RedeliversLocally) else LocalNacks(  # capabilities: base.py
             self.adapter, lambda msg: self._decide(self._message_key(msg), msg), lambda msg: self._pump.put(msg))
-        self._arrived = learns = self.adapter if isinstance(self.adapter, LearnsPathLatency) else None
+        self._arrived = self.adapter if isinstance(self.adapter, LearnsPathLatency) else None
         # one producer per dead-letter topic, in the order decided; an unnamed consumer is named (failures.py)
         self._dead_letters, name = ConsumerDeadLetters.of(consumer, client, opts, schema, ack=self._acknowledge,
                                                           ack_copies=self._ack_copies)
@@ -116,8 +116,7 @@ class TrackedConsumer:
         self.core = DeliveryCore(precision, dedup=self._dedup,
                                  pending=self._pending, overdue_ms=COPY_OVERDUE_MS)
         self.lateness = RedeliveryLateness(self.core)  # stats()["lateness_ms"]; add_listener: the metrics' histogram
-        self._pump = ReceivePump(consumer, self._admit, opts.prefetch,
-                                 on_resume=learns.forget_handed if learns else None, direct=DirectConsumer.of)
+        self._pump = ReceivePump(consumer, self._admit, opts.prefetch, direct=DirectConsumer.of)
         self._saver: Optional[asyncio.Task[None]] = None
         self._release = ReleaseTimer(self.core, lambda: self.tracker.clock, self._pump.put)
         self._closed = False
@@ -133,7 +132,7 @@ class TrackedConsumer:
             self.tracker, self._counts["restored"] = self._store.load(self.adapter, tracker_options, self.core)
         self.tracker.add_fire_listener(self._on_fired)
         if isinstance(self.adapter, WaitsForSiblings):  # a request waits while the application holds a sibling
-            self.adapter.sibling_held = self.core.holds_sibling
+            self.adapter.sibling_held = self._still_consumed
         self._failures = FailureHandling(self, client, schema)  # retries, dead_letter(), ack timeouts, counts
         try:
             asyncio.get_running_loop()
@@ -342,6 +341,17 @@ class TrackedConsumer:
         """The tracker handed a bucket's cell to the adapter (a fire listener)."""
         self.core.fired(cell.bucket_ms, cell.keys, self.tracker.clock.now_ms())
         self._release.rearm()
+
+    def _still_consumed(self, entry: MessageKey) -> bool:
+        """Whether a request for batch ``entry`` should wait: the application still works through a message
+        of it (the broker would send that one again: a duplicate, at another consumer of a Shared
+        subscription), and the entry's first nack is not due yet (waiting past that would only make it
+        later). O(messages in the entry)."""
+        if not self.core.holds_sibling(entry):
+            return False
+        record = self.core.records.get(entry)
+        due = min((nack.release_ms for nack in record.nacked.values()), default=0) if record is not None else 0
+        return self.tracker.clock.now_ms() < due
 
     def _pending(self, key: MessageKey) -> bool:
         return bool(self.tracker.pending) and key in self.tracker
