@@ -13,7 +13,9 @@ can starve redelivery indefinitely. So this adapter
 * declares the path's latency as ``lead_ms`` so the tracker fires that much
   early: a *measured* quantity, the largest latency from :meth:`redeliver`
   to the copy's arrival at the consumer (reported by the consumer through
-  :meth:`PulsarAdapter.arrived`) over the last minute, plus a quarter of it
+  :meth:`PulsarAdapter.arrived` when its receive pump takes the copy from the
+  client: a busy consumer's copies wait in the client's queue first, and
+  that wait is part of the path they take) over the last minute, plus a quarter of it
   and 20 ms (headroom for the next spike), bounded to [100, 1000] ms and
   updated at every arrival (see :mod:`.lead` for why a time memory and that
   headroom: measured). Copies that arrive before their due time are held by
