@@ -342,6 +342,45 @@ async def test_siblings_still_arriving_when_one_is_nacked_surface(harness):
     assert [m.data() for m in rest] == [b"e0.1", b"e0.2"]
 
 
+class SettlingBroker(FakeBroker):
+    """A broker adapter that asks the consumer whether an entry is still being consumed (as PulsarAdapter)."""
+
+    sibling_held = None
+    settle_waits = 0
+
+
+async def test_an_entry_is_still_consumed_while_its_messages_are_held_or_still_on_their_way(harness):
+    """A request for an entry must wait while the application has not gone through it: its messages held,
+    or not yet taken by the pump (still in the client's queue: the broker would send them again). Once
+    the nack is due, it waits no more."""
+    h = harness(precision_bits=0, prefetch=1)
+    await h.consumer.close()  # (made with the plain fake broker: one that asks is made below)
+    h.raw = FakeConsumer()
+    h.broker = SettlingBroker(h.clock, h.raw, 30, 20)
+    h.broker.message_type = LetterMessage  # a pulsar.Message: the consumer reads its entry's size from its id
+    h.consumer = TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock, precision_bits=0, prefetch=1)
+    still_consumed = h.broker.sibling_held
+    assert still_consumed is not None
+    h.broker.publish(4)
+    await settle()
+    first = await h.consumer.receive(timeout_ms=0)  # the pump has taken no other message of the entry yet
+    await h.consumer.negative_acknowledge(first, delay_ms=100)
+    entry = MessageKey(7, 0, -1, -1, TOPIC)
+    assert still_consumed(entry)  # nothing of it held: three messages still on their way
+    rest = []
+    for _ in range(3):
+        await settle()
+        rest += await h.drain()
+    assert [m.data() for m in rest] == [b"e0.1", b"e0.2", b"e0.3"]
+    assert still_consumed(entry)  # all taken, three held
+    for msg in rest[:2]:
+        await h.consumer.acknowledge(msg)
+    assert still_consumed(entry)  # one held
+    h.clock.advance(100)
+    assert not still_consumed(entry)  # due: asking now is late already
+    await h.consumer.acknowledge(rest[2])
+
+
 async def test_the_learned_lead_is_read_by_the_tracker_at_every_fire(harness):
     h = harness(precision_bits=0, latency_ms=10)
     _, (m,) = await first_delivery(h, 1)

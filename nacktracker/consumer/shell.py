@@ -120,6 +120,7 @@ class TrackedConsumer:
         self._saver: Optional[asyncio.Task[None]] = None
         self._release = ReleaseTimer(self.core, lambda: self.tracker.clock, self._pump.put)
         self._closed = False
+        self._newest: Optional[MessageKey] = None  # the newest first delivery (see _still_consumed)
         self._counts = {"restored": 0, "copy_ack_failures": 0}
         tracker_options: dict[str, Any] = dict(
             delay_ms=opts.delay_ms, precision_bits=precision.bits, rounding=precision.rounding, backoff=opts.backoff,
@@ -227,7 +228,11 @@ class TrackedConsumer:
             # a copy of a message seen before: the adapter learns its path latency (first copies of an
             # entry's other messages, still arriving after one of them was nacked, answer no request)
             self._arrived.arrived(key.entry)
-        verdict = Verdict.SURFACE if self.core.first_delivery(key) else self._decide(key, msg)  # first: O(1)
+        if self.core.first_delivery(key):  # O(1)
+            self._newest = key  # the newest first delivery: the entries before it came in whole
+            verdict = Verdict.SURFACE
+        else:
+            verdict = self._decide(key, msg)
         if verdict is Verdict.SURFACE:  # the failure side has a say only with letters in flight or retries on
             return self._failures.surfacing(msg) if self._dead_letters.in_flight or self._failures.retries else True
         if verdict is Verdict.DROP_ACKED:
@@ -343,14 +348,21 @@ class TrackedConsumer:
         self._release.rearm()
 
     def _still_consumed(self, entry: MessageKey) -> bool:
-        """Whether a request for batch ``entry`` should wait: the application still works through a message
-        of it (the broker would send that one again: a duplicate, at another consumer of a Shared
-        subscription), and the entry's first nack is not due yet (waiting past that would only make it
-        later). O(messages in the entry)."""
-        if not self.core.holds_sibling(entry):
-            return False
+        """Whether a request for batch ``entry`` should wait: the entry is still being consumed (the
+        application holds a message of it, or some are still on their way to it: the newest message the
+        pump took is one of its, not its last), so the broker would send those again (a duplicate, at
+        another consumer of a Shared subscription); and the entry's first nack is not due yet (waiting past
+        that would only make it later). O(messages in the entry)."""
         record = self.core.records.get(entry)
-        due = min((nack.release_ms for nack in record.nacked.values()), default=0) if record is not None else 0
+        if record is None:
+            return False
+        newest = self._newest  # messages of the entry still in the client's queue: not yet taken by the pump
+        arriving = (newest is not None and newest.batch_index < record.size - 1 and newest.entry_id == entry.entry_id
+                    and newest.ledger_id == entry.ledger_id and newest.partition == entry.partition
+                    and newest.topic == entry.topic)
+        if not arriving and not self.core.holds_sibling(entry):
+            return False
+        due = min((nack.release_ms for nack in record.nacked.values()), default=0)
         return self.tracker.clock.now_ms() < due
 
     def _pending(self, key: MessageKey) -> bool:
