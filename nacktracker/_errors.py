@@ -80,6 +80,27 @@ class BrokerStartError(NacktrackerError, RuntimeError):
     """A broker did not become ready; the message carries its log tail."""
 
 
+class PropertyError(NacktrackerError, ValueError):
+    """A message property the consumer reads (``RECONSUMETIMES``, ``DELAY_TIME``,
+    ``REAL_TOPIC``, ``ORIGIN_MESSAGE_ID``) holds a value it refuses. ``name``:
+    the property; ``value``: what it held (cut to 40 characters)."""
+
+    def __init__(self, name: str, value: object, rule: str) -> None:
+        shown = repr(value) if not isinstance(value, str) or len(value) <= 40 else repr(value[:40]) + "..."
+        super().__init__(f"property {name}={shown}: {rule}")
+        self.name = name
+        self.value = value
+
+
+class LetterInFlightError(NacktrackerError, ValueError):
+    """A ``reconsume_later`` or ``dead_letter`` of a message whose retry or
+    dead letter is still being published: one letter per message."""
+
+    def __init__(self, key: object, call: str) -> None:
+        super().__init__(f"{call}: a letter of {key} is being published already (one letter per message: await the "
+                         "first call; the message is acknowledged once its letter is published)")
+
+
 class DeadLetterError(NacktrackerError, RuntimeError):
     """A dead letter was not published (the cause is ``__cause__``): the
     message must stay pending. ``topic``: the dead-letter topic."""

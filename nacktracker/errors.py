@@ -22,6 +22,8 @@ keep working. The names are also importable from the modules that raise them.
 | `ExecutorCheckError` | Spark executors cannot run the job | `RuntimeError` |
 | `BrokerStartError` | a test broker did not become ready | `RuntimeError` |
 | `DeadLetterError` | a dead letter was not published | `RuntimeError` |
+| `PropertyError` | a message property the consumer reads holds a value it refuses | `ValueError` |
+| `LetterInFlightError` | a second letter call on a message whose letter is being published | `ValueError` |
 | `ReceiveTimeout` | `receive(timeout_ms=...)` found no message | `pulsar.Timeout`, `pulsar.asyncio.PulsarException` |
 | `ConsumerClosed` | a call on a closed consumer | `pulsar.AlreadyClosed`, `pulsar.asyncio.PulsarException` |
 | `DeadLetterPublisherClosed` | a dead letter after its publisher closed | `pulsar.AlreadyClosed` |
@@ -36,15 +38,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ._errors import (AdapterError, BadValueError, BrokerStartError, ColumnTypeError, DeadLetterError,
-                      EmptyTraceError, ExecutorCheckError, MissingColumnError, MissingExtraError, NacktrackerError,
-                      NotReceivedError, SnapshotError, TraceError, TrackerClosedError)
+                      EmptyTraceError, ExecutorCheckError, LetterInFlightError, MissingColumnError, MissingExtraError,
+                      NacktrackerError, NotReceivedError, PropertyError, SnapshotError, TraceError,
+                      TrackerClosedError)
 
 if TYPE_CHECKING:
     from .consumer.errors import ConsumerClosed, DeadLetterPublisherClosed, ReceiveTimeout
 
 __all__ = ["NacktrackerError", "TrackerClosedError", "SnapshotError", "AdapterError", "NotReceivedError",
            "TraceError", "MissingColumnError", "ColumnTypeError", "BadValueError", "EmptyTraceError",
-           "MissingExtraError", "ExecutorCheckError", "BrokerStartError", "DeadLetterError",
+           "MissingExtraError", "ExecutorCheckError", "BrokerStartError", "DeadLetterError", "PropertyError",
+           "LetterInFlightError",
            "ReceiveTimeout", "ConsumerClosed", "DeadLetterPublisherClosed"]
 
 #: The exceptions that subclass pulsar-client's: defined beside the consumer, loaded on first use.

@@ -14,6 +14,7 @@ from nacktracker import MultiplierBackoff
 from nacktracker.consumer.counts import DeliveryCounts
 from nacktracker.consumer.retry_letters import (base_topic, full_topic_name, is_retry_topic, retry_due_wall_ms,
                                                 retry_letter_topic, retry_properties, terminal_properties)
+from nacktracker.errors import PropertyError
 from nacktracker.keys import MessageKey
 
 #: how much later than its message's hand-over a receive() may return to the test on a loaded loop
@@ -70,7 +71,10 @@ def test_topic_names():
 
 def test_due_time_and_terminal_properties():
     assert retry_due_wall_ms({"DELAY_TIME": "250"}, 1_000) == 1_250
-    assert retry_due_wall_ms({}, 1_000) is None and retry_due_wall_ms({"DELAY_TIME": "-1"}, 1) is None
+    assert retry_due_wall_ms({}, 1_000) is None and retry_due_wall_ms({"DELAY_TIME": "5"}, 0) is None
+    for bad in ("-1", "²", "1" * 5000, "1" + "0" * 400):  # refused, naming the property (the consumer surfaces it)
+        with pytest.raises(PropertyError, match="DELAY_TIME"):
+            retry_due_wall_ms({"DELAY_TIME": bad}, 1)
     props = terminal_properties({"a": "b"}, topic="persistent://p/d/t", origin_id="1:2:-1", subscription="s",
                                 reason="bad field", exception=KeyError("k"))
     assert props == {"a": "b", "REAL_TOPIC": "persistent://p/d/t", "REAL_SUBSCRIPTION": "s",

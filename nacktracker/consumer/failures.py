@@ -21,15 +21,15 @@ from typing import Any, Awaitable, Callable, Optional
 
 import pulsar
 
-from .._checks import check_delay_ms
+from .._errors import LetterInFlightError, PropertyError
 from ..clock import wall_ms
 from ..keys import MessageKey
 from .ack_timeout import AckTimeouts
 from .counts import DeliveryCounts
 from .dead_letters import DeadLetterPublisher, random_name
 from .ids import batch_size
-from .retries import RetryLetters, TerminalDeadLetters
-from .retry_letters import reconsume_times
+from .retries import RetryLetters, TerminalDeadLetters, check_client_delay
+from .retry_letters import check_letter_properties
 
 __all__ = ["FailureHandling", "ConsumerDeadLetters", "reconsume_later", "dead_letter"]
 
@@ -67,6 +67,7 @@ class FailureHandling:
         self._timer_at: Optional[float] = None
         self.early_held = 0
         self.dropped_in_flight = 0
+        self.bad_properties = 0  # retry copies whose DELAY_TIME was refused: surfaced as they came
         owner._dead_letters.failures = self  # closed with the dead letters
         owner.tracker.add_fire_listener(lambda cell: self.counts.redelivered(cell.keys))
         store = owner._store
@@ -91,7 +92,12 @@ class FailureHandling:
                 return False
         if self.retries is None:
             return True
-        due_wall = self.retries.due_wall_ms(msg)
+        try:
+            due_wall = self.retries.due_wall_ms(msg)
+        except PropertyError as exc:  # from anything that produces to the retry topic: never stops the pump
+            self.bad_properties += 1
+            log.warning("a retry copy with an unreadable property surfaces as it came: %s", exc)
+            return True
         if due_wall is None:
             return True
         clock = self._owner.tracker.clock
@@ -150,7 +156,8 @@ class FailureHandling:
         out = {"delivery_counts": len(self.counts), "retry_copies_held": len(self._early),
                "letter_copies_dropped": self.dropped_in_flight,
                "terminal_dead_letters": self.terminal.published if self.terminal is not None else 0,
-               "reconsumed": 0, "reconsume_dead_lettered": 0,
+               "reconsumed": 0, "reconsume_dead_lettered": 0, "dead_lettered_bad_property": 0,
+               "bad_properties": self.bad_properties,
                "ack_timeouts_started": 0, "ack_timeouts_cancelled": 0, "ack_timeouts_last": 0}
         if self.retries is not None:
             out.update(self.retries.counts)
@@ -181,14 +188,18 @@ class FailureHandling:
         if properties is not None and (not isinstance(properties, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in properties.items())):
             raise TypeError("properties must be a dict of str to str")
-        key = self._settle_check(message, "reconsume")
-        if delay_ms is not None:
-            delay = check_delay_ms("delay_ms", delay_ms)
-        elif owner.options.backoff is not None:
-            delay = check_delay_ms("backoff result", owner.options.backoff(reconsume_times(message.properties())))
-        else:
-            delay = owner.options.delay_ms
-        await self._settle(message, key, self.retries.reconsume(message, delay, properties))
+        if properties:
+            check_letter_properties(properties)  # the caller's: a ValueError here, before anything is published
+        delay = None if delay_ms is None else check_client_delay("delay_ms", delay_ms)
+        key = self._settle_check(message, "reconsume_later")
+        backoff = owner.options.backoff
+        try:
+            props, times, delay = self.retries.prepare(
+                message, delay, properties, backoff if backoff is not None else lambda _: owner.options.delay_ms)
+        except PropertyError as refused:  # the message cannot be retried as it is: dead-lettered, saying why
+            await self._settle(message, key, self.retries.reconsume_refused(message, refused))
+            return
+        await self._settle(message, key, self.retries.reconsume(message, props, times, delay))
 
     async def dead_letter(self, message: Any, reason: str, exception: Optional[BaseException]) -> None:
         self._check_open()
@@ -199,7 +210,7 @@ class FailureHandling:
             raise TypeError(f"reason must be a str, not {type(reason).__name__}")
         if exception is not None and not isinstance(exception, BaseException):
             raise TypeError(f"exception must be an exception, not {type(exception).__name__}")
-        key = self._settle_check(message, "dead-letter")
+        key = self._settle_check(message, "dead_letter")
         await self._settle(message, key, self.terminal.publish(message, reason, exception))
 
     # -- internals -----------------------------------------------------------------------
@@ -219,12 +230,16 @@ class FailureHandling:
             raise TypeError(f"{call} takes a received pulsar Message (it carries the payload), "
                             f"not {type(message).__name__}")
 
-    def _settle_check(self, message: Any, what: str) -> MessageKey:
+    def _settle_check(self, message: Any, call: str) -> MessageKey:
+        """The key of a message a letter call may settle: received, not acknowledged, no letter of it
+        in flight (one letter per message: the caller publishes it before its next await). O(1)."""
         owner = self._owner
         key: MessageKey = owner._key(message)[0]
+        if key in owner._dead_letters.in_flight:
+            raise LetterInFlightError(key, call)
         owner._received(key)
         if owner.core.is_acked(key):
-            raise ValueError(f"{key} was acknowledged already: nothing to {what}")
+            raise ValueError(f"{key} was acknowledged already: nothing to {call.replace('_', ' ')}")
         return key
 
     def _arm(self, at_ms: float) -> None:

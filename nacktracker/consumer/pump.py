@@ -69,6 +69,7 @@ class ReceivePump:
         self.task: Optional[asyncio.Task[None]] = None
         self.error: Optional[BaseException] = None
         self.received = 0
+        self.admit_failures = 0  # messages admit() raised on: surfaced as they came (logged)
         self.expect_failure = False  # closing or unsubscribing: a failing receive() is no news
 
     def start(self) -> None:
@@ -242,7 +243,12 @@ class ReceivePump:
                         caught_up = True
                         msg = direct.wrap(await msg)
                 self.received += 1
-                admitted = admit(msg)
+                try:
+                    admitted = admit(msg)
+                except Exception:  # one message the consumer cannot place never stops the others
+                    self.admit_failures += 1
+                    log.exception("a received message could not be placed; it surfaces as it came")
+                    admitted = True
                 if admitted is True:
                     self._items.append(msg)  # (clear() replaces the deque)
                     if receivers:

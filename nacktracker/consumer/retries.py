@@ -12,12 +12,22 @@ published (as Java: send, then acknowledge); a failed publish raises
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+import logging
+from typing import Any, Callable, Mapping, Optional
 
+from .._checks import check_delay_ms
+from .._errors import PropertyError
 from .dead_letters import DeadLetterPublisher, java_message_id
-from .retry_letters import is_retry_topic, retry_due_wall_ms, retry_properties, terminal_properties
+from .retry_letters import (is_retry_topic, reconsume_times, retry_due_wall_ms, retry_properties,
+                            terminal_properties)
 
-__all__ = ["RetryLetters", "TerminalDeadLetters", "RETRY_LEAD_MS"]
+__all__ = ["RetryLetters", "TerminalDeadLetters", "RETRY_LEAD_MS", "MAX_CLIENT_DELAY_MS", "check_client_delay"]
+
+log = logging.getLogger("nacktracker.consumer")
+
+#: The longest delay the client can hand the broker (``deliver_after``): a C ``int`` of milliseconds
+#: (24.8 days). A retry letter's delay is checked against it where it is given.
+MAX_CLIENT_DELAY_MS = (1 << 31) - 1
 
 #: How much earlier than due a retry letter asks the broker to deliver it by default
 #: (``deliver_after`` = delay minus this, at least 0; the consumer's ``retry_lead_ms``). Apache
@@ -42,16 +52,38 @@ class RetryLetters:
         self.topic = topic
         self.max_redeliveries = max_redeliveries
         self.lead_ms = lead_ms
-        self.counts = {"reconsumed": 0, "reconsume_dead_lettered": 0}
+        self.counts = {"reconsumed": 0, "reconsume_dead_lettered": 0, "dead_lettered_bad_property": 0}
 
-    async def reconsume(self, message: Any, delay_ms: int, custom: Optional[Mapping[str, str]]) -> bool:
-        """Publish the next retry of ``message`` (due ``delay_ms`` from now), or
+    def prepare(self, message: Any, delay_ms: Optional[int], custom: Optional[Mapping[str, str]],
+                default_delay: Callable[[int], object]) -> tuple[dict[str, str], int, int]:
+        """The properties, reconsume number and delay of the next retry of ``message``: ``delay_ms``,
+        else ``default_delay(RECONSUMETIMES)`` (the consumer's backoff or its ``delay_ms``), each at most
+        :data:`MAX_CLIENT_DELAY_MS`. :class:`PropertyError` for a property of the message (or of
+        ``custom``) that :func:`~.retry_letters.read_property` refuses. O(properties)."""
+        own = message.properties()
+        if delay_ms is None:
+            delay_ms = check_client_delay("the backoff's delay", default_delay(reconsume_times(own)))
+        props, times = retry_properties(own, topic=message.topic_name(),
+                                        origin_id=java_message_id(message.message_id()),
+                                        subscription=self.retry.subscription, delay_ms=delay_ms, custom=custom)
+        return props, times, delay_ms
+
+    async def reconsume_refused(self, message: Any, refused: PropertyError) -> None:
+        """A reconsume of a message whose properties cannot be read: to the dead-letter topic with
+        ``DEAD_LETTER_REASON`` naming the property (its retry could not count nor carry them)."""
+        log.warning("reconsume_later of %s: %s; dead-lettered", java_message_id(message.message_id()), refused)
+        props = terminal_properties(_without(message.properties(), refused.name), topic=message.topic_name(),
+                                    origin_id=java_message_id(message.message_id()),
+                                    subscription=self.dead_letters.subscription, reason=str(refused),
+                                    exception=refused)
+        await self.dead_letters.publish(message, properties=props)
+        self.counts["dead_lettered_bad_property"] += 1
+
+    async def reconsume(self, message: Any, props: dict[str, str], times: int, delay_ms: int) -> bool:
+        """Publish the next retry of ``message`` (:meth:`prepare`: its properties, number and delay), or
         its dead letter once ``RECONSUMETIMES`` would pass ``max_redeliveries``.
         Returns whether it was dead-lettered. One broker round trip (the
         producer's creation on first use)."""
-        props, times = retry_properties(message.properties(), topic=message.topic_name(),
-                                        origin_id=java_message_id(message.message_id()),
-                                        subscription=self.retry.subscription, delay_ms=delay_ms, custom=custom)
         if times > self.max_redeliveries:
             await self.dead_letters.publish(message, properties=props)
             self.counts["reconsume_dead_lettered"] += 1
@@ -65,10 +97,25 @@ class RetryLetters:
         other message (it surfaces as it comes). O(1)."""
         if not is_retry_topic(message.topic_name(), self.topic):
             return None
-        return retry_due_wall_ms(message.properties(), message.publish_timestamp())
+        return retry_due_wall_ms(message.properties(), message.publish_timestamp())  # (PropertyError: the caller's)
 
     async def close(self) -> None:
         await self.retry.close()
+
+
+def check_client_delay(name: str, value: object) -> int:
+    """A retry letter's delay: :func:`~nacktracker._checks.check_delay_ms`, and at most
+    :data:`MAX_CLIENT_DELAY_MS` (what the client's ``deliver_after`` holds)."""
+    delay = check_delay_ms(name, value)
+    if delay > MAX_CLIENT_DELAY_MS:
+        raise ValueError(f"{name} must be <= {MAX_CLIENT_DELAY_MS} ms (the longest deliver_after the client "
+                         f"holds: a C int of ms, 24.8 days), got {delay}")
+    return delay
+
+
+def _without(props: Mapping[str, str], name: str) -> dict[str, str]:
+    """``props`` less the refused property (its value is in the reason; the topic must take the rest)."""
+    return {k: v for k, v in props.items() if k != name}
 
 
 class TerminalDeadLetters:

@@ -1,0 +1,309 @@
+"""Retry letters and dead letters through TrackedConsumer without a broker: a
+fake client (its producers record what they send), a fake consumer and the
+fake broker adapter, every timing on ManualClock. What a retry topic may hold
+(anything any producer wrote) never stops the consumer; one letter per
+message; the toolkit's behaviours pinned one by one."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+pulsar = pytest.importorskip("pulsar")
+import pulsar.asyncio  # noqa: E402
+
+from nacktracker import ManualClock  # noqa: E402
+from nacktracker.consumer import ReceiveTimeout, TrackedConsumer  # noqa: E402
+from nacktracker.errors import DeadLetterError, LetterInFlightError  # noqa: E402
+from test_consumer_shell import FakeBroker, FakeConsumer, FakeId, settle  # noqa: E402
+from test_dead_letters import FakeClient  # noqa: E402
+
+TOPIC = "persistent://public/default/fake"
+RETRY = f"{TOPIC}-sub-RETRY"
+DLQ = f"{TOPIC}-sub-DLQ"
+START_MS = 1_000_000
+#: the wall clock the consumer reads (its failure side's ``wall_ms``): START_WALL when the ManualClock reads START_MS
+START_WALL = 1_700_000_000_000
+
+#: The retry topic's worst, as found by a hostile user: a superscript two (``str.isdigit()`` says yes, ``int()``
+#: no), 5,000 digits (``int()``'s digit limit), 10^400 (overflows a C long and a float), and friends.
+WORST_VALUES = ["²", "1" * 5000, "1" + "0" * 400, "-1", "", " 7", "7 ", "0x10", "1e3", "٣", "NaN", "9" * 19, "\x00"]
+
+
+class Message(pulsar.Message):
+    """A received message as the consumer and the dead-letter publisher look at one."""
+
+    def __init__(self, entry: int, topic: str = TOPIC, props=None, publish_ms: int = 0, count: int = 0,
+                 index: int = -1, size: int = 0) -> None:
+        self._id = FakeId(entry, index, size)
+        self._topic, self._props, self._publish, self._count = topic, dict(props or {}), publish_ms, count
+
+    def message_id(self): return self._id
+    def topic_name(self): return self._topic
+    def redelivery_count(self): return self._count
+    def data(self): return b"%s%d" % (b"r" if self._topic == RETRY else b"m", self._id.entry_id())
+    def properties(self): return dict(self._props)
+    def publish_timestamp(self): return self._publish
+    def partition_key(self): return ""
+    def ordering_key(self): return ""
+    def event_timestamp(self): return 0
+
+
+class Letters:
+    """A TrackedConsumer on fakes with retries on (max_redeliveries 3, retry_lead_ms 0)."""
+
+    def __init__(self, **options) -> None:
+        self.clock = ManualClock(START_MS)
+        self.raw = FakeConsumer()
+        self.client = FakeClient()
+        self.broker = FakeBroker(self.clock, self.raw, 30, 20)
+        self.broker.multi_topic = True  # the main topic and the retry topic: keys carry their topic
+        self.broker.message_type = lambda entry, index, size, count: Message(entry, index=index, size=size,
+                                                                              count=count)
+        opts = dict(precision_bits=0, enable_retry=True, retry_letter_topic=RETRY, max_redeliveries=3,
+                    dead_letter_topic=DLQ, retry_lead_ms=0)
+        opts.update(options)
+        self.consumer = TrackedConsumer(self.raw, client=self.client, adapter=self.broker, clock=self.clock, **opts)
+        self.consumer._failures.wall_ms = lambda: START_WALL + (self.clock.now_ms() - START_MS)
+        self.got: list = []  # (ms since start, data)
+
+    def wall(self) -> int:
+        return int(START_WALL + (self.clock.now_ms() - START_MS))
+
+    def feed(self, msg) -> None:
+        self.raw.queue.put_nowait(msg)
+
+    async def drain(self) -> list:
+        """Everything the consumer hands over now (the pump refills its queue of ``prefetch`` meanwhile)."""
+        out: list = []
+        while True:
+            await settle()
+            before = len(out)
+            while True:
+                try:
+                    msg = await self.consumer.receive(timeout_ms=0)
+                except ReceiveTimeout:
+                    break
+                self.got.append((self.clock.now_ms() - START_MS, msg.data()))
+                out.append(msg)
+            if len(out) == before:
+                return out
+
+    async def advance(self, ms: int) -> list:
+        out = []
+        for _ in range(ms):
+            self.clock.advance(1)
+            out.extend(await self.drain())
+        return out
+
+    def sent(self, topic: str) -> list:
+        """(payload, send options) of every letter published to ``topic``."""
+        return [s for p in self.client.producers if p.topic == topic for s in p.sent]
+
+    async def close(self) -> None:
+        await self.consumer.close()
+
+
+@pytest.fixture
+async def letters():
+    made = []
+
+    def make(**kw) -> Letters:
+        made.append(Letters(**kw))
+        return made[-1]
+
+    yield make
+    for h in made:
+        await h.close()
+
+
+# -- the retry topic's worst never stops the consumer ---------------------------------------
+
+async def feed_worst_then_good(h: Letters, first_entry: int) -> list:
+    """The worst values as DELAY_TIME and RECONSUMETIMES of retry copies, then a good retry copy due in
+    100 ms: returns what surfaced at once."""
+    entries = itertools.count(first_entry)
+    for value in WORST_VALUES:
+        h.feed(Message(next(entries), RETRY, {"DELAY_TIME": value, "RECONSUMETIMES": "1"}, publish_ms=h.wall()))
+        h.feed(Message(next(entries), RETRY, {"DELAY_TIME": "0", "RECONSUMETIMES": value}, publish_ms=h.wall()))
+    h.feed(Message(next(entries), RETRY, {"DELAY_TIME": "100", "RECONSUMETIMES": "1"}, publish_ms=h.wall()))
+    h.feed(Message(next(entries), TOPIC))  # and a first delivery behind them all
+    return await h.drain()
+
+
+async def test_the_retry_topics_worst_surfaces_and_the_good_messages_behind_it_are_delivered(letters):
+    h = letters()
+    at_once = await feed_worst_then_good(h, 100)
+    # each bad copy surfaces as it came (its due time unreadable: nothing to hold it for), the main topic's too
+    assert len(at_once) == 2 * len(WORST_VALUES) + 1
+    assert h.consumer.stats()["bad_properties"] == len(WORST_VALUES)  # (a RECONSUMETIMES is read on reconsume)
+    later = await h.advance(150)
+    assert h.got[len(at_once):] == [(100, b"r126")]  # the good retry, at its due time
+    # and the consumer goes on: each of them can be acknowledged, reconsumed or dead-lettered
+    for m in at_once + later:
+        await h.consumer.acknowledge(m)
+    h.feed(Message(500, TOPIC))
+    assert [m.data() for m in await h.drain()] == [b"m500"]
+
+
+async def test_after_a_restart_the_worst_still_surfaces(letters):
+    """The bad copies were not acknowledged: the broker sends them to the next consumer, which keeps going too."""
+    first = letters()
+    await feed_worst_then_good(first, 100)
+    await first.close()
+    again = letters()
+    at_once = await feed_worst_then_good(again, 100)
+    assert len(at_once) == 2 * len(WORST_VALUES) + 1
+    assert [m.data() for m in await again.advance(150)] == [b"r126"]
+
+
+async def test_a_bad_delay_time_is_counted_and_logged(letters, caplog):
+    h = letters()
+    h.feed(Message(1, RETRY, {"DELAY_TIME": "²"}, publish_ms=h.wall()))
+    assert len(await h.drain()) == 1
+    assert h.consumer.stats()["bad_properties"] == 1
+    assert "DELAY_TIME" in caplog.text
+
+
+async def test_reconsuming_a_message_whose_count_is_unreadable_dead_letters_it_naming_the_property(letters):
+    h = letters()
+    for entry, value in enumerate(WORST_VALUES[:4]):
+        h.feed(Message(entry, RETRY, {"RECONSUMETIMES": value, "DELAY_TIME": "0", "app": "kept"},
+                       publish_ms=h.wall()))
+    msgs = await h.drain()
+    for m in msgs:
+        await h.consumer.reconsume_later(m, delay_ms=10)
+    dead = h.sent(DLQ)
+    assert len(dead) == 4 and h.sent(RETRY) == []
+    for _, options in dead:
+        props = options["properties"]
+        assert props["DEAD_LETTER_REASON"].startswith("property RECONSUMETIMES=")
+        assert props["DEAD_LETTER_EXCEPTION"] == "nacktracker._errors.PropertyError"
+        assert "RECONSUMETIMES" not in props and props["app"] == "kept"
+    assert h.raw.acks == [m.data() for m in msgs]  # each acknowledged once its dead letter was published
+    assert h.consumer.stats()["dead_lettered_bad_property"] == 4
+
+
+PROPERTY_NAMES = ["RECONSUMETIMES", "DELAY_TIME", "REAL_TOPIC", "ORIGIN_MESSAGE_ID", "ORIGIN_MESSAGE_IDY_TIME",
+                  "REAL_SUBSCRIPTION", "DEAD_LETTER_REASON", "app"]
+values = st.one_of(st.text(max_size=30), st.integers(-10, 10 ** 30).map(str), st.sampled_from(WORST_VALUES),
+                   st.builds(lambda a, b, c: f"{a}:{b}:{c}", st.integers(-5, 2 ** 64), st.integers(-5, 2 ** 64),
+                             st.integers(-5, 2 ** 33)))
+property_dicts = st.dictionaries(st.one_of(st.sampled_from(PROPERTY_NAMES), st.text(max_size=8)), values,
+                                 max_size=6)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(props=property_dicts, from_retry_topic=st.booleans())
+def test_any_properties_surface_and_any_reconsume_publishes_exactly_one_letter(props, from_retry_topic):
+    """Whatever a message's properties, it surfaces (now, or at a readable due time), the good message
+    behind it too, and its reconsume publishes exactly one letter: a retry, or a dead letter whose
+    reason names the property it could not read."""
+
+    async def run() -> None:
+        h = Letters()
+        try:
+            h.feed(Message(1, RETRY if from_retry_topic else TOPIC, props, publish_ms=h.wall()))
+            h.feed(Message(2, TOPIC))
+            got = await h.drain()
+            if len(got) < 2:  # a readable DELAY_TIME held the retry copy: it surfaces at its due time
+                h.clock.advance(int(props["DELAY_TIME"]))
+                got += await h.drain()
+            assert sorted(m.message_id().entry_id() for m in got) == [1, 2]
+            [bad] = [m for m in got if m.message_id().entry_id() == 1]
+            await h.consumer.reconsume_later(bad, delay_ms=5)
+            retries, dead = h.sent(RETRY), h.sent(DLQ)
+            assert len(retries) + len(dead) == 1 and h.raw.acks == [bad.data()]
+            if dead:
+                sent = dead[0][1]["properties"]
+                if sent.get("DEAD_LETTER_EXCEPTION") == "nacktracker._errors.PropertyError":  # refused
+                    name = sent["DEAD_LETTER_REASON"].split("=")[0].removeprefix("property ")
+                    assert name in PROPERTY_NAMES and sent.get(name) != props[name]  # not carried on
+                else:  # its retries ran out
+                    assert int(sent["RECONSUMETIMES"]) == int(props["RECONSUMETIMES"]) + 1 > 3
+        finally:
+            await h.close()
+
+    asyncio.run(run())
+
+
+# -- one letter per message ------------------------------------------------------------------
+
+async def test_1000_concurrent_letter_call_pairs_publish_exactly_1000_letters(letters):
+    h = letters()
+    n = 1000
+    for entry in range(n):
+        h.feed(Message(entry))
+    msgs = await h.drain()
+    assert len(msgs) == n
+
+    def pair(i: int, m):
+        c = h.consumer
+        return [lambda: (c.dead_letter(m, reason="a"), c.dead_letter(m, reason="b")),
+                lambda: (c.reconsume_later(m, delay_ms=60_000), c.dead_letter(m, reason="c")),
+                lambda: (c.dead_letter(m, reason="d"), c.reconsume_later(m, delay_ms=1)),
+                lambda: (c.reconsume_later(m, delay_ms=5), c.reconsume_later(m, delay_ms=6))][i % 4]()
+
+    results = await asyncio.gather(*[call for i, m in enumerate(msgs) for call in pair(i, m)],
+                                   return_exceptions=True)
+    firsts, seconds = results[0::2], results[1::2]
+    assert firsts == [None] * n
+    assert all(isinstance(r, LetterInFlightError) for r in seconds), {type(r) for r in seconds}
+    letters_sent = h.sent(RETRY) + h.sent(DLQ)
+    assert len(letters_sent) == n
+    assert sorted(payload for payload, _ in letters_sent) == sorted(m.data() for m in msgs)
+    assert sorted(h.raw.acks) == sorted(m.data() for m in msgs)
+    # the first call of each pair decided which letter: a retry or a dead letter
+    assert len(h.sent(RETRY)) == n // 2 and len(h.sent(DLQ)) == n // 2
+    # settled: a third call is refused as acknowledged, not as in flight
+    with pytest.raises(ValueError, match="acknowledged already"):
+        await h.consumer.dead_letter(msgs[0], reason="late")
+
+
+async def test_a_letter_call_while_the_tracker_dead_letters_the_message_is_refused(letters):
+    h = letters(max_redeliveries=1)
+    h.broker.publish()
+    [m] = await h.drain()
+    await h.consumer.negative_acknowledge(m, delay_ms=10)
+    [copy] = await h.advance(40)
+    await h.consumer.negative_acknowledge(copy)  # its last redelivery: the tracker's hook dead-letters it now
+    with pytest.raises(LetterInFlightError, match="being published already"):
+        await h.consumer.dead_letter(copy, reason="twice")
+    await h.advance(5)
+    for _ in range(50):
+        await asyncio.sleep(0.01)  # the fake client's producer takes 10 ms to make
+        if h.raw.acks:
+            break
+    assert len(h.sent(DLQ)) == 1 and h.raw.acks == [copy.data()]
+
+
+async def test_after_a_failed_letter_the_message_may_be_lettered_again(letters):
+    h = letters()
+    h.feed(Message(1))
+    [m] = await h.drain()
+    h.client.fail_sends = 1
+    with pytest.raises(DeadLetterError):
+        await h.consumer.dead_letter(m, reason="first")
+    stats = h.consumer.stats()
+    # a failed explicit dead letter: not counted, nothing left in flight, the message not acknowledged
+    assert stats["terminal_dead_letters"] == 0 and h.raw.acks == []
+    await h.consumer.dead_letter(m, reason="second")
+    assert [o["properties"]["DEAD_LETTER_REASON"] for _, o in h.sent(DLQ)] == ["second"]
+    assert h.consumer.stats()["terminal_dead_letters"] == 1 and h.raw.acks == [m.data()]
+
+
+# -- limits at the call ----------------------------------------------------------------------
+
+async def test_a_reconsume_delay_beyond_what_the_client_holds_is_refused_at_the_call(letters):
+    h = letters()
+    h.feed(Message(1))
+    [m] = await h.drain()
+    for delay in (10 ** 30, 2 ** 31):
+        with pytest.raises(ValueError, match=r"delay_ms must be <= 2147483647 ms"):
+            await h.consumer.reconsume_later(m, delay_ms=delay)
+    assert h.sent(RETRY) == [] and h.raw.acks == []
+    await h.consumer.reconsume_later(m, delay_ms=2 ** 31 - 1)  # the limit itself is taken
+    assert len(h.sent(RETRY)) == 1
