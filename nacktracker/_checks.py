@@ -23,6 +23,8 @@ MAX_DUE = (1 << 62) - 1
 #: reads below 2^61 ms. An explicit ``add(delay_ms=...)`` is checked against
 #: the clock at the call instead.
 MAX_DEFAULT_DELAY = MAX_DUE >> 1
+#: The longest delay pulsar-client holds (a retry letter's ``deliver_after``): a C ``int`` of ms, 24.8 days.
+MAX_CLIENT_DELAY_MS = (1 << 31) - 1
 #: Entry ids below this fit a 32-bit Roaring bitmap.
 U32 = 1 << 32
 
@@ -84,6 +86,17 @@ def check_default_delay(name: str, value: object) -> int:
     delay = check_delay_ms(name, value)
     if delay > MAX_DEFAULT_DELAY:
         raise ValueError(f"{name} must be <= {MAX_DEFAULT_DELAY} ms, got {delay}")
+    return delay
+
+
+def check_client_delay(name: str, value: object) -> int:
+    """:func:`check_delay_ms`, and at most :data:`MAX_CLIENT_DELAY_MS`: a delay
+    handed to pulsar-client, refused where it is given (the client itself
+    would fail with an ``OverflowError`` deep inside a publish)."""
+    delay = check_delay_ms(name.split(" ")[0], value)
+    if delay > MAX_CLIENT_DELAY_MS:
+        raise ValueError(f"{name} must be <= {MAX_CLIENT_DELAY_MS} ms (the longest delay the client holds: a C int "
+                         f"of ms, 24.8 days), got {delay}")
     return delay
 
 

@@ -302,8 +302,33 @@ async def test_a_reconsume_delay_beyond_what_the_client_holds_is_refused_at_the_
     h.feed(Message(1))
     [m] = await h.drain()
     for delay in (10 ** 30, 2 ** 31):
-        with pytest.raises(ValueError, match=r"delay_ms must be <= 2147483647 ms"):
+        with pytest.raises(ValueError, match=r"delay_ms must be <= 2147483647 ms \(the longest delay the client holds"):
             await h.consumer.reconsume_later(m, delay_ms=delay)
     assert h.sent(RETRY) == [] and h.raw.acks == []
     await h.consumer.reconsume_later(m, delay_ms=2 ** 31 - 1)  # the limit itself is taken
     assert len(h.sent(RETRY)) == 1
+
+
+def test_every_option_is_checked_within_the_clients_limits_naming_the_option_and_the_limit():
+    from nacktracker.consumer.options import ConsumerOptions
+
+    def refused(**options) -> str:
+        with pytest.raises((TypeError, ValueError)) as caught:
+            ConsumerOptions.check(options, has_client=True)
+        return str(caught.value)
+
+    assert "max_redeliveries must be from 1 to 2147483647" in refused(max_redeliveries=-1)
+    assert "max_redeliveries must be from 1 to 2147483647" in refused(max_redeliveries=0)
+    assert "max_redeliveries must be from 1 to 2147483647" in refused(max_redeliveries=2 ** 31)
+    assert "did you mean enable_retry?" in refused(retry_enable=True)
+    assert "did you mean enable_retry?" in refused(enableRetry=True)
+    for name in ("retry_lead_ms", "delay_ms"):
+        message = refused(enable_retry=True, **{name: 2 ** 40})
+        assert message.startswith(f"{name}") and "<= 2147483647 ms" in message
+    assert "backoff's longest delay must be <= 2147483647 ms" in refused(
+        enable_retry=True, backoff=__import__("nacktracker").MultiplierBackoff(1, 2 ** 40))
+    for name in ("lead_ms", "min_gap_ms"):
+        assert refused(**{name: 10 ** 30}).startswith(f"{name} must be <= ")
+    assert refused(ack_timeout_ms=10 ** 30).startswith("ack_timeout_ms must be <= ")
+    # without retries a long default delay is the tracker's alone (no client limit)
+    assert ConsumerOptions.check({"delay_ms": 2 ** 40}, has_client=True).delay_ms == 2 ** 40

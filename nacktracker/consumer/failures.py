@@ -21,6 +21,7 @@ from typing import Any, Awaitable, Callable, Optional
 
 import pulsar
 
+from .._checks import check_client_delay
 from .._errors import LetterInFlightError, PropertyError
 from ..clock import wall_ms
 from ..keys import MessageKey
@@ -28,7 +29,7 @@ from .ack_timeout import AckTimeouts
 from .counts import DeliveryCounts
 from .dead_letters import DeadLetterPublisher, random_name
 from .ids import batch_size
-from .retries import RetryLetters, TerminalDeadLetters, check_client_delay
+from .retries import RetryLetters, TerminalDeadLetters
 from .retry_letters import check_letter_properties
 
 __all__ = ["FailureHandling", "ConsumerDeadLetters", "reconsume_later", "dead_letter"]

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Literal, Optional, TypedDict, Union
 
-from .._checks import MAX_DUE, check_default_delay, check_delay_ms, check_int
+from .._checks import MAX_CLIENT_DELAY_MS, MAX_DUE, check_client_delay, check_default_delay, check_delay_ms, check_int
 from ..precision import Precision
 
 __all__ = ["ConsumerOptions", "ConsumerOptionsDict", "Redelivery", "SnapshotOnError", "check_timeout_ms",
@@ -26,6 +26,15 @@ SnapshotOnError = Literal["raise", "ignore"]
 REDELIVERY_MODES = ("broker", "local")
 #: The client's default ``receiver_queue_size``.
 CLIENT_RECEIVER_QUEUE_SIZE = 1000
+#: The largest ``max_redeliveries``: Java's ``maxRedeliverCount`` and ``RECONSUMETIMES`` are ``int``.
+MAX_REDELIVERIES = (1 << 31) - 1
+#: Names other clients (or a slip) use for an option, and the option meant.
+OPTION_ALIASES = {"retry_enable": "enable_retry", "enableRetry": "enable_retry", "retryEnable": "enable_retry",
+                  "max_redeliver_count": "max_redeliveries", "maxRedeliverCount": "max_redeliveries",
+                  "dead_letter_topic_name": "dead_letter_topic", "deadLetterTopic": "dead_letter_topic",
+                  "retry_letter_topic_name": "retry_letter_topic", "retryLetterTopic": "retry_letter_topic",
+                  "ack_timeout": "ack_timeout_ms", "ackTimeout": "ack_timeout_ms",
+                  "negative_ack_redelivery_delay": "delay_ms", "nack_delay_ms": "delay_ms"}
 
 
 @dataclass(frozen=True)
@@ -72,13 +81,18 @@ class ConsumerOptions:
         Precision.of(o.get("precision_bits", 0))
         for name in ("lead_ms", "min_gap_ms"):
             if o.get(name) is not None:
-                check_delay_ms(name, o[name])
+                check_default_delay(name, o[name])
         backoff = o.get("backoff")
         if backoff is not None and not callable(backoff):
             raise TypeError(f"backoff must be callable, not {type(backoff).__name__}")
         if o.get("max_redeliveries") is not None:
-            if check_int("max_redeliveries", o["max_redeliveries"]) < 1:
-                raise ValueError("max_redeliveries must be >= 1")
+            limit = f"from 1 to {MAX_REDELIVERIES} (redeliveries before a message is dead-lettered)"
+            try:
+                redeliveries = check_int("max_redeliveries", o["max_redeliveries"], MAX_REDELIVERIES)
+            except ValueError:
+                raise ValueError(f"max_redeliveries must be {limit}, got {o['max_redeliveries']}") from None
+            if redeliveries < 1:
+                raise ValueError(f"max_redeliveries must be {limit}, got {redeliveries}")
             if not has_client:
                 raise ValueError("max_redeliveries needs the client (to publish dead letters)")
         topic = o.get("dead_letter_topic")
@@ -146,7 +160,13 @@ def _check_failure_options(o: dict[str, Any]) -> None:
         if not o.get("enable_retry"):
             raise ValueError("retry_letter_topic needs enable_retry=True")
     if "retry_lead_ms" in o:
-        o["retry_lead_ms"] = check_delay_ms("retry_lead_ms", o["retry_lead_ms"])
+        o["retry_lead_ms"] = check_client_delay("retry_lead_ms", o["retry_lead_ms"])
+    if o.get("enable_retry"):  # reconsume_later() without delay_ms sends the default delay to the client
+        check_client_delay("delay_ms (the default delay of reconsume_later with enable_retry)", o.get("delay_ms", 0))
+        top = getattr(o.get("backoff"), "max_delay_ms", getattr(o.get("backoff"), "delay_ms", None))
+        if isinstance(top, int) and top > MAX_CLIENT_DELAY_MS:
+            raise ValueError(f"backoff's longest delay must be <= {MAX_CLIENT_DELAY_MS} ms with enable_retry (a "
+                             f"retry letter's delay goes to the client, which holds a C int of ms), got {top}")
     timeout = o.get("ack_timeout_ms")
     if timeout is not None:
         o["ack_timeout_ms"] = timeout = check_delay_ms("ack_timeout_ms", timeout)  # whole ms (floats up)
@@ -204,6 +224,7 @@ def unknown_option(where: str, name: str, valid: Iterable[str]) -> TypeError:
     """The ``TypeError`` for an unknown keyword option ``name`` of ``where``
     (``"nacktracker.subscribe"``), naming the nearest valid option when one is
     close (:func:`difflib.get_close_matches`)."""
-    close = difflib.get_close_matches(name, list(valid), n=1)
+    alias = OPTION_ALIASES.get(name)
+    close = [alias] if alias in valid else difflib.get_close_matches(name, list(valid), n=1)
     hint = f": did you mean {close[0]}?" if close else ""
     return TypeError(f"{where}() got an unexpected keyword argument {name!r}{hint}")

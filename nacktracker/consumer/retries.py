@@ -15,19 +15,16 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Mapping, Optional
 
-from .._checks import check_delay_ms
+from .._checks import check_client_delay
 from .._errors import PropertyError
 from .dead_letters import DeadLetterPublisher, java_message_id
 from .retry_letters import (is_retry_topic, reconsume_times, retry_due_wall_ms, retry_properties,
                             terminal_properties)
 
-__all__ = ["RetryLetters", "TerminalDeadLetters", "RETRY_LEAD_MS", "MAX_CLIENT_DELAY_MS", "check_client_delay"]
+__all__ = ["RetryLetters", "TerminalDeadLetters", "RETRY_LEAD_MS"]
 
 log = logging.getLogger("nacktracker.consumer")
 
-#: The longest delay the client can hand the broker (``deliver_after``): a C ``int`` of milliseconds
-#: (24.8 days). A retry letter's delay is checked against it where it is given.
-MAX_CLIENT_DELAY_MS = (1 << 31) - 1
 
 #: How much earlier than due a retry letter asks the broker to deliver it by default
 #: (``deliver_after`` = delay minus this, at least 0; the consumer's ``retry_lead_ms``). Apache
@@ -58,7 +55,7 @@ class RetryLetters:
                 default_delay: Callable[[int], object]) -> tuple[dict[str, str], int, int]:
         """The properties, reconsume number and delay of the next retry of ``message``: ``delay_ms``,
         else ``default_delay(RECONSUMETIMES)`` (the consumer's backoff or its ``delay_ms``), each at most
-        :data:`MAX_CLIENT_DELAY_MS`. :class:`PropertyError` for a property of the message (or of
+        :data:`~nacktracker._checks.MAX_CLIENT_DELAY_MS`. :class:`PropertyError` for a property of the message (or of
         ``custom``) that :func:`~.retry_letters.read_property` refuses. O(properties)."""
         own = message.properties()
         if delay_ms is None:
@@ -101,16 +98,6 @@ class RetryLetters:
 
     async def close(self) -> None:
         await self.retry.close()
-
-
-def check_client_delay(name: str, value: object) -> int:
-    """A retry letter's delay: :func:`~nacktracker._checks.check_delay_ms`, and at most
-    :data:`MAX_CLIENT_DELAY_MS` (what the client's ``deliver_after`` holds)."""
-    delay = check_delay_ms(name, value)
-    if delay > MAX_CLIENT_DELAY_MS:
-        raise ValueError(f"{name} must be <= {MAX_CLIENT_DELAY_MS} ms (the longest deliver_after the client "
-                         f"holds: a C int of ms, 24.8 days), got {delay}")
-    return delay
 
 
 def _without(props: Mapping[str, str], name: str) -> dict[str, str]:
