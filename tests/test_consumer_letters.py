@@ -332,3 +332,39 @@ def test_every_option_is_checked_within_the_clients_limits_naming_the_option_and
     assert refused(ack_timeout_ms=10 ** 30).startswith("ack_timeout_ms must be <= ")
     # without retries a long default delay is the tracker's alone (no client limit)
     assert ConsumerOptions.check({"delay_ms": 2 ** 40}, has_client=True).delay_ms == 2 ** 40
+
+
+# -- every public call on the consumer's own loop -----------------------------------------------
+
+def test_receive_and_every_call_from_another_loop_or_after_the_loop_closed_is_refused_clearly():
+    made: dict = {}
+
+    async def start() -> None:
+        h = Letters()
+        h.feed(Message(1))
+        made["msg"] = (await h.drain())[0]
+        made["h"] = h
+        h.feed(Message(2))
+        await settle()
+        # from another loop (in another thread), while this one runs
+        errors: list = []
+
+        def elsewhere() -> None:
+            for call in (lambda: h.consumer.receive(timeout_ms=0), lambda: h.consumer.acknowledge(made["msg"]),
+                         lambda: h.consumer.negative_acknowledge(made["msg"]),
+                         lambda: h.consumer.dead_letter(made["msg"], reason="x")):
+                try:
+                    asyncio.run(call())
+                except RuntimeError as exc:
+                    errors.append(str(exc))
+
+        await asyncio.get_running_loop().run_in_executor(None, elsewhere)
+        assert len(errors) == 4 and all("from the event loop it was created in" in e for e in errors)
+        assert h.consumer.tracker.pending == 0 and h.raw.acks == []  # nothing reached the tracker or the client
+
+    asyncio.run(start())
+    h = made["h"]
+    with pytest.raises(RuntimeError, match="event loop is closed"):
+        asyncio.run(h.consumer.negative_acknowledge(made["msg"]))
+    with pytest.raises(RuntimeError, match="event loop is closed"):
+        asyncio.run(h.consumer.receive(timeout_ms=0))

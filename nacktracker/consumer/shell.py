@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from asyncio import _get_running_loop
 from typing import Any, Awaitable, Optional, Union, Unpack
 
 import pulsar
@@ -121,6 +122,7 @@ class TrackedConsumer:
         self._release = ReleaseTimer(self.core, lambda: self.tracker.clock, self._pump.put)
         self._closed = False
         self._newest: Optional[MessageKey] = None  # the newest first delivery (see _still_consumed)
+        self._loop: Optional[asyncio.AbstractEventLoop] = None  # the loop it runs on, from its start (_check_open)
         self._counts = {"restored": 0, "copy_ack_failures": 0}
         tracker_options: dict[str, Any] = dict(
             delay_ms=opts.delay_ms, precision_bits=precision.bits, rounding=precision.rounding, backoff=opts.backoff,
@@ -157,9 +159,9 @@ class TrackedConsumer:
         :class:`ConsumerClosed` once closed. Runtime: O(1), no loop iteration when a message waits."""
         if timeout_ms is not None:
             timeout_ms = check_timeout_ms(timeout_ms)
-        self._check_open()
-        if self._pump.task is None:
+        if self._pump.task is None and not self._closed:
             self._start()
+        self._check_open()
         if (msg := self._pump.poll()) is None:  # else a message waited: no coroutine made, no loop iteration
             msg = await self._pump.get(timeout_ms)
         return msg if self._failures.ack_timeouts is None else self._failures.received(msg)
@@ -213,6 +215,7 @@ class TrackedConsumer:
             raise StopAsyncIteration from None
 
     def _start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self._pump.start()
         if self._store is not None and self.options.snapshot_interval_s is not None:
             self._saver = asyncio.get_running_loop().create_task(
@@ -420,14 +423,24 @@ class TrackedConsumer:
         return self._closed
 
     def _check_open(self) -> None:
+        """Every public call that reaches the client or the tracker: not closed, and on the consumer's own
+        event loop (its pump, tracker and timers live there: from another loop or thread a receive would
+        wait on futures nobody completes, a nack would reach a tracker that is not thread-safe). O(1)."""
         if self._closed:
             raise ConsumerClosed()
+        loop = self._loop
+        if loop is not None and _get_running_loop() is not loop:
+            raise RuntimeError(
+                "the consumer's event loop is closed: nothing it tracked can be redelivered from it any more "
+                "(close a consumer before its loop ends; make a new one in the new loop)" if loop.is_closed() else
+                "TrackedConsumer must be used from the event loop it was created in (another loop or thread "
+                "called it; from another thread hand the call over with asyncio.run_coroutine_threadsafe)")
 
     def stats(self) -> dict[str, Any]:
         """The tracker's stats plus the consumer's (each key, its meaning and
         unit: the docs' "Stats and metrics" page). Runtime: O(1) plus the tracker's."""
         return {**self.tracker.stats(), "lateness_ms": self.lateness.summary(), "received": self._pump.received,
-                "prefetched": self._pump.queued, **core_stats(self.core), **self._counts,
+                "prefetched": self._pump.queued, "admit_failures": self._pump.admit_failures, **core_stats(self.core), **self._counts,
                 **self._dead_letters.stats(), **self._failures.stats(),
                 "snapshots_saved": self._store.saved if self._store else 0,
                 "snapshot_failures": self._store.failures if self._store else 0,
