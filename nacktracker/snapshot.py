@@ -64,8 +64,10 @@ into a :class:`Snapshot` before anything is built from it; any defect raises
 
 from __future__ import annotations
 
+import errno
 import math
 import os
+import stat
 import struct
 import tempfile
 import time
@@ -79,10 +81,13 @@ from ._checks import MAX_DUE, MAX_ID
 from .errors import SnapshotError
 
 __all__ = ["SnapshotError", "Snapshot", "encode", "decode", "restore", "write_atomic", "read_file",
-           "MAGIC", "VERSION"]
+           "MAGIC", "VERSION", "MAX_FILE_BYTES"]
 
 MAGIC = b"\x89NAKSNP\n"
 VERSION = 1
+#: The largest snapshot file read (4 GiB: about 500 million pending nacks of consecutive ids, far more
+#: when they share buckets); a larger one is refused before it is read.
+MAX_FILE_BYTES = 1 << 32
 
 _HEADER = struct.Struct("<8sHHIQI4x")  # 32 bytes
 _HEADER_CRC_SPAN = 24
@@ -302,6 +307,12 @@ def write_atomic(path: Any, data: bytes) -> None:
     path = os.fspath(path)
     if not isinstance(path, str):
         path = os.fsdecode(path)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        mode = stat.S_IFREG
+    if not stat.S_ISREG(mode):  # a device, a FIFO, a directory: never replaced by a snapshot
+        raise OSError(errno.EINVAL, f"not a regular file ({_kind(mode)})", path)
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
     try:
@@ -332,7 +343,27 @@ def _fsync_dir(directory: str) -> None:
         os.close(dfd)
 
 
-def read_file(path: Any) -> bytes:
-    """The bytes of a snapshot file (``OSError`` if it cannot be read)."""
-    with open(os.fspath(path), "rb") as f:
-        return f.read()
+def read_file(path: Any, limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of a snapshot file: a regular file of at most ``limit`` bytes
+    (:data:`MAX_FILE_BYTES`). ``OSError`` if it cannot be read, is larger, or
+    is not a regular file: a device such as ``/dev/zero`` would be read without
+    end, a FIFO would block the open (it is opened without waiting, then refused)."""
+    fd = os.open(os.fspath(path), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, f"not a regular file ({_kind(st.st_mode)})", os.fspath(path))
+        if st.st_size > limit:
+            raise OSError(errno.EFBIG, f"larger than {limit} bytes ({st.st_size})", os.fspath(path))
+        data = f.read(limit + 1)  # bounded even if the file grows meanwhile
+        if len(data) > limit:
+            raise OSError(errno.EFBIG, f"larger than {limit} bytes", os.fspath(path))
+        return data
+
+
+def _kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a file"

@@ -368,3 +368,134 @@ def test_receive_and_every_call_from_another_loop_or_after_the_loop_closed_is_re
         asyncio.run(h.consumer.negative_acknowledge(made["msg"]))
     with pytest.raises(RuntimeError, match="event loop is closed"):
         asyncio.run(h.consumer.receive(timeout_ms=0))
+
+
+# -- snapshots: whose they are, one consumer per path, only regular files --------------------------
+
+class Fakes:
+    """A fake consumer of ``subscription`` on ``topic`` and the fake broker, for TrackedConsumers made by hand."""
+
+    def __init__(self, subscription: str, topic: str) -> None:
+        self.clock = ManualClock(START_MS)
+        self.raw = FakeConsumer()
+        self.raw.subscription_name = lambda: subscription
+        self.raw.topic = lambda: topic
+        self.broker = FakeBroker(self.clock, self.raw, 30, 20)
+
+    async def close(self) -> None:
+        pass
+
+
+def snapshot_consumer(path, subscription: str = "sub", topic: str = TOPIC, **options):
+    h = Fakes(subscription, topic)
+    options.setdefault("snapshot_interval_s", None)
+    return h, (lambda: TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock, snapshot_path=path, precision_bits=0,
+                                       **options))
+
+
+async def nacked_and_closed(path, n: int = 5) -> None:
+    """Subscription "sub" of TOPIC nacks ``n`` messages for 60 s and closes: its snapshot holds them."""
+    h, make = snapshot_consumer(path)
+    consumer = make()
+    for _ in range(n):
+        h.broker.publish()
+    await settle()
+    for m in [await consumer.receive(timeout_ms=0) for _ in range(n)]:
+        await consumer.negative_acknowledge(m, delay_ms=60_000)
+    await consumer.close()
+    await h.close()
+
+
+@pytest.mark.parametrize("other", ["subscription", "topic"])
+async def test_another_consumers_snapshot_is_refused_or_with_ignore_nothing_is_restored(tmp_path, other):
+    from nacktracker.snapshot import SnapshotError
+
+    path = tmp_path / "nacks.snap"
+    await nacked_and_closed(path)
+    kw = {"subscription": "other"} if other == "subscription" else {"topic": TOPIC + "-other"}
+    h, make = snapshot_consumer(path, **kw)
+    with pytest.raises(SnapshotError, match="belongs to another consumer.*path of its own"):
+        make()
+    h2, make_ignoring = snapshot_consumer(path, snapshot_on_error="ignore", **kw)
+    consumer = make_ignoring()
+    assert consumer.stats()["restored"] == 0 and consumer.tracker.pending == 0 and consumer.stats()["delivery_counts"] == 0
+    h2.broker.publish()
+    await settle()
+    assert (await consumer.receive(timeout_ms=0)).data() == b"e0.-1"  # its own first delivery, not held back
+    await consumer.close()
+    # the owner's own consumer is refused now: the files were taken over by the one that ignored
+    h3, make_owner = snapshot_consumer(path)
+    with pytest.raises(SnapshotError, match="belongs to another consumer"):
+        make_owner()
+    for x in (h, h2, h3):
+        await x.close()
+
+
+async def test_the_owner_restores_its_own_snapshot(tmp_path):
+    path = tmp_path / "nacks.snap"
+    await nacked_and_closed(path)
+    h, make = snapshot_consumer(path)
+    consumer = make()
+    assert consumer.stats()["restored"] == 5
+    await consumer.close()
+    await h.close()
+
+
+async def test_one_consumer_per_snapshot_path_at_a_time_and_a_killed_holder_leaves_no_lock(tmp_path):
+    import subprocess
+    import sys
+
+    from nacktracker.snapshot import SnapshotError
+
+    path = tmp_path / "nacks.snap"
+    h, make = snapshot_consumer(path)
+    first = make()
+    h2, make_second = snapshot_consumer(path, snapshot_on_error="ignore")
+    with pytest.raises(SnapshotError, match="in use by another consumer"):
+        make_second()
+    await first.close()
+    second = make_second()  # the first let go at its close
+    await second.close()
+    # a process holding the path is killed -9: the kernel drops its lock with it
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import asyncio, sys\n"
+        "from nacktracker.consumer.persist import SnapshotStore\n"
+        f"SnapshotStore({str(path)!r}, 'raise')._lock()\n"
+        "print('locked', flush=True)\n"
+        "sys.stdin.read()\n")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(SnapshotError, match="in use by another consumer"):
+            make_second()
+        holder.kill()
+        holder.wait(10)
+        third = make_second()
+        await third.close()
+    finally:
+        holder.kill()
+        holder.wait(10)
+    for x in (h, h2):
+        await x.close()
+
+
+async def test_a_snapshot_path_that_is_a_device_or_a_fifo_is_refused_at_once(tmp_path):
+    import os
+
+    from nacktracker.snapshot import SnapshotError
+
+    zero = tmp_path / "zero"
+    zero.symlink_to("/dev/zero")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path, kind in ((zero, "a character device"), (fifo, "a FIFO")):
+        h, make = snapshot_consumer(path)
+        with pytest.raises(SnapshotError, match=f"not a regular file \\({kind}\\)"):
+            make()
+        h2, make_ignoring = snapshot_consumer(path, snapshot_on_error="ignore")
+        consumer = make_ignoring()
+        assert consumer.stats()["restored"] == 0
+        await consumer.close()  # its save refuses to replace the device or the FIFO: counted
+        assert consumer.stats()["snapshot_failures"] == 1
+        for x in (h, h2):
+            await x.close()
+    assert os.path.realpath(zero) == "/dev/zero" and os.path.exists("/dev/zero")

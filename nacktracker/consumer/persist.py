@@ -1,6 +1,16 @@
 """Snapshot glue: a consumer's pending nacks (the tracker's snapshot) and its
 batch records (``<snapshot_path>.batches``) saved together and restored at start.
 
+Whose they are: ``<snapshot_path>.owner`` names the subscription and topics of
+the consumer that writes them (JSON ``{"subscription": str, "topics": [str]}``);
+a consumer of another subscription or other topics is refused them
+(:class:`SnapshotError`; with ``snapshot_on_error="ignore"`` it restores
+nothing and starts afresh). One consumer per path at a time: it holds an
+exclusive ``flock`` on ``<snapshot_path>.lock`` from its start to its close
+(the kernel drops it with a killed process, so nothing stays stuck); a second
+consumer on the path is refused, whatever ``snapshot_on_error`` says (two
+writers would each overwrite the other's nacks).
+
 Batch-record file format: a line with the CRC-32 of the rest (8 hex digits),
 then JSON ``{"snapshot_crc32": int, "entries": [[topic, partition, ledger,
 entry, [[batch_index, remaining_ms, fired], ...]], ...]}`` (``fired``: 1 when
@@ -14,13 +24,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import json
 import logging
 import math
 import os
 import time
 import zlib
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; one consumer per path is then the caller's to keep
+    fcntl = None  # type: ignore[assignment]
 
 from .. import snapshot as _snapshot
 from .._checks import check_int
@@ -31,20 +47,29 @@ from ..tracker import NegativeAcksTracker
 from .core import DeliveryCore
 from .counts import COUNTS_SUFFIX, DeliveryCounts
 
-__all__ = ["SnapshotStore", "BATCHES_SUFFIX"]
+__all__ = ["SnapshotStore", "BATCHES_SUFFIX", "OWNER_SUFFIX", "LOCK_SUFFIX"]
 
 log = logging.getLogger("nacktracker.consumer")
 
 #: Suffix of the file beside ``snapshot_path`` that holds the batch records.
 BATCHES_SUFFIX = ".batches"
+#: Suffix of the file that names whose the snapshot is (subscription, topics).
+OWNER_SUFFIX = ".owner"
+#: Suffix of the lock file a consumer holds while it uses the path.
+LOCK_SUFFIX = ".lock"
 
 
 class SnapshotStore:
     """Where one consumer's snapshot lives, and how it is read and written."""
 
-    def __init__(self, path: str, on_error: str) -> None:
+    def __init__(self, path: str, on_error: str, *, subscription: Optional[str] = None,
+                 topics: Sequence[str] = ()) -> None:
         self.path = path
         self.on_error = on_error
+        #: whose the files are: compared with ``<path>.owner`` at start, written there (None: not checked)
+        self.owner = None if subscription is None else {"subscription": subscription, "topics": sorted(topics)}
+        self._lock_fd: Optional[int] = None
+        self.restoring = True  # False once the files were found to be another consumer's (nothing of them is read)
         self.saved = self.failures = 0
         self._writing: Optional[asyncio.Future[None]] = None  # the write in flight (in a thread)
         self.counts: Optional[DeliveryCounts] = None  # saved beside the snapshot when set (consumer/counts.py)
@@ -55,7 +80,7 @@ class SnapshotStore:
         redelivery counts); a missing file reads as none, a corrupted one as
         the snapshot's own corruption is treated (``snapshot_on_error``).
         Returns how many were read. O(size of the file)."""
-        if self.counts is None:
+        if self.counts is None or not self.restoring:
             return 0
         due, self.due_at_restore = self.due_at_restore, []
         read = self._read_counts()
@@ -89,6 +114,18 @@ class SnapshotStore:
                                    "loop (restored delays count on its clock); nacktracker.subscribe does "
                                    "that") from None
         path = self.path
+        self._lock()
+        try:
+            return self._load(adapter, options, core)
+        except BaseException:
+            self.release()
+            raise
+
+    def _load(self, adapter: Any, options: dict[str, Any], core: DeliveryCore) -> tuple[NegativeAcksTracker, int]:
+        path = self.path
+        if not self._owned():
+            self.restoring = False
+            return NegativeAcksTracker(adapter, **options), 0
         unread = "its nacked messages surface as soon as the broker resends them; saves to it fail (counted)"
         try:
             data = _snapshot.read_file(path)
@@ -147,6 +184,76 @@ class SnapshotStore:
                  restored, restored - tracker.pending, len(batches or ()), path, shift)
         return tracker, restored
 
+    # -- whose the path is -------------------------------------------------------------
+
+    def _lock(self) -> None:
+        """Hold ``<path>.lock`` exclusively until :meth:`release` (or the process ends): a second
+        consumer on the path gets a :class:`SnapshotError`. A path whose directory is missing or
+        cannot be written is left to the snapshot's own checks (``snapshot_on_error``)."""
+        if fcntl is None or self._lock_fd is not None:
+            return
+        if os.path.lexists(self.path) and not os.path.isfile(self.path):
+            return  # a directory, a device, a FIFO: refused by the read, and no lock file beside a device
+        lock = self.path + LOCK_SUFFIX
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+        except OSError as exc:
+            log.warning("cannot open %s (%s): the snapshot path is not locked", lock, exc.strerror or exc)
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                log.warning("cannot lock %s (%s): the snapshot path is not locked", lock, exc.strerror or exc)
+                return
+            raise SnapshotError(f"snapshot path {self.path} is in use by another consumer (it holds {lock}): one "
+                                "consumer per snapshot_path at a time, or each would overwrite the other's nacks. "
+                                "Give this consumer a path of its own") from None
+        self._lock_fd = fd
+
+    def release(self) -> None:
+        """Let go of the path (the consumer closed). Idempotent."""
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            os.close(fd)  # closing the descriptor drops the flock
+
+    def _owned(self) -> bool:
+        """Whether the files at the path are this consumer's (or nobody's yet); writes its owner file.
+        Another's: refused (:class:`SnapshotError`), or with ``snapshot_on_error="ignore"`` ``False``:
+        nothing is restored and the files become this consumer's at its first save."""
+        if self.owner is None:
+            return True
+        path = self.path + OWNER_SUFFIX
+        try:
+            raw = _snapshot.read_file(path, limit=1 << 20)
+        except FileNotFoundError:
+            raw = None
+        except OSError as exc:
+            self._refuse_or_skip(path, SnapshotError(f"it cannot be read ({exc.strerror or exc})"),
+                                 "nothing is restored", keep=True)
+            return False
+        ours = True
+        if raw is not None:
+            try:
+                theirs = json.loads(raw)
+                if not isinstance(theirs, dict):
+                    raise ValueError("not an object")
+            except ValueError as exc:
+                theirs = {"unreadable": str(exc)}
+            if theirs != self.owner:
+                self._refuse_or_skip(self.path, SnapshotError(
+                    f"it belongs to another consumer (subscription {theirs.get('subscription')!r}, topics "
+                    f"{theirs.get('topics')!r}; this one: {self.owner['subscription']!r}, "
+                    f"{self.owner['topics']!r})"), "nothing is restored; its first save replaces the files",
+                    keep=True, why="another consumer's")
+                ours = False
+        try:
+            _snapshot.write_atomic(path, json.dumps(self.owner, sort_keys=True).encode())
+        except OSError as exc:  # the directory is missing or read-only: the snapshot's own checks say so
+            log.debug("cannot write %s: %r", path, exc)
+        return ours
+
     def _read_batches(self, snapshot_crc: int) -> Optional[list[Any]]:
         """The batch records saved with the snapshot whose CRC-32 is
         ``snapshot_crc``; ``None`` if there is no such file or it belongs to
@@ -176,12 +283,14 @@ class SnapshotStore:
             raise SnapshotError(f"corrupted batch records: {exc}") from None
         return entries
 
-    def _refuse_or_skip(self, path: str, exc: SnapshotError, consequence: str, keep: bool = False) -> None:
+    def _refuse_or_skip(self, path: str, exc: SnapshotError, consequence: str, keep: bool = False,
+                        why: str = "fix or move the path") -> None:
         """A snapshot file that cannot be restored at start: refuse (default),
         or go on without it (a corrupted file is moved aside, ``keep``: a path
         that cannot be read is left as it is)."""
         if self.on_error == "raise":
-            raise SnapshotError(f"cannot restore {path}: {exc}. Nothing was started: fix or move the path, or pass "
+            fix = "give this consumer a path of its own" if why == "another consumer's" else why
+            raise SnapshotError(f"cannot restore {path}: {exc}. Nothing was started: {fix}, or pass "
                                 f"snapshot_on_error='ignore' to start without it ({consequence})") from None
         if keep:
             log.warning("cannot restore %s (%s); starting without it: %s", path, exc, consequence)
@@ -230,6 +339,8 @@ class SnapshotStore:
             self.failures += 1
             log.error("final snapshot to %s failed: %r", self.path, exc)
             return exc if self.on_error == "raise" else None
+        finally:
+            self.release()
         return None
 
     def _write_files(self, data: bytes, batches: bytes, counts: Optional[bytes] = None) -> None:
@@ -264,7 +375,8 @@ class SnapshotStore:
         if self._writing is not None:
             await asyncio.wait({self._writing})
         error: Optional[Exception] = None
-        for path in (self.path, self.path + BATCHES_SUFFIX, self.path + COUNTS_SUFFIX):
+        self.release()
+        for path in (self.path, self.path + BATCHES_SUFFIX, self.path + COUNTS_SUFFIX, self.path + OWNER_SUFFIX):
             try:
                 os.unlink(path)
             except FileNotFoundError:

@@ -59,6 +59,11 @@ COPY_OVERDUE_MS = 1_000
 INITIAL_LEAD_MS = 250
 
 
+def _topics(topic: Union[str, list[str]]) -> list[str]:
+    """A consumer's topics (``topic()`` of a multi-topic consumer is a list). O(topics)."""
+    return [topic] if isinstance(topic, str) else [str(t) for t in topic]
+
+
 class TrackedConsumer:
     """A ``pulsar.asyncio.Consumer`` with exact, tracked negative acks.
 
@@ -128,7 +133,9 @@ class TrackedConsumer:
             delay_ms=opts.delay_ms, precision_bits=precision.bits, rounding=precision.rounding, backoff=opts.backoff,
             max_redeliveries=opts.max_redeliveries, clock=clock,
             on_dead_letter=self._dead_letters.hook, consumer_name=name)
-        self._store = None if opts.snapshot_path is None else SnapshotStore(opts.snapshot_path, opts.snapshot_on_error)
+        self._store = None if opts.snapshot_path is None else SnapshotStore(
+            opts.snapshot_path, opts.snapshot_on_error, subscription=consumer.subscription_name(),
+            topics=_topics(consumer.topic()))
         if self._store is None:
             self.tracker = NegativeAcksTracker(self.adapter, **tracker_options)
         else:
