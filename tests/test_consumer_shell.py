@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 
 import pytest
 
@@ -605,7 +606,7 @@ async def test_a_save_to_an_unusable_path_raises_a_snapshot_error_at_close(tmp_p
     path.parent.mkdir()
     h = Harness(precision_bits=0)
     consumer = TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock, snapshot_path=path, snapshot_interval_s=None)
-    path.parent.rmdir()
+    shutil.rmtree(path.parent)  # (with the consumer's lock and owner files)
     with pytest.raises(SnapshotError, match="cannot write snapshot") as info:
         await consumer.close()
     assert isinstance(info.value.__cause__, OSError) and consumer.closed
