@@ -18,7 +18,12 @@ appends the unit, ``By`` as ``_bytes`` and ``ms`` as ``_milliseconds``, and
 * counters (observable, from ``stats()``): ``nacktracker.nacks``,
   ``nacktracker.redelivered``, ``nacktracker.dead_lettered`` {message},
   ``nacktracker.dead_letter.failures``, ``nacktracker.adapter.failures``
-  {failure};
+  {failure}; consumers also: ``nacktracker.ack_timeout.redeliveries``,
+  ``nacktracker.retry_letters`` and the dead letters by cause,
+  ``nacktracker.dead_letters.max_redeliveries``,
+  ``nacktracker.dead_letters.dead_letter_call``,
+  ``nacktracker.dead_letters.ack_timeout``,
+  ``nacktracker.dead_letters.bad_property`` {message};
 * ``nacktracker.redelivery.lateness`` (histogram, ms; consumers only): per
   redelivered message, when it surfaced (was handed to the application)
   minus its bucket's time -- the requested due time at ``precision_bits=0``,
@@ -35,7 +40,10 @@ Counters and gauges are read from ``stats()`` when a reader collects
 early wake-up counts as 0.
 
 Attributes: ``pulsar.topic``, ``pulsar.subscription``, ``pulsar.consumer``
-(those given), plus any ``attributes=`` passed.
+(those given), plus any ``attributes=`` passed. A consumer's ``pulsar.topic``
+is the topic it was subscribed to (topics joined by ``,``; not its retry
+topic, nor the client's ``...-TopicsConsumerFakeName-<random>`` of a
+multi-topic consumer): the same series after a restart.
 
 >>> import asyncio
 >>> from nacktracker import NegativeAcksTracker
@@ -98,6 +106,18 @@ INSTRUMENTS: tuple[_Spec, ...] = (
           "Failed dead-letter hooks (the message stays pending)", True),
     _Spec("nacktracker.adapter.failures", "failures", "{failure}",
           "Failed adapter calls (each retried with backoff; nothing dropped)", True),
+    _Spec("nacktracker.ack_timeout.redeliveries", "ack_timeout_redeliveries", "{message}",
+          "Redeliveries scheduled by ack timeouts (not nacks)", True),
+    _Spec("nacktracker.retry_letters", "retry_letters", "{message}",
+          "Retry letters published by reconsume_later()", True),
+    _Spec("nacktracker.dead_letters.max_redeliveries", "dead_letters_max_redeliveries", "{message}",
+          "Dead letters published because max_redeliveries was reached (nacks and reconsumes)", True),
+    _Spec("nacktracker.dead_letters.dead_letter_call", "dead_letters_dead_letter", "{message}",
+          "Dead letters published by dead_letter()", True),
+    _Spec("nacktracker.dead_letters.ack_timeout", "dead_letters_ack_timeout", "{message}",
+          "Dead letters published because the ack timeout of a last delivery passed", True),
+    _Spec("nacktracker.dead_letters.bad_property", "dead_letters_bad_property", "{message}",
+          "Dead letters published because a reconsumed message's property could not be read", True),
 )
 
 #: Bucket boundaries of the lateness and timer-lag histograms (ms).
@@ -345,7 +365,8 @@ def instrument_consumer(consumer: Any, *, attributes: Optional[Mapping[str, str]
     ``stats()`` (the tracker's plus ``batch_records``), its tracker's fires
     (timer lag), its redelivered messages (lateness), and its topic,
     subscription and consumer name as attributes."""
-    topic: Union[str, list[str]] = consumer.topic()
+    topics = getattr(consumer, "topics", None)
+    topic: Union[str, list[str]] = topics if topics is not None else consumer.topic()
     return observe_stats(consumer.stats, topic=topic if isinstance(topic, str) else ",".join(topic),
                          subscription=consumer.subscription_name(), consumer=consumer.consumer_name(),
                          attributes=attributes, tracker=consumer.tracker, meter_provider=meter_provider,

@@ -184,7 +184,7 @@ async def test_reconsuming_a_message_whose_count_is_unreadable_dead_letters_it_n
         assert props["DEAD_LETTER_EXCEPTION"] == "nacktracker._errors.PropertyError"
         assert "RECONSUMETIMES" not in props and props["app"] == "kept"
     assert h.raw.acks == [m.data() for m in msgs]  # each acknowledged once its dead letter was published
-    assert h.consumer.stats()["dead_lettered_bad_property"] == 4
+    assert h.consumer.stats()["dead_letters_bad_property"] == 4
 
 
 PROPERTY_NAMES = ["RECONSUMETIMES", "DELAY_TIME", "REAL_TOPIC", "ORIGIN_MESSAGE_ID", "ORIGIN_MESSAGE_IDY_TIME",

@@ -69,6 +69,7 @@ class FailureHandling:
         self.early_held = 0
         self.dropped_in_flight = 0
         self.bad_properties = 0  # retry copies whose DELAY_TIME was refused: surfaced as they came
+        self.ack_timeout_redeliveries = 0  # redeliveries the ack timeouts scheduled (not nacks)
         owner._dead_letters.failures = self  # closed with the dead letters
         owner.tracker.add_fire_listener(lambda cell: self.counts.redelivered(cell.keys))
         store = owner._store
@@ -153,11 +154,19 @@ class FailureHandling:
             return
         self.counts.forget(entry)
 
-    def stats(self) -> dict[str, int]:
-        out = {"delivery_counts": len(self.counts), "retry_copies_held": len(self._early),
+    def stats(self, tracker_nacks: int = 0) -> dict[str, int]:
+        """The failure side's stats (the docs' stats page); ``tracker_nacks``: the tracker's ``nacks``, of which
+        the ack timeouts' redeliveries are taken out (``nacks`` counts the application's). O(1)."""
+        by_cause = self._owner._dead_letters.by_cause
+        dead = {f"dead_letters_{cause}": n for cause, n in by_cause.items()}
+        out = {"nacks": tracker_nacks - self.ack_timeout_redeliveries,
+               "ack_timeout_redeliveries": self.ack_timeout_redeliveries,
+               "retry_letters": self.retries.counts["reconsumed"] if self.retries is not None else 0,
+               **dead, "dead_lettered": sum(by_cause.values()),
+               "delivery_counts": len(self.counts), "retry_copies_held": len(self._early),
                "letter_copies_dropped": self.dropped_in_flight,
                "terminal_dead_letters": self.terminal.published if self.terminal is not None else 0,
-               "reconsumed": 0, "reconsume_dead_lettered": 0, "dead_lettered_bad_property": 0,
+               "reconsumed": 0, "reconsume_dead_lettered": 0,
                "bad_properties": self.bad_properties,
                "ack_timeouts_started": 0, "ack_timeouts_cancelled": 0, "ack_timeouts_last": 0}
         if self.retries is not None:
@@ -198,9 +207,9 @@ class FailureHandling:
             props, times, delay = self.retries.prepare(
                 message, delay, properties, backoff if backoff is not None else lambda _: owner.options.delay_ms)
         except PropertyError as refused:  # the message cannot be retried as it is: dead-lettered, saying why
-            await self._settle(message, key, self.retries.reconsume_refused(message, refused))
+            await self._settle(message, key, self.retries.reconsume_refused(message, refused), "bad_property")
             return
-        await self._settle(message, key, self.retries.reconsume(message, props, times, delay))
+        await self._settle(message, key, self.retries.reconsume(message, props, times, delay), "max_redeliveries")
 
     async def dead_letter(self, message: Any, reason: str, exception: Optional[BaseException]) -> None:
         self._check_open()
@@ -212,18 +221,19 @@ class FailureHandling:
         if exception is not None and not isinstance(exception, BaseException):
             raise TypeError(f"exception must be an exception, not {type(exception).__name__}")
         key = self._settle_check(message, "dead_letter")
-        await self._settle(message, key, self.terminal.publish(message, reason, exception))
+        await self._settle(message, key, self.terminal.publish(message, reason, exception), "dead_letter")
 
     # -- internals -----------------------------------------------------------------------
 
     def _check_open(self) -> None:
         self._owner._check_open()
 
-    async def _settle(self, message: Any, key: MessageKey, publishing: Awaitable[Any]) -> None:
-        """Publish a letter, then acknowledge the message; other copies of it are dropped meanwhile."""
+    async def _settle(self, message: Any, key: MessageKey, publishing: Awaitable[Any], cause: str) -> None:
+        """Publish a letter, then acknowledge the message; other copies of it are dropped meanwhile.
+        ``cause``: the dead letter's, should ``publishing`` publish one (see ``ack_when_published``)."""
         letters = self._owner._dead_letters
         letters.publishing(key)
-        await letters.ack_when_published(message, publishing, key, message_key=key)
+        await letters.ack_when_published(message, publishing, key, message_key=key, cause=cause)
 
     @staticmethod
     def _check_message(call: str, message: Any) -> None:
@@ -260,6 +270,7 @@ class FailureHandling:
 
     def _schedule_ack_timeout(self, key: MessageKey, delay_ms: int, count: int, msg: Any) -> None:
         owner = self._owner
+        self.ack_timeout_redeliveries += 1
         due = owner.tracker.add(key, delay_ms=delay_ms, redelivery_count=count)
         owner.core.nacked(key, due, msg, owner.tracker.clock.now_ms())
         owner._release.rearm()
@@ -270,10 +281,14 @@ class FailureHandling:
             asyncio.get_running_loop().create_task(self._quiet_nack(msg))
 
     async def _quiet_nack(self, msg: Any) -> None:
+        letters = self._owner._dead_letters
+        letters.cause = "ack_timeout"  # the tracker's hook runs within the nack's first step, before any await
         try:
             await self._owner.negative_acknowledge(msg, delay_ms=0)
         except Exception as exc:  # closed or acknowledged meanwhile: nothing to do
             log.debug("ack timeout of a last delivery not nacked: %r", exc)
+        finally:
+            letters.cause = "max_redeliveries"
 
 
 async def reconsume_later(self: Any, message: Any, delay_ms: Optional[int] = None,
@@ -327,6 +342,11 @@ class ConsumerDeadLetters:
         self._ack_copies = ack_copies
         self._hooked = hooked  # False: the publisher serves explicit dead letters only (no max_redeliveries)
         self.candidate: Any = None
+        #: why the tracker's hook dead-letters the message being nacked now: "max_redeliveries", or
+        #: "ack_timeout" (the ack timeout of its last delivery passed: FailureHandling sets it around that nack)
+        self.cause = "max_redeliveries"
+        #: dead letters published, by cause ("bad_property": a reconsume of a message whose properties were refused)
+        self.by_cause = {"max_redeliveries": 0, "dead_letter": 0, "ack_timeout": 0, "bad_property": 0}
         self.failures: Optional[FailureHandling] = None  # closed with these (set by FailureHandling)
         #: messages whose letter (dead letter, retry) is being published, until acknowledged: another
         #: copy of one (a broker restart's resend beside the requested one) must not surface meanwhile
@@ -364,17 +384,20 @@ class ConsumerDeadLetters:
         message = self.candidate
         published = self.publisher.publish(message)
         self.publishing(key)  # now, not when the tracker's task starts: a copy may arrive before that
-        return self.ack_when_published(message, published, key)
+        return self.ack_when_published(message, published, key, cause=self.cause)
 
     async def ack_when_published(self, message: Any, published: Awaitable[Any], key: Any,
-                                 message_key: Optional[MessageKey] = None) -> None:
+                                 message_key: Optional[MessageKey] = None, cause: Optional[str] = None) -> None:
         """Once a letter of ``message`` (``key``, marked :meth:`publishing`) is ``published``, acknowledge the
         message (``message_key``: its key when known; else ``ack`` reads it from the message), then the copies
         kept meanwhile (:meth:`keep_copies`). Whatever happens, the letter is :meth:`settled`; after a failure
-        the message stays pending and its kept copies are forgotten. O(kept copies)."""
+        the message stays pending and its kept copies are forgotten. ``cause``: a dead letter's, counted in
+        :attr:`by_cause` once published (None: a retry letter). O(kept copies)."""
         acked = False
         try:
-            await published
+            outcome = await published
+            if cause is not None and outcome is not False:  # (a reconsume says False: it published a retry)
+                self.by_cause[cause] += 1
             await self._ack(message, message_key)
             acked = True
         finally:

@@ -49,7 +49,7 @@ class RetryLetters:
         self.topic = topic
         self.max_redeliveries = max_redeliveries
         self.lead_ms = lead_ms
-        self.counts = {"reconsumed": 0, "reconsume_dead_lettered": 0, "dead_lettered_bad_property": 0}
+        self.counts = {"reconsumed": 0, "reconsume_dead_lettered": 0}
 
     def prepare(self, message: Any, delay_ms: Optional[int], custom: Optional[Mapping[str, str]],
                 default_delay: Callable[[int], object]) -> tuple[dict[str, str], int, int]:
@@ -74,7 +74,6 @@ class RetryLetters:
                                     subscription=self.dead_letters.subscription, reason=str(refused),
                                     exception=refused)
         await self.dead_letters.publish(message, properties=props)
-        self.counts["dead_lettered_bad_property"] += 1
 
     async def reconsume(self, message: Any, props: dict[str, str], times: int, delay_ms: int) -> bool:
         """Publish the next retry of ``message`` (:meth:`prepare`: its properties, number and delay), or

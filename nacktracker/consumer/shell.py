@@ -44,7 +44,7 @@ from .pump import ReceivePump
 from .release import ReleaseTimer
 from .state import core_stats
 
-__all__ = ["TrackedConsumer"]
+__all__ = ["TrackedConsumer", "topic_names"]
 
 log = logging.getLogger("nacktracker.consumer")
 
@@ -59,9 +59,11 @@ COPY_OVERDUE_MS = 1_000
 INITIAL_LEAD_MS = 250
 
 
-def _topics(topic: Union[str, list[str]]) -> list[str]:
-    """A consumer's topics (``topic()`` of a multi-topic consumer is a list). O(topics)."""
-    return [topic] if isinstance(topic, str) else [str(t) for t in topic]
+def topic_names(topic: Any) -> list[str]:
+    """Topic names from a topic, a list of them, or a pattern (its text). O(topics)."""
+    if isinstance(topic, (list, tuple)):
+        return [t for each in topic for t in topic_names(each)]
+    return [topic if isinstance(topic, str) else str(getattr(topic, "pattern", topic))]
 
 
 class TrackedConsumer:
@@ -85,7 +87,8 @@ class TrackedConsumer:
 
     def __init__(self, consumer: Any, *, client: Optional[pulsar_asyncio.Client] = None,
                  adapter: Any = None, clock: Optional[Clock] = None, schema: Any = None,
-                 batch_receive_policy: Any = None, **options: Unpack[ConsumerOptionsDict]) -> None:
+                 batch_receive_policy: Any = None, topics: Optional[list[str]] = None,
+                 **options: Unpack[ConsumerOptionsDict]) -> None:
         opts = ConsumerOptions.check(dict(options), has_client=client is not None)
         self._batch_limits = batch_receive_policy if isinstance(batch_receive_policy, BatchLimits) \
             else BatchLimits.of(batch_receive_policy, None)
@@ -96,6 +99,10 @@ class TrackedConsumer:
         close_leaves_no_callback()  # the client's close() leaves nothing to outlive the interpreter (client_close.py)
         self._consumer = consumer
         self.options = opts
+        #: the topics subscribed to, as the application named them (``subscribe`` passes them; not the retry
+        #: topic, nor a multi-topic consumer's ``...-TopicsConsumerFakeName-<random>``): whose the snapshot
+        #: is, the metrics' ``pulsar.topic``; stable across restarts
+        self.topics = list(topics) if topics is not None else topic_names(consumer.topic())
         # Copies that arrive early are parked until due, so the lead starts on the high side and is
         # learned down: an early copy costs a short wait, a late one costs precision.
         if adapter is None and opts.redelivery == "local":  # Exclusive/Failover: see adapters/local.py
@@ -134,8 +141,7 @@ class TrackedConsumer:
             max_redeliveries=opts.max_redeliveries, clock=clock,
             on_dead_letter=self._dead_letters.hook, consumer_name=name)
         self._store = None if opts.snapshot_path is None else SnapshotStore(
-            opts.snapshot_path, opts.snapshot_on_error, subscription=consumer.subscription_name(),
-            topics=_topics(consumer.topic()))
+            opts.snapshot_path, opts.snapshot_on_error, subscription=consumer.subscription_name(), topics=self.topics)
         if self._store is None:
             self.tracker = NegativeAcksTracker(self.adapter, **tracker_options)
         else:
@@ -446,9 +452,11 @@ class TrackedConsumer:
     def stats(self) -> dict[str, Any]:
         """The tracker's stats plus the consumer's (each key, its meaning and
         unit: the docs' "Stats and metrics" page). Runtime: O(1) plus the tracker's."""
-        return {**self.tracker.stats(), "lateness_ms": self.lateness.summary(), "received": self._pump.received,
-                "prefetched": self._pump.queued, "admit_failures": self._pump.admit_failures, **core_stats(self.core), **self._counts,
-                **self._dead_letters.stats(), **self._failures.stats(),
+        tracker = self.tracker.stats()
+        return {**tracker, "lateness_ms": self.lateness.summary(), "received": self._pump.received,
+                "prefetched": self._pump.queued, "admit_failures": self._pump.admit_failures,
+                **core_stats(self.core), **self._counts,
+                **self._dead_letters.stats(), **self._failures.stats(tracker["nacks"]),
                 "snapshots_saved": self._store.saved if self._store else 0,
                 "snapshot_failures": self._store.failures if self._store else 0,
                 "bursts": len(self.adapter.bursts) if isinstance(self.adapter, ReportsBursts) else 0,

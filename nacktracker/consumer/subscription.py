@@ -18,7 +18,7 @@ from .dead_letters import quietly
 from .options import (CLIENT_RECEIVER_QUEUE_SIZE, REDELIVERY_MODES, ConsumerOptions, Redelivery, SnapshotOnError,
                       unknown_option)
 from .retry_letters import MAX_RECONSUMETIMES, full_topic_name, retry_dead_letter_topic, retry_letter_topic
-from .shell import TrackedConsumer
+from .shell import TrackedConsumer, topic_names
 
 __all__ = ["subscribe", "ClientSubscribeOptions", "client_subscribe_options", "CLIENT_OPTIONS"]
 
@@ -249,6 +249,7 @@ async def subscribe(client: pulsar_asyncio.Client, topic: Union[str, list[str]],
     if own["delay_ms"] is None:
         own["delay_ms"] = ConsumerOptions.delay_ms
     ConsumerOptions.check(own, has_client=True)  # bad options fail before a subscription is made
+    subscribed = topic_names(topic)  # as named here: the snapshot's owner and the metrics' topic (not the retry's)
     if own.get("enable_retry"):
         topic = _with_retry_topic(topic, subscription, own)
     queue_size = options.get("receiver_queue_size", CLIENT_RECEIVER_QUEUE_SIZE)
@@ -262,7 +263,7 @@ async def subscribe(client: pulsar_asyncio.Client, topic: Union[str, list[str]],
                                       batch_index_ack_enabled=batch_index_ack_enabled, **options)
     try:
         tracked = TrackedConsumer(consumer, client=client, schema=options.get("schema"),
-                                  batch_receive_policy=batch_limits, **own)
+                                  batch_receive_policy=batch_limits, topics=subscribed, **own)
     except BaseException:
         await quietly(consumer.close())
         raise
