@@ -499,3 +499,58 @@ async def test_a_snapshot_path_that_is_a_device_or_a_fifo_is_refused_at_once(tmp
         for x in (h, h2):
             await x.close()
     assert os.path.realpath(zero) == "/dev/zero" and os.path.exists("/dev/zero")
+
+
+# -- every counter against what the topics received ----------------------------------------------
+
+async def test_after_a_mixed_run_every_counter_equals_what_the_topics_received(letters):
+    """Nacks until max_redeliveries, dead_letter() calls, reconsumes, ack timeouts until their last
+    delivery, one reconsume of an unreadable count: each counter equals what the fake client's
+    producers sent to the retry and dead-letter topics (and the redeliveries the broker was asked for)."""
+    h = letters(max_redeliveries=2, ack_timeout_ms=100)
+    groups = {"nacked": range(0, 10), "dead_letter": range(10, 20), "reconsumed": range(20, 30),
+              "timed_out": range(30, 40)}
+    group_of = {e: g for g, entries in groups.items() for e in entries}
+    for _ in range(40):
+        h.broker.publish()
+    h.feed(Message(99, RETRY, {"RECONSUMETIMES": "²", "DELAY_TIME": "0"}, publish_ms=h.wall()))
+    nacks = 0
+
+    async def handle(msgs) -> None:
+        nonlocal nacks
+        for m in msgs:
+            entry = m.message_id().entry_id()
+            group = "bad" if m.topic_name() == RETRY else group_of[entry]
+            if group == "nacked":
+                nacks += m.redelivery_count() < 2  # the third delivery's nack dead-letters it at once
+                await h.consumer.negative_acknowledge(m, delay_ms=10)
+            elif group == "dead_letter":
+                await h.consumer.dead_letter(m, reason="poison")
+            elif group in ("reconsumed", "bad"):
+                await h.consumer.reconsume_later(m, delay_ms=10)
+            # timed_out: neither acked nor nacked
+
+    await handle(await h.drain())
+    for _ in range(1500):
+        h.clock.advance(1)
+        await handle(await h.drain())
+        await asyncio.sleep(0)
+    for _ in range(100):  # the fake producers' creation takes real time
+        if len(h.sent(DLQ)) >= 31:
+            break
+        await asyncio.sleep(0.01)
+    await settle()
+    dead = [(group_of.get(int(p[1:]), "bad"), o["properties"]) for p, o in h.sent(DLQ)]
+    by_group = {g: sum(1 for d, _ in dead if d == g) for g in ("nacked", "dead_letter", "timed_out", "bad")}
+    assert by_group == {"nacked": 10, "dead_letter": 10, "timed_out": 10, "bad": 1}
+    stats = h.consumer.stats()
+    assert stats["dead_letters_max_redeliveries"] == by_group["nacked"]
+    assert stats["dead_letters_dead_letter"] == by_group["dead_letter"] == stats["terminal_dead_letters"]
+    assert stats["dead_letters_ack_timeout"] == by_group["timed_out"]
+    assert stats["dead_letters_bad_property"] == by_group["bad"]
+    assert stats["dead_lettered"] == len(dead) == stats["dead_letter_published"]
+    assert stats["retry_letters"] == len(h.sent(RETRY)) == 10
+    assert stats["nacks"] == nacks == 20
+    # each timed-out message was redelivered until its last delivery (counts 1 and 2): what the broker was asked
+    asked = sum(h.broker.counts.get(e, 0) for e in groups["timed_out"])
+    assert stats["ack_timeout_redeliveries"] == asked == 20

@@ -69,15 +69,28 @@ class FailureHandling:
         self.early_held = 0
         self.dropped_in_flight = 0
         self.bad_properties = 0  # retry copies whose DELAY_TIME was refused: surfaced as they came
-        self.ack_timeout_redeliveries = 0  # redeliveries the ack timeouts scheduled (not nacks)
+        self.ack_timeouts_scheduled = 0  # tracker adds made by ack timeouts (not nacks: taken out of "nacks")
+        self.ack_timeout_redeliveries = 0  # of those, the ones whose time came: redeliveries asked for
+        self._timing: set[MessageKey] = set()  # entries whose ack timeout is in the tracker (with ack_timeout_ms)
         owner._dead_letters.failures = self  # closed with the dead letters
-        owner.tracker.add_fire_listener(lambda cell: self.counts.redelivered(cell.keys))
+        owner.tracker.add_fire_listener(self._fired)
         store = owner._store
         if store is not None:
             store.counts = self.counts
             store.load_counts()
 
     # -- the shell's hooks -------------------------------------------------------------
+
+    def _fired(self, cell: Any) -> None:
+        """A fire handed ``cell.keys`` to the adapter: each entry's redelivery counts; those an ack
+        timeout put there are ack-timeout redeliveries. O(k)."""
+        self.counts.redelivered(cell.keys)
+        timing = self._timing
+        if timing:
+            for key in cell.keys:
+                if key in timing:
+                    timing.discard(key)
+                    self.ack_timeout_redeliveries += 1
 
     def surfacing(self, msg: Any) -> bool:
         """A copy the core let through: ``False`` when it is another copy of a message whose
@@ -126,6 +139,7 @@ class FailureHandling:
         for a bare id): ends its ack timeout; returns the count to decide with."""
         if self.ack_timeouts is not None:
             self.ack_timeouts.cancel(key)
+            self._timing.discard(key.entry)
         if count is None or not self._own_count(key, message):
             return count
         count = self.counts.count(key.entry, count)
@@ -148,6 +162,8 @@ class FailureHandling:
         still waits for its redelivery (nacked in the entry's record, or its copy parked). O(1) for
         an entry without a count (nearly all) and for a batch entry with one."""
         entry = key.entry
+        if self._timing:
+            self._timing.discard(entry)
         if not self.counts.has(entry):
             return
         if key.batch_index >= 0 and self._owner.core.awaits_copy(entry):
@@ -159,7 +175,7 @@ class FailureHandling:
         the ack timeouts' redeliveries are taken out (``nacks`` counts the application's). O(1)."""
         by_cause = self._owner._dead_letters.by_cause
         dead = {f"dead_letters_{cause}": n for cause, n in by_cause.items()}
-        out = {"nacks": tracker_nacks - self.ack_timeout_redeliveries,
+        out = {"nacks": tracker_nacks - self.ack_timeouts_scheduled,
                "ack_timeout_redeliveries": self.ack_timeout_redeliveries,
                "retry_letters": self.retries.counts["reconsumed"] if self.retries is not None else 0,
                **dead, "dead_lettered": sum(by_cause.values()),
@@ -270,7 +286,8 @@ class FailureHandling:
 
     def _schedule_ack_timeout(self, key: MessageKey, delay_ms: int, count: int, msg: Any) -> None:
         owner = self._owner
-        self.ack_timeout_redeliveries += 1
+        self.ack_timeouts_scheduled += 1
+        self._timing.add(key.entry)
         due = owner.tracker.add(key, delay_ms=delay_ms, redelivery_count=count)
         owner.core.nacked(key, due, msg, owner.tracker.clock.now_ms())
         owner._release.rearm()
