@@ -224,7 +224,8 @@ def unknown_option(where: str, name: str, valid: Iterable[str]) -> TypeError:
     """The ``TypeError`` for an unknown keyword option ``name`` of ``where``
     (``"nacktracker.subscribe"``), naming the nearest valid option when one is
     close (:func:`difflib.get_close_matches`)."""
+    names = list(valid)
     alias = OPTION_ALIASES.get(name)
-    close = [alias] if alias in valid else difflib.get_close_matches(name, list(valid), n=1)
+    close = [alias] if alias in names else difflib.get_close_matches(name, names, n=1)
     hint = f": did you mean {close[0]}?" if close else ""
     return TypeError(f"{where}() got an unexpected keyword argument {name!r}{hint}")

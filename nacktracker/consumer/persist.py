@@ -113,7 +113,6 @@ class SnapshotStore:
                 raise RuntimeError("TrackedConsumer(snapshot_path=...) must be created inside the event "
                                    "loop (restored delays count on its clock); nacktracker.subscribe does "
                                    "that") from None
-        path = self.path
         self._lock()
         try:
             return self._load(adapter, options, core)

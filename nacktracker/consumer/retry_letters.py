@@ -229,7 +229,7 @@ def reconsume_times(props: Mapping[str, str]) -> int:
     """``RECONSUMETIMES`` of a message's properties (0 when absent); :class:`PropertyError` when
     :func:`read_property` refuses it. O(1)."""
     value = read_property(props, PROPERTY_RECONSUMETIMES)
-    return 0 if value is None else int(value)  # type: ignore[call-overload]
+    return value if isinstance(value, int) else 0
 
 
 def terminal_properties(own: Mapping[str, str], *, topic: str, origin_id: str, subscription: str,
@@ -264,6 +264,6 @@ def retry_due_wall_ms(props: Mapping[str, str], publish_timestamp_ms: int) -> Op
     :func:`read_property` refuses (the consumer surfaces that copy as it
     comes, counted in ``bad_properties``). O(len(value))."""
     delay = read_property(props, PROPERTY_DELAY_TIME)
-    if delay is None or type(publish_timestamp_ms) is not int or not 0 < publish_timestamp_ms <= MAX_ID:
+    if not isinstance(delay, int) or type(publish_timestamp_ms) is not int or not 0 < publish_timestamp_ms <= MAX_ID:
         return None
-    return publish_timestamp_ms + int(delay)  # type: ignore[call-overload]
+    return publish_timestamp_ms + delay
