@@ -554,3 +554,121 @@ async def test_after_a_mixed_run_every_counter_equals_what_the_topics_received(l
     # each timed-out message was redelivered until its last delivery (counts 1 and 2): what the broker was asked
     asked = sum(h.broker.counts.get(e, 0) for e in groups["timed_out"])
     assert stats["ack_timeout_redeliveries"] == asked == 20
+
+
+# -- the retry and dead-letter toolkit, pinned behaviour by behaviour ------------------------------
+
+async def test_reconsume_without_a_delay_takes_the_backoff_of_its_reconsume_count(letters):
+    import datetime
+
+    h = letters(backoff=lambda n: 100 * (n + 1), delay_ms=7)
+    for entry, times in ((1, None), (2, "2")):
+        props = {} if times is None else {"RECONSUMETIMES": times, "DELAY_TIME": "0"}
+        h.feed(Message(entry, RETRY if times else TOPIC, props, publish_ms=h.wall()))
+    msgs = sorted(await h.drain(), key=lambda m: m.message_id().entry_id())
+    for m in msgs:
+        await h.consumer.reconsume_later(m)
+    sent = [o for _, o in h.sent(RETRY)]
+    assert [(o["properties"]["RECONSUMETIMES"], o["properties"]["DELAY_TIME"]) for o in sent] == [("1", "100"),
+                                                                                                   ("3", "300")]
+    assert [o["deliver_after"] for o in sent] == [datetime.timedelta(milliseconds=100),
+                                                  datetime.timedelta(milliseconds=300)]
+    h2 = letters(delay_ms=250)  # without a backoff: the consumer's delay_ms
+    h2.feed(Message(1))
+    [m] = await h2.drain()
+    await h2.consumer.reconsume_later(m)
+    assert h2.sent(RETRY)[0][1]["properties"]["DELAY_TIME"] == "250"
+
+
+async def test_the_retrys_deliver_after_is_its_delay_less_the_lead_never_below_zero(letters):
+    import datetime
+
+    h = letters(retry_lead_ms=2000)
+    for entry in (1, 2):
+        h.feed(Message(entry))
+    m1, m2 = sorted(await h.drain(), key=lambda m: m.message_id().entry_id())
+    await h.consumer.reconsume_later(m1, delay_ms=5000)
+    await h.consumer.reconsume_later(m2, delay_ms=1500)
+    first, second = [o for _, o in h.sent(RETRY)]
+    assert first["deliver_after"] == datetime.timedelta(milliseconds=3000)
+    assert first["properties"]["DELAY_TIME"] == "5000"  # the due time the consumer holds a copy until
+    assert "deliver_after" not in second and second["properties"]["DELAY_TIME"] == "1500"
+
+
+async def test_re_dead_lettering_replaces_the_reason_and_drops_a_stale_exception(letters):
+    h = letters()
+    old = {"DEAD_LETTER_REASON": "old", "DEAD_LETTER_EXCEPTION": "builtins.KeyError", "app": "x"}
+    h.feed(Message(1, props=old))
+    h.feed(Message(2, props=old))
+    m1, m2 = sorted(await h.drain(), key=lambda m: m.message_id().entry_id())
+    await h.consumer.dead_letter(m1, reason="new")
+    await h.consumer.dead_letter(m2, reason="newer", exception=ValueError("v"))
+    p1, p2 = [o["properties"] for _, o in h.sent(DLQ)]
+    assert p1["DEAD_LETTER_REASON"] == "new" and "DEAD_LETTER_EXCEPTION" not in p1 and p1["app"] == "x"
+    assert p2["DEAD_LETTER_REASON"] == "newer" and p2["DEAD_LETTER_EXCEPTION"] == "ValueError"
+
+
+async def test_a_failed_dead_letter_leaves_nothing_in_flight_and_the_count_unchanged(letters):
+    h = letters()
+    h.feed(Message(1))
+    [m] = await h.drain()
+    h.client.fail_sends = 1
+    with pytest.raises(DeadLetterError):
+        await h.consumer.dead_letter(m, reason="first")
+    assert h.consumer._dead_letters.in_flight == {}  # noqa: SLF001  (what a second call is checked against)
+    assert h.consumer.stats()["terminal_dead_letters"] == 0 == h.consumer.stats()["dead_letters_dead_letter"]
+    assert h.raw.acks == [] and h.consumer.stats()["dead_letter_failed"] == 1
+    await h.consumer.negative_acknowledge(m, delay_ms=10)  # still the application's to settle: a nack works
+    assert h.consumer.tracker.pending == 1
+
+
+async def test_the_consumers_count_when_the_brokers_starts_above_it_then_resets():
+    """The broker's count starts at 5 (redeliveries before this consumer): the consumer takes it, then
+    counts on from there when the broker's count resets (a broker restart)."""
+    from test_consumer_shell import Harness
+
+    h = Harness(precision_bits=0, backoff=lambda n: 100 * (n + 1))
+    h.broker.counts[0] = 5
+    h.broker.publish()
+    received = []
+    try:
+        for _ in range(4000):
+            h.clock.advance(1)
+            await settle()
+            for m in await h.drain():
+                received.append((h.clock.now_ms(), m.redelivery_count()))
+                if len(received) == 2:
+                    h.broker.counts.clear()  # the broker restarted: its counts are gone
+                await h.consumer.negative_acknowledge(m)
+            if len(received) == 5:
+                break
+    finally:
+        await h.close()
+    counts = [c for _, c in received]
+    gaps = [b[0] - a[0] for a, b in zip(received, received[1:])]
+    assert counts == [5, 6, 1, 2, 3]  # what the broker said, reset after the second delivery
+    assert gaps == [600, 700, 800, 900]  # what the consumer decided with: 5, 6, 7, 8
+
+
+async def test_the_ack_timeout_backoff_grows_on_after_a_broker_count_reset():
+    from test_consumer_shell import Harness
+
+    h = Harness(precision_bits=0, ack_timeout_ms=100, ack_timeout_backoff=lambda n: 100 * (n + 1))
+    h.broker.publish()
+    received = []
+    try:
+        for _ in range(3000):
+            h.clock.advance(1)
+            await settle()
+            for m in await h.drain():  # never acknowledged: each delivery's ack timeout passes
+                received.append((h.clock.now_ms(), m.redelivery_count()))
+                if len(received) == 3:
+                    h.broker.counts.clear()
+            if len(received) == 5:
+                break
+    finally:
+        await h.close()
+    counts = [c for _, c in received]
+    gaps = [b[0] - a[0] for a, b in zip(received, received[1:])]
+    assert counts == [0, 1, 2, 1, 2]
+    assert gaps == [100, 200, 300, 400]  # the consumer's own count kept the backoff growing
