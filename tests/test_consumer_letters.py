@@ -672,3 +672,102 @@ async def test_the_ack_timeout_backoff_grows_on_after_a_broker_count_reset():
     gaps = [b[0] - a[0] for a, b in zip(received, received[1:])]
     assert counts == [0, 1, 2, 1, 2]
     assert gaps == [100, 200, 300, 400]  # the consumer's own count kept the backoff growing
+
+
+# -- concurrent letter calls, as a state machine ---------------------------------------------------
+
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule  # noqa: E402
+
+
+class LetterCalls(RuleBasedStateMachine):
+    """Letter calls started concurrently on a few messages (reconsume_later, dead_letter, a nack
+    that reaches max_redeliveries), with publishes failing at random; the loop runs in between.
+    Promises: a call that starts while a letter of its message is in flight is refused at once
+    (LetterInFlightError), one on an acknowledged message too (ValueError); every message gets at
+    most one letter, published exactly when it was acknowledged; nothing stays in flight once the
+    calls are done."""
+
+    MESSAGES = 4
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.h = self.loop.run_until_complete(self._make())
+        self.tasks: list = []  # (entry, task)
+
+    async def _make(self) -> Letters:
+        h = Letters(max_redeliveries=1)
+        for entry in range(self.MESSAGES):
+            h.feed(Message(entry, count=1))  # each at its last delivery: a nack dead-letters it
+        self.msgs = {m.message_id().entry_id(): m for m in await h.drain()}
+        return h
+
+    def acked(self, entry: int) -> bool:
+        return self.msgs[entry].data() in self.h.raw.acks
+
+    @rule(entry=st.integers(0, MESSAGES - 1), kind=st.sampled_from(["dead_letter", "reconsume", "nack"]))
+    def start(self, entry: int, kind: str) -> None:
+        c, m = self.h.consumer, self.msgs[entry]
+        call = {"dead_letter": lambda: c.dead_letter(m, reason="r"),
+                "reconsume": lambda: c.reconsume_later(m, delay_ms=5),
+                "nack": lambda: c.negative_acknowledge(m)}[kind]()
+        earlier = [t for e, _, t in self.tasks if e == entry]
+        task = self.loop.create_task(call)
+        self.loop.run_until_complete(asyncio.sleep(0))  # the call's first step: checked, its letter queued
+        if task.done() and isinstance(task.exception(), LetterInFlightError):
+            assert earlier, "refused as in flight with no letter of it ever started"
+        self.tasks.append((entry, kind, task))
+
+    @rule()
+    def fail_next_publish(self) -> None:
+        self.h.client.fail_sends += 1
+
+    @rule()
+    def run(self) -> None:
+        async def settle_all() -> None:
+            in_flight = self.h.consumer._dead_letters.in_flight  # noqa: SLF001  (the tracker's letters too)
+            for _ in range(500):
+                if all(t.done() for _, _, t in self.tasks) and not in_flight:
+                    break
+                await asyncio.sleep(0.002)
+            await settle()
+
+        self.loop.run_until_complete(settle_all())
+
+    @invariant()
+    def at_most_one_letter_per_message_and_only_with_its_ack(self) -> None:
+        letters = [p for p, _ in self.h.sent(RETRY) + self.h.sent(DLQ)]
+        in_flight = {k.entry_id for k in self.h.consumer._dead_letters.in_flight}  # noqa: SLF001
+        for entry, m in self.msgs.items():
+            assert letters.count(m.data()) <= 1, (entry, letters)
+            if entry not in in_flight and all(t.done() for e, _, t in self.tasks if e == entry):
+                assert (letters.count(m.data()) == 1) == self.acked(entry), (entry, letters, self.h.raw.acks)
+
+    def teardown(self) -> None:
+        self.run()
+        assert all(t.done() for _, _, t in self.tasks)
+        for _, _, t in self.tasks:
+            exc = t.exception()
+            assert exc is None or isinstance(exc, (LetterInFlightError, ValueError, DeadLetterError)), repr(exc)
+        assert self.h.consumer._dead_letters.in_flight == {}  # noqa: SLF001
+        self.loop.run_until_complete(self.h.close())
+        self.loop.close()
+
+
+LetterCalls.TestCase.settings = settings(max_examples=40, stateful_step_count=25, deadline=None,
+                                         suppress_health_check=[HealthCheck.too_slow])
+test_concurrent_letter_calls_keep_one_letter_per_message = LetterCalls.TestCase
+
+
+async def test_a_nack_while_its_messages_dead_letter_is_in_flight_publishes_no_second_one(letters):
+    h = letters(max_redeliveries=1)
+    h.feed(Message(1, count=1))  # at its last delivery: a nack would dead-letter it
+    [m] = await h.drain()
+    await asyncio.gather(h.consumer.dead_letter(m, reason="r"), h.consumer.negative_acknowledge(m))
+    for _ in range(100):
+        await asyncio.sleep(0.005)
+        if h.raw.acks:
+            break
+    await settle()
+    assert [p for p, _ in h.sent(DLQ)] == [b"m1"] and h.raw.acks == [b"m1"]
+    assert h.consumer.stats()["nacks_while_lettered"] == 1

@@ -69,6 +69,7 @@ class FailureHandling:
         self.early_held = 0
         self.dropped_in_flight = 0
         self.bad_properties = 0  # retry copies whose DELAY_TIME was refused: surfaced as they came
+        self.nacks_while_lettered = 0  # nacks ignored: the message's letter was being published
         self.ack_timeouts_scheduled = 0  # tracker adds made by ack timeouts (not nacks: taken out of "nacks")
         self.ack_timeout_redeliveries = 0  # of those, the ones whose time came: redeliveries asked for
         self._timing: set[MessageKey] = set()  # entries whose ack timeout is in the tracker (with ack_timeout_ms)
@@ -183,7 +184,7 @@ class FailureHandling:
                "letter_copies_dropped": self.dropped_in_flight,
                "terminal_dead_letters": self.terminal.published if self.terminal is not None else 0,
                "reconsumed": 0, "reconsume_dead_lettered": 0,
-               "bad_properties": self.bad_properties,
+               "bad_properties": self.bad_properties, "nacks_while_lettered": self.nacks_while_lettered,
                "ack_timeouts_started": 0, "ack_timeouts_cancelled": 0, "ack_timeouts_last": 0}
         if self.retries is not None:
             out.update(self.retries.counts)

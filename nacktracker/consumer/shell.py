@@ -343,6 +343,10 @@ class TrackedConsumer:
             self.core.nack_refused(key)
             log.warning("nack of %s ignored: it was acknowledged already", key)
             return
+        if self._dead_letters.in_flight and key in self._dead_letters.in_flight:  # one letter per message
+            self._failures.nacks_while_lettered += 1
+            log.warning("nack of %s ignored: its retry or dead letter is being published (its ack settles it)", key)
+            return
         count = self._failures.nacking(key, count, message)  # ends an ack timeout; the consumer's own count
         self._dead_letters.candidate = message  # what the tracker's dead-letter hook publishes
         try:
