@@ -771,3 +771,21 @@ async def test_a_nack_while_its_messages_dead_letter_is_in_flight_publishes_no_s
     await settle()
     assert [p for p, _ in h.sent(DLQ)] == [b"m1"] and h.raw.acks == [b"m1"]
     assert h.consumer.stats()["nacks_while_lettered"] == 1
+
+
+async def test_a_letter_call_ends_the_messages_ack_timeout_and_a_failed_one_restarts_it(letters):
+    h = letters(ack_timeout_ms=100)
+    h.broker.publish()
+    [m0] = await h.drain()
+    slow = asyncio.ensure_future(h.consumer.dead_letter(m0, reason="r"))  # its producer takes a while to make
+    await asyncio.sleep(0)
+    await h.advance(150)  # the ack timeout's time passes while the letter is being published
+    assert h.broker.counts == {} and h.consumer.stats()["ack_timeout_redeliveries"] == 0
+    await slow
+    h.broker.publish()
+    [m1] = await h.drain()
+    h.client.fail_sends = 1
+    with pytest.raises(DeadLetterError):
+        await h.consumer.dead_letter(m1, reason="r")
+    await h.advance(150)  # the failed letter left m1 with the application: its ack timeout runs again
+    assert h.broker.counts == {1: 1} and h.consumer.stats()["ack_timeout_redeliveries"] == 1

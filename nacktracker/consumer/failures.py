@@ -250,7 +250,16 @@ class FailureHandling:
         ``cause``: the dead letter's, should ``publishing`` publish one (see ``ack_when_published``)."""
         letters = self._owner._dead_letters
         letters.publishing(key)
-        await letters.ack_when_published(message, publishing, key, message_key=key, cause=cause)
+        ack_timeouts = self.ack_timeouts
+        if ack_timeouts is not None:  # the letter settles the message: its ack timeout ends (restarted if it fails)
+            ack_timeouts.cancel(key)
+            self._timing.discard(key.entry)
+        try:
+            await letters.ack_when_published(message, publishing, key, message_key=key, cause=cause)
+        except Exception:
+            if ack_timeouts is not None and not self._owner.closed:
+                self.received(message)
+            raise
 
     @staticmethod
     def _check_message(call: str, message: Any) -> None:
