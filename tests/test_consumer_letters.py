@@ -460,7 +460,8 @@ async def test_one_consumer_per_snapshot_path_at_a_time_and_a_killed_holder_leav
     holder = subprocess.Popen([sys.executable, "-c", (
         "import asyncio, sys\n"
         "from nacktracker.consumer.persist import SnapshotStore\n"
-        f"SnapshotStore({str(path)!r}, 'raise')._lock()\n"
+        f"store = SnapshotStore({str(path)!r}, 'raise')\n"
+        "store._lock()\n"
         "print('locked', flush=True)\n"
         "sys.stdin.read()\n")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:

@@ -68,7 +68,7 @@ class SnapshotStore:
         self.on_error = on_error
         #: whose the files are: compared with ``<path>.owner`` at start, written there (None: not checked)
         self.owner = None if subscription is None else {"subscription": subscription, "topics": sorted(topics)}
-        self._lock_fd: Optional[int] = None
+        self._lock_file: Optional[Any] = None  # a file object: closed (the lock dropped) with the store if forgotten
         self.restoring = True  # False once the files were found to be another consumer's (nothing of them is read)
         self.saved = self.failures = 0
         self._writing: Optional[asyncio.Future[None]] = None  # the write in flight (in a thread)
@@ -189,7 +189,7 @@ class SnapshotStore:
         """Hold ``<path>.lock`` exclusively until :meth:`release` (or the process ends): a second
         consumer on the path gets a :class:`SnapshotError`. A path whose directory is missing or
         cannot be written is left to the snapshot's own checks (``snapshot_on_error``)."""
-        if fcntl is None or self._lock_fd is not None:
+        if fcntl is None or self._lock_file is not None:
             return
         if os.path.lexists(self.path) and not os.path.isfile(self.path):
             return  # a directory, a device, a FIFO: refused by the read, and no lock file beside a device
@@ -199,23 +199,24 @@ class SnapshotStore:
         except OSError as exc:
             log.warning("cannot open %s (%s): the snapshot path is not locked", lock, exc.strerror or exc)
             return
+        file = os.fdopen(fd, "r+b", buffering=0)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
-            os.close(fd)
+            file.close()
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 log.warning("cannot lock %s (%s): the snapshot path is not locked", lock, exc.strerror or exc)
                 return
             raise SnapshotError(f"snapshot path {self.path} is in use by another consumer (it holds {lock}): one "
                                 "consumer per snapshot_path at a time, or each would overwrite the other's nacks. "
                                 "Give this consumer a path of its own") from None
-        self._lock_fd = fd
+        self._lock_file = file
 
     def release(self) -> None:
         """Let go of the path (the consumer closed). Idempotent."""
-        fd, self._lock_fd = self._lock_fd, None
-        if fd is not None:
-            os.close(fd)  # closing the descriptor drops the flock
+        file, self._lock_file = self._lock_file, None
+        if file is not None:
+            file.close()  # closing the descriptor drops the flock
 
     def _owned(self) -> bool:
         """Whether the files at the path are this consumer's (or nobody's yet); writes its owner file.
