@@ -14,6 +14,7 @@ import asyncio
 import logging
 import os
 import random
+import shutil
 import zlib
 
 import pytest
@@ -324,7 +325,7 @@ async def test_a_failing_snapshot_write_is_counted_and_the_final_one_raises(clie
     consumer = await tracked(client, t, snapshot_path=where / "nacks.snap", snapshot_interval_s=0.1)
     msg = await consumer.receive(timeout_ms=5000)
     await consumer.negative_acknowledge(msg, delay_ms=60_000)
-    where.rmdir()
+    shutil.rmtree(where)  # (with the consumer's lock and owner files)
     for _ in range(250):  # two periodic saves (every 0.1 s) fail; a loaded machine may take longer
         if consumer.stats()["snapshot_failures"] >= 2:
             break
