@@ -365,7 +365,7 @@ def instrument_consumer(consumer: Any, *, attributes: Optional[Mapping[str, str]
     ``stats()`` (the tracker's plus ``batch_records``), its tracker's fires
     (timer lag), its redelivered messages (lateness), and its topic,
     subscription and consumer name as attributes."""
-    topics = getattr(consumer, "topics", None)
+    topics = getattr(consumer, "topics", None) or None  # (none known: the client's topic())
     topic: Union[str, list[str]] = topics if topics is not None else consumer.topic()
     return observe_stats(consumer.stats, topic=topic if isinstance(topic, str) else ",".join(topic),
                          subscription=consumer.subscription_name(), consumer=consumer.consumer_name(),

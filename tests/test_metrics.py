@@ -236,3 +236,36 @@ async def test_instrument_consumer_takes_its_names_and_stats():
         lateness = collect(reader)["nacktracker.redelivery.lateness"][key]
         assert lateness.count == 2 and lateness.sum == 3.0
     assert listeners == []  # the registration's end removes its listener
+
+
+async def test_a_retrying_consumers_topic_attribute_is_its_subscribed_topic_stable_across_restarts():
+    """With enable_retry the client's consumer reads two topics and names itself
+    ``...-RETRY-TopicsConsumerFakeName-<random>``: the attribute is the topic subscribed to instead."""
+    from nacktracker.metrics import instrument_consumer
+
+    reader, provider, tracker, adapter, clock = setup()
+    seen = []
+    for run in range(2):  # two runs of one consumer: one series
+        class Consumer:  # what instrument_consumer reads of a TrackedConsumer
+            topics = ["persistent://public/default/orders"]
+
+            def __init__(self, run: int) -> None:
+                self.tracker = tracker
+                self.run = run
+
+            def topic(self) -> str:
+                return f"persistent://public/default/orders-workers-RETRY-TopicsConsumerFakeName-{self.run}abc"
+
+            def subscription_name(self) -> str:
+                return "workers"
+
+            def consumer_name(self) -> str:
+                return "c-7"
+
+            def stats(self) -> dict:
+                return tracker.stats()
+
+        with instrument_consumer(Consumer(run), meter_provider=provider) as registration:
+            seen.append(registration.attributes["pulsar.topic"])
+    assert seen == ["persistent://public/default/orders"] * 2
+    await tracker.close()

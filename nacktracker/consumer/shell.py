@@ -102,7 +102,10 @@ class TrackedConsumer:
         #: the topics subscribed to, as the application named them (``subscribe`` passes them; not the retry
         #: topic, nor a multi-topic consumer's ``...-TopicsConsumerFakeName-<random>``): whose the snapshot
         #: is, the metrics' ``pulsar.topic``; stable across restarts
-        self.topics = list(topics) if topics is not None else topic_names(consumer.topic())
+        #: (made without ``topics``: the client's ``topic()``; none for a multi-topic consumer, whose
+        #: ``topic()`` changes from one run to the next: its snapshot is then owned by subscription alone)
+        self.topics = list(topics) if topics is not None else [] if is_multi_topic(consumer) else topic_names(
+            consumer.topic())
         # Copies that arrive early are parked until due, so the lead starts on the high side and is
         # learned down: an early copy costs a short wait, a late one costs precision.
         if adapter is None and opts.redelivery == "local":  # Exclusive/Failover: see adapters/local.py
