@@ -100,6 +100,9 @@ async def test_after_a_mixed_run_every_counter_equals_what_the_brokers_topics_re
     consumer = await nacktracker.subscribe(client, t, "sub", enable_retry=True, max_redeliveries=2,
                                            ack_timeout_ms=300, retry_lead_ms=0, initial_position=EARLIEST)
     producer = await client.create_producer(t, batching_enabled=False)
+    # the client names a consumer of the topic and its retry topic ...-TopicsConsumerFakeName-<random>: the
+    # metrics' pulsar.topic and the snapshot's owner are the topic subscribed to
+    assert consumer.topics == [t] and consumer.topic() != t
     groups = ("nack", "dead", "retry", "slow")
     n = 5
     try:
