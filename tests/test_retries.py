@@ -12,7 +12,8 @@ from hypothesis import given, strategies as st
 
 from nacktracker import MultiplierBackoff
 from nacktracker.consumer.counts import DeliveryCounts
-from nacktracker.consumer.retry_letters import (base_topic, full_topic_name, is_retry_topic, retry_due_wall_ms,
+from nacktracker.consumer.retry_letters import (base_topic, check_letter_properties, full_topic_name, is_retry_topic,
+                                                read_property, retry_dead_letter_topic, retry_due_wall_ms,
                                                 retry_letter_topic, retry_properties, terminal_properties)
 from nacktracker.errors import PropertyError
 from nacktracker.keys import MessageKey
@@ -60,6 +61,64 @@ def test_a_chain_of_reconsumes_counts_by_one_keeps_its_origin_and_ends_after_max
     assert retried == min(max_redeliveries, len(delays))
 
 
+def refused(props, name):
+    with pytest.raises(PropertyError) as info:
+        read_property(props, name)
+    return info.value
+
+
+def test_read_property_takes_each_property_to_its_bound_exactly_and_names_what_it_refuses():
+    from nacktracker.consumer.retry_letters import MAX_PROPERTY_DELAY_TIME, MAX_PROPERTY_RECONSUMETIMES
+
+    top_count, top_delay = MAX_PROPERTY_RECONSUMETIMES, MAX_PROPERTY_DELAY_TIME
+    assert (top_count, top_delay) == (2**31 - 1, 2**61 - 1)
+    assert read_property({"RECONSUMETIMES": str(top_count)}, "RECONSUMETIMES") == top_count
+    assert read_property({"DELAY_TIME": str(top_delay)}, "DELAY_TIME") == top_delay
+    assert read_property({"DELAY_TIME": "0"}, "DELAY_TIME") == 0 and read_property({}, "RECONSUMETIMES") is None
+    exc = refused({"RECONSUMETIMES": str(top_count + 1)}, "RECONSUMETIMES")
+    assert (exc.name, exc.value, str(exc)) == ("RECONSUMETIMES", "2147483648",
+                                               "property RECONSUMETIMES='2147483648': must be at most 2147483647")
+    exc = refused({"DELAY_TIME": "²"}, "DELAY_TIME")
+    assert (exc.name, exc.value) == ("DELAY_TIME", "²") and str(exc) == (
+        "property DELAY_TIME='²': must be a whole number of ASCII digits from 0 to 2305843009213693951")
+    exc = refused({"DELAY_TIME": 5}, "DELAY_TIME")
+    assert (exc.name, exc.value, str(exc)) == ("DELAY_TIME", 5, "property DELAY_TIME=5: must be a str")
+    assert str(refused({"DELAY_TIME": "9" * 50}, "DELAY_TIME")).startswith("property DELAY_TIME='" + "9" * 40 + "'...:")
+    # text: 1 to 4096 characters, no control characters
+    assert read_property({"REAL_TOPIC": "t" * 4096}, "REAL_TOPIC") == "t" * 4096
+    for bad in ("", "t" * 4097, "a\nb", "\x7f"):
+        exc = refused({"REAL_TOPIC": bad}, "REAL_TOPIC")
+        assert exc.value == bad and str(exc).endswith(": must be 1 to 4096 characters without control characters")
+    # message ids: each part from -1 to 2^63 - 1; a chunked message's two joined by ';'
+    top = str(2**63 - 1)
+    for good in ("-1:-1:-1", f"{top}:{top}:-1:0", "1:2:-1;1:5:-1", f"1:{top}:3;4:5:6:7"):
+        assert read_property({"ORIGIN_MESSAGE_ID": good}, "ORIGIN_MESSAGE_ID") == good
+    for bad in ("-2:1:-1", f"1:{2**63}:-1", "1:2", "1:2:-1;", "1:2:-1 1:5:-1", "1:2:-1;1:5:-2", "1:2:3:4:5"):
+        exc = refused({"ORIGIN_MESSAGE_ID": bad}, "ORIGIN_MESSAGE_ID")
+        assert exc.value == bad and str(exc).endswith(
+            ": must be a message id ledger:entry:partition[:batch] (each from -1 to 2^63 - 1), or two joined by ';' "
+            "(a chunked message's)")
+    # a retry past the largest count is refused, naming the count it had
+    with pytest.raises(PropertyError) as info:
+        retry_properties({"RECONSUMETIMES": str(top_count)}, topic="t", origin_id="1:1:-1", subscription="s",
+                         delay_ms=0)
+    assert (info.value.name, info.value.value, str(info.value)) == (
+        "RECONSUMETIMES", str(top_count), f"property RECONSUMETIMES='{top_count}': a retry would count past {top_count}")
+    props, times = retry_properties({"RECONSUMETIMES": str(top_count - 1)}, topic="t", origin_id="1:1:-1",
+                                    subscription="s", delay_ms=0)
+    assert times == top_count == int(props["RECONSUMETIMES"])
+    # every carried property is checked, by name
+    for name in ("REAL_TOPIC", "REAL_SUBSCRIPTION", "ORIGIN_MESSAGE_ID", "ORIGIN_MESSAGE_IDY_TIME"):
+        with pytest.raises(PropertyError, match=f"^property {name}=''"):
+            check_letter_properties({name: ""})
+
+
+def test_due_time_needs_a_publish_time_in_range():
+    assert retry_due_wall_ms({"DELAY_TIME": "5"}, 1) == 6
+    assert retry_due_wall_ms({"DELAY_TIME": "5"}, 2**63 - 1) == 2**63 + 4
+    assert retry_due_wall_ms({"DELAY_TIME": "5"}, 2**63) is None and retry_due_wall_ms({"DELAY_TIME": "5"}, -1) is None
+
+
 def test_topic_names():
     assert retry_letter_topic("t", "s") == "persistent://public/default/t-s-RETRY"
     assert full_topic_name("a/b/c") == "persistent://a/b/c"
@@ -67,6 +126,11 @@ def test_topic_names():
     assert base_topic("persistent://a/b/c-partition-x") == "persistent://a/b/c-partition-x"
     assert is_retry_topic("persistent://a/b/r-partition-0", "persistent://a/b/r")
     assert not is_retry_topic("persistent://a/b/r2", "persistent://a/b/r")
+    assert full_topic_name("non-persistent://a/b/t") == "non-persistent://a/b/t"
+    assert base_topic("persistent://a/b/x-partition-1-partition-2") == "persistent://a/b/x-partition-1"
+    assert retry_dead_letter_topic("t", "s") == "persistent://public/default/t-s-DLQ"
+    with pytest.raises(ValueError, match=r"^not a topic name: 'a/b'$"):
+        full_topic_name("a/b")
 
 
 def test_due_time_and_terminal_properties():

@@ -80,6 +80,10 @@ INDEX_TESTS = ("tests/test_index.py tests/test_index_layout.py tests/test_memory
                + _NOT_INDEX_TESTS)
 #: What ``--owners`` (``make mutate``) runs: (modules, the tests that own their behaviour, hypothesis
 #: profile), the fewest mutants first. The index's modules run on ``mutate-quick`` (see ``--profile``).
+#: The retry and dead-letter toolkit's tests that need no broker and no subprocess.
+LETTER_TESTS = ("tests/test_retries.py tests/test_consumer_letters.py -m 'not broker and not lite and not apache' "
+                "--deselect tests/test_consumer_letters.py::"
+                "test_one_consumer_per_snapshot_path_at_a_time_and_a_killed_holder_leaves_no_lock")
 OWNERS: list[tuple[tuple[str, ...], str, str]] = [
     (("nacktracker/precision.py",), "tests/test_index.py " + _NOT_INDEX_TESTS, "mutate"),
     (("nacktracker/backoff.py",), "tests/test_backoff.py tests/test_backoff_jitter.py", "mutate"),
@@ -88,6 +92,7 @@ OWNERS: list[tuple[tuple[str, ...], str, str]] = [
     (("nacktracker/consumer/core.py",), "tests/test_consumer_core.py", "mutate"),
     (("nacktracker/tracker.py",), "tests/test_tracker.py tests/test_faults.py tests/test_events.py "
      "tests/test_fuzz.py tests/test_snapshot.py", "mutate"),
+    (("nacktracker/consumer/retry_letters.py",), LETTER_TESTS, "mutate"),
     *(((f"nacktracker/index/{m}.py",), INDEX_TESTS, "mutate-quick")
       for m in ("_ledgers", "bitmaps", "layout", "baselines", "_windows", "_live", "buckets")),
 ]
