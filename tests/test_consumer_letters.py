@@ -790,3 +790,32 @@ async def test_a_letter_call_ends_the_messages_ack_timeout_and_a_failed_one_rest
         await h.consumer.dead_letter(m1, reason="r")
     await h.advance(150)  # the failed letter left m1 with the application: its ack timeout runs again
     assert h.broker.counts == {1: 1} and h.consumer.stats()["ack_timeout_redeliveries"] == 1
+
+
+@pytest.mark.parametrize("with_path", [True, False], ids=["saved-to-the-snapshot", "without-a-snapshot"])
+def test_a_consumer_whose_loop_closed_first_says_what_became_of_its_nacks(tmp_path, with_path):
+    """The application's loop ended with a nack pending and the consumer open: its close (from a new
+    loop) says so, and with a snapshot_path saves it there, where the next consumer restores it."""
+    path = tmp_path / "nacks.snap"
+    made: dict = {}
+
+    async def run() -> None:
+        h = made["h"] = Letters(**({"snapshot_path": path, "snapshot_interval_s": None} if with_path else {}))
+        h.feed(Message(1))
+        [m] = await h.drain()
+        await h.consumer.negative_acknowledge(m, delay_ms=60_000)
+
+    asyncio.run(run())
+    consumer = made["h"].consumer
+    expected = "were saved to its snapshot_path" if with_path else "cannot be redelivered"
+    with pytest.raises(RuntimeError, match=f"loop closed before the consumer: its 1 pending nacks {expected}"):
+        asyncio.run(consumer.close())
+    assert consumer.closed
+    if with_path:
+        async def restart() -> int:
+            again = Letters(snapshot_path=path, snapshot_interval_s=None)  # the lock was let go
+            restored = again.consumer.stats()["restored"]
+            await again.close()
+            return restored
+
+        assert asyncio.run(restart()) == 1

@@ -316,6 +316,22 @@ class SnapshotStore:
         body = json.dumps({"snapshot_crc32": zlib.crc32(snapshot), "entries": doc}, separators=(",", ":")).encode()
         return b"%08x\n" % zlib.crc32(body) + body
 
+    def save_now(self, tracker: NegativeAcksTracker, core: DeliveryCore) -> bool:
+        """Save on the caller's thread, no event loop (the consumer's loop closed before it did), and let go
+        of the path. Returns whether it was saved; a failure is logged and counted. O(pending)."""
+        try:
+            data = tracker.snapshot()
+            counts = None if self.counts is None else self.counts.encode(zlib.crc32(data))
+            self._write_files(data, self.batch_records(data, core, tracker.clock.now_ms()), counts)
+        except Exception as exc:
+            self.failures += 1
+            log.error("snapshot to %s after the loop closed failed: %r", self.path, exc)
+            return False
+        finally:
+            self.release()
+        self.saved += 1
+        return True
+
     async def save(self, tracker: NegativeAcksTracker, core: DeliveryCore) -> None:
         """Take a snapshot (on the loop: one consistent view) and write both
         files in a thread (atomic writes, off the loop). One write at a time,

@@ -505,6 +505,17 @@ class TrackedConsumer:
     async def _shutdown(self, close_consumer: bool) -> None:
         if self._closed:
             return
+        loop = self._loop
+        if loop is not None and _get_running_loop() is not loop:
+            if not loop.is_closed():
+                self._check_open()  # the error for a call from another loop or thread
+            self._closed = True  # its loop is gone: nothing of it can run; what it tracked is saved if it can be
+            pending = self.tracker.pending
+            saved = self._store is not None and close_consumer and self._store.save_now(self.tracker, self.core)
+            raise RuntimeError(
+                f"the consumer's event loop closed before the consumer: its {pending} pending nacks "
+                + ("were saved to its snapshot_path (a consumer started on it redelivers them)" if saved else
+                   "cannot be redelivered (close a consumer before its loop ends, or give it a snapshot_path)"))
         self._closed = True
         self._release.stop()
         if self._saver is not None:  # a write in flight finishes (see SnapshotStore.save), then the final save
