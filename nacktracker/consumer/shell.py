@@ -489,7 +489,10 @@ class TrackedConsumer:
         save the snapshot (with ``snapshot_path``), close dead-letter producers
         and the consumer. Idempotent. A failed final save is raised after
         everything else is closed. Parked copies go back with the consumer
-        (unacknowledged: the broker hands them to the subscription again)."""
+        (unacknowledged: the broker hands them to the subscription again).
+        Called after the consumer's event loop closed (the application's loop
+        ended first): a ``RuntimeError`` saying how many nacks were pending,
+        saved to ``snapshot_path`` first when there is one."""
         await self._shutdown(close_consumer=True)
 
     async def __aenter__(self) -> "TrackedConsumer":
