@@ -26,7 +26,8 @@ MODULES = sorted(p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*.py"))
 PURE = {*(m for m in MODULES if m.startswith("index/")),  # the index package (issue 12), every module of it
         "backoff.py", "keys.py", "_checks.py", "precision.py", "consumer/core.py", "consumer/state.py",
         "adapters/local.py", "consumer/local.py",  # local redelivery (issue 11): bookkeeping, no pulsar, no clock
-        "consumer/retry_letters.py", "consumer/counts.py"}  # retry-letter names and properties; own delivery counts
+        "consumer/retry_letters.py", "consumer/counts.py",  # retry-letter names and properties; own delivery counts
+        "consumer/chunks.py"}  # which entries a request for a chunked message names
 IMPURE_IMPORTS = {"pulsar", "_pulsar", "asyncio", "time", "os", "socket", "threading", "subprocess", "io"}
 
 PULSAR_IMPORTERS = {

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from .local import HandBack
 
 __all__ = ["RedeliveryAdapter", "LearnsPathLatency", "KnowsTopics", "ReportsBursts", "RedeliversLocally",
-           "ClosesAsync", "WaitsForSiblings"]
+           "ClosesAsync", "WaitsForSiblings", "NamesEntries"]
 
 
 @runtime_checkable
@@ -48,7 +48,8 @@ class RedeliveryAdapter(Protocol):
     this is declared by the capability protocols below; it checks for each
     with ``isinstance`` once, when it is made, and uses what the adapter has:
     :class:`LearnsPathLatency` (``arrived``, ``awaiting_arrivals``), :class:`KnowsTopics` (``multi_topic``),
-    :class:`ReportsBursts` (``bursts``), :class:`WaitsForSiblings` (``sibling_held``, ``settle_waits``) and :class:`RedeliversLocally` (the
+    :class:`ReportsBursts` (``bursts``), :class:`WaitsForSiblings` (``sibling_held``, ``settle_waits``),
+    :class:`NamesEntries` (``entries_of``) and :class:`RedeliversLocally` (the
     adapter keeps nacked messages and hands them back itself); ``aclose`` is
     :class:`ClosesAsync`.
     """
@@ -123,3 +124,12 @@ class WaitsForSiblings(Protocol):
 
     sibling_held: Optional[Callable[[MessageKey], bool]]
     settle_waits: int
+
+
+@runtime_checkable
+class NamesEntries(Protocol):
+    """An adapter that asks the broker for entries: ``entries_of(entry)``, set by the consumer, names
+    the entries a request for a due ``entry`` asks for (every chunk's entry for a chunked message:
+    :mod:`nacktracker.consumer.chunks`); ``None``: the entry alone."""
+
+    entries_of: Optional[Callable[[MessageKey], Sequence[MessageKey]]]

@@ -183,6 +183,11 @@ class PulsarAdapter:
         #: Requests that waited for a held sibling, and those that gave up waiting.
         self.settle_waits = 0
         self.settle_timeouts = 0
+        #: ``f(entry) -> entries``: the entries a request for a due ``entry`` names (set by the consumer:
+        #: every chunk's entry for a chunked message, see :mod:`nacktracker.consumer.chunks`; the client
+        #: itself would name only the last chunk's, which the broker resends alone and the client drops).
+        #: ``None``: the entry alone.
+        self.entries_of: Optional[Callable[[MessageKey], Sequence[MessageKey]]] = None
 
     # -- the adapter protocol -----------------------------------------------------
 
@@ -363,15 +368,17 @@ class PulsarAdapter:
     async def _burst(self, keys: list[MessageKey]) -> None:
         start = _now_ms()
         sent = 0
+        entries_of = self.entries_of
         try:
             for i in range(0, len(keys), _CHUNK):
                 if i:
                     await asyncio.sleep(0)  # let the loop breathe inside a long burst
                 for key in keys[i:i + _CHUNK]:
-                    mid = self._id_of(key)
-                    if mid is not None:
-                        self._raw.negative_acknowledge(mid)
-                        sent += 1
+                    for named in (key,) if entries_of is None else entries_of(key):
+                        mid = self._id_of(named)
+                        if mid is not None:
+                            self._raw.negative_acknowledge(mid)
+                            sent += 1
         finally:
             self.sent += sent
             self._last_end = end = _now_ms()

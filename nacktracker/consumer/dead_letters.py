@@ -28,8 +28,10 @@ What matches Java's ``ConsumerImpl`` / ``DeadLetterPolicy`` (pulsar-client
   alphanumerics>-DLQ``, ``<topic>`` being that of the dead letter that made
   the producer (Java's per-partition consumers each have their own; here one
   producer serves a given ``dead_letter_topic`` for every partition); batching
-  off (Java's ``enableBatching(false)``). Not copied from Java: chunking
-  (``enableChunking(true)``) is left off, untested on the embedded broker.
+  off and chunking on (Java's ``enableBatching(false)``, ``enableChunking(true)``):
+  a dead or retry letter of a chunked message, larger than the broker's
+  ``maxMessageSize``, goes out in chunks and arrives whole (a smaller one goes
+  out as it is).
 * **Initial subscription** (``initial_subscription``, Java's
   ``initialSubscriptionName``): created on the dead-letter topic before its
   first dead letter is published, so it retains every one of them. The Python
@@ -335,7 +337,7 @@ class DeadLetterPublisher:
         producer = await self._client.create_producer(
             letter.target, producer_name=producer_name(letter.source_topic, self.subscription, self.consumer_name,
                                                        self.kind),
-            schema=self._schema, batching_enabled=False, send_timeout_millis=self._send_timeout_ms)
+            schema=self._schema, batching_enabled=False, chunking_enabled=True, send_timeout_millis=self._send_timeout_ms)
         self._counts["producers_created"] += 1
         self._producers[letter.target] = producer
         return producer

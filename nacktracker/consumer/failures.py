@@ -298,6 +298,8 @@ class FailureHandling:
         owner = self._owner
         self.ack_timeouts_scheduled += 1
         self._timing.add(key.entry)
+        if owner.chunks is not None:  # a chunked message: its request names every chunk (chunks.py)
+            owner.chunks.note(key, msg)
         due = owner.tracker.add(key, delay_ms=delay_ms, redelivery_count=count)
         owner.core.nacked(key, due, msg, owner.tracker.clock.now_ms())
         owner._release.rearm()

@@ -19,8 +19,8 @@ import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
 from .._checks import check_delay_ms
-from ..adapters.base import (ClosesAsync, KnowsTopics, LearnsPathLatency, RedeliversLocally, ReportsBursts,
-                             WaitsForSiblings)
+from ..adapters.base import (ClosesAsync, KnowsTopics, LearnsPathLatency, NamesEntries, RedeliversLocally,
+                             ReportsBursts, WaitsForSiblings)
 from ..adapters.client_close import close_leaves_no_callback
 from ..adapters.local import LocalRedeliveryAdapter
 from ..adapters.pulsar import PulsarAdapter, is_multi_topic
@@ -30,6 +30,7 @@ from ..keys import MessageKey
 from ..precision import Precision
 from ..tracker import FiredCell, NegativeAcksTracker
 from .batches import BatchLimits
+from .chunks import ChunkedNacks, known_entries
 from .core import DeliveryCore, Verdict
 from .dead_letters import quietly
 from .direct import DirectConsumer, ReceivedMessage, acknowledged, message_key_of, message_length
@@ -152,6 +153,12 @@ class TrackedConsumer:
         self.tracker.add_fire_listener(self._on_fired)
         if isinstance(self.adapter, WaitsForSiblings):  # a request waits while the application holds a sibling
             self.adapter.sibling_held = self._still_consumed
+        #: nacked chunked messages: a request for one names every chunk (see :mod:`.chunks`); ``None`` where
+        #: the adapter does not ask the broker (Exclusive/Failover: the whole message is kept and handed back)
+        self.chunks: Optional[ChunkedNacks] = None
+        if isinstance(self.adapter, NamesEntries):
+            self.chunks = ChunkedNacks(known_entries(self.core, self._pending))
+            self.adapter.entries_of = self.chunks.entries
         self._failures = FailureHandling(self, client, schema)  # retries, dead_letter(), ack timeouts, counts
         try:
             asyncio.get_running_loop()
@@ -256,8 +263,11 @@ class TrackedConsumer:
             return self._failures.surfacing(msg) if self._dead_letters.in_flight or self._failures.retries else True
         if verdict is Verdict.DROP_ACKED:
             return self._ack_copies([msg])  # tells the broker again (an ack lost in a restart)
-        if verdict is Verdict.DROP_EARLY and self._local is not None:
-            self._local.held_back(key, msg)
+        if verdict is Verdict.DROP_EARLY:
+            if self._local is not None:
+                self._local.held_back(key, msg)
+            elif self.chunks is not None:  # (a chunked message resent after a restart: its chunks)
+                self.chunks.note(key, msg)
         return False
 
     def _decide(self, key: MessageKey, msg: Any) -> Verdict:
@@ -288,6 +298,8 @@ class TrackedConsumer:
         self._failures.acked(key)
         if self._local is not None:
             self._local.acked(key)
+        if self.chunks is not None:
+            self.chunks.forget(key)
         if result.discard and self.tracker.pending:
             self.tracker.discard(key)
         if result.tokens:
@@ -351,6 +363,8 @@ class TrackedConsumer:
             log.warning("nack of %s ignored: its retry or dead letter is being published (its ack settles it)", key)
             return
         count = self._failures.nacking(key, count, message)  # ends an ack timeout; the consumer's own count
+        if self.chunks is not None:  # a chunked message: its request names every chunk
+            self.chunks.note(key, message)
         self._dead_letters.candidate = message  # what the tracker's dead-letter hook publishes
         try:
             due = self.tracker.add(key, delay_ms=delay_ms, redelivery_count=count or 0)
@@ -470,7 +484,8 @@ class TrackedConsumer:
                 "lead_ms": self.tracker.lead_ms,
                 "settle_waits": self.adapter.settle_waits if isinstance(self.adapter, WaitsForSiblings) else 0,
                 "dedup_remembered": len(self._dedup) if self._dedup is not None else 0,
-                "locally_kept": self._local.adapter.stored if self._local is not None else 0}
+                "locally_kept": self._local.adapter.stored if self._local is not None else 0,
+                "chunked_nacks": len(self.chunks) if self.chunks is not None else 0}
 
     async def unsubscribe(self) -> None:
         """Unsubscribe, then release everything :meth:`close` releases. Pending

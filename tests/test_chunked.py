@@ -1,0 +1,341 @@
+"""Chunked messages: nacked on any subscription type, they come back whole at their time; their dead
+letters and retry letters arrive whole.
+
+Ported by intent from Pulsar's own client tests: Go's ``message_chunking_test.go``
+(``TestChunkAckAndNAck``: nacked, back whole; ``TestChunkDLQWithNack``: nacked until dead-lettered,
+the dead letter whole with its key and properties; ``TestChunkReconsumeLater``: retried through the
+retry topic until dead-lettered) and Java's ``DeadLetterTopicTest.testDeadLetterTopic`` with
+``produceLargeMessages=true`` (ack timeouts until dead-lettered, every dead letter whole, nothing
+left on the subscription).
+
+Brokers: on Apache Pulsar each case runs on a broker of its own with ``maxMessageSize=5120`` and
+10 KiB messages (three chunks each). pulsar-lite takes a ``max_message_size_bytes`` too, but does
+not tell the client, which then sends the message whole and has it refused; so there the
+messages are 6 MiB, above the client's default limit of 5 MiB (two chunks). ``$PULSAR_URL``:
+as pulsar-lite.
+
+The pure part (which entries a request names) is tested here without a broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nacktracker.consumer.chunks import (CROSS_LEDGER_SPAN, ChunkedNacks, chunk_entries, first_chunk_position,
+                                         serialized_id)
+from nacktracker.keys import MessageKey
+
+#: Apache Pulsar's limit in these tests, as Java's DeadLetterTopicTest sets it, and the payload above it.
+MAX_MESSAGE_SIZE = 5 * 1024
+APACHE_PAYLOAD = 10 * 1024
+#: Above the client's own 5 MiB default (pulsar-lite does not advertise a limit).
+DEFAULT_LIMIT_PAYLOAD = 6 * 1024 * 1024
+
+# -- the pure part -------------------------------------------------------------------------
+
+
+class _Id:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def serialize(self) -> bytes:
+        return self.data
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _serialized(ledger: int, entry: int, first: tuple[int, int] | None = None, partition: int = -1) -> bytes:
+    """A message id as Pulsar's MessageIdData (fields 1 ledger, 2 entry, 3 partition, 7 first chunk)."""
+    data = b"\x08" + _varint(ledger) + b"\x10" + _varint(entry)
+    if partition >= 0:
+        data += b"\x18" + _varint(partition)
+    if first is not None:
+        inner = b"\x08" + _varint(first[0]) + b"\x10" + _varint(first[1])
+        data += b"\x3a" + _varint(len(inner)) + inner
+    return data
+
+
+@given(ledger=st.integers(0, 2**63 - 1), entry=st.integers(0, 2**40), first=st.integers(0, 2**40),
+       partition=st.integers(-1, 100))
+def test_the_first_chunk_is_read_from_the_serialized_id(ledger, entry, first, partition):
+    assert first_chunk_position(_serialized(ledger, entry, (ledger, first), partition)) == (ledger, first)
+    assert first_chunk_position(_serialized(ledger, entry, None, partition)) is None
+
+
+def test_malformed_or_foreign_ids_are_refused_at_the_boundary():
+    with pytest.raises(ValueError, match="not a serialized message id"):
+        first_chunk_position(b"\x08")
+    with pytest.raises(TypeError, match="bytes"):
+        first_chunk_position("08")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="Message or MessageId"):
+        serialized_id(object())
+
+
+@given(first=st.integers(0, 50), length=st.integers(0, 50), known=st.sets(st.integers(0, 120)))
+def test_a_request_names_every_entry_from_the_first_chunk_to_the_last_but_known_messages(first, length, known):
+    last = MessageKey(7, first + length, 2, -1, "persistent://t/n/x-partition-2")
+    named = chunk_entries(last, (7, first), lambda k: k.entry_id in known)
+    entries = [k.entry_id for k in named]
+    assert entries == sorted(set(entries))
+    assert entries[0] == first and entries[-1] == first + length  # both ends, always
+    assert set(entries) == {e for e in range(first, first + length + 1) if e not in known} | {first, first + length}
+    assert all(k.ledger_id == 7 and k.partition == 2 and k.topic == last.topic and k.batch_index == -1 for k in named)
+
+
+def test_chunks_on_two_ledgers_name_the_first_ledger_on_from_the_first_chunk_and_the_last_up_to_it():
+    named = chunk_entries(MessageKey(9, 2, topic="t"), (8, 40), lambda k: False)
+    assert [(k.ledger_id, k.entry_id) for k in named] == (
+        [(8, e) for e in range(40, 40 + CROSS_LEDGER_SPAN)] + [(9, 0), (9, 1), (9, 2)])
+
+
+def test_a_chunked_nack_is_remembered_until_requested_or_acknowledged():
+    nacks = ChunkedNacks(lambda entry: False)
+    plain, chunked = MessageKey(3, 1, topic="t"), MessageKey(3, 9, topic="t")
+    assert not nacks.note(plain, _Id(_serialized(3, 1)))  # not chunked: nothing kept
+    assert not nacks.note(MessageKey(3, 9, -1, 0, "t"), _Id(_serialized(3, 9, (3, 6))))  # in a batch: never chunked
+    assert nacks.note(chunked, _Id(_serialized(3, 9, (3, 6))))
+    assert len(nacks) == 1 and nacks.entries(plain) == [plain]
+    assert [k.entry_id for k in nacks.entries(chunked)] == [6, 7, 8, 9]
+    assert len(nacks) == 0 and nacks.requested == 1
+    assert nacks.entries(chunked) == [chunked]  # asked once; a new nack notes it again
+    nacks.note(chunked, _Id(_serialized(3, 9, (3, 6))))
+    nacks.forget(chunked)  # acknowledged
+    assert len(nacks) == 0 and nacks.entries(chunked) == [chunked]
+
+
+# -- on the brokers ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chunk_service(broker_kind, request):
+    """``(service URL, payload size)``: a payload the client sends in chunks on that broker."""
+    if broker_kind == "apache":
+        from nacktracker.testing import ApacheBroker
+
+        with ApacheBroker(settings={"maxMessageSize": MAX_MESSAGE_SIZE}) as broker:
+            yield broker.url, APACHE_PAYLOAD
+        return
+    session_broker = request.getfixturevalue("session_broker")
+    yield (os.environ["PULSAR_URL"] if session_broker is None else session_broker.url), DEFAULT_LIMIT_PAYLOAD
+
+
+@pytest.fixture
+async def chunk_client(chunk_service, pulsar_logger):
+    import pulsar.asyncio
+
+    c = pulsar.asyncio.Client(chunk_service[0], logger=pulsar_logger, operation_timeout_seconds=30)
+    yield c
+    try:
+        await c.close()
+    except Exception:
+        pass
+
+
+def _topic(prefix: str) -> str:
+    return f"persistent://public/default/{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+async def _producer(client, topic: str):
+    """A producer with chunking on and batching off (chunking needs batching off)."""
+    return await client.create_producer(topic, chunking_enabled=True, batching_enabled=False,
+                                        send_timeout_millis=60_000)
+
+
+async def _no_more(consumer, within_ms: int) -> None:
+    from nacktracker.consumer import ReceiveTimeout
+
+    with pytest.raises(ReceiveTimeout):
+        extra = await consumer.receive(timeout_ms=within_ms)
+        pytest.fail(f"nothing more expected, got {extra.message_id()}")
+
+
+@pytest.fixture
+def verifier(chunk_service, pulsar_logger):
+    """``verifier(topic, subscription) -> consumer``: a plain (sync) client's consumer, for what the
+    consumer under test published; its receives run in a thread (``_received``), never cancelled."""
+    import pulsar
+
+    client = pulsar.Client(chunk_service[0], logger=pulsar_logger)
+
+    def subscribe(topic: str, subscription: str):
+        return client.subscribe(topic, subscription, consumer_type=pulsar.ConsumerType.Shared,
+                                initial_position=pulsar.InitialPosition.Earliest)
+
+    yield subscribe
+    client.close()
+
+
+async def _received(consumer, timeout_ms: int):
+    """The next message of a plain consumer, or ``None`` after ``timeout_ms``."""
+    import pulsar
+
+    try:
+        return await asyncio.to_thread(consumer.receive, timeout_ms)
+    except pulsar.Timeout:
+        return None
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize("kind, by_id", [("Shared", False), ("Shared", True), ("KeyShared", False),
+                                         ("Exclusive", False), ("Failover", False)])
+async def test_a_nacked_chunked_message_comes_back_whole_at_its_time(chunk_client, chunk_service, broker_kind, kind,
+                                                                     by_id):
+    """Go's TestChunkAckAndNAck on every subscription type (and by id on Shared): a chunked message between
+    two small ones, nacked with a 500 ms delay, comes back whole, not before its time, once."""
+    import pulsar
+
+    import nacktracker
+
+    if kind == "KeyShared" and broker_kind == "lite":
+        pytest.skip("pulsar-lite redelivers one nacked entry per key at a time on Key_Shared: a chunked message's "
+                    "chunks, all of one key, never come back together there (the plain client's nacks neither)")
+    if kind in ("Exclusive", "Failover") and broker_kind == "lite":
+        pytest.skip("on Exclusive and Failover pulsar-lite's dispatch of a chunked message cannot be joined by the "
+                    "client even on its first delivery (measured with the plain client: nothing received)")
+    payload, topic = os.urandom(chunk_service[1]), _topic("chunked-nack")
+    consumer = await nacktracker.subscribe(chunk_client, topic, "sub", consumer_type=getattr(pulsar.ConsumerType, kind),
+                                           delay_ms=500)
+    async with consumer:
+        big = await _producer(chunk_client, topic)
+        small = await chunk_client.create_producer(topic, batching_enabled=False)
+        await small.send(b"before")
+        await big.send(payload)
+        await small.send(b"after")
+        received = [await consumer.receive(timeout_ms=30_000) for _ in range(3)]
+        assert [len(m.data()) for m in received] == [6, len(payload), 5]
+        chunked = received[1]
+        loop = asyncio.get_running_loop()
+        nacked_at = loop.time()
+        await consumer.negative_acknowledge(chunked.message_id() if by_id else chunked)
+        for m in received[0], received[2]:
+            await consumer.acknowledge(m)
+        back = await consumer.receive(timeout_ms=30_000)
+        waited_ms = (loop.time() - nacked_at) * 1000
+        assert back.data() == payload and str(back.message_id()) == str(chunked.message_id())
+        assert waited_ms >= 500 - 2, waited_ms  # its time, not before (the loop clock's own granularity aside)
+        await consumer.acknowledge(back)
+        await _no_more(consumer, 1_500)
+        stats = consumer.stats()
+        assert stats["chunked_nacks"] == 0 and stats["surfaced"] == 4
+        if kind in ("Shared", "KeyShared"):  # asked for by the broker: one request named every chunk
+            assert consumer.chunks is not None and consumer.chunks.requested == 1
+        else:  # handed back from the consumer's memory: the whole message was kept
+            assert consumer.chunks is None
+        await big.close()
+        await small.close()
+
+
+@pytest.mark.broker
+async def test_a_chunked_message_nacked_until_dead_lettered_arrives_whole(chunk_client, chunk_service, verifier):
+    """Go's TestChunkDLQWithNack: nacked at every delivery until its redelivery count reaches
+    max_redeliveries, the chunked message is dead-lettered whole, with its key and properties."""
+
+    import nacktracker
+    from nacktracker.consumer import PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_REAL_TOPIC
+
+    payload, topic, dlq = os.urandom(chunk_service[1]), _topic("chunk-dlq"), _topic("chunk-dlq-target")
+    dlq_consumer = verifier(dlq, "dlq-verify")
+    consumer = await nacktracker.subscribe(chunk_client, topic, "chunk-dlq-sub", delay_ms=200, max_redeliveries=2,
+                                           dead_letter_topic=dlq)
+    async with consumer:
+        producer = await _producer(chunk_client, topic)
+        await producer.send(payload, partition_key="chunk-dlq-key", properties={"custom-prop": "custom-value"})
+        deliveries = 0
+        while consumer.stats()["dead_letter_published"] == 0:
+            try:
+                msg = await consumer.receive(timeout_ms=500)
+            except nacktracker.ReceiveTimeout:
+                continue
+            assert msg.data() == payload and msg.partition_key() == "chunk-dlq-key"
+            assert msg.redelivery_count() == deliveries
+            deliveries += 1
+            await consumer.negative_acknowledge(msg)
+        assert deliveries == 3  # the first delivery and max_redeliveries more, as Java's client counts
+        dead = await _received(dlq_consumer, 30_000)
+        assert dead is not None and dead.data() == payload and dead.partition_key() == "chunk-dlq-key"
+        props = dead.properties()
+        assert props["custom-prop"] == "custom-value" and props[PROPERTY_REAL_TOPIC] == topic
+        assert props[PROPERTY_ORIGIN_MESSAGE_ID]
+        dlq_consumer.acknowledge(dead)
+        await _no_more(consumer, 3_000)
+        await producer.close()
+
+
+@pytest.mark.broker
+async def test_a_chunked_message_retried_until_dead_lettered_arrives_whole(chunk_client, chunk_service, verifier):
+    """Go's TestChunkReconsumeLater: reconsumed later at every delivery, the chunked message comes back
+    whole from the retry topic each time, then goes to the dead-letter topic whole."""
+    import pulsar
+
+    import nacktracker
+    from nacktracker.consumer import PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_REAL_TOPIC
+
+    payload, topic, sub = os.urandom(chunk_service[1]), _topic("chunk-rlq"), "chunk-rlq-sub"
+    consumer = await nacktracker.subscribe(chunk_client, topic, sub, enable_retry=True, max_redeliveries=2,
+                                           delay_ms=200, retry_lead_ms=500,
+                                           initial_position=pulsar.InitialPosition.Earliest)
+    dlq_consumer = verifier(consumer.dead_letter_topic, "dlq-sub")
+    async with consumer:
+        producer = await _producer(chunk_client, topic)
+        await producer.send(payload, partition_key="chunk-key")
+        for _ in range(3):  # the first delivery, then two retries; the third reconsume goes to the DLQ
+            msg = await consumer.receive(timeout_ms=30_000)
+            assert msg.data() == payload and msg.partition_key() == "chunk-key"
+            await consumer.reconsume_later(msg, delay_ms=200)
+        await _no_more(consumer, 3_000)
+        dead = await _received(dlq_consumer, 30_000)
+        assert dead is not None and dead.data() == payload and dead.partition_key() == "chunk-key"
+        assert dead.properties()[PROPERTY_REAL_TOPIC] and dead.properties()[PROPERTY_ORIGIN_MESSAGE_ID]
+        dlq_consumer.acknowledge(dead)
+        assert await _received(dlq_consumer, 2_000) is None
+        await producer.close()
+
+
+@pytest.mark.broker
+async def test_chunked_messages_whose_ack_timed_out_are_dead_lettered_whole(chunk_client, chunk_service, broker_kind,
+                                                                             verifier):
+    """Java's DeadLetterTopicTest.testDeadLetterTopic[produceLargeMessages=true]: chunked messages keyed
+    by their number, never acknowledged (ack timeout 1 s, max_redeliveries 2), are each received three
+    times, then dead-lettered whole; nothing is left on the subscription. 10 messages (Java: 100) on
+    Apache Pulsar, 2 of 6 MiB elsewhere: enough to interleave, short enough for the suite."""
+    import pulsar
+
+    import nacktracker
+
+    n = 10 if broker_kind == "apache" else 2
+    topic, sub = _topic("dead-letter-topic"), "my-subscription"
+    contents = {str(i): os.urandom(chunk_service[1]) for i in range(n)}
+    consumer = await nacktracker.subscribe(chunk_client, topic, sub, ack_timeout_ms=1_000, max_redeliveries=2,
+                                           initial_position=pulsar.InitialPosition.Earliest)
+    dlq_consumer = verifier(f"{topic}-{sub}-DLQ", sub)  # the default dead-letter topic, as Java names it
+    async with consumer:
+        producer = await _producer(chunk_client, topic)
+        for key, data in contents.items():
+            await producer.send(data, partition_key=key)
+        await producer.close()
+        seen: dict[str, int] = {}
+        for _ in range(n * 3):
+            msg = await consumer.receive(timeout_ms=30_000)
+            assert msg.data() == contents[msg.partition_key()]
+            seen[msg.partition_key()] = seen.get(msg.partition_key(), 0) + 1
+        assert seen == {key: 3 for key in contents}
+        for _ in range(n):
+            dead = await _received(dlq_consumer, 30_000)
+            assert dead is not None and dead.data() == contents.pop(dead.partition_key())
+            dlq_consumer.acknowledge(dead)
+        assert not contents
+    left = await _received(verifier(topic, sub), 3_000)  # the consumer closed: the same subscription, afresh
+    assert left is None, f"nothing should be left on the subscription, got {left.message_id()}"
