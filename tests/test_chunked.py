@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 import uuid
+from typing import Any, NamedTuple, Optional
 
 import pytest
 from hypothesis import given
@@ -76,8 +78,9 @@ def test_the_first_chunk_is_read_from_the_serialized_id(ledger, entry, first, pa
 
 
 def test_malformed_or_foreign_ids_are_refused_at_the_boundary():
-    with pytest.raises(ValueError, match="not a serialized message id"):
-        first_chunk_position(b"\x08")
+    for cut_short in (b"\x08\x04\x3a", b"\x08\x04\x3a\x02\x08"):  # a first chunk's field, cut short
+        with pytest.raises(ValueError, match="not a serialized message id"):
+            first_chunk_position(cut_short)
     with pytest.raises(TypeError, match="bytes"):
         first_chunk_position("08")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="Message or MessageId"):
@@ -119,24 +122,43 @@ def test_a_chunked_nack_is_remembered_until_requested_or_acknowledged():
 # -- on the brokers ------------------------------------------------------------------------
 
 
+class ChunkService(NamedTuple):
+    url: str
+    payload: int  #: a payload size the client sends in chunks on this broker
+    apache: Optional[Any]  #: the ApacheBroker (its admin API), on Apache Pulsar
+
+    def backlog(self, topic: str, subscription: str) -> int:
+        """The subscription's backlog (entries not acknowledged, orphan chunks included), once it
+        settles (acks are grouped by the client): Apache Pulsar's admin API."""
+        assert self.apache is not None
+        path = f"/admin/v2/persistent/{topic.removeprefix('persistent://')}/stats"
+        deadline = time.monotonic() + 10
+        while True:
+            backlog = int(self.apache.admin("GET", path)["subscriptions"][subscription]["msgBacklog"])
+            if backlog == 0 or time.monotonic() > deadline:
+                return backlog
+            time.sleep(0.2)
+
+
 @pytest.fixture(scope="module")
 def chunk_service(broker_kind, request):
-    """``(service URL, payload size)``: a payload the client sends in chunks on that broker."""
+    """A broker on which the client sends :attr:`ChunkService.payload` bytes in chunks."""
     if broker_kind == "apache":
         from nacktracker.testing import ApacheBroker
 
         with ApacheBroker(settings={"maxMessageSize": MAX_MESSAGE_SIZE}) as broker:
-            yield broker.url, APACHE_PAYLOAD
+            yield ChunkService(broker.url, APACHE_PAYLOAD, broker)
         return
     session_broker = request.getfixturevalue("session_broker")
-    yield (os.environ["PULSAR_URL"] if session_broker is None else session_broker.url), DEFAULT_LIMIT_PAYLOAD
+    url = os.environ["PULSAR_URL"] if session_broker is None else session_broker.url
+    yield ChunkService(url, DEFAULT_LIMIT_PAYLOAD, None)
 
 
 @pytest.fixture
 async def chunk_client(chunk_service, pulsar_logger):
     import pulsar.asyncio
 
-    c = pulsar.asyncio.Client(chunk_service[0], logger=pulsar_logger, operation_timeout_seconds=30)
+    c = pulsar.asyncio.Client(chunk_service.url, logger=pulsar_logger, operation_timeout_seconds=30)
     yield c
     try:
         await c.close()
@@ -168,7 +190,7 @@ def verifier(chunk_service, pulsar_logger):
     consumer under test published; its receives run in a thread (``_received``), never cancelled."""
     import pulsar
 
-    client = pulsar.Client(chunk_service[0], logger=pulsar_logger)
+    client = pulsar.Client(chunk_service.url, logger=pulsar_logger)
 
     def subscribe(topic: str, subscription: str):
         return client.subscribe(topic, subscription, consumer_type=pulsar.ConsumerType.Shared,
@@ -205,7 +227,7 @@ async def test_a_nacked_chunked_message_comes_back_whole_at_its_time(chunk_clien
     if kind in ("Exclusive", "Failover") and broker_kind == "lite":
         pytest.skip("on Exclusive and Failover pulsar-lite's dispatch of a chunked message cannot be joined by the "
                     "client even on its first delivery (measured with the plain client: nothing received)")
-    payload, topic = os.urandom(chunk_service[1]), _topic("chunked-nack")
+    payload, topic = os.urandom(chunk_service.payload), _topic("chunked-nack")
     consumer = await nacktracker.subscribe(chunk_client, topic, "sub", consumer_type=getattr(pulsar.ConsumerType, kind),
                                            delay_ms=500)
     async with consumer:
@@ -236,6 +258,8 @@ async def test_a_nacked_chunked_message_comes_back_whole_at_its_time(chunk_clien
             assert consumer.chunks is None
         await big.close()
         await small.close()
+    if chunk_service.apache is not None:  # every chunk acknowledged at the broker too
+        assert chunk_service.backlog(topic, "sub") == 0
 
 
 @pytest.mark.broker
@@ -246,7 +270,7 @@ async def test_a_chunked_message_nacked_until_dead_lettered_arrives_whole(chunk_
     import nacktracker
     from nacktracker.consumer import PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_REAL_TOPIC
 
-    payload, topic, dlq = os.urandom(chunk_service[1]), _topic("chunk-dlq"), _topic("chunk-dlq-target")
+    payload, topic, dlq = os.urandom(chunk_service.payload), _topic("chunk-dlq"), _topic("chunk-dlq-target")
     dlq_consumer = verifier(dlq, "dlq-verify")
     consumer = await nacktracker.subscribe(chunk_client, topic, "chunk-dlq-sub", delay_ms=200, max_redeliveries=2,
                                            dead_letter_topic=dlq)
@@ -283,7 +307,7 @@ async def test_a_chunked_message_retried_until_dead_lettered_arrives_whole(chunk
     import nacktracker
     from nacktracker.consumer import PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_REAL_TOPIC
 
-    payload, topic, sub = os.urandom(chunk_service[1]), _topic("chunk-rlq"), "chunk-rlq-sub"
+    payload, topic, sub = os.urandom(chunk_service.payload), _topic("chunk-rlq"), "chunk-rlq-sub"
     consumer = await nacktracker.subscribe(chunk_client, topic, sub, enable_retry=True, max_redeliveries=2,
                                            delay_ms=200, retry_lead_ms=500,
                                            initial_position=pulsar.InitialPosition.Earliest)
@@ -317,7 +341,7 @@ async def test_chunked_messages_whose_ack_timed_out_are_dead_lettered_whole(chun
 
     n = 10 if broker_kind == "apache" else 2
     topic, sub = _topic("dead-letter-topic"), "my-subscription"
-    contents = {str(i): os.urandom(chunk_service[1]) for i in range(n)}
+    contents = {str(i): os.urandom(chunk_service.payload) for i in range(n)}
     consumer = await nacktracker.subscribe(chunk_client, topic, sub, ack_timeout_ms=1_000, max_redeliveries=2,
                                            initial_position=pulsar.InitialPosition.Earliest)
     dlq_consumer = verifier(f"{topic}-{sub}-DLQ", sub)  # the default dead-letter topic, as Java names it
@@ -339,3 +363,40 @@ async def test_chunked_messages_whose_ack_timed_out_are_dead_lettered_whole(chun
         assert not contents
     left = await _received(verifier(topic, sub), 3_000)  # the consumer closed: the same subscription, afresh
     assert left is None, f"nothing should be left on the subscription, got {left.message_id()}"
+    if chunk_service.apache is not None:  # not even a chunk the client could not join
+        assert chunk_service.backlog(topic, sub) == 0
+
+
+@pytest.mark.broker
+async def test_chunked_messages_nacked_on_a_partitioned_topic_come_back_whole(chunk_client, chunk_service,
+                                                                              broker_kind):
+    """A chunked message per partition of a 2-partition topic (Shared), each nacked, each back whole
+    once from its own partition; nothing more, and nothing left at the broker."""
+    import nacktracker
+
+    if chunk_service.apache is None:
+        pytest.skip("partitioned topics need Apache Pulsar's admin API (pulsar-lite has none)")
+    topic = _topic("chunked-partitioned")
+    chunk_service.apache.admin("PUT", f"/admin/v2/persistent/{topic.removeprefix('persistent://')}/partitions", 2)
+    payloads = {os.urandom(chunk_service.payload) for _ in range(4)}
+    consumer = await nacktracker.subscribe(chunk_client, topic, "sub", delay_ms=300)
+    async with consumer:
+        producer = await _producer(chunk_client, topic)  # round robin: two messages on each partition
+        for data in sorted(payloads):
+            await producer.send(data)
+        first = [await consumer.receive(timeout_ms=30_000) for _ in payloads]
+        assert {m.data() for m in first} == payloads
+        assert {m.topic_name() for m in first} == {f"{topic}-partition-0", f"{topic}-partition-1"}
+        for m in first:
+            await consumer.negative_acknowledge(m)
+        again = [await consumer.receive(timeout_ms=30_000) for _ in payloads]
+        assert sorted(m.data() for m in again) == sorted(payloads)
+        assert {(m.topic_name(), str(m.message_id())) for m in again} == \
+            {(m.topic_name(), str(m.message_id())) for m in first}
+        for m in again:
+            await consumer.acknowledge(m)
+        await _no_more(consumer, 1_500)
+        assert consumer.chunks is not None and consumer.chunks.requested == len(payloads)
+        await producer.close()
+    for partition in (0, 1):
+        assert chunk_service.backlog(f"{topic}-partition-{partition}", "sub") == 0
