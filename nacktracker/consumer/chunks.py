@@ -27,10 +27,10 @@ and the message reaches the application whole at its time, with the id it had
 (measured on Apache Pulsar 4.0.7 and pulsar-lite).
 
 Costs: one small record per nacked chunked message whose redelivery has not
-been requested yet (its key and first chunk's position, about 200 bytes; the
+been requested yet (a dict entry: its key and first chunk's position; the
 payload is never kept), counted in the consumer's ``stats()["chunked_nacks"]``;
-serializing the id of each nacked message that is not in a batch (about 1 us)
-to tell whether it is chunked.
+serializing the id of each nacked message that is not in a batch, and one byte
+search in it, to tell whether it is chunked.
 
 Limits, where the client hides what the broker would need:
 
@@ -178,8 +178,8 @@ class ChunkedNacks:
     def note(self, key: MessageKey, message: object) -> bool:
         """``message`` (a received Message or its id) of ``key`` is pending a redelivery (nacked, its ack
         timed out, or a copy of it dropped until its nack is due): remember its first chunk if it is a
-        chunked message (never one in a batch). Returns whether it is. O(1), about 1 us to serialize
-        its id."""
+        chunked message (never one in a batch). Returns whether it is. O(1): its id serialized and
+        searched for one byte, parsed only where found."""
         if key.batch_index >= 0:
             return False
         first = first_chunk_position(serialized_id(message))
