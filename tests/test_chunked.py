@@ -466,3 +466,34 @@ async def test_a_request_leaves_out_messages_written_between_the_chunks(chunk_cl
         assert chunk_service.backlog(topic, "sub") == 0
     finally:
         await small_client.close()
+
+
+@pytest.mark.broker
+async def test_a_chunked_nack_restored_from_a_snapshot_comes_back_whole(chunk_client, chunk_service, tmp_path):
+    """A chunked message nacked, its consumer closed before it is due, a new one started on the
+    snapshot: the broker resends the message to the new consumer before its time (dropped there and
+    its chunks noted), and at its time the request names every chunk: it comes back whole, once."""
+    import nacktracker
+
+    payload, topic, path = os.urandom(chunk_service.payload), _topic("chunked-restored"), str(tmp_path / "n.snap")
+    options = dict(delay_ms=2_000, snapshot_path=path, snapshot_interval_s=None)
+    consumer = await nacktracker.subscribe(chunk_client, topic, "sub", **options)
+    producer = await _producer(chunk_client, topic)
+    await producer.send(payload)
+    await producer.close()
+    loop = asyncio.get_running_loop()
+    msg = await consumer.receive(timeout_ms=30_000)
+    nacked_at = loop.time()
+    await consumer.negative_acknowledge(msg)
+    await consumer.close()  # saves the pending nack; the message goes back to the subscription
+    async with await nacktracker.subscribe(chunk_client, topic, "sub", **options) as again:
+        assert again.stats()["restored"] == 1
+        back = await again.receive(timeout_ms=30_000)
+        assert back.data() == payload and str(back.message_id()) == str(msg.message_id())
+        assert (loop.time() - nacked_at) * 1000 >= 2_000 - 2  # at its time, not when the broker resent it
+        assert again.stats()["early_copies_dropped"] >= 1 and again.chunks is not None
+        assert again.chunks.requested == 1
+        await again.acknowledge(back)
+        await _no_more(again, 1_500)
+    if chunk_service.apache is not None:
+        assert chunk_service.backlog(topic, "sub") == 0
