@@ -151,13 +151,13 @@ class ChunkedNacks:
     """The first chunk of each nacked chunked message, from its nack until its redelivery is
     requested (:meth:`entries`), acknowledged (:meth:`forget`) or forgotten otherwise.
 
-    ``known(entry) -> bool``: whether an entry holds a message this consumer knows as a message of
-    its own (the consumer's delivery core and tracker). Every method is O(1) unless its docstring
-    says otherwise.
+    ``known() -> f(entry) -> bool``: for one request, whether an entry holds a message this consumer
+    knows as a message of its own (:func:`known_entries`: the consumer's delivery core and tracker).
+    Every method is O(1) unless its docstring says otherwise.
 
     >>> class Id:  # a chunked message's id, as the client serializes it: chunks at (4, 1) .. (4, 3)
     ...     def serialize(self): return bytes([8, 4, 16, 3, 58, 4, 8, 4, 16, 1])
-    >>> nacks = ChunkedNacks(lambda entry: False)
+    >>> nacks = ChunkedNacks(lambda: lambda entry: False)
     >>> nacks.note(MessageKey(4, 3, topic="t"), Id())
     True
     >>> len(nacks), [k.entry_id for k in nacks.entries(MessageKey(4, 3, topic="t"))], len(nacks)
@@ -166,7 +166,7 @@ class ChunkedNacks:
 
     __slots__ = ("_first", "_known", "requested")
 
-    def __init__(self, known: Callable[[MessageKey], bool]) -> None:
+    def __init__(self, known: Callable[[], Callable[[MessageKey], bool]]) -> None:
         self._first: dict[MessageKey, tuple[int, int]] = {}  # last chunk's entry -> first chunk's position
         self._known = known
         #: requests for chunked messages that named every chunk (one per message)
@@ -196,12 +196,12 @@ class ChunkedNacks:
     def entries(self, key: MessageKey) -> list[MessageKey]:
         """The entries to ask the broker for, for due ``key``: every chunk's entry for a chunked
         message (:func:`chunk_entries`; then forgotten: a later nack notes it again), else ``[key]``.
-        O(1) for a message that is not chunked, O(entries named) for one that is."""
+        O(1) for a message that is not chunked, O(entries named + held) for one that is."""
         first = self._first.pop(key.entry, None) if self._first else None
         if first is None:
             return [key]
         self.requested += 1
-        return chunk_entries(key, first, self._known)
+        return chunk_entries(key, first, self._known())
 
     def clear(self) -> None:
         self._first.clear()
@@ -223,21 +223,24 @@ def serialized_id(message: object) -> bytes:
     return bytes(data)
 
 
-def known_entries(core: object, pending: Callable[[MessageKey], bool]) -> Callable[[MessageKey], bool]:
-    """What :class:`ChunkedNacks` asks: whether ``entry`` holds a message this consumer knows as one of its
-    own, from a :class:`~.core.DeliveryCore` (seen: held, parked, requested, acknowledged; a batch entry
-    with a record or a message held) and ``pending(entry)``, the tracker's. O(1), plus O(held) for an
-    entry the core has not seen (a batch whose messages the application holds)."""
+def known_entries(core: object,
+                  pending: Callable[[MessageKey], bool]) -> Callable[[], Callable[[MessageKey], bool]]:
+    """What :class:`ChunkedNacks` asks, for one request: whether ``entry`` holds a message this consumer
+    knows as one of its own, from a :class:`~.core.DeliveryCore` (seen: held, parked, requested,
+    acknowledged; a batch entry with a record, or with a message the application holds) and
+    ``pending(entry)``, the tracker's. Each request costs O(held) once (the batch entries held), then
+    O(1) per entry."""
     from .core import DeliveryCore
 
     if not isinstance(core, DeliveryCore):
         raise TypeError(f"core must be a DeliveryCore, not {type(core).__name__}")
 
-    def known(entry: MessageKey) -> bool:
-        if core.seen(entry) or pending(entry) or core.awaits_copy(entry):
-            return True
-        ledger, entry_id, partition, _, topic = entry
-        return any(k[3] >= 0 and k[0] == ledger and k[1] == entry_id and k[2] == partition and k[4] == topic
-                   for k in core.held)
+    def for_request() -> Callable[[MessageKey], bool]:
+        held_batches = {k.entry for k in core.held if k[3] >= 0}
 
-    return known
+        def known(entry: MessageKey) -> bool:
+            return core.seen(entry) or pending(entry) or core.awaits_copy(entry) or entry in held_batches
+
+        return known
+
+    return for_request
