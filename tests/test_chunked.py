@@ -295,7 +295,6 @@ async def test_a_chunked_message_nacked_until_dead_lettered_arrives_whole(chunk_
     from nacktracker.consumer import PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_REAL_TOPIC
 
     payload, topic, dlq = os.urandom(chunk_service.payload), _topic("chunk-dlq"), _topic("chunk-dlq-target")
-    dlq_consumer = verifier(dlq, "dlq-verify")
     consumer = await nacktracker.subscribe(chunk_client, topic, "chunk-dlq-sub", delay_ms=200, max_redeliveries=2,
                                            dead_letter_topic=dlq)
     async with consumer:
@@ -312,6 +311,7 @@ async def test_a_chunked_message_nacked_until_dead_lettered_arrives_whole(chunk_
             deliveries += 1
             await consumer.negative_acknowledge(msg)
         assert deliveries == 3  # the first delivery and max_redeliveries more, as Java's client counts
+        dlq_consumer = verifier(dlq, "dlq-verify")  # from the earliest message
         dead = await _received(dlq_consumer, 30_000)
         assert dead is not None and dead.data() == payload and dead.partition_key() == "chunk-dlq-key"
         props = dead.properties()
