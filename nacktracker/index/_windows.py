@@ -11,11 +11,13 @@ import heapq
 from typing import Iterator
 
 import numpy as np
+import numpy.typing as npt
 from pyroaring import BitMap
 
 from . import layout
 from .bitmaps import bitmap_of, distinct, has, merge_into, sort_across, u32_array, u64_array
-from .layout import M32, NO_CELLS, NO_KEYS, NO_PACKED, NO_SEGMENTS, Cell, Layout, U64Array, Window, held_size, roaring_bytes
+from .layout import (M32, NO_CELLS, NO_KEYS, NO_PACKED, NO_SEGMENTS, SCAN_PER_CELL, SCAN_SEGMENTS, SEGMENT, Cell, Layout, U64Array,
+                     Window, dense_pays, held_size, roaring_bytes)
 
 #: Windows with at most this many copies left (sparse plus dense cells) are
 #: counted exactly by the count bounds: a constant cost per window.
@@ -71,6 +73,77 @@ class Windows:
         """``(id, window)`` in time order. Runtime: O(W log W)."""
         for wid in sorted(self.by_id):
             yield wid, self.by_id[wid]
+
+    # -- a window's look for cells that pay as bitmaps ---------------------------------
+
+    def scan(self, w: Window) -> tuple[list[int], list[int], array.array[int]]:
+        """Take out of a window not yet open the sparse copies of the cells
+        that pay as bitmaps: those with a dense cell already, and those
+        whose copies cost more packed than as a bitmap (:func:`dense_pays`).
+        Returns ``(keys, ends, entries)``: the cells' ``offset << 32 |
+        slot`` keys, in order, and their entry ids, sorted, each cell's
+        ending at ``ends[i]`` in ``entries``. The copies left are written back sorted
+        into the window's own segments (the emptied ones go); ``scan_at`` is
+        set for the next look. Runtime: O(w log w) in C for the window's w
+        sparse copies."""
+        assert not w.opened
+        lay = self.lay
+        parts = w.parts()
+        vals = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)  # a copy: no view outlives this
+        del parts
+        vals.sort()
+        n = len(vals)
+        top = vals >> np.uint64(32)  # offset | slot: a cell
+        starts = _run_starts(top)
+        copies = np.diff(starts, append=n)
+        # containers: distinct high 16 bits of the entry ids of a cell
+        containers = np.bincount(np.searchsorted(starts, _run_starts(vals >> np.uint64(16)), side="right") - 1,
+                                 minlength=len(starts))
+        tops = top[starts]
+        del top
+        cut = np.uint64(32 - lay.offset_bits)
+        keys = (tops >> cut) << np.uint64(32) | (tops & np.uint64(lay.slot_limit - 1))
+        move = dense_pays(copies, containers)
+        if w.dense and len(keys):  # a cell that is a bitmap already takes its copies whatever their number
+            known = np.sort(np.fromiter(w.dense, dtype=np.uint64, count=len(w.dense)))
+            at = np.minimum(np.searchsorted(known, keys), len(known) - 1)
+            move |= known[at] == keys
+        if not move.any():
+            out: tuple[list[int], list[int], array.array[int]] = ([], [], array.array("I"))
+            kept = vals
+        else:
+            taken = np.repeat(move, copies)
+            out = (keys[move].tolist(), np.cumsum(copies[move]).tolist(), u32_array(vals[taken] & np.uint64(M32)))
+            kept = vals[~taken]
+            del taken
+            self._refill(w, kept)
+        segments = len(w.full)
+        w.scan_at = segments + max(SCAN_SEGMENTS, segments, -(-SCAN_PER_CELL * (len(w.dense) + len(out[0])) // SEGMENT))
+        del vals, kept
+        return out
+
+    @staticmethod
+    def _refill(w: Window, kept: U64Array) -> None:
+        """Write ``kept`` into the window's segments in order, in place (new
+        arrays per look fragmented the heap); the segments left empty go, and
+        appends start a new array."""
+        arrays = [*w.full, w.packed] if w.packed else list(w.full)
+        left, at = len(kept), 0
+        full: list[array.array[int]] = []
+        for a in arrays:
+            k = min(len(a), left - at)
+            if k <= 0:
+                break
+            np.frombuffer(a, dtype=np.uint64)[:k] = kept[at:at + k]  # a view that dies with this statement
+            if len(a) > k:
+                try:
+                    del a[k:]
+                except BufferError:  # someone else holds a view of it (a debugger's frame): copy
+                    a = a[:k]
+            full.append(a)
+            at += k
+        w.full = full if full else NO_SEGMENTS
+        w.packed = NO_PACKED
 
     # -- the front window -------------------------------------------------------
 
@@ -313,6 +386,16 @@ class Windows:
                 total += size(w.dense) + sum(map(size, w.dense))
                 total += sum(map(roaring_bytes, w.dense.values()))
         return total
+
+
+def _run_starts(values: U64Array) -> npt.NDArray[np.intp]:
+    """Where each run of equal values starts in a sorted array."""
+    if not len(values):
+        return np.zeros(0, dtype=np.intp)
+    edge = np.empty(len(values), dtype=bool)
+    edge[0] = True
+    np.not_equal(values[1:], values[:-1], out=edge[1:])
+    return np.flatnonzero(edge)
 
 
 def _last(segment: array.array[int]) -> int:

@@ -195,16 +195,16 @@ class TimeBucketIndex:
             self._put(slot, entry_id, bucket)
             return
         off = (bucket >> self.precision_bits) & self._omask
-        dense = w.dense
-        if dense and (off << 32 | slot) in dense:  # the cell is a bitmap
-            self._put(slot, entry_id, bucket)
-            return
-        # another sparse cell of an existing window (interleaved traffic): inline
-        # _make_hot. The live bitmap's compaction is paced by pops (adds only grow it).
+        # another cell of an existing window (interleaved traffic): a sparse copy, inline
+        # _make_hot (a cell that is a bitmap too gets it at the window's next look, or when
+        # its bucket is taken). The live bitmap's compaction is paced by pops (adds only grow it).
         packed = w.packed
         n = len(packed)
         if n >= layout.SEGMENT:
             packed, n = w.roll(), 0
+            if len(w.full) >= w.scan_at and not w.opened:
+                self._scan(w)
+                packed = w.packed = array.array("Q")
         elif packed is NO_PACKED:
             packed = w.packed = array.array("Q")
         packed.append((off << self._cshift | slot) << 32 | entry_id)
@@ -503,8 +503,15 @@ class TimeBucketIndex:
             w, off, cell = self._make_hot(slot, bucket)
         self._ids.churn += 1
         if cell is None and (entry_id >> 32 or slot >= self._slot_limit):
-            cell = self._set_cell(w, off, slot, BitMap64() if entry_id >> 32 else BitMap())
-            self._hot_start = 0
+            # the cell may be a bitmap already while the fast path appended sparse copies to it
+            cell = w.dense.get(off << 32 | slot)
+            if cell is None:
+                cell = self._set_cell(w, off, slot, BitMap64() if entry_id >> 32 else BitMap())
+                self._hot_start = 0
+            else:
+                self._hot_start = len(cell)
+                ext = self._ledgers.ext_at(slot)
+                self._hot_listed = ext is not None and any(c is cell for c in listed_cells(ext))
         if cell is not None:
             if entry_id >> 32 and type(cell) is BitMap:
                 cell = self._set_cell(w, off, slot, BitMap64(cell))
@@ -547,12 +554,45 @@ class TimeBucketIndex:
                 w.packed = array.array("Q")
             elif len(w.packed) >= layout.SEGMENT:
                 w.roll()
+                if len(w.full) >= w.scan_at and not w.opened:
+                    self._scan(w)  # resets the fast path: set again below
+                    w.packed = array.array("Q")
+                    self._hot_bucket, self._hot_slot, self._hot_win, self._hot_off = bucket, slot, w, off
+                    cell = w.dense.get(off << 32 | slot)  # the look may have made the cell a bitmap
         self._hot_lid = self._ledgers.lid[slot]  # type: ignore[assignment]  # a slot in use holds its ledger id
         # _hot_start: where the hot run starts in the array, or the dense cell's size
         self._hot_dense, self._hot_start = cell, len(w.packed) if cell is None else len(cell)
         ext = self._ledgers.ext_at(slot) if cell is not None else None
         self._hot_listed = ext is not None and any(c is cell for c in listed_cells(ext))
         return w, off, cell
+
+    def _scan(self, w: Window) -> None:
+        """A window's look (``Windows.scan``): the sparse copies of the cells
+        that pay as bitmaps join their cell's bitmap (made if new, shrunk to
+        fit); a listed cell's ``hi`` follows. Resets the fast path (its run's
+        copies moved). Runtime: O(w log w) in C for the window's w sparse
+        copies, plus O(1) Python calls per cell moved."""
+        if self._hot_win is w:
+            self._reset_hot()
+        keys, ends, entries = self._time.scan(w)
+        dense, exts, start = w.dense, self._ledgers.ext, 0
+        for key, end in zip(keys, ends):
+            part = entries[start:end]
+            start = end
+            cell = dense.get(key)
+            if cell is None:
+                cell = BitMap()
+                cell.update(part)
+                cell.shrink_to_fit()
+                self._set_cell(w, key >> 32, key & M32, cell)
+                dense = w.dense  # made by the first cell
+                continue
+            cell.update(part if type(cell) is BitMap else array.array("Q", part))
+            cell.shrink_to_fit()
+            if exts:
+                ext = exts[key & M32]
+                if ext is not None and ext.cells is not None:
+                    self._ids.relist(ext, cell, cell)  # its hi follows the cell's ids
 
     def _reset_hot(self) -> None:
         self._hot_bucket, self._hot_slot, self._hot_lid, self._hot_off = -1, -1, -1, -1
@@ -590,8 +630,13 @@ class TimeBucketIndex:
         self._hot_start = 0  # now the dense cell's size when the run started
         key = off << 32 | slot
         ext = self._ledgers.ext_at(slot)
-        if (ext is not None and ext.ghost is not None) or key in w.dense:
+        old = w.dense.get(key)
+        if old is not None:  # the cell is a bitmap already (a look moved copies into it): one bitmap
+            cell = merge_into(old, cell)
+        if (ext is not None and ext.ghost is not None) or old is not None:
             self._hot_dense = self._set_cell(w, off, slot, cell)
+            # a listed cell stays listed: its hi follows the ids added to it from now on
+            self._hot_listed = ext is not None and any(c is cell for c in listed_cells(ext))
             return
         if w.dense is NO_CELLS:
             w.dense = {}

@@ -38,7 +38,7 @@ from pyroaring import BitMap, BitMap64
 
 __all__ = [
     "WINDOW_BITS", "MIN_OFFSET_BITS", "PROMOTE", "SEGMENT", "LIVE_ENTRY_BITS", "LIVE_SLOT_BITS", "WIDE_LIVE_SHIFT",
-    "COMPACT_CHURN", "LISTED", "LISTING", "SMALL_INT", "COUNTER_INTS", "BITMAP64_EMPTY",
+    "COMPACT_CHURN", "SCAN_SEGMENTS", "SCAN_PER_CELL", "LISTED", "LISTING", "SMALL_INT", "COUNTER_INTS", "BITMAP64_EMPTY",
     "Layout", "Window", "LedgerExt", "Ghost", "Cell", "U64Array",
     "held", "held_size", "malloc_bytes", "roaring_bytes", "window_bytes", "ledger_record_bytes", "time_order_bytes",
 ]
@@ -90,6 +90,20 @@ SEGMENT = 512
 LIVE_ENTRY_BITS: Final = 22
 LIVE_SLOT_BITS: Final = 10
 WIDE_LIVE_SHIFT: Final = 32
+#: A window not yet at the front looks over its sparse copies once it has
+#: rolled this many segments more than it kept at its last look (at least:
+#: see ``Window.scan_at``), and moves each ``(bucket, ledger)`` cell whose
+#: copies cost more packed than as a bitmap (:func:`dense_pays`) into one:
+#: where many copies share a bucket and a ledger (coarse precision, dense
+#: ids), they end in bitmaps at ~2 bytes per id or less, whatever order they
+#: came in; sparse cells stay packed. Each look is O(w) in C for the w sparse
+#: copies of the window, plus a bitmap update per cell moved.
+SCAN_SEGMENTS: Final = 2
+#: ... and at least this many new sparse copies per dense cell of the window
+#: since its last look: a look updates every dense cell that got a copy, so
+#: this bounds the Python calls per add (1/16), and the copies waiting in the
+#: segments for the next look to a bounded share of the window.
+SCAN_PER_CELL: Final = 8
 #: Changes to a ledger's live bitmap between compactions (at least).
 COMPACT_CHURN: Final = 4096
 #: A ledger keeps up to this many of its dense cells *listed*: their ids stay
@@ -191,6 +205,12 @@ class Window:
     offset in it; taking from the tail compacts it in place, and a long tail
     is sorted into ``full``. Why segments: see :data:`SEGMENT`.
 
+    Until it opens, a window looks over its sparse copies now and then
+    (``scan_at``: see :data:`SCAN_SEGMENTS`) and moves the cells that are
+    cheaper as bitmaps into ``dense``; a cell may then hold copies in both
+    (a bitmap and sparse copies added since), until the next look or until
+    its bucket is taken merges them.
+
     ``dense``: ``offset << 32 | slot`` -> bitmap (one flat dict: a cell costs a
     dict slot and a key, not a dict per bucket); ``dense_keys``: a heap of
     those keys (stale ones skipped), so the earliest cells come first, kept
@@ -201,7 +221,7 @@ class Window:
     window is empty when nothing is left in either.
     """
 
-    __slots__ = ("packed", "full", "spill", "pos", "opened", "tail_min", "dense", "dense_keys")
+    __slots__ = ("packed", "full", "spill", "pos", "opened", "tail_min", "dense", "dense_keys", "scan_at")
 
     NO_TAIL: Final = 1 << 64
 
@@ -214,6 +234,7 @@ class Window:
         self.tail_min = self.NO_TAIL
         self.dense: dict[int, Cell] = NO_CELLS  # made on the first cell
         self.dense_keys: list[int] = NO_KEYS
+        self.scan_at = SCAN_SEGMENTS  # segments in ``full`` at which to look for cells to move into bitmaps
 
     def tail(self) -> list[U64Array]:
         """Zero-copy uint64 views of the unsorted tail of an open window
@@ -488,3 +509,22 @@ def roaring_bytes(bm: Cell, grown: bool = False, refit: bool = False) -> int:
     if type(bm) is BitMap64:
         total += n * 24  # ART leaf per container
     return total + held(type(bm).__basicsize__)
+
+
+#: What a dense cell costs beyond its containers: the bitmap's Python object,
+#: CRoaring's header, the cell's key (an int past the shared small ones) and
+#: its slot in the window's dict (about 1.5 entries of 24 bytes, and its
+#: index byte).
+CELL_FIXED: Final = held(BitMap.__basicsize__) + malloc_bytes(48) + held(32) + 40
+#: ... and per container: CRoaring's container struct, its key/typecode/pointer
+#: slots (11 bytes) and the rounding of its payload's malloc chunk (~16).
+CONTAINER_FIXED: Final = malloc_bytes(16) + 11 + 16
+
+
+def dense_pays(copies: U64Array, containers: U64Array) -> npt.NDArray[np.bool_]:
+    """Whether a cell of ``copies`` sparse copies (8 bytes each, packed)
+    costs less as a bitmap of ``containers`` Roaring containers (2 bytes per
+    id in array containers, plus :data:`CELL_FIXED` and
+    :data:`CONTAINER_FIXED` each): the crossover a window's look applies per
+    cell (vectorised). With one container, 41 copies or more move."""
+    return 6 * copies.astype(np.int64) > CELL_FIXED + CONTAINER_FIXED * containers.astype(np.int64)
