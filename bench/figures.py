@@ -16,7 +16,9 @@ its results file renders, so the text cannot go stale.
 
 Blocks: ``demo`` (the demo's table), ``consume-throughput`` (TrackedConsumer
 against the plain consumer, from ``python -m bench.consume_throughput --json``),
-``index-grid`` (the index on real client traffic, by precision), ``pipeline-scale`` and
+``index-grid`` (the index on real client traffic, by precision), ``java-anchor`` (the tracker beside
+Java's PIP-393 tracker, from ``python -m bench.java_anchor --save``), ``seed-table`` (seed 000's
+workloads, ``bench.memory``), ``pipeline-scale`` and
 ``pipeline-speed`` (``nacktracker plan`` at scale and against pandas, from ``bench/results/plan-*``).
 """
 
@@ -176,9 +178,33 @@ def pipeline_speed() -> str:
             f"[results](bench/results/plan-scale/plan_generate.md).")
 
 
+JAVA_ANCHOR = ROOT / "bench" / "results" / "java-anchor" / "results.json"
+SEED_TABLE = ROOT / "bench" / "results" / "seed-table" / "results.json"
+
+
+def java_anchor() -> str:
+    """The tracker's bytes and add CPU on the Java measurement's workload, Java's published figures beside them."""
+    from bench import java_anchor as anchor
+
+    return anchor.summary(_load(JAVA_ANCHOR))
+
+
+def seed_table() -> str:
+    """``nbytes()`` per nack on seed 000's workloads (``bench.memory``), from the committed run."""
+    r = _load(SEED_TABLE)
+    rows = ["| workload | x | y | nbytes B/msg | RSS B/msg |", "|---|---:|---:|---:|---:|"]
+    rows += [f"| {row['workload']} | {row['x']} | {row['y']} | {row['nbytes_per_msg']:.4f} | {row['rss_per_msg']:.3f} |"
+             for row in r["rows"]]
+    return ("\n".join(rows) + f"\n\n`{r['command']}` ({r['messages']:,} nacks per row, each a fresh process), "
+            f"recorded {r['recorded']}, load average {r['loadavg_before'][0]:.2f} → {r['loadavg_after'][0]:.2f}. "
+            "RSS below ~1 MB of growth is the process's one-time first-use cost, not the index. "
+            "Results: [bench/results/seed-table/](bench/results/seed-table/).")
+
+
 RENDERERS: dict[str, Callable[[], str]] = {"demo": demo, "consume-throughput": consume_throughput,
                                           "index-grid": index_grid, "pipeline-scale": pipeline_scale,
-                                          "pipeline-speed": pipeline_speed}
+                                          "pipeline-speed": pipeline_speed, "java-anchor": java_anchor,
+                                          "seed-table": seed_table}
 
 
 def _relink(text: str, doc: Path) -> str:

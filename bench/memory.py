@@ -14,8 +14,11 @@ the growth of the process's resident set (RSS) while building, per message.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
 import sys
+from pathlib import Path
 
 from nacktracker.pipeline.memory_experiment import JAVA_HEAP_MB, JAVA_MB, measure as measure_one, seed_estimate, workload  # noqa: F401
 
@@ -83,6 +86,8 @@ def main(argv=None) -> int:
     p.add_argument("--entries-per-ledger", type=int, default=50_000)
     p.add_argument("--share", type=float, default=0.1, help="nacked share, random workload")
     p.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
+    p.add_argument("--save", metavar="DIR", help="also write DIR/results.json: the rows, the command, the date "
+                   "and the load (bench/results/seed-table for the seed table; python -m bench.figures renders it)")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.one:
@@ -93,6 +98,7 @@ def main(argv=None) -> int:
     grid = [(a.x or x, a.y or y) for x, y in GRID] if (a.x is None or a.y is None) else [(a.x, a.y)]
     grid = list(dict.fromkeys(grid))
     rows = []
+    before = os.getloadavg()
     for index, kind, messages, x, y in configurations(a.messages, indexes, grid, random_y=(a.y or 10,)):
         if a.workload not in ("all", kind):
             continue
@@ -101,6 +107,14 @@ def main(argv=None) -> int:
         if not a.json:
             print(f"  {index:16} {kind:10} x={x} y={y:<2} {row['nbytes_per_msg']:.3f} B/msg "
                   f"(RSS {row['rss_per_msg']:.3f})", file=sys.stderr)
+    if a.save:
+        out = Path(a.save)
+        out.mkdir(parents=True, exist_ok=True)
+        record = {"command": "python -m bench.memory " + " ".join(argv if argv is not None else sys.argv[1:]),
+                  "recorded": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                  "messages": a.messages, "loadavg_before": [round(v, 2) for v in before],
+                  "loadavg_after": [round(v, 2) for v in os.getloadavg()], "cores": os.cpu_count(), "rows": rows}
+        (out / "results.json").write_text(json.dumps(record, indent=1) + "\n")
     if a.json:
         print(json.dumps(rows, indent=1))
     else:

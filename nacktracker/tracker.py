@@ -173,6 +173,8 @@ class NegativeAcksTracker:
         self._coalesce = check_int("adapter.coalesce_ms", getattr(adapter, "coalesce_ms", 0) or 0)
         self._delay_ms = check_default_delay("delay_ms", delay_ms)
         self.precision = Precision.of(precision_bits, rounding)
+        self._bucket_add, self._bucket_mask = self.precision.add, self.precision.mask  # _schedule's Precision.bucket
+        self._nacks = 0  # nacks scheduled (stats()["nacks"]): an int of its own, not a Counter item, on add's path
         for name, fn in (("backoff", backoff), ("on_dead_letter", on_dead_letter), ("on_event", on_event)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be callable, not {type(fn).__name__}")
@@ -240,9 +242,10 @@ class NegativeAcksTracker:
             raise TrackerClosedError("tracker is closed")
         key, own_count = key_of(message_id)
         count = redelivery_count if redelivery_count is not None else (own_count or 0)
-        count = check_int("redelivery_count", count)
+        if type(count) is not int or count >> 63:  # checks only what is not a plain int in range
+            count = check_int("redelivery_count", count)
         if delay_ms is not None:
-            delay = check_delay_ms("delay_ms", delay_ms)
+            delay = delay_ms if type(delay_ms) is int and delay_ms >= 0 else check_delay_ms("delay_ms", delay_ms)
         elif self._backoff is not None:
             delay = check_delay_ms("backoff result", self._backoff(count))
         else:
@@ -385,7 +388,7 @@ class NegativeAcksTracker:
         return {
             "pending": len(self._index), "unsent": sum(map(len, self._outbox)),
             "buckets": self._index.bucket_count_bound(), "bitmaps": self._index.bitmap_count_bound(),
-            "nbytes": self.nbytes(), "nacks": self._n["nacks"], "redelivered": self._n["redelivered"],
+            "nbytes": self.nbytes(), "nacks": self._nacks, "redelivered": self._n["redelivered"],
             "dead_lettered": self._n["dead_lettered"], "dead_letter_failures": self._n["dead_letter_failures"],
             "failures": self._n["failures"], "fires": self._n["fires"],
             "rejected_after_close": self._n["rejected_after_close"],
@@ -560,19 +563,28 @@ class NegativeAcksTracker:
             self._clock = LoopClock(loop)
 
     def _schedule(self, key: MessageKey, delay: int, count: int) -> int:
-        now = math.ceil(self._clk.now_ms())
+        # every add runs this: _clk, _slot's lookup of a known ledger, Precision.bucket and _lead inline
+        clock = self._clock if self._clock is not None else self._clk  # (the property raises when unbound)
+        now = math.ceil(clock.now_ms())
         due = now + delay
         if due > MAX_DUE:
             raise ValueError(f"delay_ms {delay} is too large")
-        slot = self._slot(key, create=True)
-        self._index.add(slot, key.entry_id, due)
-        self._n["nacks"] += 1
-        fire = self.precision.bucket(due) - self._lead
+        topics = self._slots.get((key[2], key[0]))  # (partition, ledger)
+        slot = None if topics is None else topics.get(key[4])  # its topic
+        if slot is None:
+            slot = self._slot(key, create=True)
+        self._index.add(slot, key[1], due)
+        self._nacks += 1
         armed = self._timer_at
         # Re-arm only for an earlier fire, and not when the armed one is due already: it runs at the loop's
         # next iteration and takes every bucket due within the lead (nacks inside the lead window ride along)
-        if not self._closed and (armed is None or (fire < armed and armed > now)):
-            self._arm(fire)
+        if armed is None or armed > now:
+            lead = getattr(self.adapter, "lead_ms", 0) or 0
+            if type(lead) is not int or lead != self._lead_ok:  # changed (or invalid): _lead checks it
+                lead = self._lead
+            fire = ((due + self._bucket_add) & self._bucket_mask) - lead  # Precision.bucket
+            if not self._closed and (armed is None or fire < armed):
+                self._arm(fire)
         if self._on_event is not None:
             self._emit("nack", key, delay, count)
         return due

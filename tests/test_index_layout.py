@@ -15,7 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from pyroaring import BitMap, BitMap64
 
 from nacktracker import DictIndex, TimeBucketIndex
-from nacktracker.index import _live, layout
+from nacktracker.index import _live, _windows, layout
 from nacktracker.index._windows import SMALL_WINDOW, Windows
 from nacktracker.index._ledgers import NO_EXTS, NO_SLOTS
 from nacktracker.index._live import NO_GHOSTS, NO_MULTI
@@ -162,6 +162,56 @@ class SmallSegments(Differential):
 
 TestSmallSegments = SmallSegments.TestCase
 TestSmallSegments.settings = settings(max_examples=60, stateful_step_count=60, deadline=None)
+
+
+class LookingWindows(SmallSegments):
+    """The same with segments of 4 copies and a window's look moving every
+    cell with two sparse copies or more into a bitmap (the real crossover is
+    ~41 copies): cells hold copies in a bitmap and sparse ones at once,
+    listed cells take sparse copies, looks meet ghosts and ids pending twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.crossover = _windows.dense_pays
+        _windows.dense_pays = lambda copies, containers: copies >= 2
+
+    def teardown(self):
+        try:
+            super().teardown()
+        finally:
+            _windows.dense_pays = self.crossover
+
+
+TestLookingWindows = LookingWindows.TestCase
+TestLookingWindows.settings = settings(max_examples=60, stateful_step_count=60, deadline=None)
+
+
+def test_interleaved_cells_end_in_bitmaps():
+    """Consecutive ids of 4 ledgers, round robin, into 8 buckets in turn (no
+    run of adds to any cell): a window's looks move the cells into bitmaps,
+    so the cells hold ~2 bytes per id, not 8; the copies added since the
+    last look wait in the window's segments. Pops match DictIndex."""
+    idx, ref = TimeBucketIndex(precision_bits=8), DictIndex(precision_bits=8)
+    n = 40_000
+    for i in range(n):
+        for m in (idx, ref):
+            m.add(i % 4, i // 4, 1_000 + 256 * (i // 4 % 8))
+    (w,) = idx._windows.values()
+    assert len(w.dense) == 32 and w.size() <= layout.SCAN_PER_CELL * 32 + 2 * SEGMENT
+    assert idx.nbytes() < 4 * n  # the cells ~2 B per id, the live bitmap ~1 (packed: 8 per id and the live bitmap)
+    for now in range(1_000, 1_000 + 256 * 8, 256):
+        assert idx.pop_due(now) == ref.pop_due(now)
+    assert not idx and idx.next_due_ms() is None
+
+
+def test_sparse_cells_stay_packed():
+    """Ids far apart, each cell with a few copies: no look moves a cell
+    (a bitmap would cost more), the copies stay 8 bytes each."""
+    idx = TimeBucketIndex(precision_bits=0)
+    for i in range(20_000):
+        idx.add(i % 4, (i // 4) * 3, 1_000 + i % 5_000)
+    assert all(not w.dense for w in idx._windows.values())
+    assert sum(w.size() for w in idx._windows.values()) == 20_000
 
 
 def check_segments(idx: TimeBucketIndex) -> None:

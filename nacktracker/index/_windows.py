@@ -16,7 +16,7 @@ from pyroaring import BitMap
 
 from . import layout
 from .bitmaps import bitmap_of, distinct, has, merge_into, sort_across, u32_array, u64_array
-from .layout import (M32, NO_CELLS, NO_KEYS, NO_PACKED, NO_SEGMENTS, SCAN_PER_CELL, SCAN_SEGMENTS, SEGMENT, Cell, Layout, U64Array,
+from .layout import (M32, NO_CELLS, NO_KEYS, NO_PACKED, NO_SEGMENTS, SCAN_PER_CELL, SCAN_SEGMENTS, Cell, Layout, U64Array,
                      Window, dense_pays, held_size, roaring_bytes)
 
 #: Windows with at most this many copies left (sparse plus dense cells) are
@@ -76,7 +76,7 @@ class Windows:
 
     # -- a window's look for cells that pay as bitmaps ---------------------------------
 
-    def scan(self, w: Window) -> tuple[list[int], list[int], array.array[int]]:
+    def scan(self, w: Window, listed: list[int]) -> tuple[list[int], list[int], array.array[int]]:
         """Take out of a window not yet open the sparse copies of the cells
         that pay as bitmaps: those with a dense cell already, and those
         whose copies cost more packed than as a bitmap (:func:`dense_pays`).
@@ -84,7 +84,9 @@ class Windows:
         slot`` keys, in order, and their entry ids, sorted, each cell's
         ending at ``ends[i]`` in ``entries``. The copies left are written back sorted
         into the window's own segments (the emptied ones go); ``scan_at`` is
-        set for the next look. Runtime: O(w log w) in C for the window's w
+        set for the next look. The cells keyed in ``listed`` (listed cells:
+        they hold live copies only, and a sparse copy may be of an id acked
+        since) keep their sparse copies, to be gathered with their bucket. Runtime: O(w log w) in C for the window's w
         sparse copies."""
         assert not w.opened
         lay = self.lay
@@ -104,10 +106,10 @@ class Windows:
         cut = np.uint64(32 - lay.offset_bits)
         keys = (tops >> cut) << np.uint64(32) | (tops & np.uint64(lay.slot_limit - 1))
         move = dense_pays(copies, containers)
-        if w.dense and len(keys):  # a cell that is a bitmap already takes its copies whatever their number
-            known = np.sort(np.fromiter(w.dense, dtype=np.uint64, count=len(w.dense)))
-            at = np.minimum(np.searchsorted(known, keys), len(known) - 1)
-            move |= known[at] == keys
+        if w.dense:  # a cell that is a bitmap already takes its copies whatever their number
+            move |= _member(keys, np.fromiter(w.dense, dtype=np.uint64, count=len(w.dense)))
+        if listed:
+            move &= ~_member(keys, np.asarray(listed, dtype=np.uint64))
         if not move.any():
             out: tuple[list[int], list[int], array.array[int]] = ([], [], array.array("I"))
             kept = vals
@@ -118,7 +120,7 @@ class Windows:
             del taken
             self._refill(w, kept)
         segments = len(w.full)
-        w.scan_at = segments + max(SCAN_SEGMENTS, segments, -(-SCAN_PER_CELL * (len(w.dense) + len(out[0])) // SEGMENT))
+        w.scan_at = segments + max(SCAN_SEGMENTS, segments, -(-SCAN_PER_CELL * len(w.dense) // layout.SEGMENT))
         del vals, kept
         return out
 
@@ -386,6 +388,15 @@ class Windows:
                 total += size(w.dense) + sum(map(size, w.dense))
                 total += sum(map(roaring_bytes, w.dense.values()))
         return total
+
+
+def _member(values: U64Array, known: U64Array) -> npt.NDArray[np.bool_]:
+    """Whether each value is one of ``known`` (``np.isin`` without its hashing and imports)."""
+    if not len(values) or not len(known):
+        return np.zeros(len(values), dtype=bool)
+    known = np.sort(known)
+    out: npt.NDArray[np.bool_] = known[np.minimum(np.searchsorted(known, values), len(known) - 1)] == values
+    return out
 
 
 def _run_starts(values: U64Array) -> npt.NDArray[np.intp]:
