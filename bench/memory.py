@@ -86,8 +86,9 @@ def main(argv=None) -> int:
     p.add_argument("--entries-per-ledger", type=int, default=50_000)
     p.add_argument("--share", type=float, default=0.1, help="nacked share, random workload")
     p.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
-    p.add_argument("--save", metavar="DIR", help="also write DIR/results.json: the rows, the command, the date "
-                   "and the load (bench/results/seed-table for the seed table; python -m bench.figures renders it)")
+    p.add_argument("--save", metavar="DIR", help="also write DIR/results.json (the rows, the command, the date "
+                   "and the load) and DIR/RESULTS.md (bench/results/seed-table for the seed table; "
+                   "python -m bench.figures renders it into docs/benchmarks.md)")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.one:
@@ -115,6 +116,12 @@ def main(argv=None) -> int:
                   "messages": a.messages, "loadavg_before": [round(v, 2) for v in before],
                   "loadavg_after": [round(v, 2) for v in os.getloadavg()], "cores": os.cpu_count(), "rows": rows}
         (out / "results.json").write_text(json.dumps(record, indent=1) + "\n")
+        (out / "RESULTS.md").write_text(
+            f"## bytes per tracked nack: `{record['command']}`\n\n{a.messages:,} nacks per row, each a fresh process, "
+            f"recorded {record['recorded']}, load average {record['loadavg_before'][0]:.2f} → "
+            f"{record['loadavg_after'][0]:.2f} on {record['cores']} cores (memory figures, not timings). `nbytes()` "
+            f"counts each allocation as pymalloc and malloc take it. Earlier runs: HISTORY.md, where there is one."
+            f"\n\n{table(rows)}\n")
     if a.json:
         print(json.dumps(rows, indent=1))
     else:

@@ -212,3 +212,17 @@ def test_traffic_quick_on_apache_pulsar_runs_the_partitioned_and_key_shared_scen
             assert s["redeliveries"] + s["missing_redeliveries"] <= s["nacks"]
     md = (tmp_path / "smoke.md").read_text()
     assert "on Apache Pulsar 4.0." in md and "| partitioned | tracked |" in md
+
+
+def test_java_anchor_measures_the_workload_it_names():
+    """The anchor workload (4 ledgers, consecutive ids round robin, delays 1-60 s) through the tracker:
+    at Java's default 8 bits its ids share buckets and ledgers, and the index holds them in bitmaps."""
+    from bench import java_anchor
+
+    keys, delays = java_anchor.workload(8)
+    assert [(k.ledger_id, k.entry_id) for k in keys] == [(i % 4, i // 4) for i in range(8)]
+    assert all(1_000 <= d <= 60_000 for d in java_anchor.workload(10_000)[1])
+    fine, coarse = java_anchor.measure(100_000, 0), java_anchor.measure(100_000, 8)
+    assert fine["pending"] == coarse["pending"] == 100_000
+    assert coarse["nbytes"] < 0.7 * fine["nbytes"] and coarse["nbytes_per_nack"] <= coarse["java_per_nack"] == 6.2
+    assert "| 100,000 | 8 | 6.2 B |" in java_anchor.table({"rows": [fine, coarse]})
