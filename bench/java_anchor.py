@@ -33,7 +33,6 @@ import random
 import resource
 import sys
 import time
-from pathlib import Path
 from typing import Any, Optional
 
 from bench import ROOT, run_module

@@ -48,9 +48,9 @@ def key_of(obj: object) -> tuple[MessageKey, Optional[int]]:
     or a :class:`MessageKey`. Raises ``TypeError`` for anything else and
     ``ValueError`` for out-of-range ids."""
     if type(obj) is MessageKey:
-        ledger, entry, partition, batch, topic = obj  # a valid key as it is: no copy, no attribute reads
-        if (type(ledger) is int and type(entry) is int and not (ledger | entry) >> 63 and type(partition) is int
-                and type(batch) is int and -1 <= partition <= _MAX and -1 <= batch <= _MAX
+        led, ent, part, bat, topic = obj  # a valid key as it is: no copy, no attribute reads
+        if (type(led) is int and type(ent) is int and not (led | ent) >> 63 and type(part) is int
+                and type(bat) is int and -1 <= part <= _MAX and -1 <= bat <= _MAX
                 and (topic is None or type(topic) is str)):
             return obj, None
         key, count = obj, None

@@ -639,7 +639,7 @@ class TimeBucketIndex:
         del w.packed[start:]
         if not w.packed:  # the run was all of it
             w.packed = NO_PACKED
-        cell = BitMap()
+        cell: Cell = BitMap()
         cell.update(run)
         slot, off = self._hot_slot, self._hot_off
         self._hot_start = 0  # now the dense cell's size when the run started

@@ -30,7 +30,7 @@ import heapq
 import sys
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable, Final, Union
+from typing import Any, Callable, Final, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -521,7 +521,7 @@ CELL_FIXED: Final = held(BitMap.__basicsize__) + malloc_bytes(48) + held(32) + 4
 CONTAINER_FIXED: Final = malloc_bytes(16) + 11 + 16
 
 
-def dense_pays(copies: U64Array, containers: U64Array) -> npt.NDArray[np.bool_]:
+def dense_pays(copies: npt.NDArray[np.integer[Any]], containers: npt.NDArray[np.integer[Any]]) -> npt.NDArray[np.bool_]:
     """Whether a cell of ``copies`` sparse copies (8 bytes each, packed)
     costs less as a bitmap of ``containers`` Roaring containers (2 bytes per
     id in array containers, plus :data:`CELL_FIXED` and

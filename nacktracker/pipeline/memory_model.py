@@ -506,8 +506,8 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     # the windows' looks: a window not open yet (it opens about when the clock reaches its first
     # bucket) moves a cell's sparse copies into its bitmap when it has one or when they cost more
     # packed (layout.dense_pays); copies added after it opened stay sparse
-    shift = lay.window_shift
-    dense = dense | _looked(cid, n_cid, wid, n_wid, entry, start, dense, start < (bucket >> shift) << shift)
+    wshift = lay.window_shift
+    dense = dense | _looked(cid, n_cid, wid, n_wid, entry, start, dense, start < (bucket >> wshift) << wshift)
     front = np.full(k, n_wid, dtype=np.int64)
     np.minimum.at(front, wid_owner, np.arange(n_wid))
     sparse_per_window = np.bincount(wid[~dense], minlength=n_wid)
