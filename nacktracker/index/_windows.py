@@ -8,6 +8,7 @@ from __future__ import annotations
 import array
 import bisect
 import heapq
+import math
 from typing import Iterator
 
 import numpy as np
@@ -16,7 +17,7 @@ from pyroaring import BitMap
 
 from . import layout
 from .bitmaps import bitmap_of, distinct, has, merge_into, sort_across, u32_array, u64_array
-from .layout import (M32, NO_CELLS, NO_KEYS, NO_PACKED, NO_SEGMENTS, SCAN_PER_CELL, SCAN_SEGMENTS, Cell, Layout, U64Array,
+from .layout import (CELL_FIXED, CONTAINER_FIXED, M32, NO_CELLS, NO_KEYS, NO_PACKED, NO_SEGMENTS, SCAN_PER_CELL, SCAN_SEGMENTS, Cell, Layout, U64Array,
                      Window, dense_pays, held_size, roaring_bytes)
 
 #: Windows with at most this many copies left (sparse plus dense cells) are
@@ -120,7 +121,11 @@ class Windows:
             del taken
             self._refill(w, kept)
         segments = len(w.full)
-        w.scan_at = segments + max(SCAN_SEGMENTS, segments, -(-SCAN_PER_CELL * len(w.dense) // layout.SEGMENT))
+        cells = len(w.dense) + len(out[0])  # bitmaps after this look (at most)
+        if cells:  # the next look merges the copies of the bitmaps' cells
+            w.scan_at = segments + max(SCAN_SEGMENTS, segments, -(-SCAN_PER_CELL * cells // layout.SEGMENT))
+        else:  # none pays yet: look again once the window has grown enough for its fullest cell to pay
+            w.scan_at = max(segments + SCAN_SEGMENTS, math.ceil(segments * _growth_needed(copies, containers)))
         del vals, kept
         return out
 
@@ -388,6 +393,18 @@ class Windows:
                 total += size(w.dense) + sum(map(size, w.dense))
                 total += sum(map(roaring_bytes, w.dense.values()))
         return total
+
+
+def _growth_needed(copies: npt.NDArray[np.intp], containers: npt.NDArray[np.intp]) -> float:
+    """By how much a window's sparse copies must grow (at least 2x, at most
+    64x) before its most promising cell pays as a bitmap, its cells growing
+    with the window: at bits 0 on sparse traffic a window looks twice, not
+    once per doubling (each look sorts the window; those temporaries also
+    grew the C heap)."""
+    if not len(copies):
+        return 2.0
+    need = (CELL_FIXED + CONTAINER_FIXED * containers) / 6  # the copies at the crossover (dense_pays)
+    return min(64.0, max(2.0, float((need / copies).min())))
 
 
 def _member(values: U64Array, known: U64Array) -> npt.NDArray[np.bool_]:
