@@ -92,7 +92,8 @@ LIVE_SLOT_BITS: Final = 10
 WIDE_LIVE_SHIFT: Final = 32
 #: A window not yet at the front looks over its sparse copies once it has
 #: rolled this many segments more than it kept at its last look (at least:
-#: see ``Window.scan_at``), and moves each ``(bucket, ledger)`` cell whose
+#: as many again as it kept, and while none of its cells pays, until its
+#: fullest cell could: see ``Windows.scan``), and moves each ``(bucket, ledger)`` cell whose
 #: copies cost more packed than as a bitmap (:func:`dense_pays`) into one:
 #: where many copies share a bucket and a ledger (coarse precision, dense
 #: ids), they end in bitmaps at ~2 bytes per id or less, whatever order they
