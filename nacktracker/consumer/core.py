@@ -16,7 +16,10 @@ drives it with arbitrary interleavings (hypothesis) against the promises it keep
 
 Copies are opaque *tokens* here (the shell passes the received message). A dropped copy of a batch message is kept
 with the message's state and handed back when the message is finally acknowledged: acking it completes that delivery's
-batch acker in the client, which is what acknowledges the entry at the broker (without batch-index acks).
+batch acker in the client, which is what acknowledges the entry at the broker (without batch-index acks). The copy the
+application nacked is not kept: the copy that answers the nack is a new delivery of the whole entry, whose batch acker
+the message's final ack completes (its siblings' copies are acked as they are dropped), so a pending nack of a batch
+message costs its record's 12 bytes (:class:`~.state.NackedIndices`), not a received message.
 """
 
 from __future__ import annotations
@@ -180,14 +183,17 @@ class DeliveryCore:
         entry = key.entry
         record = self.records.get(entry)
         if record is not None:
-            nack = record.nacked.get(key.batch_index)
-            if nack is None:  # neither acked, held nor nacked: the application has not seen it
+            index = key.batch_index
+            nacked = record.nacked.get(index)
+            if nacked is None:  # neither acked, held nor nacked: the application has not seen it
                 return self._surface(key, [])
-            if nack.fired or now_ms >= nack.release_ms:
-                del record.nacked[key.batch_index]
+            release_ms, fired = nacked
+            if fired or now_ms >= release_ms:
+                record.nacked.pop(index)
+                tokens = record.take(index)
                 self._maybe_end(entry, record, now_ms)
-                return self._due_or_park(key, nack.release_ms, token, nack.tokens, now_ms)
-            nack.tokens.append(token)
+                return self._due_or_park(key, release_ms, token, tokens, now_ms)
+            record.keep(index, [token])
             return Verdict.DROP_EARLY
         nack = self.requested.get(entry)  # a blind-restored entry whose bucket fired
         if nack is not None:
@@ -220,11 +226,9 @@ class DeliveryCore:
         if batch_size > record.size:
             record.size = batch_size
         release = math.ceil(now_ms) if due_ms is None else self.bucket_ms(due_ms)
-        old = record.nacked.get(key.batch_index)
-        if old is not None:
-            tokens = old.tokens + tokens
-        tokens.append(token)
-        record.nacked[key.batch_index] = Nacked(release, due_ms is None, tokens)
+        # the nacked copy itself is not kept (``token``): see the module's docstring
+        record.nacked.set(key.batch_index, release, due_ms is None)
+        record.keep(key.batch_index, tokens)
         if due_ms is None:
             self._expire_at(release + self.overdue_ms, key.entry, record)
 
@@ -250,12 +254,11 @@ class DeliveryCore:
             # The broker redelivers whole entries: this request's copy answers every nack of the entry so
             # far, each parked until its own time here (the tracker cancels the entry's later buckets: a
             # second request would send the entry again, to another consumer, a duplicate of each).
-            for nack in record.nacked.values():
-                nack.fired = True
+            record.nacked.mark_fired()
             if self._dedup is None:
                 record.linger_until = max(record.linger_until, bucket_ms + self.overdue_ms)
             # and the record wakes overdue_ms after its latest nack's time, or it outlives a copy gone elsewhere
-            latest = max([bucket_ms, *(n.release_ms for n in record.nacked.values())])
+            latest = max(bucket_ms, record.nacked.max_release() or bucket_ms)
             self._expire_at(latest + self.overdue_ms, entry, record)
 
     def _surrender(self, entry: MessageKey) -> None:
@@ -273,7 +276,8 @@ class DeliveryCore:
             record = self.records[entry] = EntryRecord(acked=None if self._dedup is not None else set())
         for index in sorted(indices):
             parked = self.parked.pop(entry._replace(batch_index=index))
-            record.nacked[index] = Nacked(parked.release_ms, True, parked.tokens + [parked.token])
+            record.nacked.set(index, parked.release_ms, True)
+            record.keep(index, parked.tokens + [parked.token])
 
     def _unpark(self, key: MessageKey) -> Optional[Parked]:
         """Take ``key``'s parked copy out of the parked state (released, nacked or acked by id). O(1)."""
@@ -308,10 +312,9 @@ class DeliveryCore:
             return AckResult(tokens, not self.blind)
         if record.acked is not None:
             record.acked.add(key.batch_index)
-        nack = record.nacked.pop(key.batch_index, None)
-        if nack is not None:
-            tokens += nack.tokens
-        discard = not any(not n.fired for n in record.nacked.values())
+        if record.nacked.pop(key.batch_index) is not None:
+            tokens += record.take(key.batch_index)
+        discard = not record.nacked.unfired
         self._maybe_end(key.entry, record, now_ms)
         return AckResult(tokens, discard)
 
@@ -340,8 +343,9 @@ class DeliveryCore:
         for entry, record in list(self.records.items()):
             if (entry.topic, entry.partition) != where or (entry.ledger_id, entry.entry_id) > mark[:2]:
                 continue
-            for index in [i for i in record.nacked if covered(entry._replace(batch_index=i))]:
-                tokens += record.nacked.pop(index).tokens
+            for index in [i for i in record.nacked.indices() if covered(entry._replace(batch_index=i))]:
+                record.nacked.pop(index)
+                tokens += record.take(index)
             self._maybe_end(entry, record, now_ms)
         return tokens
 
@@ -387,9 +391,10 @@ class DeliveryCore:
         self._positions.cover(entry.topic, entry.partition, entry.ledger_id, entry.entry_id, ALL_INDICES)
         record = self.records[entry] = EntryRecord(acked=None if self._dedup is not None else set())
         for index, due, fired in nacked:
-            record.nacked[index] = Nacked(self.bucket_ms(due), fired)
-        if any(n.fired for n in record.nacked.values()):
-            self._expire_at(max(n.release_ms for n in record.nacked.values()) + self.overdue_ms, entry, record)
+            record.nacked.set(index, self.bucket_ms(due), fired)
+        latest = record.nacked.max_release()
+        if latest is not None and record.nacked.unfired < len(record.nacked):  # some fired
+            self._expire_at(latest + self.overdue_ms, entry, record)
 
     def restored_without_records(self) -> None:
         """Restored nacks came without their batch records (see persist.py): copies of their batch
@@ -405,8 +410,8 @@ class DeliveryCore:
         message that has not surfaced again, parked copies included (for
         snapshots). O(records + parked)."""
         for entry, record in self.records.items():
-            for index, nack in record.nacked.items():
-                yield entry, index, nack.release_ms, nack.fired
+            for index, release_ms, fired in record.nacked.items():
+                yield entry, index, release_ms, fired
         for key, parked in self.parked.items():
             if key.batch_index >= 0:
                 yield key.entry, key.batch_index, parked.release_ms, True
@@ -445,8 +450,10 @@ class DeliveryCore:
             if isinstance(state, EntryRecord):
                 if self.records.get(item.key) is not state:
                     continue
-                for index in [i for i, n in state.nacked.items() if n.fired and n.release_ms + self.overdue_ms <= now_ms]:
-                    del state.nacked[index]  # its copy went elsewhere (or is very late: it then surfaces)
+                for index in [i for i, release_ms, fired in state.nacked.items()
+                              if fired and release_ms + self.overdue_ms <= now_ms]:
+                    state.nacked.pop(index)  # its copy went elsewhere (or is very late: it then surfaces)
+                    state.take(index)  # and the copies dropped meanwhile go with it, unacknowledged
                     self.counts["expired"] += 1
                 self._maybe_end(item.key, state, now_ms)
             elif self.requested.get(item.key) is state:

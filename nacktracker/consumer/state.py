@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import enum
+import sys
+from array import array
+from bisect import bisect_left
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Optional
+from typing import Any, Iterator, NamedTuple, Optional
 
 from ..keys import MessageKey
 
-__all__ = ["Verdict", "Held", "HELD", "FRESH", "ACKED", "ACKED_FRESH", "Nacked", "Parked", "EntryRecord", "AckResult", "Positions", "ALL_INDICES",
+__all__ = ["Verdict", "Held", "HELD", "FRESH", "ACKED", "ACKED_FRESH", "Nacked", "Parked", "NackedIndices", "EntryRecord", "AckResult", "Positions", "ALL_INDICES",
            "Token", "core_stats"]
 
 Token = Any  # a received copy, opaque to the core
@@ -61,14 +64,147 @@ class Parked:
     tokens: list[Token] = field(default_factory=list)  # earlier dropped copies
 
 
+class NackedIndices:
+    """The pending nacks of one batch entry: batch index -> ``(release_ms, fired)``.
+
+    Two flat arrays sorted by batch index (4 B for the index, 8 B for the
+    release time with the ``fired`` flag in its lowest bit): 12 B per nacked
+    message plus the arrays' over-allocation, where a dict of :class:`Nacked`
+    objects took ~150 B (``python -m bench.consumer_memory`` measures the
+    consumer end to end). Nacks come in batch-index order as a rule (the
+    application works through an entry in order), so adding one appends;
+    a lookup is a binary search. Costs: ``in``/:meth:`get` O(log n); :meth:`set`
+    and :meth:`pop` O(log n) plus a move of the later items (O(1) at the end);
+    :meth:`mark_fired`, :meth:`max_release` and iteration O(n); ``len`` and
+    :attr:`unfired` O(1), for n nacked messages of the entry.
+
+    >>> nacks = NackedIndices()
+    >>> nacks.set(3, 1000, False); nacks.set(1, 900, True)
+    >>> list(nacks.items()), nacks.unfired
+    ([(1, 900, True), (3, 1000, False)], 1)
+    >>> nacks.pop(3), len(nacks), 3 in nacks
+    ((1000, False), 1, False)
+    """
+
+    __slots__ = ("_index", "_packed", "unfired")
+
+    def __init__(self) -> None:
+        self._index = array("I")   # batch indices, ascending
+        self._packed = array("q")  # release_ms << 1 | fired, per index
+        #: nacks whose bucket has not fired yet (not fired: their own bucket will ask for the entry)
+        self.unfired = 0
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def _find(self, batch_index: int) -> int:
+        """Position of ``batch_index``, or -1."""
+        index = self._index
+        if index and index[-1] == batch_index:  # the latest nack: the usual question
+            return len(index) - 1
+        at = bisect_left(index, batch_index)
+        return at if at < len(index) and index[at] == batch_index else -1
+
+    def __contains__(self, batch_index: object) -> bool:
+        return type(batch_index) is int and 0 <= batch_index < 1 << 32 and self._find(batch_index) >= 0
+
+    def get(self, batch_index: int) -> Optional[tuple[int, bool]]:
+        """``(release_ms, fired)`` of the message's nack, or ``None``."""
+        at = self._find(batch_index)
+        if at < 0:
+            return None
+        packed = self._packed[at]
+        return packed >> 1, bool(packed & 1)
+
+    def set(self, batch_index: int, release_ms: int, fired: bool) -> None:
+        """Nack the message (replacing its earlier nack, if any)."""
+        packed = release_ms << 1 | fired
+        index = self._index
+        if not index or batch_index > index[-1]:
+            index.append(batch_index)
+            self._packed.append(packed)
+        else:
+            at = bisect_left(index, batch_index)
+            if at < len(index) and index[at] == batch_index:
+                self.unfired -= not self._packed[at] & 1
+                self._packed[at] = packed
+            else:
+                index.insert(at, batch_index)
+                self._packed.insert(at, packed)
+        self.unfired += not fired
+
+    def pop(self, batch_index: int) -> Optional[tuple[int, bool]]:
+        """Remove the message's nack: its ``(release_ms, fired)``, or ``None``."""
+        at = self._find(batch_index)
+        if at < 0:
+            return None
+        packed = self._packed.pop(at)
+        del self._index[at]
+        self.unfired -= not packed & 1
+        return packed >> 1, bool(packed & 1)
+
+    def mark_fired(self) -> None:
+        """The entry's bucket fired: its copy answers every nack so far."""
+        if self.unfired:
+            self._packed = array("q", [p | 1 for p in self._packed])
+            self.unfired = 0
+
+    def max_release(self) -> Optional[int]:
+        return max(self._packed) >> 1 if self._packed else None
+
+    def indices(self) -> list[int]:
+        return self._index.tolist()
+
+    def items(self) -> Iterator[tuple[int, int, bool]]:
+        """``(batch_index, release_ms, fired)``, by batch index."""
+        for i, packed in zip(self._index.tolist(), self._packed.tolist()):
+            yield i, packed >> 1, bool(packed & 1)
+
+    def nbytes(self) -> int:
+        """Bytes of this object and its arrays (allocated, not only used). O(1)."""
+        return sys.getsizeof(self) + sys.getsizeof(self._index) + sys.getsizeof(self._packed)
+
+
 @dataclass(slots=True)
 class EntryRecord:
     """A batch entry with nacked messages (Pulsar redelivers whole entries)."""
 
-    nacked: dict[int, Nacked] = field(default_factory=dict)  # batch index -> nack
+    nacked: NackedIndices = field(default_factory=NackedIndices)  # batch index -> its pending nack
     acked: Optional[set[int]] = None   # dedup=False only: indices acknowledged while the record lives
     linger_until: float = -1.0         # dedup=False only: a requested copy may arrive until then
     size: int = 0                      # messages in the entry (0: not known)
+    #: batch index -> copies of that nacked message dropped meanwhile (each delivery of a batch entry is
+    #: acknowledged through its own batch acker: they are acked with the message); None while there are none
+    copies: Optional[dict[int, list[Token]]] = None
+
+    def keep(self, batch_index: int, tokens: list[Token]) -> None:
+        """Keep dropped ``tokens`` of the nacked message ``batch_index`` for its ack."""
+        if tokens:
+            if self.copies is None:
+                self.copies = {}
+            self.copies.setdefault(batch_index, []).extend(tokens)
+
+    def take(self, batch_index: int) -> list[Token]:
+        """The copies kept for ``batch_index`` (now the caller's), possibly none."""
+        if self.copies is None:
+            return []
+        tokens = self.copies.pop(batch_index, [])
+        if not self.copies:
+            self.copies = None
+        return tokens
+
+    def kept(self) -> int:
+        """Copies kept. O(messages with copies)."""
+        return sum(map(len, self.copies.values())) if self.copies else 0
+
+    def nbytes(self) -> int:
+        """Bytes of the record (not of the copies it keeps: :meth:`kept`). O(messages with copies)."""
+        total = sys.getsizeof(self) + self.nacked.nbytes()
+        if self.acked is not None:
+            total += sys.getsizeof(self.acked)
+        if self.copies is not None:
+            total += sys.getsizeof(self.copies) + sum(map(sys.getsizeof, self.copies.values()))
+        return total
 
 
 #: A batch index above any real one: the position ``(ledger, entry, ALL_INDICES)``
