@@ -94,7 +94,7 @@ class _Spec:
 INSTRUMENTS: tuple[_Spec, ...] = (
     _Spec("nacktracker.pending", "pending", "{message}", "Scheduled redeliveries", False),
     _Spec("nacktracker.unsent", "unsent", "{message}", "Due messages not yet handed to the adapter", False),
-    _Spec("nacktracker.memory.usage", "nbytes", "By", "Bytes held by the tracker's pending set", False),
+    _Spec("nacktracker.memory.usage", "nbytes", "By", "Bytes held for pending nacks (a consumer: all it holds for them)", False),
     _Spec("nacktracker.buckets", "buckets", "{bucket}",
           "Time buckets holding pending nacks (an upper bound counted per window)", False),
     _Spec("nacktracker.batch_records", "batch_records", "{entry}",

@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -1234,3 +1234,48 @@ def test_an_earlier_fire_s_expiry_keeps_a_later_fired_nack_until_its_own_overdue
     assert sorted(core.pending_batch_nacks()) == [(m[0].entry, 1, 2_520, True)]
     assert core.arrive(m[1], 2, m[1], 2_505) == P
     assert core.release(2_519) == [] and core.release(2_520) == [m[1]]
+
+
+# -- what the core holds, in bytes -------------------------------------------------------
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["set", "pop", "fire"]), st.integers(0, 40), st.integers(-5, 10**12),
+                          st.booleans()), max_size=60))
+def test_nacked_indices_behave_as_a_dict_of_release_and_fired(ops):
+    """NackedIndices (two sorted arrays) against a plain dict: every lookup, the unfired count,
+    the order of items and the latest release agree after any sequence of nacks, pops and fires."""
+    from nacktracker.consumer.state import NackedIndices
+
+    nacks, model = NackedIndices(), {}
+    for op, index, release, fired in ops:
+        if op == "set":
+            nacks.set(index, release, fired)
+            model[index] = (release, fired)
+        elif op == "pop":
+            assert nacks.pop(index) == model.pop(index, None)
+        else:
+            nacks.mark_fired()
+            model = {i: (r, True) for i, (r, _) in model.items()}
+        assert len(nacks) == len(model) and nacks.unfired == sum(not f for _, f in model.values())
+        assert list(nacks.items()) == [(i, *model[i]) for i in sorted(model)]
+        assert all(nacks.get(i) == model.get(i) and (i in nacks) == (i in model) for i in range(42))
+        assert nacks.max_release() == max((r for r, _ in model.values()), default=None)
+
+
+def test_nbytes_follows_the_records_and_kept_copies_counts_every_copy_held_back():
+    core, pending = make()
+    m = [key(e, i, 100) for e in range(3) for i in range(100)]
+    deliver(core, m, 0)
+    empty = core.nbytes()  # the held table as the application got them (a dict keeps its size)
+    for k in m:
+        core.nacked(k, 60_000, k, 0)
+    per_nack = (core.nbytes() - empty) / len(m)
+    assert 12 <= per_nack < 30, per_nack  # 12 B per nack in the records' arrays, plus each record's share
+    assert core.kept_copies() == 0  # the nacked copies themselves are not kept
+    pending.add(m[0].entry)
+    assert core.arrive(m[0], 0, "early", 10) == E  # dropped, kept to ack with the message
+    core.fired(60_000, [m[150].entry], 59_990)
+    assert core.arrive(m[150], 0, "parked", 59_991) == P
+    assert core.kept_copies() == 2
+    assert core.acked(m[0], 20).tokens == ["early"] and core.kept_copies() == 1
+    assert core.release(60_000) == ["parked"] and core.kept_copies() == 0

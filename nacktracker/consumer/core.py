@@ -27,6 +27,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import sys
 from typing import Any, Callable, Iterable, Optional
 
 from ..keys import MessageKey
@@ -404,6 +405,32 @@ class DeliveryCore:
     def note_position(self, topic: Optional[str], partition: int, ledger_id: int, entry_id: int) -> None:
         """Copies at or behind this position may be redeliveries (a restore)."""
         self._positions.cover(topic, partition, ledger_id, entry_id, ALL_INDICES)
+
+    def nbytes(self) -> int:
+        """Bytes of the core's own state: its tables (held, forgotten, requested, records, parked),
+        each batch record with its key, each request and parked state, the deadlines and positions;
+        not the copies it keeps (:meth:`kept_copies`) nor the keys of messages the application holds
+        (each is its message's). O(records + requested + parked + held messages with dropped copies)."""
+        size = sys.getsizeof
+        total = sum(map(size, (self.held, self.forgotten, self.requested, self.records, self.parked,
+                               self._parked_in, self._release_heap, self._expiry_heap, self._cumulative)))
+        total += sum(size(entry) + record.nbytes() for entry, record in self.records.items())
+        total += sum(size(key) + size(nack) + size(nack.tokens) for key, nack in self.requested.items())
+        total += sum(size(parked) + size(parked.tokens) for parked in self.parked.values())
+        total += sum(size(entry) + size(indices) for entry, indices in self._parked_in.items())
+        total += sum(size(held) + size(held.tokens) for held in self.held.values() if held.tokens)
+        for heap in (self._release_heap, self._expiry_heap):
+            if heap:  # every deadline has the same shape: a 4-tuple, a float and an int of its own
+                total += len(heap) * (size(heap[0]) + size(heap[0].at_ms) + size(heap[0].seq))
+        return total + self._positions.nbytes()
+
+    def kept_copies(self) -> int:
+        """Received copies the core keeps: parked ones and the dropped copies it hands back with an ack.
+        O(records + requested + parked + held messages with dropped copies)."""
+        kept = sum(1 + len(parked.tokens) for parked in self.parked.values())
+        kept += sum(len(nack.tokens) for nack in self.requested.values())
+        kept += sum(len(held.tokens) for held in self.held.values() if held.tokens)
+        return kept + sum(record.kept() for record in self.records.values() if record.copies)
 
     def pending_batch_nacks(self) -> Iterable[tuple[MessageKey, int, int, bool]]:
         """``(entry, batch_index, release_ms, fired)`` of every nacked batch

@@ -21,6 +21,7 @@ measures the bytes per message.
 from __future__ import annotations
 
 import json
+import sys
 import zlib
 from typing import Iterable, Iterator, Optional
 
@@ -66,6 +67,14 @@ class DeliveryCounts:
         """The entry is settled (acknowledged, dead-lettered). O(1)."""
         if self._n:
             self._n.pop(entry, None)
+
+    def nbytes(self) -> int:
+        """Bytes held: the table, and per entry its key and count (each an entry key of its own,
+        as :meth:`redelivered` stores the tracker's). O(1)."""
+        if not self._n:
+            return sys.getsizeof(self._n)
+        entry, count = next(iter(self._n.items()))
+        return sys.getsizeof(self._n) + len(self._n) * (sys.getsizeof(entry) + sys.getsizeof(count))
 
     def __len__(self) -> int:
         return len(self._n)

@@ -103,7 +103,7 @@ class FailureHandling:
             if key in letters.in_flight:
                 held = self._owner.core.held.pop(key, None)
                 if key.batch_index >= 0:  # each delivery of a batch entry acks it through its own batch acker
-                    letters.keep_copies(key, (held.tokens if held is not None else []) + [msg])
+                    letters.keep_copies(key, [*(held.tokens if held is not None else ()), msg])
                 self.dropped_in_flight += 1
                 return False
         if self.retries is None:

@@ -41,6 +41,7 @@ from .ids import BareIds, batch_size, is_bare_id, key_and_count, message_key, na
 from .options import ConsumerOptions, ConsumerOptionsDict, check_timeout_ms
 from .persist import SnapshotStore
 from .local import LocalNacks
+from .memory import nbytes_parts
 from .pump import ReceivePump
 from .release import ReleaseTimer
 from .state import core_stats
@@ -472,9 +473,11 @@ class TrackedConsumer:
 
     def stats(self) -> dict[str, Any]:
         """The tracker's stats plus the consumer's (each key, its meaning and
-        unit: the docs' "Stats and metrics" page). Runtime: O(1) plus the tracker's."""
+        unit: the docs' "Stats and metrics" page). ``nbytes`` is everything the consumer holds for its
+        pending nacks, ``nbytes_parts`` its split (:mod:`.memory`). Runtime: O(1) plus the tracker's,
+        the deduplicator's ``nbytes()`` and the delivery core's (O(batch records + parked copies))."""
         tracker = self.tracker.stats()
-        return {**tracker, "lateness_ms": self.lateness.summary(), "received": self._pump.received,
+        out: dict[str, Any] = {**tracker, "lateness_ms": self.lateness.summary(), "received": self._pump.received,
                 "prefetched": self._pump.queued, "admit_failures": self._pump.admit_failures,
                 **core_stats(self.core), **self._counts,
                 **self._dead_letters.stats(), **self._failures.stats(tracker["nacks"]),
@@ -486,6 +489,12 @@ class TrackedConsumer:
                 "dedup_remembered": len(self._dedup) if self._dedup is not None else 0,
                 "locally_kept": self._local.adapter.stored if self._local is not None else 0,
                 "chunked_nacks": len(self.chunks) if self.chunks is not None else 0}
+        # received messages kept outside the core: for local redelivery, retry copies, letters to publish
+        kept = out["locally_kept"] + out["retry_copies_held"] + out["dead_letter_pending"]
+        parts = nbytes_parts(tracker=tracker["nbytes"], core=self.core, kept_elsewhere=kept, dedup=self._dedup,
+                             counts=self._failures.counts)
+        out["nbytes"], out["nbytes_parts"] = sum(parts.values()), parts
+        return out
 
     async def unsubscribe(self) -> None:
         """Unsubscribe, then release everything :meth:`close` releases. Pending

@@ -251,6 +251,11 @@ class Positions:
         if (ledger, entry, index) > (high[0], high[1], high[2]):
             high[0], high[1], high[2] = ledger, entry, index
 
+    def nbytes(self) -> int:
+        """Bytes of the positions kept (one list per partition seen). O(partitions)."""
+        return sys.getsizeof(self._by_partition) + sum(
+            sys.getsizeof(where) + sys.getsizeof(high) for where, high in self._by_partition.items())
+
     def _at_hand(self, topic: Optional[str], partition: int) -> list[int]:
         high = self._by_partition.get((topic, partition))
         if high is None:
