@@ -11,10 +11,12 @@ trimmed and the garbage collected at both points. Beside it, for a
 ``TrackedConsumer``, the growth of its ``stats()["nbytes"]`` (what the metrics
 export as ``nacktracker.memory.usage``) and its split by part.
 
-Four runs side by side on one broker, in one command: ``TrackedConsumer``
-(``nacktracker.subscribe``, its defaults) and the plain
+Six runs side by side on one broker, in one command: ``TrackedConsumer``
+(``nacktracker.subscribe``, its defaults), the plain
 ``pulsar.asyncio.Consumer`` (``negative_ack_redelivery_delay_ms=600000``,
-``negative_acknowledge(msg)``), each on a topic of batched entries (the
+``negative_acknowledge(msg)``), and, for reference, the plain consumer keeping
+every message it receives in a list instead of nacking it (what a received
+message costs while Python holds it), each on a topic of batched entries (the
 producer's batching on: the default of every Pulsar client) and on one of
 single messages.
 
@@ -62,8 +64,9 @@ SETTLE_S = 1.0
 #: pulsar-lite stops dispatching to a consumer holding 50,000 unacknowledged messages (measured), and
 #: every message nacked here stays unacknowledged: the non-batched runs take at most this many.
 NON_BATCHED_CAP = 40_000
-KINDS = ("tracked", "plain")
-KIND_NAMES = {"tracked": "TrackedConsumer", "plain": "plain pulsar.asyncio.Consumer"}
+KINDS = ("tracked", "plain", "kept")
+KIND_NAMES = {"tracked": "TrackedConsumer", "plain": "plain pulsar.asyncio.Consumer",
+              "kept": "plain consumer keeping each message (no nack)"}
 TOPICS = ("batched", "non-batched")
 RESULTS_DIR = Path(__file__).resolve().parent / "results" / "consumer-memory"
 #: (topic, measure, bound): RSS growth per pending nack (B) and nbytes against it (ratio - 1)
@@ -84,6 +87,10 @@ async def measure(kind: str, url: str, topic: str, messages: int, warmup: int, c
                                               negative_ack_redelivery_delay_ms=DELAY_MS,
                                               initial_position=pulsar.InitialPosition.Earliest)
         receive, nack = consumer.receive, consumer.negative_acknowledge
+        kept: list[Any] = []
+        if kind == "kept":  # what a received message costs while the application keeps it
+            async def nack(msg: Any) -> None:
+                kept.append(msg)
         # entries counted as they change (first deliveries come in order): nothing kept per message here
         entries, last = 0, (-1, -1)
 
