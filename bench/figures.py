@@ -15,7 +15,8 @@ its results file renders, so the text cannot go stale.
     python -m bench.figures record-demo   # run `nacktracker demo --json`, save bench/results/demo/results.json
 
 Blocks: ``demo`` (the demo's table), ``consume-throughput`` (TrackedConsumer
-against the plain consumer, from ``python -m bench.consume_throughput --json``),
+against the plain consumer, from ``python -m bench.consume_throughput --json``), ``consumer-memory``
+(RSS per pending nack end to end, from ``python -m bench.consumer_memory --save``),
 ``index-grid`` (the index on real client traffic, by precision), ``java-anchor`` (the tracker beside
 Java's PIP-393 tracker, from ``python -m bench.java_anchor --save``), ``seed-table`` (seed 000's
 workloads, ``bench.memory``), ``pipeline-scale`` and
@@ -42,6 +43,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 DEMO = ROOT / "bench" / "results" / "demo" / "results.json"
 THROUGHPUT_DIR = ROOT / "bench" / "results" / "consume-throughput"
 INDEX_GRID = ROOT / "bench" / "results" / "index-grid" / "results.json"
+CONSUMER_MEMORY = ROOT / "bench" / "results" / "consumer-memory" / "results.json"
 
 BLOCK = re.compile(r"(<!-- figures:(?P<name>[\w-]+) -->)\n(?:(?P<body>.*?)\n)?(<!-- /figures:(?P=name) -->)", re.S)
 
@@ -94,6 +96,16 @@ def consume_throughput() -> str:
             f"{r['load_avg_before'][0]} → {r['load_avg_after'][0]} on {r['cores']} cores): TrackedConsumer "
             f"{r['tracked']['median']:,} msg/s, plain `pulsar.asyncio.Consumer` {r['plain']['median']:,} msg/s, "
             f"**{r['median_round_ratio']:.0%}** (median of the per-round ratios; [results file]({rel})).")
+
+
+def consumer_memory() -> str:
+    """RSS growth per pending nack: TrackedConsumer and the plain consumer, batched and not, one run."""
+    from bench import consumer_memory as bench
+
+    if not CONSUMER_MEMORY.exists():
+        return "No committed run yet (`python -m bench.consumer_memory --save`)."
+    return (f"{bench.table(_load(CONSUMER_MEMORY))}\n\n"
+            "Results: [bench/results/consumer-memory/](bench/results/consumer-memory/RESULTS.md).")
 
 
 def index_grid() -> str:
@@ -202,6 +214,7 @@ def seed_table() -> str:
 
 
 RENDERERS: dict[str, Callable[[], str]] = {"demo": demo, "consume-throughput": consume_throughput,
+                                          "consumer-memory": consumer_memory,
                                           "index-grid": index_grid, "pipeline-scale": pipeline_scale,
                                           "pipeline-speed": pipeline_speed, "java-anchor": java_anchor,
                                           "seed-table": seed_table}
