@@ -1279,6 +1279,9 @@ def test_nbytes_follows_the_records_and_kept_copies_counts_every_copy_held_back(
     assert core.kept_copies() == 2
     assert core.acked(m[0], 20).tokens == ["early"] and core.kept_copies() == 1
     assert core.release(60_000) == ["parked"] and core.kept_copies() == 0
+    huge = MessageKey(9, 9, -1, 1 << 40, TOPIC)  # no Pulsar batch index is this big; an id may say so
+    core.nacked(huge, 60_000, huge, 0)
+    assert core.seen(huge) and list(core.pending_batch_nacks())[-1] == (huge.entry, 1 << 40, 60_000, False)
 
 
 def test_memory_per_pending_nack_in_a_batch_record_and_none_for_a_single_message(record_property):

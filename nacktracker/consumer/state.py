@@ -106,7 +106,7 @@ class NackedIndices:
         return at if at < len(index) and index[at] == batch_index else -1
 
     def __contains__(self, batch_index: object) -> bool:
-        return type(batch_index) is int and 0 <= batch_index < 1 << 32 and self._find(batch_index) >= 0
+        return type(batch_index) is int and batch_index >= 0 and self._find(batch_index) >= 0
 
     def get(self, batch_index: int) -> Optional[tuple[int, bool]]:
         """``(release_ms, fired)`` of the message's nack, or ``None``."""
@@ -120,6 +120,8 @@ class NackedIndices:
         """Nack the message (replacing its earlier nack, if any)."""
         packed = release_ms << 1 | fired
         index = self._index
+        if batch_index >> 32 and index.typecode == "I":  # not a Pulsar batch index (an int32), but no error here
+            index = self._index = array("Q", index)
         if not index or batch_index > index[-1]:
             index.append(batch_index)
             self._packed.append(packed)
