@@ -68,6 +68,7 @@ class Nack:
 @dataclass
 class World:
     sizes: list = field(default_factory=list)       # entry -> messages in it (1: not batched)
+    batches_of_one: set = field(default_factory=set)  # entries of one batched message (batch index 0)
     fresh: list = field(default_factory=list)       # first deliveries, in position order
     current: list = field(default_factory=list)     # the copy being pulled: its messages come back to back
     copies: list = field(default_factory=list)      # redelivered copies in flight
@@ -108,7 +109,7 @@ class DeliveryMachine(RuleBasedStateMachine):
         # without dedup the core remembers only acks made while the entry had a record (unit-tested
         # below); the model checks acked ids with dedup, the default
         remembered = self.use_dedup
-        verdict = self.core.arrive(k, 0, k, self.now)
+        verdict = self.core.arrive(k, self._batch_size(k), k, self.now)
         if verdict is Verdict.SURFACE:
             self._surfaced(k, remembered)
         elif verdict is Verdict.PARK:
@@ -170,14 +171,23 @@ class DeliveryMachine(RuleBasedStateMachine):
             self._surfaced(k, released=True)
 
     def _indices(self, entry: int) -> list:
+        if entry in self.w.batches_of_one:
+            return [MessageKey(1, entry, -1, 0, TOPIC)]
         size = self.w.sizes[entry]
         return [key(entry, i, size) for i in range(size)]
 
+    def _batch_size(self, k: MessageKey) -> int:
+        """What the shell passes: 1 for a batch of one (a message alone in its entry), else 0 here."""
+        return 1 if k.entry_id in self.w.batches_of_one else 0
+
     # -- rules ------------------------------------------------------------------------
 
-    @rule(size=st.sampled_from([1, 1, 2, 3, 4]))
+    @rule(size=st.sampled_from([1, 1, 2, 3, 4, "batch of one"]))
     def publish(self, size):
         if len(self.w.sizes) < 8:
+            if size == "batch of one":  # what a batching producer sends at a low rate
+                self.w.batches_of_one.add(len(self.w.sizes))
+                size = 1
             self.w.sizes.append(size)
             self.w.fresh.append(len(self.w.sizes) - 1)
 
@@ -257,7 +267,7 @@ class DeliveryMachine(RuleBasedStateMachine):
         assert not self.core.is_acked(k)
         due = self.now + delay
         self.w.pending.setdefault(k.entry_id, set()).add(self._bucket(due))
-        self.core.nacked(k, due, k, self.now)
+        self.core.nacked(k, due, k, self.now, self._batch_size(k))
         self.w.held.discard(k)
         self.w.nacks[k] = Nack(due)
         return due
@@ -340,7 +350,7 @@ class DeliveryMachine(RuleBasedStateMachine):
         for entry in range(len(self.w.sizes)):
             self.core.note_position(TOPIC, -1, 1, entry)
         for k, nack in self.w.nacks.items():
-            if k.batch_index < 0 and k.entry_id not in self.w.pending:
+            if (k.batch_index < 0 or self._batch_size(k) == 1) and k.entry_id not in self.w.pending:
                 nack.lenient = True  # its bucket fired: only the tracker knew it, and it is gone
         self.w.held.clear()
         self.w.acked.clear()
@@ -1314,3 +1324,29 @@ def test_memory_per_pending_nack_in_a_batch_record_and_none_for_a_single_message
     print(f"delivery core: {per_batched:.1f} B per pending nack in entries of 200, {per_single:.2f} B per single one")
     # measured 14.2 B (12 in the arrays, the rest the record's share and the arrays' growth) and 0
     assert 12 <= per_batched <= 18 and per_single < 1, (per_batched, per_single)
+
+
+def test_a_batch_of_one_is_followed_as_a_single_message_without_a_record():
+    """A batching producer at a low rate sends entries of one message (batch index 0, batch size 1):
+    its nack makes no record (the tracker's index alone knows it, as for a message not batched), a
+    copy before its bucket fired is dropped as early, the fired bucket's copy is parked until due
+    and surfaces then, a twin after it is dropped as held."""
+    core, pending = make()
+    m = MessageKey(1, 0, -1, 0, TOPIC)
+    assert core.arrive(m, 1, "first", 0) == S
+    core.nacked(m, 1000, "first", 0, batch_size=1)
+    pending.add(m.entry)
+    assert not core.records and core.kept_copies() == 0 and core.knows(m.entry) is False
+    assert core.arrive(m, 1, "resent", 10) == E  # its bucket has not fired: that bucket asks again
+    pending.discard(m.entry)
+    core.fired(1000, [m.entry], 970)
+    assert core.seen(m) and core.arrive(m, 1, "asked", 980) == P
+    assert core.release(1000) == ["asked"] and not core.requested
+    assert core.arrive(m, 1, "twin", 1001) == H
+    assert core.acked(m, 1002).tokens == ["twin"] and deliver(core, [m], 1003) == [A]
+    # a record the entry already has (an earlier nack that did not know the size) is kept on
+    n = MessageKey(1, 1, -1, 0, TOPIC)
+    core.arrive(n, 1, n, 1004)
+    core.nacked(n, 5000, n, 1004)
+    core.nacked(n, 6000, n, 1005, batch_size=1)
+    assert list(core.pending_batch_nacks()) == [(n.entry, 0, 6000, False)]

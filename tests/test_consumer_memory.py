@@ -11,8 +11,11 @@ import asyncio
 import pytest
 
 pytest.importorskip("pulsar")
+import pulsar  # noqa: E402
 
+import nacktracker  # noqa: E402
 from bench import consumer_memory  # noqa: E402
+from nacktracker.consumer import ReceiveTimeout  # noqa: E402
 from nacktracker.demo.sides import produce  # noqa: E402
 
 MESSAGES = 100_000
@@ -38,3 +41,29 @@ async def test_a_pending_nack_of_a_batch_message_costs_bytes_and_nbytes_says_how
     assert row["rss_per_nack"] <= 32, row
     assert abs(row["nbytes_off"]) <= 0.25, row
     assert row["nbytes_parts_per_nack"]["delivery"] >= 12  # each nack is in its entry's record
+
+
+@pytest.mark.broker
+async def test_a_batch_of_one_keeps_no_record_and_comes_back_once_at_its_time(client, topic):
+    """What a batching producer sends at a low rate: entries of one message. Its nack is followed
+    as a message that is not batched (no batch record), it comes back once, not before its time,
+    and once acknowledged it never comes back."""
+    t = topic("one")
+    producer = await client.create_producer(t, batching_enabled=True, batching_max_publish_delay_ms=1)
+    await producer.send(b"alone")  # sent alone: flushed as an entry of one message
+    await producer.close()
+    loop = asyncio.get_running_loop()
+    async with await nacktracker.subscribe(client, t, "sub", precision_bits=0,
+                                           initial_position=pulsar.InitialPosition.Earliest) as consumer:
+        msg = await consumer.receive(timeout_ms=5000)
+        assert msg.message_id().batch_index() == 0  # batched, alone in its entry
+        await consumer.negative_acknowledge(msg, delay_ms=400)
+        due = loop.time() * 1000 + 400
+        assert consumer.stats()["batch_records"] == 0 and consumer.stats()["nbytes_parts"]["kept_messages"] == 0
+        back = await consumer.receive(timeout_ms=5000)
+        assert loop.time() * 1000 >= due - 1  # parked until due if its copy came early
+        assert (back.data(), back.redelivery_count()) == (msg.data(), 1)
+        await consumer.acknowledge(back)
+        with pytest.raises(ReceiveTimeout):
+            await consumer.receive(timeout_ms=800)
+        assert consumer.tracker.pending == 0

@@ -149,7 +149,8 @@ class DeliveryCore:
         return True
 
     def arrive(self, key: MessageKey, batch_size: int, token: Token, now_ms: float) -> Verdict:
-        """A copy of ``key`` (``batch_size``: messages in its entry, 0 when unknown or not batched) arrived
+        """A copy of ``key`` (``batch_size``: messages in its entry, 0 when unknown or not batched; a batch of
+        one nacked here is followed as a message that is not batched, so pass 1 for one) arrived
         from the broker. Amortised O(1), plus the tracker lookup for a non-batched copy that is not a first
         delivery (:meth:`first_delivery`): it may be a redelivery."""
         if self.first_delivery(key):
@@ -196,12 +197,12 @@ class DeliveryCore:
                 return self._due_or_park(key, release_ms, token, tokens, now_ms)
             record.keep(index, [token])
             return Verdict.DROP_EARLY
-        nack = self.requested.get(entry)  # a blind-restored entry whose bucket fired
+        nack = self.requested.get(entry)  # a blind-restored entry, or a batch of one, whose bucket fired
         if nack is not None:
             if batch_size and key.batch_index + 1 >= batch_size:
                 del self.requested[entry]  # the copy's last message: the request is answered
             return self._due_or_park(key, nack.release_ms, token, [], now_ms)
-        if self.blind and self._pending(entry):
+        if (self.blind or batch_size == 1) and self._pending(entry):
             return Verdict.DROP_EARLY
         return self._surface(key, [])
 
@@ -221,6 +222,11 @@ class DeliveryCore:
         self.requested.pop(key, None)
         if key.batch_index < 0:
             return  # the tracker's index knows it until its bucket fires (see requested)
+        if batch_size == 1 and key.entry not in self.records:
+            # alone in its entry (a batching producer's entries at a low rate): as a message that is not
+            # batched, the tracker's index alone knows it until its bucket fires, and then a request
+            self.requested.pop(key.entry, None)
+            return
         record = self.records.get(key.entry)
         if record is None:
             record = self.records[key.entry] = EntryRecord(acked=None if self._dedup is not None else set())

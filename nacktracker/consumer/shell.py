@@ -272,7 +272,8 @@ class TrackedConsumer:
         return False
 
     def _decide(self, key: MessageKey, msg: Any) -> Verdict:
-        size = batch_size(msg.message_id()) if self.core.blind and key.batch_index >= 0 else 0
+        # the entry's size where it matters: a blind restore, and a batch of one (followed as a single message)
+        size = batch_size(msg.message_id()) if key.batch_index == 0 or self.core.blind and key.batch_index > 0 else 0
         verdict = self.core.arrive(key, size, msg, self.tracker.clock.now_ms())
         if verdict is Verdict.PARK:
             self._release.rearm()
