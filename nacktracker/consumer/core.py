@@ -265,7 +265,8 @@ class DeliveryCore:
             if self._dedup is None:
                 record.linger_until = max(record.linger_until, bucket_ms + self.overdue_ms)
             # and the record wakes overdue_ms after its latest nack's time, or it outlives a copy gone elsewhere
-            latest = max(bucket_ms, record.nacked.max_release() or bucket_ms)
+            release_ms = record.nacked.max_release()
+            latest = bucket_ms if release_ms is None else max(bucket_ms, release_ms)
             self._expire_at(latest + self.overdue_ms, entry, record)
 
     def _surrender(self, entry: MessageKey) -> None:
