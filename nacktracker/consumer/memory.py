@@ -26,7 +26,7 @@ __all__ = ["KEPT_MESSAGE_BYTES", "nbytes_parts"]
 #: A received message kept by Python (its wrapper, the client's C++ message,
 #: its share of the entry's payload): the resident memory it holds, measured
 #: with 64-byte payloads (``python -m bench.consumer_memory``, the rows of a
-#: plain consumer keeping every message it receives: ~1.07 KB batched, ~1.12 KB
+#: plain consumer keeping every message it receives: ~1.09 KB batched, ~1.14 KB
 #: not). An estimate: a bigger payload costs more, and a batch message kept
 #: alone keeps its whole entry's payload.
 KEPT_MESSAGE_BYTES = 1_100
