@@ -73,8 +73,10 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results" / "consumer-memory"
 TARGETS = [("batched", "rss_per_nack", 32.0), ("batched", "nbytes_off", 0.25), ("non-batched", "rss_per_nack", 16.0)]
 
 
-async def measure(kind: str, url: str, topic: str, messages: int, warmup: int, census: bool) -> dict:
-    """One run in this process: receive and nack ``warmup + messages`` messages, RSS around the last ``messages``."""
+async def measure(kind: str, url: str, topic: str, messages: int, warmup: int, census: bool,
+                  nack_every: int = 1) -> dict:
+    """One run in this process: receive ``warmup + messages`` messages and nack each (``nack_every``:
+    nack one in that many, acknowledge the others), RSS around the last ``messages``."""
     client = pulsar_asyncio.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error),
                                    operation_timeout_seconds=30)
     subscription = f"memory-{kind}-{uuid.uuid4().hex[:8]}"
@@ -92,17 +94,19 @@ async def measure(kind: str, url: str, topic: str, messages: int, warmup: int, c
             async def nack(msg: Any) -> None:
                 kept.append(msg)
         # entries counted as they change (first deliveries come in order): nothing kept per message here
-        entries, last = 0, (-1, -1)
+        entries, last, taken = 0, (-1, -1), 0
+        ack = consumer.acknowledge
 
         async def take(n: int) -> None:
-            nonlocal entries, last
+            nonlocal entries, last, taken
             for _ in range(n):
                 msg = await receive()
                 mid = msg.message_id()
                 entry = (mid.ledger_id(), mid.entry_id())
                 if entry != last:
                     entries, last = entries + 1, entry
-                await nack(msg)
+                taken += 1
+                await (nack(msg) if taken % nack_every == 0 else ack(msg))
 
         await take(warmup)
         await asyncio.sleep(SETTLE_S)  # the receiver queue refills
@@ -125,9 +129,9 @@ async def measure(kind: str, url: str, topic: str, messages: int, warmup: int, c
     finally:
         await client.close()
     await asyncio.sleep(CLOSE_GRACE_S)
-    n = messages
+    n = messages // nack_every  # the pending nacks made after the baseline
     out: dict[str, Any] = {
-        "kind": kind, "messages": messages, "warmup": warmup, "entries": entries,
+        "kind": kind, "messages": messages, "warmup": warmup, "entries": entries, "nack_every": nack_every,
         "messages_per_entry": round((warmup + messages) / entries, 1),
         "rss_growth_bytes": rss1 - rss0, "rss_per_nack": round((rss1 - rss0) / n, 2),
         "cpu_us_per_nack": round(cpu / n * 1e6, 2), "tracker_pending": pending,
@@ -175,19 +179,21 @@ def _census(top: int = 12) -> dict[str, int]:
     return dict(counts.most_common(top))
 
 
-def run_one(kind: str, url: str, topic: str, messages: int, warmup: int, census: bool) -> dict:
-    args = ["--one", kind, "--url", url, "--topic", topic, "--messages", str(messages), "--warmup", str(warmup)]
+def run_one(kind: str, url: str, topic: str, messages: int, warmup: int, census: bool, nack_every: int = 1) -> dict:
+    args = ["--one", kind, "--url", url, "--topic", topic, "--messages", str(messages), "--warmup", str(warmup),
+            "--nack-every", str(nack_every)]
     out = run_module("bench.consumer_memory", *args, *(["--census"] if census else []), timeout=1800)
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
 def run(messages: int, warmup: int, census: bool = False, progress: Any = None,
-        only: Optional[list[str]] = None) -> dict:
+        only: Optional[list[str]] = None, nack_every: int = 1) -> dict:
     """The four runs, each in a fresh process, on one pulsar-lite broker started here."""
     from nacktracker.testing import EmbeddedBroker
 
     result: dict[str, Any] = {
-        "command": f"python -m bench.consumer_memory --messages {messages} --warmup {warmup}",
+        "command": f"python -m bench.consumer_memory --messages {messages} --warmup {warmup}"
+                   + (f" --nack-every {nack_every}" if nack_every != 1 else ""),
         "messages": messages, "warmup": warmup, "delay_ms": DELAY_MS, "payload_bytes": PAYLOAD_BYTES,
         "broker": "pulsar-lite", "subscription": "Shared", "cores": os.cpu_count(),
         "python": sys.version.split()[0], "pulsar_client": getattr(pulsar, "__version__", "?"),
@@ -204,7 +210,7 @@ def run(messages: int, warmup: int, census: bool = False, progress: Any = None,
                 if only and f"{kind} {name}" not in only:
                     continue
                 n = messages if name == "batched" else min(messages, NON_BATCHED_CAP)
-                row = run_one(kind, broker.url, topics[name], n, warmup, census)
+                row = run_one(kind, broker.url, topics[name], n, warmup, census, nack_every)
                 result["runs"][f"{kind} {name}"] = row
                 if progress:
                     progress(f"{kind} {name}: {row['rss_per_nack']} B RSS per pending nack"
@@ -236,7 +242,8 @@ def table(result: dict) -> str:
                 continue
             nb = f"{r['nbytes_per_nack']:,.1f} B" if "nbytes_per_nack" in r else "—"
             off = f"{r['nbytes_off']:+.0%}" if r.get("nbytes_off") is not None else "—"
-            lines.append(f"| {KIND_NAMES[kind]} | {name} | {r['messages']:,} | {r['messages_per_entry']:,} | "
+            lines.append(f"| {KIND_NAMES[kind]} | {name} | {r['messages'] // r.get('nack_every', 1):,} | "
+                         f"{r['messages_per_entry']:,} | "
                          f"**{r['rss_per_nack']:,.1f} B** | {nb} | {off} |")
     parts = runs.get("tracked batched", {}).get("nbytes_parts_per_nack", {})
     if parts and "tracked non-batched" in runs:
@@ -271,6 +278,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--messages", type=int, default=100_000)
     p.add_argument("--warmup", type=int, default=WARMUP)
+    p.add_argument("--nack-every", type=int, default=1,
+                   help="nack one message in this many and acknowledge the others (sparse nacks: one per entry "
+                        "or fewer); such a run is not saved")
     p.add_argument("--census", action="store_true", help="count live Python objects by type at the end")
     p.add_argument("--only", help="runs to make, comma-separated (e.g. 'tracked batched,plain batched'); "
                                   "a partial run is not saved")
@@ -282,15 +292,17 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--topic", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.one:
-        print(json.dumps(asyncio.run(measure(args.one, args.url, args.topic, args.messages, args.warmup, args.census))))
+        print(json.dumps(asyncio.run(measure(args.one, args.url, args.topic, args.messages, args.warmup, args.census,
+                                             args.nack_every))))
         sys.stdout.flush()
         os._exit(0)  # no interpreter teardown with the client's threads (see ARCHITECTURE: teardown crashes)
     if args.render:
         render()
         return
     only = args.only.split(",") if args.only else None
-    result = run(args.messages, args.warmup, args.census, progress=lambda s: print(s, file=sys.stderr), only=only)
-    if args.save and not only:
+    result = run(args.messages, args.warmup, args.census, progress=lambda s: print(s, file=sys.stderr), only=only,
+                 nack_every=args.nack_every)
+    if args.save and not only and args.nack_every == 1:
         save(result)
     print(json.dumps(result, indent=1) if args.json else table(result))
 
