@@ -1270,6 +1270,7 @@ def test_nacked_indices_behave_as_a_dict_of_release_and_fired(ops):
         assert list(nacks.items()) == [(i, *model[i]) for i in sorted(model)]
         assert all(nacks.get(i) == model.get(i) and (i in nacks) == (i in model) for i in range(42))
         assert nacks.max_release() == max((r for r, _ in model.values()), default=None)
+        assert nacks.min_release() == min((r for r, _ in model.values()), default=None)
 
 
 def test_nbytes_follows_the_records_and_kept_copies_counts_every_copy_held_back():

@@ -401,7 +401,8 @@ class TrackedConsumer:
                     and newest.topic == entry.topic)
         if not arriving and not self.core.holds_sibling(entry):
             return False
-        due = min((nack.release_ms for nack in record.nacked.values()), default=0)
+        first = record.nacked.min_release()
+        due = 0 if first is None else first
         return self.tracker.clock.now_ms() < due
 
     def _pending(self, key: MessageKey) -> bool:

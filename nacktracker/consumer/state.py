@@ -82,6 +82,8 @@ class NackedIndices:
     >>> nacks.set(3, 1000, False); nacks.set(1, 900, True)
     >>> list(nacks.items()), nacks.unfired
     ([(1, 900, True), (3, 1000, False)], 1)
+    >>> nacks.min_release(), nacks.max_release()
+    (900, 1000)
     >>> nacks.pop(3), len(nacks), 3 in nacks
     ((1000, False), 1, False)
     """
@@ -153,6 +155,9 @@ class NackedIndices:
 
     def max_release(self) -> Optional[int]:
         return max(self._packed) >> 1 if self._packed else None
+
+    def min_release(self) -> Optional[int]:
+        return min(self._packed) >> 1 if self._packed else None
 
     def indices(self) -> list[int]:
         return self._index.tolist()
