@@ -5,6 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 MUTATE_STAMP := $(VENV)/.installed-mutate
+DOCS_STAMP := $(VENV)/.installed-docs
 
 .PHONY: venv demo docs lint check test mutate bench bench-quick clean
 
@@ -17,7 +18,7 @@ $(PY):
 
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e '.[all]'
-	touch $(STAMP) $(DEMO_STAMP)
+	touch $(STAMP) $(DEMO_STAMP) $(DOCS_STAMP)
 
 # the demo's extra only (pulsar-client, the embedded broker, rich): no Spark, no test tools
 $(DEMO_STAMP): pyproject.toml | $(PY)
@@ -27,8 +28,13 @@ $(DEMO_STAMP): pyproject.toml | $(PY)
 demo: $(DEMO_STAMP)
 	$(PY) -m nacktracker.cli demo
 
+# the docs extra only (mkdocs and its plugins; the API reference reads the source, imports nothing)
+$(DOCS_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[docs]'
+	touch $(DOCS_STAMP)
+
 # the docs site (mkdocs.yml), warnings as errors; `make test` builds it before the suite
-docs: $(STAMP)
+docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 # ruff and mypy (configured in pyproject.toml, installed by the `test` extra) run first:

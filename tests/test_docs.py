@@ -202,3 +202,92 @@ def test_make_demo_installs_only_the_demo_extra_and_make_test_every_extra_with_t
     assert re.search(r"^demo: \$\(DEMO_STAMP\)$", makefile, re.M)
     assert re.search(r"^test: lint docs$", makefile, re.M) and "mkdocs build --strict" in makefile
     assert "docs" in re.search(r'^all = \["nacktracker\[([^\]]*)\]"\]', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+
+
+# -- the first pages a user reads ----------------------------------------------------------------
+
+def _section(text: str, heading: str) -> str:
+    """The text under ``heading`` (a ``## `` line) up to the next heading of that level."""
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end >= 0 else len(text)]
+
+
+def _table_rows(text: str) -> dict[str, list[str]]:
+    """``{first cell without backticks: the other cells}`` of the first Markdown table in ``text``."""
+    rows: dict[str, list[str]] = {}
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        rows[cells[0].strip("`")] = cells[1:]
+    return rows
+
+
+def _shows_default(cell: str, default: object) -> bool:
+    """Whether an options table's default cell states ``default`` (a signature's default)."""
+    text = re.sub(r"[`\"' ,]", "", cell)
+    if isinstance(default, bool):
+        return text == str(default)
+    if isinstance(default, (int, float)):
+        try:
+            return float(text) == default
+        except ValueError:
+            return False
+    if isinstance(default, str):
+        return text == default
+    name = getattr(default, "name", None)
+    return text == name if name is not None else bool(text)
+
+
+def test_every_option_of_subscribe_is_a_row_of_the_consumer_guide():
+    """Each keyword option of ``nacktracker.subscribe`` has a row in the consumer guide's options table, with
+    its default (the signature's, where the signature states one) and a meaning; pulsar-client's options that
+    ``subscribe`` passes through are each named under the table."""
+    import inspect
+    from typing import get_type_hints
+
+    pytest.importorskip("pulsar")
+    import nacktracker
+    from nacktracker.consumer.subscription import CLIENT_OPTIONS, ClientSubscribeOptions
+
+    section = _section((ROOT / "docs" / "guide" / "consumer.md").read_text(), "Options of `subscribe`")
+    rows = _table_rows(section)
+    params = [p for p in inspect.signature(nacktracker.subscribe).parameters.values()
+              if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    assert len(params) >= 20
+    assert [p.name for p in params if p.name not in rows] == [], "options missing from the table"
+    assert [name for name in rows if name not in {p.name for p in params}] == [], "rows that are not options"
+    for p in params:
+        default, meaning = rows[p.name]
+        assert default and len(meaning.split()) >= 4, (p.name, rows[p.name])
+        if p.default is not None:
+            assert _shows_default(default, p.default), (p.name, default, p.default)
+    # the client's options: passed through or mapped onto the consumer's own (CLIENT_OPTIONS), each named
+    client = set(get_type_hints(ClientSubscribeOptions)) | {k for k, v in CLIENT_OPTIONS.items() if v != "set"}
+    assert sorted(k for k in client if f"`{k}`" not in section) == [], "client options not named"
+
+
+def test_the_getting_started_page_is_in_the_nav_holds_install_and_the_quick_start_and_home_links_it():
+    nav = (ROOT / "mkdocs.yml").read_text()
+    assert re.search(r"^  - Getting started: getting-started\.md$", nav, re.M)
+    page = (ROOT / "docs" / "getting-started.md").read_text()
+    assert "pip install" in page and "python -m nacktracker.testing apache" in page and "kill" in page
+    # the quick start is README's program, included (one copy, run by test_python_block_runs_on_a_broker)
+    assert re.search(r'^--8<-- "README\.md:quickstart"$', page, re.M)
+    readme = (ROOT / "README.md").read_text()
+    quick = re.search(r"<!-- --8<-- \[start:quickstart\] -->\n(```python\n.*?```)\n<!-- --8<-- \[end:quickstart\] -->",
+                      readme, re.S)
+    assert quick and "nacktracker.subscribe(" in quick.group(1)
+    assert "](getting-started.md)" in (ROOT / "docs" / "index.md").read_text()
+    for word in ("pulsar-lite", "PIP-393"):
+        assert re.search(rf"^{word}\n:   ", page, re.M), f"no glossary line for {word}"
+
+
+def test_make_docs_needs_the_docs_extra_only():
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^docs: \$\(DOCS_STAMP\)$", makefile, re.M)
+    install = re.search(r"^\$\(DOCS_STAMP\):.*?\n((?:\t.*\n)+)", makefile, re.M).group(1)
+    assert "-e '.[docs]'" in install and "[all]" not in install
