@@ -67,7 +67,9 @@ class MissingExtraError(NacktrackerError, ModuleNotFoundError):
 
     def __init__(self, feature: str, extra: str, module: Optional[str], hint: str = "") -> None:
         missing = f" (no module named {module!r})" if module else ""
-        super().__init__(f"{feature} needs the {extra!r} extra{missing}: pip install 'nacktracker[{extra}]'"
+        # not on a package index yet: what installs an extra is the checkout or a wheel built from it
+        super().__init__(f"{feature} needs the {extra!r} extra{missing}: pip install '.[{extra}]' in the nacktracker "
+                         f"checkout (or pip install 'nacktracker-<version>-py3-none-any.whl[{extra}]')"
                          + (f" ({hint})" if hint else ""), name=module)
         self.extra = extra
 

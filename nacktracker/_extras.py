@@ -10,7 +10,7 @@ pyroaring and sortedcontainers. Everything else is an extra
 ...     require("no_such_module_xyz", "pulsar", "nacktracker.TrackedConsumer")
 ... except MissingExtraError as e:
 ...     print(e)
-nacktracker.TrackedConsumer needs the 'pulsar' extra (no module named 'no_such_module_xyz'): pip install 'nacktracker[pulsar]'
+nacktracker.TrackedConsumer needs the 'pulsar' extra (no module named 'no_such_module_xyz'): pip install '.[pulsar]' in the nacktracker checkout (or pip install 'nacktracker-<version>-py3-none-any.whl[pulsar]')
 """
 
 from __future__ import annotations

@@ -18,13 +18,6 @@ __all__ = ["main", "BENCH_PARTS", "bench_dir"]
 DESCRIPTION = """\
 nacktracker: a small, exact, asyncio-native negative-ack tracker for Apache Pulsar.
 
-commands:
-  demo    TrackedConsumer beside pulsar-client's built-in nack on one broker
-  bench   the benchmark suite (needs a source checkout: bench/ is not installed)
-  trace   generate synthetic nack event logs (Spark)
-  plan    size trackers from nack event logs (Spark)
-  sweep   the memory grid as Spark tasks
-
 Run `nacktracker COMMAND --help` for a command's options."""
 
 DEMO_DESCRIPTION = """\
@@ -122,13 +115,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nacktracker", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"nacktracker {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
     demo = sub.add_parser("demo", help="TrackedConsumer beside the built-in nack on a broker",
                           description=DEMO_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_argument("--quick", action="store_true", help="smaller scenarios (~10 s instead of ~30 s)")
     demo.add_argument("--json", action="store_true", help="print the measured result as JSON instead of the table")
     demo.set_defaults(func=_demo)
-    bench = sub.add_parser("bench", help="run the benchmark suite (from a source checkout)",
+    bench = sub.add_parser("bench", help="the benchmark suite (needs a source checkout: bench/ is not installed)",
                            description=BENCH_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench.add_argument("--quick", action="store_true", help="1M messages, fewer repeats")
     bench.add_argument("--out", default=None,

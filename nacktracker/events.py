@@ -88,6 +88,11 @@ REQUIRED_COLUMNS = ("ts_ms", "kind", "ledger_id", "entry_id", "delay_ms", "consu
 NOT_NULL_COLUMNS = ("ts_ms", "kind", "ledger_id", "entry_id", "delay_ms")
 #: Integer columns that must be >= 0 (``partition`` and ``batch_index`` use -1 for "none").
 NON_NEGATIVE_COLUMNS = ("ts_ms", "ledger_id", "entry_id", "delay_ms", "redelivery_count")
+#: The largest ``ts_ms`` and ``delay_ms`` an event log may hold: 2^61 - 1 ms (73 million years), so that
+#: ``ts_ms + delay_ms`` stays inside the tracker's due-time range (below 2^62 ms) and a 64-bit integer.
+MAX_TIME_MS = (1 << 61) - 1
+#: Columns checked against :data:`MAX_TIME_MS`.
+TIME_COLUMNS = ("ts_ms", "delay_ms")
 
 
 def _logical(type_name: str) -> str:
@@ -121,7 +126,8 @@ def check_stats(stats: Mapping[str, Any], source: str = "trace") -> None:
     """Check value statistics computed by a reader in one pass over the log.
 
     ``stats``: ``rows`` (int), ``nulls`` ({column: count}), ``min``
-    ({column: smallest value or None}), ``bad_kind`` (an example of a kind not
+    ({column: smallest value or None}), ``max`` (the same, largest; the
+    :data:`TIME_COLUMNS` are checked against :data:`MAX_TIME_MS`), ``bad_kind`` (an example of a kind not
     in :data:`KINDS`, or None) and ``bad_kinds`` (their count). Raises
     :class:`EmptyTraceError` or :class:`BadValueError`. Runtime: O(columns).
     """
@@ -133,6 +139,10 @@ def check_stats(stats: Mapping[str, Any], source: str = "trace") -> None:
     for column, low in stats.get("min", {}).items():
         if low is not None and low < 0 and column in NON_NEGATIVE_COLUMNS:
             raise BadValueError(f"{source}: column {column!r} must be >= 0, found {low}", column)
+    for column, high in stats.get("max", {}).items():
+        if high is not None and high > MAX_TIME_MS and column in TIME_COLUMNS:
+            raise BadValueError(f"{source}: column {column!r} must be <= {MAX_TIME_MS} (2^61 - 1 ms, so that "
+                                f"ts_ms + delay_ms fits), found {high}", column)
     if stats.get("bad_kinds"):
         raise BadValueError(
             f"{source}: column 'kind' must be one of {', '.join(KINDS)}; found {stats['bad_kind']!r} "
@@ -175,13 +185,15 @@ def validate_table(table: "pa.Table", source: str = "trace") -> None:
             kind = "string"
         types[f.name] = kind
     check_schema(types, source)
-    stats: dict[str, Any] = {"rows": table.num_rows, "nulls": {}, "min": {}}
+    stats: dict[str, Any] = {"rows": table.num_rows, "nulls": {}, "min": {}, "max": {}}
     if table.num_rows:
         for c in NOT_NULL_COLUMNS:
             stats["nulls"][c] = table.column(c).null_count
         for c in NON_NEGATIVE_COLUMNS:
             if c in types:
                 stats["min"][c] = pc.min(table.column(c)).as_py()
+        for c in TIME_COLUMNS:
+            stats["max"][c] = pc.max(table.column(c)).as_py()
         # Any: pyarrow-stubs type is_in over a column as returning a scalar
         unknown: Any = pc.invert(pc.is_in(table.column("kind"), value_set=_kinds_array()))
         bad = pc.fill_null(unknown, False)
@@ -401,6 +413,9 @@ def _check_event(event: Any) -> tuple[Any, ...]:
                 raise BadValueError(f"event field {column!r} must be >= 0, got {value}", column)
             if value >= 1 << (63 if COLUMN_TYPES[column] == "int64" else 31):
                 raise BadValueError(f"event field {column!r} is too large: {value}", column)
+            if value > MAX_TIME_MS and column in TIME_COLUMNS:
+                raise BadValueError(f"event field {column!r} must be <= {MAX_TIME_MS} (2^61 - 1 ms), got {value}",
+                                    column)
         elif value is not None and type(value) is not str:
             raise ColumnTypeError(f"event field {column!r} must be a str, not {type(value).__name__}", column)
     if row[1] not in KINDS:

@@ -49,11 +49,12 @@ class PendingState(NamedTuple):
 
 
 class LatencySummary(TypedDict):
-    """:meth:`LatencyHistogram.summary`: count and nearest-rank percentiles (ms)."""
+    """:meth:`LatencyHistogram.summary`: count and nearest-rank percentiles (ms): whole ms,
+    or ``max`` itself where the whole ms would read above it."""
 
     count: int
-    p50: Optional[int]
-    p99: Optional[int]
+    p50: Optional[float]
+    p99: Optional[float]
     max: Optional[float]
 
 
@@ -123,8 +124,11 @@ class LatencyHistogram:
         return None  # unreachable
 
     def summary(self) -> LatencySummary:
-        return {"count": self.count, "p50": self.percentile(50), "p99": self.percentile(99),
-                "max": None if self.max is None else round(self.max, 3)}
+        top = None if self.max is None else round(self.max, 3)
+        # the counts are whole ms: a percentile never reads above the largest value seen (0.8 ms is p50 0.8, not 1)
+        p50, p99 = self.percentile(50), self.percentile(99)
+        return {"count": self.count, "p50": p50 if p50 is None or top is None else min(p50, top),
+                "p99": p99 if p99 is None or top is None else min(p99, top), "max": top}
 
 
 class NegativeAcksTracker:

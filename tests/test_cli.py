@@ -4,6 +4,7 @@ parts and output folders, and one line naming the extra when one is missing."""
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -81,7 +82,7 @@ def test_a_missing_optional_module_is_one_line_naming_the_extra(monkeypatch, cap
     monkeypatch.setattr(cli, "build_parser", lambda: _with_func(parser(), fail))
     assert cli.main(["plan", "x"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"pip install 'nacktracker[{extra}]'" in err
+    assert err.count("\n") == 1 and f"pip install '.[{extra}]' in the nacktracker checkout" in err
 
 
 def test_a_missing_module_of_no_extra_is_not_hidden(monkeypatch):
@@ -100,3 +101,54 @@ def _with_func(parser: argparse.ArgumentParser, func) -> argparse.ArgumentParser
     for command in sub.choices.values():
         command.set_defaults(func=func)
     return parser
+
+
+# -- the Spark commands' argument errors: one line naming the problem and the fix, before a JVM starts --------
+
+def _one_line_error(proc: subprocess.CompletedProcess, *words: str) -> None:
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert proc.stdout == "" and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("nacktracker: error: ") and all(w in proc.stderr for w in words), proc.stderr
+
+
+def test_trace_generate_onto_an_existing_folder_is_one_line_naming_overwrite(tmp_path):
+    (tmp_path / "trace").mkdir()
+    proc = run_cli("trace", "generate", "--out", str(tmp_path / "trace"), "--events", "10", cwd=tmp_path)
+    _one_line_error(proc, "exists", "--overwrite")
+    proc = run_cli("trace", "generate", "--out", "trace", "--events", "10", "--files", "0", cwd=tmp_path)
+    _one_line_error(proc, "--files must be >= 1")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--max-early-ms", "-5"], ["--max-early-ms must be a number of milliseconds >= 0", "got -5"]),
+    (["--max-early-ms", "nan"], ["--max-early-ms"]),
+    (["--bits", "0,31"], ["--bits must be integers from 0 to 30", "0,31"]),
+    (["--bits", ","], ["--bits", "none"]),
+    (["--partitions", "0"], ["--partitions must be >= 1"]),
+    (["--stream-nacks", "-1"], ["--stream-nacks must be >= 1"]),
+])
+def test_plan_refuses_arguments_out_of_range_in_one_line(tmp_path, args, words):
+    """Refused before the trace is read or Spark starts (the trace does not even exist)."""
+    proc = run_cli("plan", str(tmp_path / "no-trace"), "--out", str(tmp_path / "plan"), *args, cwd=tmp_path)
+    _one_line_error(proc, *words)
+    assert not (tmp_path / "plan").exists()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--start-ms", str((1 << 63) - 10)], ["ts_ms 9223372036854775", "2305843009213693951 (2^61 - 1 ms"]),
+    (["--events", "1000", "--rate", "1e-13", "--start-ms", "0"], ["the last nack would reach ts_ms"]),
+    (["--delay-ms", str(1 << 62)], ["delay_ms + delay_jitter_ms must be <= 2305843009213693951"]),
+    (["--delay-ms", str(1 << 60), "--delay-jitter-ms", str(1 << 61)], ["delay_ms + delay_jitter_ms"]),
+])
+def test_trace_generate_refuses_times_beyond_what_plan_reads_and_says_the_limit(tmp_path, args, words):
+    """ts_ms + delay_ms of every generated event must fit: a start near 2^63 used to give a trace whose
+    plan read nonsense (an int64 overflow). Refused at once, the limit named."""
+    proc = run_cli("trace", "generate", "--out", str(tmp_path / "t"), "--events", "10", *args, cwd=tmp_path)
+    _one_line_error(proc, *words)
+    assert not (tmp_path / "t").exists()
+
+
+def test_the_main_help_lists_each_command_once():
+    text = cli.build_parser().format_help()
+    for command in ("demo", "bench", "trace", "plan", "sweep"):
+        assert len(re.findall(rf"^\s+{command}\s", text, re.M)) == 1, text

@@ -100,6 +100,7 @@ def test_writer_jsonl(tmp_path):
     ("kind", "ack", BadValueError), ("kind", None, BadValueError),
     ("ledger_id", -1, BadValueError), ("entry_id", -5, BadValueError), ("ts_ms", -1, BadValueError),
     ("delay_ms", -1, BadValueError), ("entry_id", 1 << 63, BadValueError),
+    ("ts_ms", (1 << 63) - 10, BadValueError), ("delay_ms", 1 << 61, BadValueError),
     ("ledger_id", "7", ColumnTypeError), ("ts_ms", 1.5, ColumnTypeError), ("entry_id", None, ColumnTypeError),
     ("consumer", 7, ColumnTypeError), ("ts_ms", True, ColumnTypeError),
 ])
@@ -186,6 +187,17 @@ def test_negative_values_are_named(column, values):
     with pytest.raises(BadValueError, match=repr(column)) as info:
         validate_table(table_of(**{column: values}))
     assert info.value.column == column
+
+
+@pytest.mark.parametrize("column, values", [
+    ("ts_ms", [T0, (1 << 63) - 10]), ("ts_ms", [T0, 1 << 61]), ("delay_ms", [0, 1 << 61]),
+])
+def test_times_beyond_the_due_time_range_are_named_with_the_limit(column, values):
+    """ts_ms + delay_ms must fit the tracker's due times and an int64: each at most 2^61 - 1 ms."""
+    with pytest.raises(BadValueError, match=rf"'{column}' must be <= 2305843009213693951 \(2\^61 - 1 ms") as info:
+        validate_table(table_of(**{column: values}))
+    assert info.value.column == column
+    validate_table(table_of(**{column: [v if v < 1 << 61 else (1 << 61) - 1 for v in values]}))  # the limit itself
 
 
 def test_nulls_and_unknown_kinds_are_named():

@@ -30,7 +30,7 @@ def test_the_pulsar_layer_without_pulsar_client_names_the_extra(name):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("MissingExtraError pulsar ")
     assert f"nacktracker.{name} needs the 'pulsar' extra" in proc.stdout
-    assert "pip install 'nacktracker[pulsar]'" in proc.stdout and proc.stdout.count("\n") == 1
+    assert "pip install '.[pulsar]' in the nacktracker checkout" in proc.stdout and proc.stdout.count("\n") == 1
 
 
 def test_the_core_works_without_pulsar_client():
@@ -60,7 +60,7 @@ def test_the_demo_without_the_embedded_broker_names_the_demo_extra():
         sys.exit(main(["demo", "--quick"]))
         """)
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.count("\n") == 1 and "pip install 'nacktracker[demo]'" in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "pip install '.[demo]' in the nacktracker checkout" in proc.stderr
 
 
 def test_require_translates_only_a_missing_module():

@@ -611,6 +611,9 @@ def good_table(n=5):
     (dict(ledger_id=[1, 1, 1, -1, 1]), BadValueError, "ledger_id"),
     (dict(kind=["nack", "nack", "ack", "nack", "nack"]), BadValueError, "kind"),
     (dict(ts_ms=[T0, None, T0, T0, T0]), BadValueError, "ts_ms"),
+    # ts_ms + delay_ms would overflow an int64 (err_max read 1,340,433,484 ms at bits 0): refused, the limit named
+    (dict(ts_ms=[T0, T0, (1 << 63) - 10, T0, T0]), BadValueError, "ts_ms"),
+    (dict(delay_ms=[100, 100, 100, 1 << 62, 100]), BadValueError, "delay_ms"),
 ])
 def test_bad_parquet_traces_name_the_column(spark, tmp_path, change, error, column):
     from nacktracker.pipeline.plan import run_plan
@@ -738,7 +741,7 @@ def test_plan_without_the_spark_extra_says_so_first_and_alone(tmp_path, capsys, 
                  ["sweep"]):
         assert main(argv) == 2
         out, err = capsys.readouterr()
-        assert out == "" and err.count("\n") == 1 and "pip install 'nacktracker[spark]'" in err, (out, err)
+        assert out == "" and err.count("\n") == 1 and "pip install '.[spark]' in the nacktracker checkout" in err, (out, err)
 
 
 @pytest.mark.spark
@@ -754,6 +757,10 @@ def test_bad_jsonl_traces_name_the_column(spark, tmp_path):
                                       '"consumer": "c"}\n')
     with pytest.raises(MissingColumnError, match="'delay_ms'"):
         run_plan(spark, str(tmp_path / "b.jsonl"), [0])
+    (tmp_path / "c.jsonl").write_text('{"ts_ms": 9223372036854775000, "kind": "nack", "ledger_id": 1, '
+                                      '"entry_id": 1, "delay_ms": 100, "consumer": "c"}\n')
+    with pytest.raises(BadValueError, match="'ts_ms' must be <= 2305843009213693951"):  # Spark's own scan
+        run_plan(spark, str(tmp_path / "c.jsonl"), [0])
 
 
 @pytest.mark.spark
@@ -819,7 +826,7 @@ def test_cli_generates_and_plans(spark, tmp_path, capsys):
     assert report.rstrip("\n") in text  # printed whole, after the progress lines
     assert "[plan] validate:" in text and "[plan] analyse: done in" in text
     assert main(["plan", str(out), "--bits", "0,6", "--out", str(tmp_path / "q"), "--quiet"]) == 0
-    assert capsys.readouterr().out == ""
+    assert capsys.readouterr() == ("", "")  # quiet: no report, no progress, no summary line
     assert main(["trace", "generate", "--out", str(out), "--events", "10"]) == 2  # exists
     assert main(["plan", str(tmp_path / "missing"), "--out", str(tmp_path / "p2")]) == 2
     assert "no such file" in capsys.readouterr().err
@@ -901,6 +908,45 @@ def test_sweep_runs_the_grid_as_spark_tasks(spark):
     text = table(rows)
     assert sum(line.startswith("| ") for line in text.splitlines()) == len(rows) + 1
     assert "| 2.000 |" in text  # seed 000's estimate for x=1, y=8
+
+
+def test_a_failing_measurement_brings_its_child_s_stderr():
+    """The child's own error reaches the user: in the exception, and found again in Spark's wrapping of it."""
+    from nacktracker.pipeline.sweep import SweepConfig, child_failure, measure_fresh
+
+    with pytest.raises(RuntimeError) as info:
+        measure_fresh(SweepConfig("NoSuchIndex", 1, 8, 50_000, 1.0, 100))
+    message = str(info.value)
+    assert "exit status 1" in message and "NoSuchIndex" in message.split("its stderr ends:", 1)[1], message
+    wrapped = RuntimeError(f"[PYTHON_EXCEPTION] Traceback (most recent call last):\n  File ...\n"
+                           f"RuntimeError: {message}\n SQLSTATE: 38000\n\tat org.apache.spark...")
+    assert child_failure(wrapped) == message.rsplit("\n", 1)[0]
+    assert child_failure(RuntimeError("something else")) is None
+
+
+def test_measuring_from_the_checkout_s_parent_folder_imports_the_installed_package(tmp_path, monkeypatch):
+    """Run from the folder that holds a checkout named ``nacktracker`` (as README clones it), the child must
+    not import that folder as a namespace package."""
+    from nacktracker.pipeline.sweep import SweepConfig, measure_fresh
+
+    (tmp_path / "nacktracker").symlink_to(ROOT, target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    row = measure_fresh(SweepConfig("TimeBucketIndex", 1, 8, 50_000, 1.0, 1000))
+    assert row["messages"] == 1000 and row["index"] == "TimeBucketIndex"
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@needs_spark
+def test_sweep_runs_from_the_checkout_s_parent_folder(tmp_path):
+    """``nacktracker sweep`` as a user types it, in the folder holding the checkout: the table, exit 0."""
+    (tmp_path / "nacktracker").symlink_to(ROOT, target_is_directory=True)
+    command = Path(sys.executable).parent / "nacktracker"
+    done = subprocess.run([str(command), "sweep", "--x", "1", "--y", "8", "--shares", "1", "--messages", "1000",
+                           "--master", "local[1]", "--driver-memory", "1g", "--quiet"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "| TimeBucketIndex | sequential | 1 | 8 (256 ms) | 1,000 |" in done.stdout
 
 
 # -- traces whose files disagree ------------------------------------------------------------

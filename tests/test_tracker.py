@@ -748,6 +748,17 @@ def test_latency_histogram_percentiles_of_a_thousand_values_worked_by_hand():
     assert h.summary() == {"count": 1000, "p50": 500, "p99": 990, "max": 1000}
 
 
+def test_latency_summary_percentiles_never_read_above_the_largest_value():
+    """The counts are whole ms: one redelivery 0.818 ms late is p50 0.818, not 1 (above its own max)."""
+    from nacktracker.tracker import LatencyHistogram
+
+    h = LatencyHistogram()
+    h.add(0.818)
+    assert h.summary() == {"count": 1, "p50": 0.818, "p99": 0.818, "max": 0.818}
+    h.add(0.2)
+    assert h.summary() == {"count": 2, "p50": 0, "p99": 0.818, "max": 0.818}
+
+
 async def test_imported_pending_cells_arm_the_timer_the_adapter_s_lead_ahead():
     import array
 

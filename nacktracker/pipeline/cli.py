@@ -9,6 +9,8 @@ here imports pyspark until a command runs.
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 import threading
 import time
@@ -148,8 +150,9 @@ def _warm_up() -> threading.Thread:
     return thread
 
 
-def _fail(exc: BaseException) -> int:
-    print(f"nacktracker: error: {exc}", file=sys.stderr)
+def _fail(problem: object) -> int:
+    """Print ``problem`` (an exception or a sentence naming the problem and the fix) as one line."""
+    print(f"nacktracker: error: {problem}", file=sys.stderr)
     return 2
 
 
@@ -173,20 +176,44 @@ def _trace_generate(args: argparse.Namespace) -> int:
                          start_ms=args.start_ms)
     except ValueError as e:
         return _fail(e)
+    if args.files is not None and args.files < 1:
+        return _fail(f"--files must be >= 1, got {args.files}")
+    if not args.overwrite and _local_path_exists(args.out):
+        return _fail(f"--out {args.out} exists: add --overwrite to replace it, or choose another folder")
     _needs_spark("trace generate")
     started = time.perf_counter()
     progress = _progress(args, "trace")
-    try:
-        with _Session(args, progress, python_on_executors=False) as spark:  # JVM only: no Python on executors
+    failure: Optional[str] = None
+    with _Session(args, progress, python_on_executors=False) as spark:  # JVM only: no Python on executors
+        try:
             with progress.phase("write", f"{spec.events:,} events to {args.out}"):
                 generate_trace(spark, spec, args.out, fmt=args.format, overwrite=args.overwrite, files=args.files)
-    except Exception as e:  # Spark's "path already exists" and friends: one line, not a JVM trace
-        if type(e).__name__ in ("AnalysisException", "IllegalArgumentException") or isinstance(e, ValueError):
-            return _fail(RuntimeError(str(e).splitlines()[0]))
-        raise
-    print(f"wrote {spec.events:,} events from {spec.consumers} consumers to {args.out} "
-          f"({args.format}) in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+        except Exception as e:  # Spark's "path already exists" and friends: one line, not a JVM trace
+            if type(e).__name__ not in ("AnalysisException", "IllegalArgumentException") and not isinstance(e, ValueError):
+                raise
+            failure = _first_line(e)  # read while the session (and the JVM the message may call into) is up
+    if failure is not None:
+        return _fail(failure)
+    if not args.quiet:
+        print(f"wrote {spec.events:,} events from {spec.consumers} consumers to {args.out} "
+              f"({args.format}) in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     return 0
+
+
+def _local_path_exists(path: str) -> bool:
+    """Whether ``path`` names something that exists on this machine (a ``file:`` path or one
+    without a scheme); a remote path (``hdfs://``, ``s3a://``) is Spark's to check."""
+    if path.startswith("file:"):
+        path = path[len("file:"):]
+        path = "/" + path.lstrip("/") if path.startswith("//") else path
+    elif "://" in path:
+        return False
+    return os.path.lexists(path)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def _add_trace(sub: Any) -> None:  # argparse's private _SubParsersAction
@@ -228,6 +255,9 @@ def _plan(args: argparse.Namespace) -> int:
     from .report import write_outputs
     from .ship import ExecutorCheckError
 
+    problem = _plan_argument_problem(args)
+    if problem is not None:
+        return _fail(problem)
     _needs_spark("plan")
     from .load import check_trace_path
 
@@ -249,9 +279,25 @@ def _plan(args: argparse.Namespace) -> int:
         return _fail(e)
     if not args.quiet:
         print(paths["report"].read_text(encoding="utf-8"))
-    print(f"plan: {time.perf_counter() - started:.1f} s; wrote {', '.join(str(p) for p in paths.values())}",
-          file=sys.stderr)
+        print(f"plan: {time.perf_counter() - started:.1f} s; wrote {', '.join(str(p) for p in paths.values())}",
+              file=sys.stderr)
     return 0
+
+
+def _plan_argument_problem(args: argparse.Namespace) -> Optional[str]:
+    """What is wrong with ``plan``'s own arguments, as one line naming the option and its limits (None: nothing),
+    known before Spark starts."""
+    from ..precision import MAX_BITS
+
+    if not math.isfinite(args.max_early_ms) or args.max_early_ms < 0:
+        return (f"--max-early-ms must be a number of milliseconds >= 0 (the bound on the p99 redelivery "
+                f"error), got {args.max_early_ms:g}")
+    if not args.bits or any(not 0 <= b <= MAX_BITS for b in args.bits):
+        return f"--bits must be integers from 0 to {MAX_BITS} (buckets of 2^bits ms), got {_join(args.bits) or 'none'}"
+    for flag, value in (("--partitions", args.partitions), ("--stream-nacks", args.stream_nacks)):
+        if value is not None and value < 1:
+            return f"{flag} must be >= 1, got {value}"
+    return None
 
 
 def _add_plan(sub: Any) -> None:
@@ -284,7 +330,7 @@ def _add_plan(sub: Any) -> None:
 # -- sweep ----------------------------------------------------------------------
 
 def _sweep(args: argparse.Namespace) -> int:
-    from .sweep import INDEXES, grid, run_sweep, table, write_outputs
+    from .sweep import INDEXES, child_failure, grid, run_sweep, table, write_outputs
 
     indexes = INDEXES if args.indexes == ["all"] else args.indexes
     try:
@@ -296,12 +342,20 @@ def _sweep(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     progress = _progress(args, "sweep")
+    failure: Optional[str] = None
     try:
         with _Session(args, progress) as spark:
-            with progress.phase("measure", f"{len(configs)} configurations, one task each"):
-                rows = run_sweep(spark, configs)
+            try:
+                with progress.phase("measure", f"{len(configs)} configurations, one task each"):
+                    rows = run_sweep(spark, configs)
+            except Exception as e:  # noqa: BLE001  a measurement's child failed: its own words, not Spark's trace
+                failure = child_failure(e)  # read while the session is up (the message may call into the JVM)
+                if failure is None:
+                    raise
     except ExecutorCheckError as e:
         return _fail(e)
+    if failure is not None:
+        return _fail(failure)
     command = " ".join(["nacktracker sweep", "--x", _join(args.x), "--y", _join(args.y),
                         "--entries-per-ledger", _join(args.entries_per_ledger), "--shares", _join(args.shares),
                         "--indexes", ",".join(indexes), "--messages", str(args.messages)])
@@ -309,7 +363,8 @@ def _sweep(args: argparse.Namespace) -> int:
     print(table(rows))
     if args.out:
         write_outputs(rows, args.out, command)
-    print(f"sweep: {len(rows)} configurations in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    if not args.quiet:
+        print(f"sweep: {len(rows)} configurations in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     return 0
 
 

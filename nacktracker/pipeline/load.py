@@ -21,8 +21,8 @@ from pathlib import Path
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
-from ..events import (COLUMN_TYPES, COLUMNS, KINDS, NON_NEGATIVE_COLUMNS, NOT_NULL_COLUMNS, ColumnTypeError,
-                      EmptyTraceError, TraceError, check_schema, check_stats)
+from ..events import (COLUMN_TYPES, COLUMNS, KINDS, MAX_TIME_MS, NON_NEGATIVE_COLUMNS, NOT_NULL_COLUMNS,
+                      ColumnTypeError, EmptyTraceError, TraceError, check_schema, check_stats)
 
 if TYPE_CHECKING:  # pyarrow and pyspark are imported where they are used (the `spark` extra)
     from pyspark.sql import DataFrame, SparkSession
@@ -348,7 +348,7 @@ def _aggregates(present: set[str], known: dict[str, dict[str, Optional[int]]],
     out += [(f"min_{c}", "min", c) for c in NON_NEGATIVE_COLUMNS if c in present and c not in known]
     out += [(f"max_{_RAW}{c}", "max", _RAW + c) for c in unsigned]
     out += [(f"max_{c}", "max", c) for c in ("ledger_id", "entry_id") if c not in known]  # fit 32 bits?
-    out += [("last_ms", "max", "ts_ms"), ("last_due_ms", "max_due", None)]
+    out += [("last_ms", "max", "ts_ms"), ("max_delay_ms", "max", "delay_ms"), ("last_due_ms", "max_due", None)]
     return out
 
 
@@ -358,9 +358,17 @@ def _spark_rows(events: DataFrame, aggregates: list[tuple[str, str, Optional[str
 
     spark_op = {"count": F.count, "min": F.min, "max": F.max}
     aggs = [F.count(F.lit(1)).alias(name) if op == "rows" else
-            F.max(F.col("ts_ms") + F.col("delay_ms")).alias(name) if op == "max_due" else
+            F.max(_in_time_range(F.col("ts_ms"), F.col("delay_ms"))).alias(name) if op == "max_due" else
             spark_op[op](str(column)).alias(name) for name, op, column in aggregates]
     return [r.asDict() for r in events.groupBy("consumer", "kind").agg(*aggs).collect()]
+
+
+def _in_time_range(ts: Any, delay: Any) -> Any:
+    """``ts + delay`` where both are within :data:`~nacktracker.events.MAX_TIME_MS`, else null: a sum that
+    cannot overflow (a value out of range is refused by the check that follows, naming its column)."""
+    from pyspark.sql import functions as F
+
+    return F.when((ts <= MAX_TIME_MS) & (delay <= MAX_TIME_MS), ts + delay)
 
 
 def _arrow_rows(spark: SparkSession, tasks: list[ReadTask],
@@ -489,6 +497,8 @@ def summarize(events: DataFrame, path: str, known: Optional[dict[str, dict[str, 
         "min": {c: known[c]["min"] if c in known else
                 min((r[f"min_{c}"] for r in rows if r[f"min_{c}"] is not None), default=None)
                 for c in NON_NEGATIVE_COLUMNS if c in lows or c in known},
+        "max": {"ts_ms": max((r["last_ms"] for r in rows if r["last_ms"] is not None), default=None),
+                "delay_ms": max((r["max_delay_ms"] for r in rows if r["max_delay_ms"] is not None), default=None)},
         "bad_kinds": sum(r["rows"] for r in bad if r["kind"] is not None),
         "bad_kind": next((r["kind"] for r in bad if r["kind"] is not None), None),
     }

@@ -61,6 +61,11 @@ logger.parquet.level = error
 # switches the console to WARN and prints a "Setting default log level" banner
 logger.gateway.name = org.apache.spark.api.python.PythonGatewayServer
 logger.gateway.level = error
+# a failed task's error reaches the driver, whose command prints it (once, and in its own words)
+logger.executor.name = org.apache.spark.executor.Executor
+logger.executor.level = fatal
+logger.tasks.name = org.apache.spark.scheduler.TaskSetManager
+logger.tasks.level = fatal
 """
 
 

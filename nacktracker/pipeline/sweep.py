@@ -22,17 +22,18 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from . import memory_experiment
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["SweepConfig", "grid", "workload", "measure", "measure_fresh", "run_sweep", "table",
+__all__ = ["SweepConfig", "grid", "workload", "measure", "measure_fresh", "child_failure", "run_sweep", "table",
            "seed_estimate", "INDEXES", "COLUMNS"]
 
 INDEXES = ("TimeBucketIndex", "DictIndex", "HeapIndex")
@@ -68,12 +69,31 @@ def measure(cfg: SweepConfig) -> dict[str, Any]:
     return memory_experiment.measure(cfg.index, cfg.workload, cfg.messages, cfg.x, cfg.y, cfg.entries_per_ledger, cfg.share)
 
 
+#: How a failed measurement's message ends (:func:`measure_fresh`): what :func:`child_failure` looks for.
+_END_OF_STDERR = "-- end of its stderr"
+
+
 def measure_fresh(cfg: SweepConfig) -> dict[str, Any]:
-    """:func:`measure` in a fresh interpreter (what a Spark task runs)."""
-    cmd = [sys.executable, "-m", "nacktracker.pipeline.sweep", "--one", json.dumps(asdict(cfg))]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    """:func:`measure` in a fresh interpreter (what a Spark task runs). ``-P``: the working directory is
+    not put on the child's ``sys.path``, so a folder named ``nacktracker`` there (the checkout, seen from
+    its parent folder) cannot shadow the installed package. A child that fails raises ``RuntimeError``
+    carrying the end of its stderr (:func:`child_failure` finds it in Spark's error)."""
+    cmd = [sys.executable, "-P", "-m", "nacktracker.pipeline.sweep", "--one", json.dumps(asdict(cfg))]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        tail = "\n".join(out.stderr.strip().splitlines()[-20:]) or "(nothing)"
+        raise RuntimeError(f"sweep: measuring {cfg.index} x={cfg.x} y={cfg.y} share={cfg.share:g} in a fresh "
+                           f"interpreter ({sys.executable}) failed with exit status {out.returncode}; its "
+                           f"stderr ends:\n{tail}\n{_END_OF_STDERR}")
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
+
+
+def child_failure(error: BaseException) -> Optional[str]:
+    """The message :func:`measure_fresh` raised, found in the error Spark gave the driver for the failed
+    task (it wraps it in the worker's traceback and the JVM's), or None when ``error`` is not that."""
+    match = re.search(rf"(sweep: measuring .*?)\n{re.escape(_END_OF_STDERR)}", str(error), re.S)
+    return match.group(1) if match else None
 
 
 def run_sweep(spark: SparkSession, configs: Sequence[SweepConfig]) -> list[dict[str, Any]]:

@@ -29,7 +29,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..events import COLUMNS, COLUMN_TYPES
+from ..events import COLUMN_TYPES, COLUMNS, MAX_TIME_MS
 
 
 if TYPE_CHECKING:  # pyspark is imported where it is used (the `spark` extra)
@@ -72,6 +72,19 @@ class TraceSpec:
         for name, ok in checks:
             if not ok:
                 raise ValueError(f"trace: bad {name}={getattr(self, name)!r}")
+        if self.delay_ms + self.delay_jitter_ms > MAX_TIME_MS:
+            raise ValueError(f"trace: delay_ms + delay_jitter_ms must be <= {MAX_TIME_MS} (2^61 - 1 ms, the largest "
+                             f"delay plan reads), got {self.delay_ms + self.delay_jitter_ms}")
+        last = self.last_ts_ms()
+        if last > MAX_TIME_MS:
+            raise ValueError(f"trace: the last nack would reach ts_ms {last}, above {MAX_TIME_MS} (2^61 - 1 ms, the "
+                             f"largest time plan reads): lower start_ms or events, or raise rate")
+
+    def last_ts_ms(self) -> int:
+        """The largest ``ts_ms`` of the trace (the slowest consumer's last nack). O(1)."""
+        slowest_ms_per_nack = 1000.0 / (self.rate * min(1.0, self.rate_spread))
+        nacks = -(-self.events // self.consumers)  # the most any consumer makes
+        return self.start_ms + self.consumers - 1 + math.floor((nacks - 1) * slowest_ms_per_nack)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
