@@ -487,6 +487,81 @@ def test_reports_at_fleet_scale_summarise_and_the_tables_hold_everyone(planned, 
     assert pq.read_table(paths["consumers"]).num_rows == 21_000 * len(BITS)
 
 
+def _report_claims_hold(result) -> None:
+    """Each sentence of the report's recommendation and candidate list against the fleet table it reports."""
+    import re
+
+    from nacktracker.pipeline.report import markdown
+
+    text = markdown(result)
+    fleet = result.fleet.set_index("bits")
+    bound, rec = result.max_early_ms, result.recommended
+    within = [b for b in fleet.index if fleet.loc[b, "err_p99"] <= bound]
+    assert rec == (max(within) if within else None)
+    candidates = [line for line in text.splitlines() if line.startswith("- bits ")]
+    assert len(candidates) == len(fleet)
+    for line in candidates:
+        b, verdict = re.match(r"- bits (\d+) \(.*?\): (.*)$", line).groups()
+        b, p99 = int(b), fleet.loc[int(b), "err_p99"]
+        if "**rejected**" in verdict:
+            assert p99 > bound, line
+        elif "**recommended**" in verdict:
+            assert b == rec and p99 <= bound, line
+        else:
+            assert "within the bound" in verdict and p99 <= bound and b != rec, line
+            m = re.search(r"bits (\d+) is the largest within it, with (less|more|the same) memory "
+                          r"\(([\d,]+) B(?: against ([\d,]+) B)?\)$", verdict)
+            theirs, mine = fleet.loc[rec, "index_bytes"], fleet.loc[b, "index_bytes"]
+            assert m and int(m[1]) == rec, line
+            assert m[2] == ("less" if theirs < mine else "more" if theirs > mine else "the same"), (line, theirs, mine)
+            assert int(m[3].replace(",", "")) == int(theirs) and (m[4] is None or int(m[4].replace(",", "")) == int(mine))
+    leaner = re.search(r"precision_bits=(\d+) is within the bound too and holds less memory \(([\d,]+) B against "
+                       r"([\d,]+) B\), with (a smaller|the same|a larger) p99 error", text)
+    if rec is None:
+        assert f"even precision_bits={min(result.bits)} has a fleet p99 error" in text and leaner is None
+        return
+    f = fleet.loc[rec]
+    m = re.search(r"\*\*precision_bits = (\d+)\*\* .*? hold at most \*\*(.+?)\*\* for ([\d,]+) pending nacks .*?"
+                  r"\(DictIndex\): ([\d,.]+)x (less|more)\.", text, re.S)
+    shown = re.search(rf"^- bits {rec} \(.*?, (.+?)\):", text, re.M)[1]  # the recommended one's memory, as listed
+    assert m and int(m[1]) == rec and m[2] == shown and int(m[3].replace(",", "")) == f["peak_pending"]
+    ratio = f["dict_index_bytes"] / f["index_bytes"]
+    assert (m[5], float(m[4].replace(",", ""))) == (("less", round(ratio, 1)) if ratio >= 1 else ("more", round(1 / ratio, 1)))
+    least = min(within, key=lambda b: fleet.loc[b, "index_bytes"])
+    if fleet.loc[least, "index_bytes"] < f["index_bytes"]:
+        assert leaner and int(leaner[1]) == least and int(leaner[2].replace(",", "")) == fleet.loc[least, "index_bytes"]
+        e, er = fleet.loc[least, "err_p99"], f["err_p99"]
+        assert leaner[4] == ("a smaller" if e < er else "the same" if e == er else "a larger")
+    else:
+        assert leaner is None
+
+
+@pytest.mark.spark
+@needs_spark
+def test_the_report_says_only_what_its_tables_show(spark, planned, tmp_path):
+    """Over several traces and bounds (and the case where the largest bits within the bound holds more
+    memory than a smaller one), each claim of the report's sentences matches the fleet table."""
+    import dataclasses
+
+    from nacktracker.pipeline.plan import run_plan
+    from nacktracker.pipeline.trace import TraceSpec, generate_trace
+
+    sparse = str(tmp_path / "sparse.parquet")
+    generate_trace(spark, TraceSpec(events=20_000, consumers=2, rate=500, delay_ms=5_000, delay_jitter_ms=50_000,
+                                    nack_share=0.05, entries_per_ledger=5_000, seed=7), sparse)
+    results = [planned, run_plan(spark, sparse, BITS, max_early_ms=100)]
+    for base in list(results):
+        for bound in (0.0, 20.0, 1e9):  # none, some and every candidate within the bound
+            p99 = dict(zip(base.fleet["bits"], base.fleet["err_p99"]))
+            results.append(dataclasses.replace(base, max_early_ms=bound, recommended=recommend(p99, bound)))
+    # the largest bits holding more memory than bits 0 (as real traces can): the sentences must say so
+    fleet = planned.fleet.copy()
+    fleet.loc[fleet["bits"] == max(BITS), "index_bytes"] = fleet["index_bytes"].max() + 8960
+    results.append(dataclasses.replace(planned, fleet=fleet, max_early_ms=1e9, recommended=max(BITS)))
+    for result in results:
+        _report_claims_hold(result)
+
+
 @pytest.mark.spark
 @needs_spark
 def test_error_plot_draws_zero_at_zero(planned, tmp_path):

@@ -79,10 +79,38 @@ def _candidates(result: PlanResult) -> list[str]:
             verdict = f"**recommended**: {figure} <= bound {_err(bound)} ({_err(bound - p99)} to spare)"
         else:
             verdict = f"within the bound ({figure} <= {_err(bound)})"
-            if rec is not None and bits < rec:
-                verdict += f"; bits {rec} is too, with less memory"
+            if rec is not None:  # not taken: the rule is the largest bits within the bound, whatever the memory
+                verdict += (f"; bits {rec} is the largest within it, with "
+                            f"{_compare_bytes(fleet.loc[rec, 'index_bytes'], f['index_bytes'])}")
         lines.append(f"- bits {bits} ({_ms(1 << bits)} buckets, {_mb(f['index_bytes'])}): {verdict}")
     return lines
+
+
+def _compare_bytes(theirs: float, mine: float) -> str:
+    """``less memory (X B against Y B)``, ``more memory (...)`` or ``the same memory (X B)``: exact bytes,
+    which the rounded figures of the list may not tell apart."""
+    if theirs == mine:
+        return f"the same memory ({int(theirs):,} B)"
+    return f"{'less' if theirs < mine else 'more'} memory ({int(theirs):,} B against {int(mine):,} B)"
+
+
+def _leaner(result: PlanResult) -> Optional[str]:
+    """A sentence naming the candidate within the bound that holds less memory than the recommended one
+    (the rule does not look at memory), or None when the recommended one holds the least."""
+    fleet: Any = result.fleet.set_index("bits")  # Any: as in _candidates
+    rec = result.recommended
+    if rec is None:
+        return None
+    within = fleet[fleet["err_p99"] <= result.max_early_ms]
+    least = within["index_bytes"].idxmin()
+    if within.loc[least, "index_bytes"] >= fleet.loc[rec, "index_bytes"]:
+        return None
+    f, r = fleet.loc[least], fleet.loc[rec]
+    error = ("a smaller" if f["err_p99"] < r["err_p99"] else "the same" if f["err_p99"] == r["err_p99"]
+             else "a larger")
+    return (f"precision_bits={least} is within the bound too and holds less memory "
+            f"({int(f['index_bytes']):,} B against {int(r['index_bytes']):,} B), with {error} p99 error "
+            f"({_err(f['err_p99'])}): the rule takes the largest bits within the bound and does not weigh memory.")
 
 
 def markdown(result: PlanResult, table: Optional[pd.DataFrame] = None) -> str:
@@ -114,7 +142,11 @@ def markdown(result: PlanResult, table: Optional[pd.DataFrame] = None) -> str:
             f"{_err(result.max_early_ms)}. At that setting the trackers hold at most "
             f"**{_mb(f['index_bytes'])}** for {int(f['peak_pending']):,} pending nacks (sum of per-consumer "
             f"peaks, {f['bytes_per_pending']:.2f} B each), against {_mb(f['dict_index_bytes'])} for a "
-            f"per-message dict (DictIndex): {dict_ratio:,.1f}x {'less' if dict_ratio >= 1 else 'more'}.")
+            f"per-message dict (DictIndex): "
+            f"{f'{dict_ratio:,.1f}x less' if dict_ratio >= 1 else f'{1 / dict_ratio:,.1f}x more'}.")
+        leaner = _leaner(result)
+        if leaner is not None:
+            lines.append(leaner)
         per = result.consumers[result.consumers["recommended"]]
         other = per[per["bits"] != rec]
         missing = sorted(set(result.consumers["consumer"]) - set(per["consumer"]))
