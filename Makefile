@@ -70,11 +70,13 @@ $(MUTATE_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e '.[all,mutate]'
 	touch $(MUTATE_STAMP)
 
+# the whole suite in one run, into build/ (not committed: each benchmark commits its own results under
+# bench/results/, rendered into the docs by `python -m bench.figures`)
 bench: $(STAMP)
-	$(PY) -m nacktracker.cli bench --out bench/results/latest
+	$(PY) -m nacktracker.cli bench --out build/bench
 
 bench-quick: $(STAMP)
-	$(PY) -m nacktracker.cli bench --quick --out bench/results/quick
+	$(PY) -m nacktracker.cli bench --quick --out build/bench-quick
 
 clean:
 	rm -rf $(VENV) build site *.egg-info .pytest_cache

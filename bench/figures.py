@@ -34,7 +34,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -213,11 +213,284 @@ def seed_table() -> str:
             "Results: [bench/results/seed-table/](bench/results/seed-table/).")
 
 
+# -- plots: drawn from the same results files as the tables ------------------------------------------------
+#
+# Each plot is a pair: ``data()`` gathers the figures it draws from the results files (plain JSON values),
+# ``draw(fig, data)`` draws them. The PNG under docs/img/ carries a hash of its data (a PNG text chunk), so a
+# results file that changes makes its plot stale exactly as it makes a table stale. Its block on the page
+# (``plot-NAME``) shows the image and says where each series comes from.
+
+IMG = ROOT / "docs" / "img"
+_HASH_KEY = "nacktracker-figures-data"
+
+
+def _first(*paths: Path) -> Optional[Path]:
+    return next((p for p in paths if p.exists()), None)
+
+
+def _error_data() -> dict:
+    """Redelivery error (received − due, ms) of TrackedConsumer and the client's built-in nack, per scenario and
+    broker: ``bench.pulsar_precision``'s committed runs (min, p50, p99, max of every redelivery)."""
+    out: dict = {"runs": []}
+    for broker, name in (("pulsar-lite", "pulsar-lite-idle.json"), ("Apache Pulsar", "apache-pulsar-idle.json")):
+        path = ROOT / "bench" / "results" / "precision" / name
+        if not path.exists():
+            continue
+        r = _load(path)
+        scenarios = [(f"{p['delay_ms'] / 1000:g} s delay, {p['n']} nacks in waves", p) for p in r["precision"]]
+        st = r["steady_stream"]
+        scenarios.append((f"steady stream, {st['delay_ms']} ms delay", st))
+        for label, sc in scenarios:
+            out["runs"].append({"broker": broker, "scenario": label, "command": r["command"],
+                                **{side: {k: sc[side]["error_ms"][k] for k in ("min", "p50", "p99", "max")}
+                                   for side in ("tracked", "builtin")}})
+    return out
+
+
+def _draw_error(fig: Any, data: dict) -> None:
+    ax = fig.add_subplot()
+    runs = data["runs"]
+    sides = (("tracked", "TrackedConsumer", "#1f77b4"), ("builtin", "built-in nack (pulsar-client)", "#d62728"))
+    labels = []
+    for i, run in enumerate(runs):
+        for j, (side, name, colour) in enumerate(sides):
+            y = i * 3 + j
+            e = run[side]
+            ax.plot([e["min"], e["max"]], [y, y], color=colour, lw=1.5, solid_capstyle="butt")
+            ax.plot([e["p50"]], [y], "o", color=colour, label=name if i == 0 else None)
+            ax.plot([e["p99"]], [y], "|", color=colour, ms=12, mew=2, label=f"{name}: p99" if i == 0 else None)
+        labels.append((i * 3 + 0.5, f"{run['broker']}\n{run['scenario']}"))
+    ax.set_yticks([y for y, _ in labels], [t for _, t in labels], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("symlog", linthresh=10)
+    top = max(run[side]["max"] for run in runs for side, _, _ in sides)
+    ax.set_xlim(-5, top * 1.6)
+    ax.axvline(0, color="grey", lw=0.8)
+    ax.set_xlabel("redelivery error: received − due (ms, + is late); line: min to max, dot: p50, bar: p99")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, frameon=False)
+    fig.set_size_inches(9, 1.6 + 0.62 * len(runs))
+
+
+def _memory_data() -> dict:
+    """Bytes per pending nack against the number pending, every committed source that measures it."""
+    series: list[dict] = []
+    grid = _load(INDEX_GRID)
+    for index in ("TimeBucketIndex", "DictIndex"):
+        pts = sorted((r["pending"], r["rss_per_pending"]) for r in grid["rows"]
+                     if r["index"] == index and r["bits"] == 0)
+        series.append({"label": f"{index}, index grid: 64 traffic shapes (RSS)", "points": pts,
+                       "source": "bench/results/index-grid/results.json", "style": "scatter"})
+    if SEED_TABLE.exists():
+        seed = _load(SEED_TABLE)
+        pts = sorted((r["messages"], r["nbytes_per_msg"]) for r in seed["rows"])
+        series.append({"label": "TimeBucketIndex, the broker-side experiment's workloads (nbytes)", "points": pts,
+                       "source": "bench/results/seed-table/results.json", "style": "scatter"})
+    anchor = ROOT / "bench" / "results" / "java-anchor" / "results.json"  # bench.java_anchor --save, when committed
+    java: dict[str, list] = {}
+    if anchor.exists():
+        rows = _load(anchor)["rows"]
+        for b in sorted({r["bits"] for r in rows}):
+            pts = sorted((r["messages"], r["nbytes_per_nack"]) for r in rows if r["bits"] == b)
+            series.append({"label": f"NegativeAcksTracker, Java's workload, bits {b} (nbytes)", "points": pts,
+                           "source": "bench/results/java-anchor/results.json", "style": "line"})
+        for r in rows:
+            if r.get("java_per_nack") is not None:
+                java.setdefault(str(r["bits"]), []).append((r["messages"], r["java_per_nack"]))
+    else:
+        for (n, b), v in JAVA_PUBLISHED.items():
+            java.setdefault(str(b), []).append((n, v))
+    for b, pts in sorted(java.items(), key=lambda kv: -int(kv[0])):
+        series.append({"label": f"Java client 4.0.7's tracker, bits {b} (published, JOL)", "points": sorted(pts),
+                       "source": "published", "style": "java"})
+    consumer = ROOT / "bench" / "results" / "consumer-memory" / "results.json"  # bench.consumer_memory --save
+    if consumer.exists():
+        runs = _load(consumer)["runs"]
+        for key, run in sorted(runs.items()):
+            kind, topic = key.split(" ", 1)
+            name = "TrackedConsumer" if kind == "tracked" else "plain pulsar.asyncio.Consumer"
+            series.append({"label": f"{name}, end to end, {topic} (RSS)",
+                           "points": [(run["messages"], run["rss_per_nack"])],
+                           "source": "bench/results/consumer-memory/results.json", "style": "consumer"})
+    return {"series": series}
+
+
+#: The Java client's tracker (4.0.7, PIP-393), bytes per pending nack by JOL: published reference figures
+#: (4 ledgers, consecutive entry ids, one nack each with a delay uniform in 1-60 s), not measured here.
+#: ``(pending, bits) -> bytes``. The plot takes them from ``bench/results/java-anchor/`` once that is committed.
+JAVA_PUBLISHED: dict[tuple[int, int], float] = {(100_000, 8): 6.2, (1_000_000, 8): 3.1,
+                                                (100_000, 0): 481.0, (1_000_000, 0): 152.0}
+
+
+def _draw_memory(fig: Any, data: dict) -> None:
+    ax = fig.add_subplot()
+    markers = iter("os^vDPX*<>")
+    for s in data["series"]:
+        xs, ys = zip(*s["points"])
+        if s["style"] == "scatter":
+            ax.scatter(xs, ys, s=14, alpha=0.6, marker=next(markers), label=s["label"])
+        elif s["style"] == "java":
+            ax.plot(xs, ys, "--", marker="s", color="#7f7f7f" if "bits 8" in s["label"] else "#bcbd22",
+                    label=s["label"])
+        else:
+            ax.plot(xs, ys, "-", marker=next(markers), ms=7, label=s["label"])
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("nacks pending at once")
+    ax.set_ylabel("bytes per pending nack")
+    ax.set_title("Memory per pending nack")
+    ax.grid(which="both", alpha=0.25)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False)
+    fig.set_size_inches(9, 5.2 + 0.22 * ((len(data["series"]) + 1) // 2))
+
+
+def _throughput_data() -> dict:
+    """Receive + ack rate of TrackedConsumer and the plain consumer, per workload: median and range over the
+    rounds of ``bench.consume_throughput`` (the two kinds alternating in each round)."""
+    path = _throughput_file()
+    if path is None:
+        return {"bars": []}
+    r = _load(path)
+    bars = []
+    for broker, run in r.items() if "lite" in r else [("lite", r)]:
+        if not isinstance(run, dict) or "workloads" not in run:
+            continue
+        name = "pulsar-lite" if broker == "lite" else "Apache Pulsar"
+        for workload, w in run["workloads"].items():
+            bars.append({"label": f"{workload}\n({name})",
+                         **{side: [w[side]["rate"][k] for k in ("median", "min", "max")]
+                            for side in ("tracked", "plain")}})
+    return {"bars": bars}
+
+
+def _draw_throughput(fig: Any, data: dict) -> None:
+    ax = fig.add_subplot()
+    bars = data["bars"]
+    xs = range(len(bars))
+    for offset, (side, name, colour) in zip((-0.2, 0.2), (("tracked", "TrackedConsumer", "#1f77b4"),
+                                                         ("plain", "plain pulsar.asyncio.Consumer", "#ff7f0e"))):
+        med = [b[side][0] for b in bars]
+        low = [b[side][0] - b[side][1] for b in bars]
+        high = [b[side][2] - b[side][0] for b in bars]
+        ax.bar([x + offset for x in xs], med, 0.4, yerr=[low, high], capsize=3, color=colour, label=name)
+    ax.set_xticks(list(xs), [b["label"] for b in bars], fontsize=8)
+    ax.set_ylabel("msg/s: median of rounds (whiskers: min to max)")
+    ax.yaxis.set_major_formatter(lambda v, _: f"{v:,.0f}")
+    ax.set_title("Receive + ack throughput, side by side in each round")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.set_size_inches(9, 4.5)
+
+
+#: name -> (image file, gather, draw)
+PLOTS: dict[str, tuple[str, Callable[[], dict], Callable[[Any, dict], None]]] = {
+    "redelivery-error": ("redelivery-error.png", _error_data, _draw_error),
+    "memory-per-pending": ("memory-per-pending.png", _memory_data, _draw_memory),
+    "consume-throughput": ("consume-throughput.png", _throughput_data, _draw_throughput),
+}
+
+
+def _digest(data: dict) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def _png_text(path: Path) -> dict[str, str]:
+    """The ``tEXt`` chunks of a PNG (no imaging library needed)."""
+    import struct
+
+    out: dict[str, str] = {}
+    blob = path.read_bytes()
+    at = 8
+    while at + 8 <= len(blob):
+        length, kind = struct.unpack(">I4s", blob[at:at + 8])
+        if kind == b"tEXt":
+            key, _, value = blob[at + 8:at + 8 + length].partition(b"\0")
+            out[key.decode("latin-1")] = value.decode("latin-1")
+        at += 12 + length
+    return out
+
+
+def stale_plots() -> list[str]:
+    """``docs/img/FILE`` for every plot whose image is missing or drawn from other figures than today's."""
+    return [f"docs/img/{file}" for file, gather, _ in PLOTS.values()
+            if not (IMG / file).exists() or _png_text(IMG / file).get(_HASH_KEY) != _digest(gather())]
+
+
+def draw_plots(force: bool = False) -> list[Path]:
+    """Draw every stale plot (all with ``force``) into docs/img/; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    IMG.mkdir(parents=True, exist_ok=True)
+    written = []
+    for file, gather, draw in PLOTS.values():
+        data = gather()
+        path = IMG / file
+        if not force and path.exists() and _png_text(path).get(_HASH_KEY) == _digest(data):
+            continue
+        fig = plt.figure()
+        draw(fig, data)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110, metadata={"Software": None, _HASH_KEY: _digest(data)})
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def _plot_block(name: str, alt: str, sources: Callable[[], str]) -> Callable[[], str]:
+    """A plot's block: its image (docs/img/, drawn by :func:`draw_plots`) and where its figures come from."""
+    return lambda: f"![{alt}](img/{PLOTS[name][0]})\n\n{sources()}"
+
+
+def _error_sources() -> str:
+    commands = sorted({r["command"] for r in _error_data()["runs"]})
+    return ("Each line is one scenario on one broker, the two consumers side by side in the same run: nacks in "
+            "waves with a 1 s or 5 s delay, and a steady stream (a nack every 5–10 ms for 3 s). TrackedConsumer "
+            "at `precision_bits=0`. From " + " and ".join(f"`{c}`" for c in commands) +
+            " ([results](bench/results/precision/)).")
+
+
+def _memory_sources() -> str:
+    shown = {s["source"] for s in _memory_data()["series"]}
+    parts = ["the index grid (`python -m bench.index_grid`, RSS growth at steady state, `precision_bits=0`, "
+             "beside `DictIndex`, one dict entry per nack as in the clients before PIP-393)"]
+    if "bench/results/seed-table/results.json" in shown:
+        parts.append("the broker-side experiment's workloads (the table below, `nbytes()`)")
+    if "bench/results/java-anchor/results.json" in shown:
+        parts.append("the tracker on the Java measurement's workload (`python -m bench.java_anchor --save`)")
+    if "bench/results/consumer-memory/results.json" in shown:
+        parts.append("whole consumers, TrackedConsumer and the plain client, end to end "
+                     "(`python -m bench.consumer_memory --save`)")
+    java = ", ".join(f"{v:g} B at {n:,} pending, bits {b}" for (n, b), v in sorted(JAVA_PUBLISHED.items()))
+    return ("Points from " + "; ".join(parts) + ". The Java client 4.0.7's PIP-393 tracker, by JOL on 4 ledgers, "
+            f"consecutive ids and delays of 1–60 s, is published, not measured here: {java}.")
+
+
+def _throughput_sources() -> str:
+    path = _throughput_file()
+    rel = path.relative_to(ROOT).as_posix() if path else "bench/results/consume-throughput/"
+    return (f"`python -m bench.consume_throughput` ([results]({rel})): 64-byte messages, batched or not, with "
+            "or without nacks; the two consumers alternate in each round.")
+
+
 RENDERERS: dict[str, Callable[[], str]] = {"demo": demo, "consume-throughput": consume_throughput,
                                           "consumer-memory": consumer_memory,
                                           "index-grid": index_grid, "pipeline-scale": pipeline_scale,
                                           "pipeline-speed": pipeline_speed, "java-anchor": java_anchor,
                                           "seed-table": seed_table}
+# the plots (the section above)
+RENDERERS.update({
+    "plot-redelivery-error": _plot_block("redelivery-error", "Redelivery error per scenario and broker, "
+                                         "TrackedConsumer beside the built-in nack", _error_sources),
+    "plot-memory-per-pending": _plot_block("memory-per-pending", "Bytes per pending nack against the number "
+                                           "pending", _memory_sources),
+    "plot-consume-throughput": _plot_block("consume-throughput", "Receive and ack throughput, TrackedConsumer "
+                                           "beside the plain consumer", _throughput_sources),
+})
 
 
 def _relink(text: str, doc: Path) -> str:
@@ -246,8 +519,9 @@ def blocks(doc: Path) -> list[str]:
 
 
 def stale(docs: list[Path] = DOCS) -> list[str]:
-    """``path: block`` for every block whose text differs from its rendering."""
-    out = []
+    """``path: block`` for every block whose text differs from its rendering, and every plot drawn from other
+    figures than its results files hold now (:func:`stale_plots`)."""
+    out = stale_plots() if docs is DOCS else []
     for doc in docs:
         fresh = {m.group("name"): m.group("body") or "" for m in BLOCK.finditer(rendered(doc))}
         for m in BLOCK.finditer(doc.read_text()):
@@ -288,6 +562,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         for line in bad:
             print(f"stale: {line}")
         return 1 if bad else 0
+    for path in draw_plots():
+        print(f"drew {path.relative_to(ROOT)}")
     for doc in DOCS:
         if blocks(doc):
             new = rendered(doc)

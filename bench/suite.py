@@ -223,12 +223,12 @@ def headline_memory(rows: list[dict]) -> list[str]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", help="default: bench/results/latest, or bench/results/quick with --quick (never the "
-                                 "committed full results)")
+    p.add_argument("--out", help="default: build/bench, or build/bench-quick with --quick (not committed: each "
+                                 "benchmark commits its own results under bench/results/)")
     p.add_argument("--skip", default="", help=f"comma-separated parts to skip: {','.join(PARTS)}")
     a = p.parse_args(argv)
     skip = set(filter(None, a.skip.split(",")))
-    out = Path(a.out) if a.out else ROOT / "bench" / "results" / ("quick" if a.quick else "latest")
+    out = Path(a.out) if a.out else ROOT / "build" / ("bench-quick" if a.quick else "bench")
     out.mkdir(parents=True, exist_ok=True)
     command = "nacktracker bench" + (" --quick" if a.quick else "") + (f" --skip {a.skip}" if a.skip else "")
     started = time.time()

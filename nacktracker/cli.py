@@ -43,12 +43,12 @@ BENCH_PARTS: dict[str, str] = {
 }
 
 BENCH_DESCRIPTION = """\
-Run the benchmark suite and write results.json, RESULTS.md and PNG plots.
-The suite's scripts live in bench/ of a source checkout (or the sdist): run
-this command inside one. The full run took 1393 s on 2 cores (bench/results/latest, before
-the 'grid' part; python -m bench.index_grid alone runs ~30 min); --quick: 1M
-messages, fewer repeats, written to bench/results/quick so the committed
-full results (bench/results/latest) stay as they are.
+Run the benchmark suite and write results.json, RESULTS.md and PNG plots, by
+default to build/bench/ (--quick: build/bench-quick/). The suite's scripts
+live in bench/ of a source checkout (or the sdist): run this command inside
+one. A full run takes tens of minutes on 2 cores; --quick: 1M messages, fewer
+repeats. The figures the docs show come from each benchmark's own committed
+results under bench/results/ (python -m bench.figures renders them).
 
 parts (--skip takes a comma-separated list of these):
 """ + "\n".join(f"  {name:<11} {what}" for name, what in BENCH_PARTS.items())
@@ -101,9 +101,10 @@ def _bench(args: argparse.Namespace) -> int:
               "(not installed with the package); run it from the checkout's root", file=sys.stderr)
         return 2
     root = bench.parent
-    out = Path(args.out).resolve() if args.out else root / "bench" / "results" / ("quick" if args.quick else "latest")
-    if args.quick and out.resolve() == (root / "bench" / "results" / "latest").resolve():
-        print("nacktracker bench: --quick does not overwrite the full results in bench/results/latest; "
+    full = root / "build" / "bench"
+    out = Path(args.out).resolve() if args.out else root / "build" / ("bench-quick" if args.quick else "bench")
+    if args.quick and out.resolve() == full.resolve():
+        print("nacktracker bench: --quick does not overwrite a full run's results in build/bench; "
               "choose another --out", file=sys.stderr)
         return 2
     argv = ["--out", str(out)] + (["--quick"] if args.quick else []) + (["--skip", ",".join(args.skip)]
@@ -125,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
                            description=BENCH_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench.add_argument("--quick", action="store_true", help="1M messages, fewer repeats")
     bench.add_argument("--out", default=None,
-                       help="output folder (default bench/results/latest, or bench/results/quick with --quick)")
+                       help="output folder (default build/bench, or build/bench-quick with --quick)")
     bench.add_argument("--skip", type=_skip_list, default=[], metavar="PART[,PART...]",
                        help=f"parts to skip: {', '.join(BENCH_PARTS)}")
     bench.set_defaults(func=_bench)

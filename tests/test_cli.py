@@ -53,7 +53,7 @@ def test_bench_skip_refuses_an_unknown_part_and_names_the_parts():
 
 
 def test_bench_quick_never_overwrites_the_full_results():
-    proc = run_cli("bench", "--quick", "--out", "bench/results/latest")
+    proc = run_cli("bench", "--quick", "--out", "build/bench")
     assert proc.returncode == 2 and "does not overwrite" in proc.stderr
 
 
@@ -62,7 +62,7 @@ def test_bench_quick_defaults_to_its_own_folder(monkeypatch):
     monkeypatch.setattr(cli, "_run_suite", lambda root, argv: seen.update(root=root, argv=argv) or 0)
     assert cli.main(["bench", "--quick", "--skip", "soak,dedup"]) == 0
     assert seen["root"] == ROOT
-    assert seen["argv"] == ["--out", str(ROOT / "bench" / "results" / "quick"), "--quick", "--skip", "soak,dedup"]
+    assert seen["argv"] == ["--out", str(ROOT / "build" / "bench-quick"), "--quick", "--skip", "soak,dedup"]
 
 
 def test_bench_outside_a_checkout_says_so_in_one_line(monkeypatch, capsys):

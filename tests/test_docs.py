@@ -291,3 +291,19 @@ def test_make_docs_needs_the_docs_extra_only():
     assert re.search(r"^docs: \$\(DOCS_STAMP\)$", makefile, re.M)
     install = re.search(r"^\$\(DOCS_STAMP\):.*?\n((?:\t.*\n)+)", makefile, re.M).group(1)
     assert "-e '.[docs]'" in install and "[all]" not in install
+
+
+def test_every_results_folder_is_named_by_a_page():
+    """No orphaned results: each folder under bench/results/ is named on a page of README or the site."""
+    text = "\n".join(doc.read_text() for doc in DOCS)
+    folders = sorted(p.name for p in (ROOT / "bench" / "results").iterdir() if p.is_dir())
+    assert folders and [f for f in folders if f"bench/results/{f}" not in text] == []
+
+
+def test_the_benchmarks_page_shows_the_seed_table_and_its_plots():
+    page = ROOT / "docs" / "benchmarks.md"
+    names = figures.blocks(page)
+    assert {"seed-table", "plot-redelivery-error", "plot-memory-per-pending", "plot-consume-throughput"} <= set(names)
+    text = page.read_text()
+    for file, _, _ in figures.PLOTS.values():
+        assert f"](img/{file})" in text and (ROOT / "docs" / "img" / file).exists(), file

@@ -65,7 +65,9 @@ def _spark_options(p: argparse.ArgumentParser, python_on_executors: bool = True)
                             "(--executor-python) already has them")
         g.add_argument("--probe-timeout", type=float, default=60.0, metavar="SECONDS",
                        help="how long the executor check waits for an executor (default 60)")
-    p.add_argument("--quiet", action="store_true", help="no progress lines (and, for plan, no report) on stdout")
+    p.add_argument("--quiet", action="store_true",
+                   help="print nothing but errors and results: no progress lines, no closing summary (plan: no "
+                        "report either; its files are written)")
 
 
 def _needs_spark(command: str) -> None:
