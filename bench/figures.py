@@ -11,16 +11,19 @@ never by hand. ``tests/test_docs.py`` fails when a block differs from what
 its results file renders, so the text cannot go stale.
 
     python -m bench.figures            # rewrite every block from the results files
-    python -m bench.figures --check    # exit 1 and name the blocks that differ
+    python -m bench.figures --check    # exit 1 and name the blocks and plots that differ
+    python -m bench.figures --redraw   # ... and redraw every plot (after a change to how one is drawn)
     python -m bench.figures record-demo   # run `nacktracker demo --json`, save bench/results/demo/results.json
 
 Blocks: ``demo`` (the demo's table), ``consume-throughput`` (TrackedConsumer
 against the plain consumer, from ``python -m bench.consume_throughput --json``), ``consumer-memory``
 (RSS per pending nack end to end, from ``python -m bench.consumer_memory --save``),
 ``index-grid`` (the index on real client traffic, by precision), ``java-anchor`` (the tracker beside
-Java's PIP-393 tracker, from ``python -m bench.java_anchor --save``), ``seed-table`` (seed 000's
-workloads, ``bench.memory``), ``pipeline-scale`` and
-``pipeline-speed`` (``nacktracker plan`` at scale and against pandas, from ``bench/results/plan-*``).
+Java's PIP-393 tracker, from ``python -m bench.java_anchor --save``), ``seed-table`` (the broker-side
+experiment's workloads, ``bench.memory``), ``pipeline-scale`` and
+``pipeline-speed`` (``nacktracker plan`` at scale and against pandas, from ``bench/results/plan-*``),
+and the plots ``plot-redelivery-error``, ``plot-memory-per-pending``, ``plot-consume-throughput`` (an
+image in ``docs/img/`` drawn from the results files, and where its figures come from: see ``PLOTS``).
 """
 
 from __future__ import annotations
@@ -447,7 +450,9 @@ def _plot_block(name: str, alt: str, sources: Callable[[], str]) -> Callable[[],
 
 
 def _error_sources() -> str:
-    commands = sorted({r["command"] for r in _error_data()["runs"]})
+    # an older run recorded the script's path: shown as it runs today
+    commands = sorted({re.sub(r"^python bench/(\w+)\.py", r"python -m bench.\1", r["command"])
+                       for r in _error_data()["runs"]})
     return ("Each line is one scenario on one broker, the two consumers side by side in the same run: nacks in "
             "waves with a 1 s or 5 s delay, and a steady stream (a nack every 5–10 ms for 3 s). TrackedConsumer "
             "at `precision_bits=0`. From " + " and ".join(f"`{c}`" for c in commands) +
@@ -465,7 +470,9 @@ def _memory_sources() -> str:
     if "bench/results/consumer-memory/results.json" in shown:
         parts.append("whole consumers, TrackedConsumer and the plain client, end to end "
                      "(`python -m bench.consumer_memory --save`)")
-    java = ", ".join(f"{v:g} B at {n:,} pending, bits {b}" for (n, b), v in sorted(JAVA_PUBLISHED.items()))
+    java = "; ".join(f"bits {b}: " + " and ".join(f"{v:g} B per nack at {n:,} pending"
+                                                  for (n, bb), v in sorted(JAVA_PUBLISHED.items()) if bb == b)
+                     for b in sorted({b for _, b in JAVA_PUBLISHED}, reverse=True))
     return ("Points from " + "; ".join(parts) + ". The Java client 4.0.7's PIP-393 tracker, by JOL on 4 ledgers, "
             f"consecutive ids and delays of 1–60 s, is published, not measured here: {java}.")
 
@@ -553,6 +560,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", nargs="?", choices=["render", "record-demo"], default="render")
     p.add_argument("--check", action="store_true", help="change nothing; exit 1 if a block is stale")
+    p.add_argument("--redraw", action="store_true", help="redraw every plot (after a change to how one is drawn)")
     a = p.parse_args(argv)
     if a.command == "record-demo":
         print(f"wrote {record_demo().relative_to(ROOT)}; now run: python -m bench.figures")
@@ -562,7 +570,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         for line in bad:
             print(f"stale: {line}")
         return 1 if bad else 0
-    for path in draw_plots():
+    for path in draw_plots(force=a.redraw):
         print(f"drew {path.relative_to(ROOT)}")
     for doc in DOCS:
         if blocks(doc):
