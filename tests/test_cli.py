@@ -148,6 +148,23 @@ def test_trace_generate_refuses_times_beyond_what_plan_reads_and_says_the_limit(
     assert not (tmp_path / "t").exists()
 
 
+@pytest.mark.parametrize("args, words", [
+    (["--x", "0"], ["--x (nacks per ms) must be integers >= 1", "got 0"]),
+    (["--y", "31"], ["--y (precision bits) must be integers from 0 to 30"]),
+    (["--shares", "1.5"], ["--shares must be numbers above 0 and at most 1", "1.5"]),
+    (["--messages", "0"], ["--messages must be >= 1"]),
+    (["--indexes", "BTree"], ["unknown index 'BTree'"]),
+])
+def test_sweep_refuses_a_bad_grid_in_one_line(tmp_path, args, words):
+    _one_line_error(run_cli("sweep", *args, cwd=tmp_path), *words)
+
+
+def test_plan_refuses_an_output_that_is_a_file(tmp_path):
+    (tmp_path / "report").write_text("mine")
+    proc = run_cli("plan", str(tmp_path / "no-trace"), "--out", str(tmp_path / "report"), cwd=tmp_path)
+    _one_line_error(proc, "is a file: name a folder")
+
+
 def test_the_main_help_lists_each_command_once():
     text = cli.build_parser().format_help()
     for command in ("demo", "bench", "trace", "plan", "sweep"):

@@ -299,6 +299,27 @@ def _plan_argument_problem(args: argparse.Namespace) -> Optional[str]:
     for flag, value in (("--partitions", args.partitions), ("--stream-nacks", args.stream_nacks)):
         if value is not None and value < 1:
             return f"{flag} must be >= 1, got {value}"
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        return f"--out {args.out} is a file: name a folder (it is created if missing)"
+    return None
+
+
+def _sweep_argument_problem(args: argparse.Namespace) -> Optional[str]:
+    """What is wrong with ``sweep``'s grid, as one line naming the option and its limits (None: nothing)."""
+    from ..precision import MAX_BITS
+
+    if not args.x or min(args.x) < 1:
+        return f"--x (nacks per ms) must be integers >= 1, got {_join(args.x) or 'none'}"
+    if not args.y or any(not 0 <= y <= MAX_BITS for y in args.y):
+        return f"--y (precision bits) must be integers from 0 to {MAX_BITS}, got {_join(args.y) or 'none'}"
+    if not args.entries_per_ledger or min(args.entries_per_ledger) < 1:
+        return f"--entries-per-ledger must be integers >= 1, got {_join(args.entries_per_ledger) or 'none'}"
+    if not args.shares or any(not 0 < v <= 1 for v in args.shares):
+        return f"--shares must be numbers above 0 and at most 1, got {_join(args.shares) or 'none'}"
+    if args.messages < 1:
+        return f"--messages must be >= 1, got {args.messages}"
+    if args.out and os.path.exists(args.out) and not os.path.isdir(args.out):
+        return f"--out {args.out} is a file: name a folder (it is created if missing)"
     return None
 
 
@@ -335,6 +356,9 @@ def _sweep(args: argparse.Namespace) -> int:
     from .sweep import INDEXES, child_failure, grid, run_sweep, table, write_outputs
 
     indexes = INDEXES if args.indexes == ["all"] else args.indexes
+    problem = _sweep_argument_problem(args)
+    if problem is not None:
+        return _fail(problem)
     try:
         configs = grid(args.x, args.y, args.entries_per_ledger, args.shares, indexes, args.messages)
     except ValueError as e:
