@@ -537,11 +537,20 @@ def stale(docs: list[Path] = DOCS) -> list[str]:
     return out
 
 
+def _run(command: list[str]) -> "subprocess.CompletedProcess[str]":
+    """``command`` from the checkout's root, its output captured; a failure raises ``SystemExit`` with the
+    end of the command's stderr (what went wrong, in its own words)."""
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-20:])
+        raise SystemExit(f"{' '.join(command[1:])} failed with exit status {proc.returncode}; its stderr ends:\n{tail}")
+    return proc
+
+
 def record_demo() -> Path:
     """Run ``nacktracker demo --json`` (its embedded broker, or ``$PULSAR_URL``) and save the result."""
     before = os.getloadavg()
-    proc = subprocess.run([sys.executable, "-m", "nacktracker.cli", "demo", "--json"], capture_output=True,
-                          text=True, check=True, cwd=ROOT)
+    proc = _run([sys.executable, "-m", "nacktracker.cli", "demo", "--json"])
     after = os.getloadavg()
     result = json.loads(proc.stdout)
     result.pop("url", None)  # a random port: noise in a committed file
