@@ -327,7 +327,9 @@ JAVA_PUBLISHED: dict[tuple[int, int], float] = {(100_000, 8): 6.2, (1_000_000, 8
 
 def _draw_memory(fig: Any, data: dict) -> None:
     ax = fig.add_subplot()
-    markers = iter("os^vDPX*<>")
+    import itertools
+
+    markers = itertools.cycle("os^vDPX*<>ph")
     for s in data["series"]:
         xs, ys = zip(*s["points"])
         if s["style"] == "scatter":
