@@ -111,11 +111,18 @@ def _one_line_error(proc: subprocess.CompletedProcess, *words: str) -> None:
     assert proc.stderr.startswith("nacktracker: error: ") and all(w in proc.stderr for w in words), proc.stderr
 
 
+def run_main(capsys, *args: str) -> subprocess.CompletedProcess:
+    """``nacktracker *args`` in this process (what the subprocess runs, without an interpreter's start)."""
+    code = cli.main(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["nacktracker", *args], code, out, err)
+
+
 def test_trace_generate_onto_an_existing_folder_is_one_line_naming_overwrite(tmp_path):
     (tmp_path / "trace").mkdir()
     proc = run_cli("trace", "generate", "--out", str(tmp_path / "trace"), "--events", "10", cwd=tmp_path)
     _one_line_error(proc, "exists", "--overwrite")
-    proc = run_cli("trace", "generate", "--out", "trace", "--events", "10", "--files", "0", cwd=tmp_path)
+    proc = run_cli("trace", "generate", "--out", str(tmp_path / "new"), "--events", "10", "--files", "0")
     _one_line_error(proc, "--files must be >= 1")
 
 
@@ -127,9 +134,9 @@ def test_trace_generate_onto_an_existing_folder_is_one_line_naming_overwrite(tmp
     (["--partitions", "0"], ["--partitions must be >= 1"]),
     (["--stream-nacks", "-1"], ["--stream-nacks must be >= 1"]),
 ])
-def test_plan_refuses_arguments_out_of_range_in_one_line(tmp_path, args, words):
+def test_plan_refuses_arguments_out_of_range_in_one_line(tmp_path, capsys, args, words):
     """Refused before the trace is read or Spark starts (the trace does not even exist)."""
-    proc = run_cli("plan", str(tmp_path / "no-trace"), "--out", str(tmp_path / "plan"), *args, cwd=tmp_path)
+    proc = run_main(capsys, "plan", str(tmp_path / "no-trace"), "--out", str(tmp_path / "plan"), *args)
     _one_line_error(proc, *words)
     assert not (tmp_path / "plan").exists()
 
@@ -140,10 +147,10 @@ def test_plan_refuses_arguments_out_of_range_in_one_line(tmp_path, args, words):
     (["--delay-ms", str(1 << 62)], ["delay_ms + delay_jitter_ms must be <= 2305843009213693951"]),
     (["--delay-ms", str(1 << 60), "--delay-jitter-ms", str(1 << 61)], ["delay_ms + delay_jitter_ms"]),
 ])
-def test_trace_generate_refuses_times_beyond_what_plan_reads_and_says_the_limit(tmp_path, args, words):
+def test_trace_generate_refuses_times_beyond_what_plan_reads_and_says_the_limit(tmp_path, capsys, args, words):
     """ts_ms + delay_ms of every generated event must fit: a start near 2^63 used to give a trace whose
     plan read nonsense (an int64 overflow). Refused at once, the limit named."""
-    proc = run_cli("trace", "generate", "--out", str(tmp_path / "t"), "--events", "10", *args, cwd=tmp_path)
+    proc = run_main(capsys, "trace", "generate", "--out", str(tmp_path / "t"), "--events", "10", *args)
     _one_line_error(proc, *words)
     assert not (tmp_path / "t").exists()
 
@@ -155,13 +162,13 @@ def test_trace_generate_refuses_times_beyond_what_plan_reads_and_says_the_limit(
     (["--messages", "0"], ["--messages must be >= 1"]),
     (["--indexes", "BTree"], ["unknown index 'BTree'"]),
 ])
-def test_sweep_refuses_a_bad_grid_in_one_line(tmp_path, args, words):
-    _one_line_error(run_cli("sweep", *args, cwd=tmp_path), *words)
+def test_sweep_refuses_a_bad_grid_in_one_line(capsys, args, words):
+    _one_line_error(run_main(capsys, "sweep", *args), *words)
 
 
-def test_plan_refuses_an_output_that_is_a_file(tmp_path):
+def test_plan_refuses_an_output_that_is_a_file(tmp_path, capsys):
     (tmp_path / "report").write_text("mine")
-    proc = run_cli("plan", str(tmp_path / "no-trace"), "--out", str(tmp_path / "report"), cwd=tmp_path)
+    proc = run_main(capsys, "plan", str(tmp_path / "no-trace"), "--out", str(tmp_path / "report"))
     _one_line_error(proc, "is a file: name a folder")
 
 

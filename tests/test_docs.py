@@ -103,6 +103,17 @@ def test_a_results_file_that_changes_makes_its_block_stale(tmp_path, monkeypatch
     assert "README.md: demo" in figures.stale()
 
 
+def test_a_results_file_that_changes_makes_its_plot_stale(tmp_path, monkeypatch):
+    """A plot carries a hash of the figures it draws: one figure moving in its results file makes it stale."""
+    assert figures.stale_plots() == []
+    record = json.loads(figures.INDEX_GRID.read_text())
+    record["rows"][0]["rss_per_pending"] += 1
+    changed = tmp_path / "results.json"
+    changed.write_text(json.dumps(record))
+    monkeypatch.setattr(figures, "INDEX_GRID", changed)
+    assert figures.stale_plots() == ["docs/img/memory-per-pending.png"]
+
+
 def test_an_unknown_block_name_is_an_error(tmp_path):
     doc = tmp_path / "page.md"
     doc.write_text("<!-- figures:nope -->\n<!-- /figures:nope -->\n")
