@@ -172,6 +172,15 @@ def test_plan_refuses_an_output_that_is_a_file(tmp_path, capsys):
     _one_line_error(proc, "is a file: name a folder")
 
 
+@pytest.mark.parametrize("args, words", [
+    (["--events", "0"], ["trace: events must be >= 1, got 0"]),
+    (["--events", "5", "--nack-share", "2"], ["trace: nack_share must be above 0 and at most 1, got 2.0"]),
+    (["--events", "5", "--renack-share", "1"], ["trace: renack_share must be at least 0 and below 1"]),
+])
+def test_trace_generate_names_each_bad_option_with_its_limit(tmp_path, capsys, args, words):
+    _one_line_error(run_main(capsys, "trace", "generate", "--out", str(tmp_path / "t"), *args), *words)
+
+
 def test_the_main_help_lists_each_command_once():
     text = cli.build_parser().format_help()
     for command in ("demo", "bench", "trace", "plan", "sweep"):

@@ -60,18 +60,19 @@ class TraceSpec:
     start_ms: int = 1_700_000_000_000
 
     def __post_init__(self) -> None:
-        checks = [
-            ("events", self.events >= 1), ("consumers", self.consumers >= 1),
-            ("rate", self.rate > 0), ("rate_spread", self.rate_spread > 0),
-            ("delay_ms", self.delay_ms >= 0), ("delay_jitter_ms", self.delay_jitter_ms >= 0),
-            ("entries_per_ledger", self.entries_per_ledger >= 1),
-            ("nack_share", 0 < self.nack_share <= 1), ("batch_size", self.batch_size >= 1),
-            ("renack_share", 0 <= self.renack_share < 1), ("topics", self.topics >= 1),
-            ("start_ms", self.start_ms >= 0),
+        checks = [  # (field, holds, what it must be)
+            ("events", self.events >= 1, ">= 1"), ("consumers", self.consumers >= 1, ">= 1"),
+            ("rate", self.rate > 0, "> 0 (nacks per second)"), ("rate_spread", self.rate_spread > 0, "> 0"),
+            ("delay_ms", self.delay_ms >= 0, ">= 0"), ("delay_jitter_ms", self.delay_jitter_ms >= 0, ">= 0"),
+            ("entries_per_ledger", self.entries_per_ledger >= 1, ">= 1"),
+            ("nack_share", 0 < self.nack_share <= 1, "above 0 and at most 1"),
+            ("batch_size", self.batch_size >= 1, ">= 1"),
+            ("renack_share", 0 <= self.renack_share < 1, "at least 0 and below 1"), ("topics", self.topics >= 1, ">= 1"),
+            ("start_ms", self.start_ms >= 0, ">= 0"),
         ]
-        for name, ok in checks:
-            if not ok:
-                raise ValueError(f"trace: bad {name}={getattr(self, name)!r}")
+        for name, ok, limit in checks:
+            if not ok:  # the command line's option of the same name: --events, --rate-spread, ...
+                raise ValueError(f"trace: {name} must be {limit}, got {getattr(self, name)!r}")
         if self.delay_ms + self.delay_jitter_ms > MAX_TIME_MS:
             raise ValueError(f"trace: delay_ms + delay_jitter_ms must be <= {MAX_TIME_MS} (2^61 - 1 ms, the largest "
                              f"delay plan reads), got {self.delay_ms + self.delay_jitter_ms}")
