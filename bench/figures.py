@@ -309,11 +309,12 @@ def _memory_data() -> dict:
     consumer = ROOT / "bench" / "results" / "consumer-memory" / "results.json"  # bench.consumer_memory --save
     if consumer.exists():
         runs = _load(consumer)["runs"]
+        names = {"tracked": "TrackedConsumer", "plain": "plain pulsar.asyncio.Consumer",
+                 "kept": "plain consumer keeping each message, no nack"}
         for key, run in sorted(runs.items()):
             kind, topic = key.split(" ", 1)
-            name = "TrackedConsumer" if kind == "tracked" else "plain pulsar.asyncio.Consumer"
-            series.append({"label": f"{name}, end to end, {topic} (RSS)",
-                           "points": [(run["messages"], run["rss_per_nack"])],
+            series.append({"label": f"{names.get(kind, kind)}, end to end, {topic} (RSS)",
+                           "points": [(run["messages"] // run.get("nack_every", 1), run["rss_per_nack"])],
                            "source": "bench/results/consumer-memory/results.json", "style": "consumer"})
     return {"series": series}
 
