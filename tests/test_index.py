@@ -474,6 +474,43 @@ def test_state_stays_whole_under_a_hook_reading_frame_locals(bits):
     assert idx.pop_due(2**62) == ref.pop_due(2**62) and len(idx) == 0
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("bits", [0, 8])
+def test_bulk_pops_stay_whole_under_a_hook_reading_frame_locals(bits):
+    """The tracker fires through ``pop_due_bitmaps``: 60,000 adds over 16 ledgers, then 600
+    pops under a hook reading the index's ``f_locals`` at a random ~20% of C calls. A window
+    sorted across its segments in a memory-mapped scratch array once closed that map while the
+    frame's locals dict still held a view of it (BufferError halfway through a pop, and the
+    pops after it differing from DictIndex)."""
+    rng, sample = random.Random(bits + 1), random.Random(bits)
+
+    def hook(frame, event, arg):
+        if event == "c_call" and sample.random() < 0.2:
+            while frame is not None:
+                if frame.f_code.co_filename.startswith(INDEX_DIR):
+                    frame.f_locals  # noqa: B018  (the read is the point)
+                frame = frame.f_back
+
+    idx, ref = TimeBucketIndex(precision_bits=bits), DictIndex(precision_bits=bits)
+    for i in range(60_000):
+        ledger, due = rng.randrange(16), rng.randrange(1, 60_000)
+        idx.add(ledger, i, due)
+        ref.add(ledger, i, due)
+    old = sys.getprofile()
+    sys.setprofile(hook)  # on the pops only (the adds' own paths: the test above)
+    differing = []
+    try:
+        for p in range(1, 601):
+            got = sorted((ledger, e) for _, ledger, bm in idx.pop_due_bitmaps(p * 100) for e in bm)
+            if got != sorted(tuple(k) for k in ref.pop_due(p * 100)):
+                differing.append(p)
+    finally:
+        sys.setprofile(old)
+    assert not differing, differing[:5]
+    assert len(idx) == len(ref) == 0
+
+
 def test_bucket_of_refuses_a_bad_due_time_naming_it():
     idx = TimeBucketIndex(precision_bits=0)
     with pytest.raises(TypeError, match=r"^due_ms must be an int, not float$"):

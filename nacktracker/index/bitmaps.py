@@ -42,9 +42,9 @@ def sort_across(parts: list[U64Array]) -> None:
     for part in parts:
         part[:] = scratch[at:at + len(part)]
         at += len(part)
-    del scratch
-    if buf is not None:
-        buf.close()
+    # No buf.close(): a profiler or debugger that read this frame's f_locals keeps a view of
+    # the map in that dict (Python 3.11), and close() would raise BufferError halfway through a
+    # pop. The map is unmapped when its last view goes, at the latest with this frame.
 
 
 def has(bm: Cell, entry_id: int) -> bool:
