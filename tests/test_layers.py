@@ -34,6 +34,7 @@ PULSAR_IMPORTERS = {
     "adapters/pulsar.py": "the adapter: the one redelivery path into the client",
     "adapters/client_close.py": "the client's close, through its blocking close: no callback outlives it",
     "consumer/shell.py": "the consumer's Pulsar shell",
+    "sync.py": "the synchronous face: takes the sync pulsar.Client and hands out its Messages",
     "consumer/direct.py": "the shell's receives and acks straight into the client's C++ consumer",
     "consumer/subscription.py": "subscribe() makes the client's consumer",
     "consumer/ids.py": "keys of pulsar Messages and MessageIds, seek targets",

@@ -1,0 +1,349 @@
+"""The synchronous face: :func:`subscribe` for code that uses ``pulsar.Client``.
+
+``nacktracker.sync.subscribe(client, topic, subscription, **options)`` returns a
+:class:`SyncConsumer`: the sync ``pulsar.Consumer``'s methods and signatures
+(``receive(timeout_millis=None)``, ``batch_receive()``, ``acknowledge``,
+``negative_acknowledge(msg, delay_ms=None)``, ...) plus ``reconsume_later`` and
+``dead_letter(reason=...)``, with every option and guarantee of
+:class:`~nacktracker.TrackedConsumer` -- because it *is* one, run for you:
+
+* Each sync consumer owns one event-loop thread (``nacktracker-sync-loop``). Its
+  :class:`~nacktracker.TrackedConsumer` (receive pump, tracker timer, release timer,
+  letters, snapshots) lives there, over a ``pulsar.asyncio.Client`` that wraps the
+  *same* C++ client as the user's ``pulsar.Client`` (``pulsar.asyncio.Client`` is a
+  thin face over that object too: no second connection, the user's auth/TLS/settings
+  apply). There is no second copy of the delivery logic: each method hands its call
+  to the loop and waits for the answer in the caller's thread, where errors are raised.
+* ``message_listener=callable(consumer, msg)``: a listener thread
+  (``nacktracker-sync-listener``) receives and calls it, one message at a time, as the
+  sync client calls its own; ``consumer`` is the :class:`SyncConsumer` (its acks and
+  nacks go through the tracker).
+* ``close()`` from any thread (the listener's too) stops both threads; a
+  ``KeyboardInterrupt`` in ``receive`` cancels the waiting call (no message lost: it
+  stays in the consumer's queue) and the threads are daemons closed at interpreter
+  exit, so nothing is left running. The cost: docs/design.md ("The synchronous face").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+import re
+import threading
+import weakref
+from typing import Any, Awaitable, Callable, Optional, TypeVar, Union
+
+import pulsar
+import pulsar.asyncio as pulsar_asyncio
+
+from .consumer.errors import ConsumerClosed
+from .consumer.shell import TrackedConsumer
+from .consumer.subscription import subscribe as subscribe_async
+
+__all__ = ["subscribe", "SyncConsumer"]
+
+log = logging.getLogger("nacktracker.sync")
+
+T = TypeVar("T")
+Listener = Callable[["SyncConsumer", pulsar.Message], None]
+
+#: How often a waiting call wakes up so that the main thread handles signals (KeyboardInterrupt).
+_SIGNAL_CHECK_S = 0.1
+
+_open: weakref.WeakSet[SyncConsumer] = weakref.WeakSet()  # closed at interpreter exit (atexit below)
+
+
+def _asyncio_client(client: pulsar.Client) -> pulsar_asyncio.Client:
+    """A ``pulsar.asyncio.Client`` over ``client``'s own C++ client. ``pulsar.asyncio.Client.__init__``
+    does nothing else than build a ``pulsar.Client`` and keep its ``_client`` (pulsar-client 3.x), so
+    this is the object it would make, minus a second connection pool; closing it is not done here
+    (the user's client owns the connection)."""
+    raw = getattr(client, "_client", None)
+    if raw is None:
+        raise TypeError("this pulsar.Client has no underlying client (pulsar-client 3.x lays it out as _client)")
+    wrapper = pulsar_asyncio.Client.__new__(pulsar_asyncio.Client)
+    wrapper._client = raw
+    return wrapper
+
+
+class _LoopThread:
+    """One event loop on a daemon thread: where a sync consumer's TrackedConsumer lives."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        started = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(started,), name="nacktracker-sync-loop", daemon=True)
+        self.thread.start()
+        started.wait()
+
+    def _run(self, started: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.call_soon(started.set)
+        try:
+            self.loop.run_forever()
+        finally:
+            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            self.loop.close()
+
+    def call(self, make: Callable[[], Awaitable[T]]) -> T:
+        """Run ``make()`` (a coroutine) on the loop; wait for it here; raise its error here.
+        Interrupted (``KeyboardInterrupt``), the coroutine is cancelled before the interrupt goes on."""
+        if threading.current_thread() is self.thread:
+            raise RuntimeError("a nacktracker.sync consumer's method was called on its own loop thread")
+
+        async def run() -> T:
+            return await make()
+
+        future = asyncio.run_coroutine_threadsafe(run(), self.loop)
+        try:
+            while True:
+                # in slices: a Ctrl-C delivered to another thread (the C++ client's) is handled in the main
+                # thread only when it runs Python code, as pulsar.Consumer.receive checks signals too
+                try:
+                    return future.result(_SIGNAL_CHECK_S)
+                except TimeoutError:
+                    if future.done():  # the call's own TimeoutError
+                        raise
+        except BaseException:
+            future.cancel()
+            raise
+
+    def stop(self) -> None:
+        if self.loop.is_closed():
+            return
+        try:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        except RuntimeError:  # closed meanwhile
+            return
+        if threading.current_thread() is not self.thread:
+            self.thread.join()
+
+
+class SyncConsumer:
+    """A sync ``pulsar.Consumer`` with exact, tracked negative acks (made by :func:`subscribe`).
+
+    Every method may be called from any thread; each waits for its answer (a ``pulsar.Consumer`` does
+    too) and raises its error in the calling thread. Same methods as ``pulsar.Consumer``, each taking
+    a Message or its id where the client does, plus ``negative_acknowledge(msg, delay_ms=...)``,
+    ``reconsume_later``, ``dead_letter`` and ``stats()`` (:class:`~nacktracker.TrackedConsumer`'s).
+    After :meth:`close` every call that would reach the broker raises
+    :class:`~nacktracker.ConsumerClosed`. Usable as a context manager (closes on exit).
+    """
+
+    def __init__(self, runner: _LoopThread, tracked: TrackedConsumer, listener: Optional[Listener]) -> None:
+        self._runner = runner
+        self._tracked = tracked
+        self._closing = threading.Lock()
+        self._closed = False
+        self._listener = listener
+        self._listening = threading.Event()  # cleared by pause_message_listener()
+        self._listening.set()
+        self._listener_thread: Optional[threading.Thread] = None
+        if listener is not None:
+            self._listener_thread = threading.Thread(target=self._listen, name="nacktracker-sync-listener",
+                                                     daemon=True)
+            self._listener_thread.start()
+        _open.add(self)
+
+    @property
+    def tracked(self) -> TrackedConsumer:
+        """The :class:`~nacktracker.TrackedConsumer` doing the work (it lives on the loop thread: use
+        it only there, e.g. to instrument it before traffic; the methods here are the thread-safe way)."""
+        return self._tracked
+
+    def _call(self, make: Callable[[], Awaitable[T]]) -> T:
+        if self._closed:
+            raise ConsumerClosed()
+        return self._runner.call(make)
+
+    # -- receiving -------------------------------------------------------------------
+
+    def receive(self, timeout_millis: Optional[int] = None) -> pulsar.Message:
+        """The next message, as ``pulsar.Consumer.receive``: waits until one comes, or raises
+        :class:`~nacktracker.ReceiveTimeout` (a ``pulsar.Timeout``) after ``timeout_millis``.
+        With a ``message_listener`` the listener receives: ``pulsar.InvalidConfiguration``, as the client."""
+        if self._listener is not None and threading.current_thread() is not self._listener_thread:
+            raise pulsar.InvalidConfiguration("Can not receive when a listener has been set")
+        return self._call(lambda: self._tracked.receive(timeout_millis))
+
+    def batch_receive(self) -> list[pulsar.Message]:
+        """As ``pulsar.Consumer.batch_receive`` with ``batch_receive_policy`` (see
+        :meth:`TrackedConsumer.batch_receive <nacktracker.TrackedConsumer.batch_receive>`)."""
+        return self._call(self._tracked.batch_receive)
+
+    def _listen(self) -> None:
+        listener = self._listener
+        assert listener is not None
+        while not self._closed:
+            self._listening.wait()
+            if self._closed:
+                break
+            try:
+                msg = self.receive()
+            except ConsumerClosed:
+                break
+            except Exception as exc:  # the pump failed (the client closed underneath): nothing more comes
+                if not self._closed:
+                    log.warning("message listener stops: receive failed: %r", exc)
+                break
+            try:
+                listener(self, msg)
+            except Exception:  # as the client: a failing listener does not stop the deliveries
+                log.exception("message_listener raised")
+
+    def pause_message_listener(self) -> None:
+        """Stop calling the listener after the message it is handling (a receive already waiting hands over
+        its message first)."""
+        self._listening.clear()
+
+    def resume_message_listener(self) -> None:
+        self._listening.set()
+
+    # -- acknowledging ---------------------------------------------------------------
+
+    def acknowledge(self, message: Any) -> None:
+        """Acknowledge a Message or its id (cancels its pending nack); see ``TrackedConsumer.acknowledge``."""
+        self._call(lambda: self._tracked.acknowledge(message))
+
+    def acknowledge_cumulative(self, message: Any) -> None:
+        """As ``pulsar.Consumer.acknowledge_cumulative`` (not on Shared subscriptions)."""
+        self._call(lambda: self._tracked.acknowledge_cumulative(message))
+
+    def negative_acknowledge(self, message: Any, delay_ms: Optional[int] = None) -> None:
+        """Redeliver a Message (or its id) after ``delay_ms`` (default: the backoff for its redelivery count,
+        else the consumer's ``delay_ms``), exactly at its due time with ``precision_bits=0``; dead-lettered
+        once its count reaches ``max_redeliveries``. Never blocks on the broker."""
+        self._call(lambda: self._tracked.negative_acknowledge(message, delay_ms))
+
+    def reconsume_later(self, message: Any, delay_ms: Optional[int] = None,
+                        properties: Optional[dict[str, str]] = None) -> None:
+        """Java's ``reconsumeLater`` (needs ``enable_retry=True``): see docs/retries.md."""
+        self._call(lambda: self._tracked.reconsume_later(message, delay_ms, properties))
+
+    def dead_letter(self, message: Any, reason: str, exception: Optional[BaseException] = None) -> None:
+        """A terminal nack: publish ``message`` to the dead-letter topic now, with ``reason``."""
+        self._call(lambda: self._tracked.dead_letter(message, reason, exception))
+
+    # -- the rest of the consumer API ------------------------------------------------
+
+    def seek(self, messageid: Union[pulsar.Message, pulsar.MessageId, int]) -> None:
+        self._call(lambda: self._tracked.seek(messageid))
+
+    def get_last_message_id(self) -> Any:
+        return self._call(self._tracked.get_last_message_id)
+
+    def redeliver_unacknowledged_messages(self) -> None:
+        self._call(self._async(self._tracked.redeliver_unacknowledged_messages))
+
+    def stats(self) -> dict[str, Any]:
+        """:meth:`TrackedConsumer.stats <nacktracker.TrackedConsumer.stats>`, read on the loop thread."""
+        if self._closed:
+            return self._tracked.stats()  # nothing moves any more
+        return self._call(self._async(self._tracked.stats))
+
+    @staticmethod
+    def _async(fn: Callable[[], T]) -> Callable[[], Awaitable[T]]:
+        async def run() -> T:
+            return fn()
+        return run
+
+    def topic(self) -> str:
+        return self._tracked.topic()
+
+    def subscription_name(self) -> str:
+        return self._tracked.subscription_name()
+
+    def consumer_name(self) -> str:
+        return self._tracked.consumer_name()
+
+    def is_connected(self) -> bool:
+        return not self._closed
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def unsubscribe(self) -> None:
+        """Unsubscribe, then stop as :meth:`close` does."""
+        self._call(self._tracked.unsubscribe)
+        self._finish(self._tracked.close)
+
+    def close(self) -> None:
+        """Close the consumer (see ``TrackedConsumer.close``), then its loop and listener threads.
+        Idempotent; from any thread, the listener's included."""
+        self._finish(self._tracked.close)
+
+    def _finish(self, close: Callable[[], Awaitable[None]]) -> None:
+        with self._closing:
+            if self._closed:
+                return
+            self._closed = True
+            self._listening.set()  # a paused listener thread wakes up and ends
+            try:
+                self._runner.call(close)
+            finally:
+                self._runner.stop()
+                _open.discard(self)
+        thread = self._listener_thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def __enter__(self) -> SyncConsumer:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SyncConsumer(topic={self.topic()!r}, subscription={self.subscription_name()!r}, closed={self._closed})"
+
+
+def subscribe(client: pulsar.Client, topic: Union[str, list[str], re.Pattern[str]], subscription: str, *,
+              message_listener: Optional[Listener] = None, **options: Any) -> SyncConsumer:
+    """Subscribe with a sync ``pulsar.Client`` and return a :class:`SyncConsumer`.
+
+    ``options``: those of :func:`nacktracker.subscribe` (``delay_ms``, ``precision_bits``, ``backoff``,
+    ``max_redeliveries``, ``dead_letter_topic``, ``enable_retry``, ``ack_timeout_ms``, ``snapshot_path``,
+    ...) and pulsar-client's own subscribe options, checked the same way. ``topic``: a name, a list of
+    names, or a compiled regex (a pattern subscription). ``message_listener``: called as
+    ``message_listener(consumer, msg)`` on the consumer's listener thread.
+
+    >>> client = pulsar.Client(url)                                           # doctest: +SKIP
+    >>> consumer = nacktracker.sync.subscribe(client, "t", "sub", delay_ms=500)
+    >>> msg = consumer.receive()
+    >>> consumer.negative_acknowledge(msg, delay_ms=1000)
+    """
+    if not isinstance(client, pulsar.Client):
+        if isinstance(client, pulsar_asyncio.Client):
+            raise TypeError("nacktracker.sync.subscribe takes the synchronous pulsar.Client; "
+                            "for a pulsar.asyncio.Client use nacktracker.subscribe")
+        raise TypeError(f"client must be a pulsar.Client, not {type(client).__name__}")
+    if message_listener is not None and not callable(message_listener):
+        raise TypeError(f"message_listener must be callable(consumer, msg), not {type(message_listener).__name__}")
+    if options.pop("pattern_auto_discovery_period", None) not in (None, 60):
+        raise TypeError("pattern_auto_discovery_period is not supported (pulsar.asyncio has no such option)")
+    if isinstance(topic, re.Pattern):
+        topic = topic.pattern
+        options["is_pattern_topic"] = True
+    aclient = _asyncio_client(client)
+    runner = _LoopThread()
+    try:
+        tracked = runner.call(lambda: subscribe_async(aclient, topic, subscription, **options))
+    except BaseException:
+        runner.stop()
+        raise
+    return SyncConsumer(runner, tracked, message_listener)
+
+
+def _close_all() -> None:
+    """At interpreter exit: close what the program left open (its loop threads are daemons; this lets
+    their consumers hand back what they hold and save their snapshots first)."""
+    for consumer in list(_open):
+        try:
+            consumer.close()
+        except Exception as exc:  # exit goes on
+            log.debug("closing %r at exit failed: %r", consumer, exc)
+
+
+atexit.register(_close_all)

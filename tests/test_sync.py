@@ -1,0 +1,332 @@
+"""The synchronous face (``nacktracker.sync``) on both brokers.
+
+The guarantees that hold for both faces run over the ``face`` fixture: ``async`` is
+``nacktracker.subscribe`` on a ``pulsar.asyncio.Client``; ``sync`` is
+``nacktracker.sync.subscribe`` on a ``pulsar.Client``, its blocking calls made from
+worker threads (``asyncio.to_thread``: the sync consumer is called from threads other
+than the one that made it). Times are read on ``time.monotonic`` (the loop's clock).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from typing import Any
+
+import pytest
+
+import nacktracker
+import nacktracker.sync
+from conftest import quiet_logger
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def now_ms() -> float:
+    return time.monotonic() * 1000
+
+
+class ThreadedView:
+    """A :class:`nacktracker.sync.SyncConsumer` seen through awaitable calls, each run on a worker thread."""
+
+    def __init__(self, consumer: nacktracker.sync.SyncConsumer) -> None:
+        self.sync = consumer
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.sync, name)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            return await asyncio.to_thread(method, *args, **kwargs)
+        return call
+
+
+@pytest.fixture(params=["async", "sync"])
+async def face(request, broker_url):
+    """``await face(topic, subscription, **options)``: a subscribed consumer with awaitable methods, of the
+    async face (a TrackedConsumer) or the sync face (a SyncConsumer called from worker threads)."""
+    import pulsar
+    import pulsar.asyncio
+
+    made: list[Any] = []
+    if request.param == "async":
+        client: Any = pulsar.asyncio.Client(broker_url, logger=quiet_logger(), operation_timeout_seconds=10)
+    else:
+        client = pulsar.Client(broker_url, logger=quiet_logger(), operation_timeout_seconds=10)
+
+    async def make(topic: str, subscription: str, **options: Any) -> Any:
+        options.setdefault("initial_position", pulsar.InitialPosition.Earliest)
+        if request.param == "async":
+            consumer = await nacktracker.subscribe(client, topic, subscription, **options)
+            made.append(consumer.close)
+            return consumer
+        consumer = await asyncio.to_thread(nacktracker.sync.subscribe, client, topic, subscription, **options)
+        made.append(lambda: asyncio.to_thread(consumer.close))
+        return ThreadedView(consumer)
+
+    make.kind = request.param  # type: ignore[attr-defined]
+    yield make
+    for close in made:
+        await close()
+    if request.param == "async":
+        await client.close()
+    else:
+        await asyncio.to_thread(client.close)
+
+
+@pytest.fixture
+def sync_client(broker_url):
+    import pulsar
+
+    client = pulsar.Client(broker_url, logger=quiet_logger(), operation_timeout_seconds=10)
+    yield client
+    client.close()
+
+
+def publish(client: Any, topic: str, payloads: list[bytes]) -> None:
+    producer = client.create_producer(topic, batching_enabled=False)
+    for payload in payloads:
+        producer.send(payload)
+    producer.close()
+
+
+async def publish_async(broker_url: str, topic: str, payloads: list[bytes]) -> None:
+    import pulsar
+
+    def run() -> None:
+        client = pulsar.Client(broker_url, logger=quiet_logger())
+        try:
+            publish(client, topic, payloads)
+        finally:
+            client.close()
+    await asyncio.to_thread(run)
+
+
+async def test_forty_nacks_with_their_own_delays_come_back_on_time(face, broker_url, topic):
+    name = topic("sync-nacks")
+    consumer = await face(name, "s")
+    await publish_async(broker_url, name, [f"m{i}".encode() for i in range(40)])
+    rng = random.Random(7)
+    due: dict[bytes, tuple[float, float]] = {}
+    for _ in range(40):
+        msg = await consumer.receive(10_000)
+        delay = rng.randint(200, 1000)
+        before = now_ms()
+        await consumer.negative_acknowledge(msg, delay_ms=delay)
+        due[msg.data()] = (before + delay, now_ms() + delay)
+    late: list[float] = []
+    while len(late) < 40:
+        msg = await consumer.receive(10_000)
+        arrived = now_ms()
+        earliest, latest = due.pop(msg.data())
+        assert arrived >= latest - 2, f"{msg.data()!r} came {latest - arrived:.1f} ms early"
+        late.append(arrived - earliest)
+        await consumer.acknowledge(msg)
+    late.sort()
+    p99 = late[int(0.99 * (len(late) - 1))]
+    assert p99 <= 10, f"p99 lateness {p99:.1f} ms (all: {[round(x, 1) for x in late]})"
+
+
+async def test_max_redeliveries_two_is_three_deliveries_then_one_dead_letter(face, broker_url, topic,
+                                                                             sync_client):
+    import pulsar
+
+    name = topic("sync-dlq")
+    dlq = name + "-s-DLQ"
+    reader = sync_client.subscribe(dlq, "reader", initial_position=pulsar.InitialPosition.Earliest)
+    consumer = await face(name, "s", max_redeliveries=2, dead_letter_topic=dlq, delay_ms=200)
+    await publish_async(broker_url, name, [b"poison"])
+    deliveries = 0
+    while True:
+        try:
+            msg = await consumer.receive(2_000)
+        except pulsar.Timeout:
+            break
+        deliveries += 1
+        await consumer.negative_acknowledge(msg)
+    assert deliveries == 3
+    letter = await asyncio.to_thread(reader.receive, 5_000)
+    assert letter.data() == b"poison"
+    reader.acknowledge(letter)
+    with pytest.raises(pulsar.Timeout):
+        await asyncio.to_thread(reader.receive, 500)
+    reader.close()
+
+
+async def test_reconsume_later_comes_back_at_its_time_with_its_count(face, broker_url, topic):
+    name = topic("sync-retry")
+    consumer = await face(name, "s", enable_retry=True)
+    await publish_async(broker_url, name, [b"again"])
+    msg = await consumer.receive(10_000)
+    before = now_ms()
+    await consumer.reconsume_later(msg, delay_ms=500)
+    after = now_ms()
+    back = await consumer.receive(10_000)
+    arrived = now_ms()
+    assert back.data() == b"again"
+    assert back.properties()["RECONSUMETIMES"] == "1"
+    assert after + 500 - 2 <= arrived <= before + 500 + 15, f"back at +{arrived - before:.1f} ms"
+    await consumer.acknowledge(back)
+
+
+async def test_a_steady_stream_of_nacks_does_not_postpone_the_first_redelivery(face, broker_url, topic):
+    """A nack every 5-10 ms for 3 s (delay 200 ms) while a receiver takes everything that comes."""
+    import pulsar
+
+    name = topic("sync-stream")
+    consumer = await face(name, "s", delay_ms=200)
+    await publish_async(broker_url, name, [f"m{i}".encode() for i in range(600)])
+    rng = random.Random(3)
+    fresh: asyncio.Queue[Any] = asyncio.Queue()
+    nacked_at: dict[bytes, float] = {}
+    arrived: dict[bytes, float] = {}
+    streaming = True
+
+    async def receiver() -> None:
+        while streaming:
+            try:
+                msg = await consumer.receive(200)
+            except pulsar.Timeout:
+                continue
+            if msg.data() in nacked_at:
+                arrived.setdefault(msg.data(), now_ms())
+                await consumer.acknowledge(msg)
+            else:
+                fresh.put_nowait(msg)
+
+    task = asyncio.get_running_loop().create_task(receiver())
+    try:
+        start = now_ms()
+        while now_ms() - start < 3_000:
+            msg = await asyncio.wait_for(fresh.get(), 5)
+            nacked_at[msg.data()] = now_ms()
+            await consumer.negative_acknowledge(msg)
+            await asyncio.sleep(rng.uniform(0.005, 0.010))
+    finally:
+        streaming = False
+        await task
+    first_nacked = min(nacked_at, key=nacked_at.__getitem__)
+    assert first_nacked in arrived, "the first nacked message never came back during the stream"
+    first = arrived[first_nacked] - nacked_at[first_nacked]
+    assert first <= 260, f"first redelivery after {first:.1f} ms"
+    during = [k for k in arrived if arrived[k] < start + 3_000]
+    assert len(during) > 100, f"only {len(during)} redeliveries during the stream"
+
+
+# -- the sync face alone -----------------------------------------------------------------
+
+
+def test_a_listener_that_nacks_then_acks_gets_every_message_on_time(broker_url, topic, sync_client):
+    import pulsar
+
+    name = topic("sync-listener")
+    n, delay = 20, 300
+    lock = threading.Lock()
+    done = threading.Event()
+    nacked_at: dict[bytes, float] = {}
+    errors: list[float] = []
+    acked: set[bytes] = set()
+    threads: set[str] = set()
+
+    def listener(consumer: nacktracker.sync.SyncConsumer, msg: pulsar.Message) -> None:
+        threads.add(threading.current_thread().name)
+        data = msg.data()
+        if data not in nacked_at:
+            before = now_ms()
+            consumer.negative_acknowledge(msg, delay_ms=delay)
+            nacked_at[data] = before
+            return
+        errors.append(now_ms() - (nacked_at[data] + delay))
+        consumer.acknowledge(msg)
+        with lock:
+            acked.add(data)
+            if len(acked) == n:
+                done.set()
+
+    consumer = nacktracker.sync.subscribe(sync_client, name, "s", message_listener=listener,
+                                          initial_position=pulsar.InitialPosition.Earliest)
+    try:
+        with pytest.raises(pulsar.InvalidConfiguration):
+            consumer.receive(10)
+        publish(sync_client, name, [f"m{i}".encode() for i in range(n)])
+        assert done.wait(20), f"acked only {len(acked)} of {n}"
+    finally:
+        consumer.close()
+    assert threads == {"nacktracker-sync-listener"}
+    assert max(errors) <= 15 and min(errors) >= -2, sorted(errors)
+    assert not [t for t in threading.enumerate() if t.name.startswith("nacktracker-sync")]
+
+
+def test_a_sync_consumer_is_safe_from_any_thread_and_closes_from_another(broker_url, topic, sync_client):
+    import pulsar
+
+    name = topic("sync-threads")
+    consumer = nacktracker.sync.subscribe(sync_client, name, "s", initial_position=pulsar.InitialPosition.Earliest)
+    publish(sync_client, name, [f"m{i}".encode() for i in range(50)])
+    got: list[bytes] = []
+
+    def work() -> None:
+        while True:
+            try:
+                msg = consumer.receive()
+            except nacktracker.ConsumerClosed:
+                return
+            got.append(msg.data())
+            consumer.acknowledge(msg.message_id())  # by id, as the client allows
+
+    workers = [threading.Thread(target=work) for _ in range(3)]
+    for w in workers:
+        w.start()
+    deadline = time.monotonic() + 10
+    while len(got) < 50 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    threading.Thread(target=consumer.close).start()  # close from yet another thread wakes the receivers
+    for w in workers:
+        w.join(5)
+        assert not w.is_alive()
+    assert sorted(got) == sorted(f"m{i}".encode() for i in range(50))
+    with pytest.raises(nacktracker.ConsumerClosed):
+        consumer.acknowledge(b"")
+    assert consumer.topic() == name and consumer.subscription_name() == "s"
+
+
+def test_wrong_clients_and_options_are_refused_in_the_callers_thread(broker_url, topic, sync_client):
+    import pulsar.asyncio
+
+    async def async_client() -> Any:
+        return pulsar.asyncio.Client(broker_url, logger=quiet_logger())
+
+    with pytest.raises(TypeError, match="nacktracker.subscribe"):
+        nacktracker.sync.subscribe(asyncio.run(async_client()), topic(), "s")
+    with pytest.raises(TypeError, match="pulsar.Client"):
+        nacktracker.sync.subscribe("pulsar://x", topic(), "s")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="delay_mss"):
+        nacktracker.sync.subscribe(sync_client, topic(), "s", delay_mss=5)
+    assert not [t for t in threading.enumerate() if t.name.startswith("nacktracker-sync")]
+
+
+def test_a_keyboard_interrupt_in_receive_leaves_nothing_running(broker_url, topic):
+    """A program interrupted in ``receive`` (Ctrl-C) exits at once, with no thread of ours left."""
+    import signal
+    import subprocess
+    import sys
+
+    code = f"""
+import os, signal, threading, pulsar, nacktracker.sync
+client = pulsar.Client({broker_url!r}, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+consumer = nacktracker.sync.subscribe(client, {topic('sync-int')!r}, "s")
+threading.Timer(0.3, os.kill, args=(os.getpid(), signal.SIGINT)).start()  # as Ctrl-C: to the process
+try:
+    consumer.receive()
+except KeyboardInterrupt:
+    print("interrupted", consumer.closed)
+    raise
+"""
+    started = time.monotonic()
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "interrupted False" in run.stdout, run.stderr
+    assert "KeyboardInterrupt" in run.stderr
+    assert run.returncode == -signal.SIGINT, run.stderr  # Python's exit on an uncaught KeyboardInterrupt
+    assert "Exception ignored" not in run.stderr and "Traceback" in run.stderr
+    assert time.monotonic() - started < 30
