@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
 import logging
 import re
 import threading
 import weakref
 from typing import Any, Awaitable, Callable, Optional, TypeVar, Union
 
+import _pulsar
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
@@ -47,6 +49,12 @@ log = logging.getLogger("nacktracker.sync")
 
 T = TypeVar("T")
 Listener = Callable[["SyncConsumer", pulsar.Message], None]
+
+#: At most this many messages a receive takes from the loop at once, beyond the one it returns: the next
+#: receives find them here without a thread hop (they count as received, as the client's queue does).
+HANDOFF = 16
+#: What acknowledge() takes (checked in the caller's thread; the rest is checked on the loop).
+ACKABLE = (pulsar.Message, pulsar.MessageId, _pulsar.Message, _pulsar.MessageId)
 
 #: How often a waiting call wakes up so that the main thread handles signals (KeyboardInterrupt).
 _SIGNAL_CHECK_S = 0.1
@@ -140,6 +148,11 @@ class SyncConsumer:
         self._listening = threading.Event()  # cleared by pause_message_listener()
         self._listening.set()
         self._listener_thread: Optional[threading.Thread] = None
+        self._ready: collections.deque[pulsar.Message] = collections.deque()  # taken from the loop, in order
+        self._acks: list[Any] = []  # acknowledged here, not yet on the loop (see acknowledge)
+        self._acks_lock = threading.Lock()
+        self._acks_scheduled = False
+        self.ack_failures = 0
         if listener is not None:
             self._listener_thread = threading.Thread(target=self._listen, name="nacktracker-sync-listener",
                                                      daemon=True)
@@ -153,9 +166,15 @@ class SyncConsumer:
         return self._tracked
 
     def _call(self, make: Callable[[], Awaitable[T]]) -> T:
+        """Run ``make()`` on the loop after the acks made before it (calls keep their order)."""
         if self._closed:
             raise ConsumerClosed()
-        return self._runner.call(make)
+
+        async def in_order() -> T:
+            if self._acks:
+                await self._ack_all()
+            return await make()
+        return self._runner.call(in_order)
 
     # -- receiving -------------------------------------------------------------------
 
@@ -165,11 +184,37 @@ class SyncConsumer:
         With a ``message_listener`` the listener receives: ``pulsar.InvalidConfiguration``, as the client."""
         if self._listener is not None and threading.current_thread() is not self._listener_thread:
             raise pulsar.InvalidConfiguration("Can not receive when a listener has been set")
-        return self._call(lambda: self._tracked.receive(timeout_millis))
+        if self._closed:
+            raise ConsumerClosed()
+        try:
+            return self._ready.popleft()  # taken by an earlier receive: no thread hop
+        except IndexError:
+            pass
+        first, more = self._call(lambda: self._take(timeout_millis))
+        self._ready.extend(more)
+        return first
+
+    async def _take(self, timeout_millis: Optional[int]) -> tuple[pulsar.Message, list[pulsar.Message]]:
+        """On the loop: the next message, and up to :data:`HANDOFF` more that wait already."""
+        tracked = self._tracked
+        first = await tracked.receive(timeout_millis)
+        more: list[pulsar.Message] = []
+        while len(more) < HANDOFF and (msg := tracked.receive_nowait()) is not None:
+            more.append(msg)
+        return first, more
 
     def batch_receive(self) -> list[pulsar.Message]:
         """As ``pulsar.Consumer.batch_receive`` with ``batch_receive_policy`` (see
         :meth:`TrackedConsumer.batch_receive <nacktracker.TrackedConsumer.batch_receive>`)."""
+        if self._ready:  # taken by receive() before: they come first
+            batch = []
+            while self._ready:
+                try:
+                    batch.append(self._ready.popleft())
+                except IndexError:
+                    break
+            if batch:
+                return batch
         return self._call(self._tracked.batch_receive)
 
     def _listen(self) -> None:
@@ -203,12 +248,54 @@ class SyncConsumer:
     # -- acknowledging ---------------------------------------------------------------
 
     def acknowledge(self, message: Any) -> None:
-        """Acknowledge a Message or its id (cancels its pending nack); see ``TrackedConsumer.acknowledge``."""
-        self._call(lambda: self._tracked.acknowledge(message))
+        """Acknowledge a Message or its id (cancels its pending nack; see ``TrackedConsumer.acknowledge``).
+
+        As the sync client's (whose acks are grouped and sent later), it does not wait for the
+        broker: the ack is handed to the loop, in order with every later call of this consumer. A
+        wrong type or a closed consumer raises here; a failure on the way (the connection closed
+        underneath) is logged and counted in ``stats()["sync_ack_failures"]``. O(1)."""
+        if self._closed:
+            raise ConsumerClosed()
+        if not isinstance(message, ACKABLE):
+            raise TypeError(f"acknowledge takes a pulsar.Message or pulsar.MessageId, not {type(message).__name__}")
+        with self._acks_lock:
+            self._acks.append(message)
+            if self._acks_scheduled:
+                return
+            self._acks_scheduled = True
+        try:
+            self._runner.loop.call_soon_threadsafe(self._schedule_acks)
+        except RuntimeError:  # the loop closed meanwhile: closed
+            raise ConsumerClosed() from None
+
+    def _schedule_acks(self) -> None:
+        self._runner.loop.create_task(self._ack_all())
+
+    async def _ack_all(self) -> None:
+        """On the loop: every ack handed over so far, in order."""
+        while True:
+            with self._acks_lock:
+                acks, self._acks = self._acks, []
+                if not acks:
+                    self._acks_scheduled = False
+                    return
+            for message in acks:
+                try:
+                    await self._tracked.acknowledge(message)
+                except Exception as exc:
+                    self.ack_failures += 1
+                    log.warning("acknowledge of %r failed: %r", message, exc)
 
     def acknowledge_cumulative(self, message: Any) -> None:
-        """As ``pulsar.Consumer.acknowledge_cumulative`` (not on Shared subscriptions)."""
+        """As ``pulsar.Consumer.acknowledge_cumulative`` (not on Shared subscriptions). Messages taken from
+        the loop by an earlier receive and covered by it are not handed out any more (the consumer
+        drops them from its queue too)."""
         self._call(lambda: self._tracked.acknowledge_cumulative(message))
+        if self._ready and isinstance(message, pulsar.Message):
+            upto, topic = message.message_id(), message.topic_name()
+            kept = [m for m in list(self._ready) if m.topic_name() != topic or not m.message_id() <= upto]
+            self._ready.clear()
+            self._ready.extend(kept)
 
     def negative_acknowledge(self, message: Any, delay_ms: Optional[int] = None) -> None:
         """Redeliver a Message (or its id) after ``delay_ms`` (default: the backoff for its redelivery count,
@@ -228,19 +315,24 @@ class SyncConsumer:
     # -- the rest of the consumer API ------------------------------------------------
 
     def seek(self, messageid: Union[pulsar.Message, pulsar.MessageId, int]) -> None:
+        """As the client's: the broker resends from there (what was taken here is dropped, as the
+        client clears its queue)."""
         self._call(lambda: self._tracked.seek(messageid))
+        self._ready.clear()
 
     def get_last_message_id(self) -> Any:
         return self._call(self._tracked.get_last_message_id)
 
     def redeliver_unacknowledged_messages(self) -> None:
         self._call(self._async(self._tracked.redeliver_unacknowledged_messages))
+        self._ready.clear()  # the broker sends them again
 
     def stats(self) -> dict[str, Any]:
         """:meth:`TrackedConsumer.stats <nacktracker.TrackedConsumer.stats>`, read on the loop thread."""
+        own = {"sync_ack_failures": self.ack_failures, "sync_handed_over": len(self._ready)}
         if self._closed:
-            return self._tracked.stats()  # nothing moves any more
-        return self._call(self._async(self._tracked.stats))
+            return {**self._tracked.stats(), **own}  # nothing moves any more
+        return {**self._call(self._async(self._tracked.stats)), **own}
 
     @staticmethod
     def _async(fn: Callable[[], T]) -> Callable[[], Awaitable[T]]:
@@ -281,13 +373,19 @@ class SyncConsumer:
             self._closed = True
             self._listening.set()  # a paused listener thread wakes up and ends
             try:
-                self._runner.call(close)
+                self._runner.call(lambda: self._close_after_acks(close))
             finally:
                 self._runner.stop()
                 _open.discard(self)
         thread = self._listener_thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
+
+    async def _close_after_acks(self, close: Callable[[], Awaitable[None]]) -> None:
+        if self._acks:
+            await self._ack_all()
+        self._ready.clear()  # unacknowledged: the broker hands them to the subscription again
+        await close()
 
     def __enter__(self) -> SyncConsumer:
         return self

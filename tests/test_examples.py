@@ -22,7 +22,7 @@ EXPECTED = {
                                   "redelivered order-1 after", "redelivery_count=1"],
     "worker_backoff_dlq.py": ["job-2: attempt 3 succeeded", "dead-lettered job-4 after 4 deliveries",
                               "done: 5 acknowledged, 1 dead-lettered"],
-    "sync_listener_thread.py": ["[listener thread] task-1: failed -> tracker.add_threadsafe",
+    "sync_listener_thread.py": ["[nacktracker-sync-listener] task-1: failed -> negative_acknowledge(delay_ms=400)",
                                 "task-1: acknowledged (redelivery_count=1", "all 5 tasks acknowledged"],
 }
 
@@ -34,6 +34,11 @@ def run_example(name: str, env: dict) -> subprocess.CompletedProcess:
 
 #: examples that need no broker, run by their own module's tests
 ELSEWHERE = {"prometheus_metrics.py": "tests/test_metrics.py"}
+
+
+def test_the_sync_example_uses_no_asyncio():
+    source = (EXAMPLES / "sync_listener_thread.py").read_text()
+    assert "asyncio" not in source
 
 
 def test_every_example_is_covered():

@@ -190,6 +190,16 @@ class TrackedConsumer:
             msg = await self._pump.get(timeout_ms)
         return msg if self._failures.ack_timeouts is None else self._failures.received(msg)
 
+    def receive_nowait(self) -> Optional[pulsar.Message]:
+        """The next message if one is waiting in the consumer, else ``None``; never waits (no loop
+        iteration). Raises :class:`ConsumerClosed` once closed. Runtime: O(1)."""
+        self._check_open()
+        if self._pump.task is None:
+            self._start()
+        if (msg := self._pump.poll()) is None:
+            return None
+        return msg if self._failures.ack_timeouts is None else self._failures.received(msg)
+
     async def batch_receive(self) -> list[pulsar.Message]:
         """The next messages, as the client's ``batch_receive`` with ``subscribe``'s
         ``batch_receive_policy`` (default: no message limit, 10 MiB, 100 ms): complete at the
