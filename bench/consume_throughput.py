@@ -44,6 +44,12 @@ committed one: ``bench/results/consume-throughput/results.json``; its
 ``RESULTS.md`` is rendered beside it; ``--render`` only renders it again).
 ``--profile`` runs one pass of a kind on
 a workload under cProfile instead and prints where its time goes.
+
+``--sync`` compares the synchronous face instead: ``plain-sync`` (``pulsar.Client.subscribe``,
+``receive()`` then ``acknowledge()`` per message) and ``sync`` (``nacktracker.sync.subscribe``, the
+same calls), side by side in alternating rounds on the workloads chosen (default: non-batched),
+each run in this process's main thread as a sync program would; the ratio sync/plain-sync per
+round, median and range, with the load average.
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
 import nacktracker
+import nacktracker.sync
 from nacktracker.consumer.ids import batch_size
 from nacktracker.demo.sides import produce
 
@@ -227,6 +234,87 @@ async def run_workload(url: str, name: str, n: int, rounds: int, batch_index_ack
     out["load_avg_before"] = [round(x, 2) for x in load_before]
     out["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
     return out
+
+
+SYNC_KINDS = ("plain-sync", "sync")
+
+
+def consume_sync(url: str, topic: str, n: int, kind: str, subscription: str, nack_every: int) -> dict:
+    """:func:`consume` for the sync face: ``plain-sync`` (``pulsar.Client``'s consumer) or ``sync``
+    (``nacktracker.sync``), called from this thread as a synchronous program does."""
+    client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error), operation_timeout_seconds=30)
+    try:
+        options: dict[str, Any] = dict(initial_position=pulsar.InitialPosition.Earliest,
+                                       receiver_queue_size=RECEIVER_QUEUE)
+        if kind == "sync":
+            consumer: Any = nacktracker.sync.subscribe(client, topic, subscription, delay_ms=NACK_DELAY_MS, **options)
+        else:
+            consumer = client.subscribe(topic, subscription, consumer_type=pulsar.ConsumerType.Shared,
+                                        negative_ack_redelivery_delay_ms=NACK_DELAY_MS, **options)
+        receive, ack, nack = consumer.receive, consumer.acknowledge, consumer.negative_acknowledge
+        copies = 0
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        if not nack_every:
+            for _ in range(n):
+                ack(receive())
+            copies = n
+        else:
+            acked: set[int] = set()
+            nacked: set[int] = set()
+            while len(acked) < n:
+                msg = receive()
+                copies += 1
+                number = _number(msg)
+                if number % nack_every == 0 and number not in nacked:
+                    nacked.add(number)
+                    nack(msg)
+                else:
+                    ack(msg)
+                    acked.add(number)
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        consumer.close()
+    finally:
+        client.close()
+    return {"rate": round(n / elapsed, 1), "seconds": round(elapsed, 3), "cpu_us_per_msg": round(cpu / n * 1e6, 2),
+            "copies": copies}
+
+
+def run_sync(broker: str = "lite", url: Optional[str] = None, settings: Optional[dict] = None, rounds: int = 5,
+             messages: int = 20_000, nack_messages: int = 10_000, only: Optional[list[str]] = None,
+             progress: Any = None) -> dict:
+    """The sync face beside the plain ``pulsar.Consumer``: alternating rounds per workload."""
+    names = only or ["non-batched"]
+    result: dict[str, Any] = {"broker": broker, "cores": os.cpu_count(), "rounds": rounds, "workloads": {},
+                              "pulsar_client": getattr(pulsar, "__version__", "?"),
+                              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    with broker_url(broker, url, settings or {}) as service:
+        for name in names:
+            batched, nack_every = WORKLOADS[name]
+            n = nack_messages if nack_every else messages
+            topic = f"persistent://public/default/consume-sync-{name}-{uuid.uuid4().hex[:8]}"
+            asyncio.run(produce(service, topic, n, batching=batched, payload_bytes=64))
+            for kind in SYNC_KINDS:  # first-touch costs out of every kind
+                consume_sync(service, topic, min(n, 2000), kind, f"warmup-{kind}", 0)
+            load_before = os.getloadavg()
+            runs: dict[str, list[dict]] = {kind: [] for kind in SYNC_KINDS}
+            for r in range(rounds):
+                order = SYNC_KINDS if r % 2 == 0 else SYNC_KINDS[::-1]
+                for kind in order:
+                    runs[kind].append(consume_sync(service, topic, n, kind, f"{kind}-{r}", nack_every))
+                    if progress:
+                        got = runs[kind][-1]
+                        progress(f"{name} round {r + 1}/{rounds} {kind}: {got['rate']:,.0f} msg/s, "
+                                 f"{got['cpu_us_per_msg']} µs/msg")
+            per_round = [s["rate"] / p["rate"] for s, p in zip(runs["sync"], runs["plain-sync"])]
+            cpu_round = [s["cpu_us_per_msg"] / p["cpu_us_per_msg"] for s, p in zip(runs["sync"], runs["plain-sync"])]
+            result["workloads"][name] = {
+                "messages": n, **{kind: {"rate": _spread([x["rate"] for x in rs], 0), "runs": rs}
+                                  for kind, rs in runs.items()},
+                "sync/plain-sync rate": {**_spread(per_round), "rounds": [round(x, 3) for x in per_round]},
+                "sync/plain-sync cpu": {**_spread(cpu_round), "rounds": [round(x, 3) for x in cpu_round]},
+                "load_avg_before": [round(x, 2) for x in load_before],
+                "load_avg_after": [round(x, 2) for x in os.getloadavg()]}
+    return result
 
 
 @contextlib.contextmanager
@@ -484,6 +572,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                    f"(default {DEFAULT_RESULTS.relative_to(Path.cwd()) if DEFAULT_RESULTS.is_relative_to(Path.cwd()) else DEFAULT_RESULTS})")
     p.add_argument("--render", action="store_true", help="only render RESULTS.md from the --save file")
     p.add_argument("--profile", metavar="KIND:WORKLOAD", help="profile one pass instead (e.g. tracked:batched)")
+    p.add_argument("--sync", action="store_true", help="the sync face beside the plain pulsar.Consumer instead")
     a = p.parse_args(argv)
     settings = dict(s.split("=", 1) for s in a.set)
     only = a.only.split(",") if a.only else None
@@ -499,6 +588,15 @@ def main(argv: Optional[list[str]] = None) -> int:
             p.error(f"--profile takes KIND:WORKLOAD, KIND one of {KINDS}, WORKLOAD one of {tuple(WORKLOADS)}")
         n = (a.nack_messages or 50_000) if WORKLOADS[workload][1] else (a.messages or 100_000)
         profile(kind, workload, n, a.broker, a.url, settings, a.batch_index_ack)
+        return 0
+    if a.sync:
+        got = run_sync(a.broker, a.url, settings, a.rounds or 5, a.messages or 20_000, a.nack_messages or 10_000, only,
+                       progress=lambda line: print(line, file=sys.stderr, flush=True))
+        print(json.dumps(got, indent=1) if a.json else "\n".join(
+            f"{name}: sync/plain-sync rate median {w['sync/plain-sync rate']['median']} "
+            f"(range {w['sync/plain-sync rate']['min']}-{w['sync/plain-sync rate']['max']}), "
+            f"plain-sync {w['plain-sync']['rate']['median']:,.0f} msg/s, sync {w['sync']['rate']['median']:,.0f} msg/s, "
+            f"load {w['load_avg_before']} -> {w['load_avg_after']}" for name, w in got["workloads"].items()))
         return 0
     result = run(a.quick, a.broker, a.url, settings, a.batch_index_ack, a.rounds, a.messages, a.nack_messages,
                  only, progress=lambda line: print(line, file=sys.stderr, flush=True))
