@@ -228,9 +228,9 @@ class SyncConsumer:
                 msg = self.receive()
             except ConsumerClosed:
                 break
-            except Exception as exc:  # the pump failed (the client closed underneath): nothing more comes
+            except Exception:  # the pump failed (the client closed underneath): nothing more comes
                 if not self._closed:
-                    log.warning("message listener stops: receive failed: %r", exc)
+                    log.warning("message listener stops: receive failed", exc_info=True)
                 break
             try:
                 listener(self, msg)
@@ -282,9 +282,9 @@ class SyncConsumer:
             for message in acks:
                 try:
                     await self._tracked.acknowledge(message)
-                except Exception as exc:
+                except Exception:
                     self.ack_failures += 1
-                    log.warning("acknowledge of %r failed: %r", message, exc)
+                    log.warning("acknowledge of %r failed", message, exc_info=True)
 
     def acknowledge_cumulative(self, message: Any) -> None:
         """As ``pulsar.Consumer.acknowledge_cumulative`` (not on Shared subscriptions). Messages taken from
@@ -440,8 +440,8 @@ def _close_all() -> None:
     for consumer in list(_open):
         try:
             consumer.close()
-        except Exception as exc:  # exit goes on
-            log.debug("closing %r at exit failed: %r", consumer, exc)
+        except Exception:  # exit goes on
+            log.debug("closing %r at exit failed", consumer, exc_info=True)
 
 
 atexit.register(_close_all)

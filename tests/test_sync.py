@@ -330,3 +330,70 @@ except KeyboardInterrupt:
     assert run.returncode == -signal.SIGINT, run.stderr  # Python's exit on an uncaught KeyboardInterrupt
     assert "Exception ignored" not in run.stderr and "Traceback" in run.stderr
     assert time.monotonic() - started < 30
+
+
+# -- pulsar-client's own Python tests (pulsar_test.py), ported by intent to the sync face -------------
+
+
+def test_negative_acks_come_back_in_order_then_nothing_more(sync_client, topic):
+    """The client's ``test_negative_acks``: ten string messages nacked as received come back, in order,
+    after the consumer's nack delay; acknowledged, nothing more arrives."""
+    import pulsar
+
+    name = topic("sync-negative-acks")
+    consumer = nacktracker.sync.subscribe(sync_client, name, "test", schema=pulsar.schema.StringSchema(),
+                                          negative_ack_redelivery_delay_ms=1000)
+    producer = sync_client.create_producer(name, schema=pulsar.schema.StringSchema())
+    for i in range(10):
+        producer.send_async(f"hello-{i}", callback=lambda result, msg_id: None)
+    producer.flush()
+    nacked_at = time.monotonic()
+    for i in range(10):
+        msg = consumer.receive(10_000)
+        assert msg.value() == f"hello-{i}"
+        consumer.negative_acknowledge(msg)
+    for i in range(10):
+        msg = consumer.receive(10_000)
+        assert msg.value() == f"hello-{i}"
+        assert msg.redelivery_count() == 1
+        consumer.acknowledge(msg)
+    assert time.monotonic() - nacked_at >= 1.0 - 0.002  # not before the delay
+    with pytest.raises(pulsar.Timeout):
+        consumer.receive(100)
+    consumer.close()
+    producer.close()
+
+
+def test_dead_letter_policy_sends_each_message_after_its_redeliveries(sync_client, topic):
+    """The client's ``test_dead_letter_policy``: with a ``dead_letter_policy`` of max 2 redeliveries,
+    every message nacked on every delivery is delivered 3 times, then lands on the dead-letter topic
+    once; the consumer then receives nothing more."""
+    import pulsar
+
+    name = topic("sync-dlq-policy")
+    dlq = name + "-dlq"
+    n = 5
+    reader = sync_client.subscribe(dlq, "dlq-reader", initial_position=pulsar.InitialPosition.Earliest)
+    consumer = nacktracker.sync.subscribe(
+        sync_client, name, "sub", negative_ack_redelivery_delay_ms=200,
+        dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(max_redeliver_count=2, dead_letter_topic=dlq))
+    publish(sync_client, name, [f"m{i}".encode() for i in range(n)])
+    deliveries: dict[bytes, int] = {}
+    while True:
+        try:
+            msg = consumer.receive(2_000)
+        except pulsar.Timeout:
+            break
+        deliveries[msg.data()] = deliveries.get(msg.data(), 0) + 1
+        consumer.negative_acknowledge(msg)
+    assert deliveries == {f"m{i}".encode(): 3 for i in range(n)}
+    letters = []
+    for _ in range(n):
+        letter = reader.receive(5_000)
+        letters.append(letter.data())
+        reader.acknowledge(letter)
+    assert sorted(letters) == sorted(deliveries)
+    with pytest.raises(pulsar.Timeout):
+        reader.receive(300)
+    consumer.close()
+    reader.close()
