@@ -397,3 +397,16 @@ def test_dead_letter_policy_sends_each_message_after_its_redeliveries(sync_clien
         reader.receive(300)
     consumer.close()
     reader.close()
+
+
+@pytest.mark.parametrize("kind", ["plain-sync", "sync"])
+def test_the_throughput_bench_consumes_every_message_with_each_sync_kind(kind, broker_url, topic, sync_client):
+    """``bench.consume_throughput --sync`` measures what it names: each kind receives and acks every
+    message (nacked ones once more), through the face it is named after."""
+    from bench.consume_throughput import consume_sync
+
+    name = topic("sync-bench")
+    publish(sync_client, name, [f"{i}:x".encode() for i in range(200)])
+    got = consume_sync(broker_url, name, 200, kind, f"bench-{kind}", nack_every=10)
+    assert got["copies"] >= 200 + 20 and got["rate"] > 0 and got["cpu_us_per_msg"] > 0
+    assert not [t for t in threading.enumerate() if t.name.startswith("nacktracker-sync")]
