@@ -408,9 +408,9 @@ def subscribe(client: pulsar.Client, topic: Union[str, list[str], re.Pattern[str
     ``message_listener(consumer, msg)`` on the consumer's listener thread.
 
     >>> client = pulsar.Client(url)                                           # doctest: +SKIP
-    >>> consumer = nacktracker.sync.subscribe(client, "t", "sub", delay_ms=500)
-    >>> msg = consumer.receive()
-    >>> consumer.negative_acknowledge(msg, delay_ms=1000)
+    >>> consumer = nacktracker.sync.subscribe(client, "t", "sub", delay_ms=500)  # doctest: +SKIP
+    >>> msg = consumer.receive()                                              # doctest: +SKIP
+    >>> consumer.negative_acknowledge(msg, delay_ms=1000)                     # doctest: +SKIP
     """
     if not isinstance(client, pulsar.Client):
         if isinstance(client, pulsar_asyncio.Client):
