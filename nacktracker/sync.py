@@ -232,14 +232,16 @@ class SyncConsumer:
                 if not self._closed:
                     log.warning("message listener stops: receive failed", exc_info=True)
                 break
+            self._listening.wait()  # paused while the receive waited: the message waits for the resume
+            if self._closed:
+                break  # unacknowledged: the broker hands it to the subscription again
             try:
                 listener(self, msg)
             except Exception:  # as the client: a failing listener does not stop the deliveries
                 log.exception("message_listener raised")
 
     def pause_message_listener(self) -> None:
-        """Stop calling the listener after the message it is handling (a receive already waiting hands over
-        its message first)."""
+        """Stop calling the listener after the message it is handling, until :meth:`resume_message_listener`."""
         self._listening.clear()
 
     def resume_message_listener(self) -> None:

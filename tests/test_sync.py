@@ -410,3 +410,24 @@ def test_the_throughput_bench_consumes_every_message_with_each_sync_kind(kind, b
     got = consume_sync(broker_url, name, 200, kind, f"bench-{kind}", nack_every=10)
     assert got["copies"] >= 200 + 20 and got["rate"] > 0 and got["cpu_us_per_msg"] > 0
     assert not [t for t in threading.enumerate() if t.name.startswith("nacktracker-sync")]
+
+
+def test_a_paused_listener_gets_nothing_until_resumed(broker_url, topic, sync_client):
+    import pulsar
+
+    name = topic("sync-pause")
+    got: list[bytes] = []
+    arrived = threading.Event()
+
+    def listener(consumer: nacktracker.sync.SyncConsumer, msg: pulsar.Message) -> None:
+        got.append(msg.data())
+        consumer.acknowledge(msg)
+        arrived.set()
+
+    with nacktracker.sync.subscribe(sync_client, name, "s", message_listener=listener,
+                                    initial_position=pulsar.InitialPosition.Earliest) as consumer:
+        consumer.pause_message_listener()
+        publish(sync_client, name, [b"later"])
+        assert not arrived.wait(0.5) and got == []
+        consumer.resume_message_listener()
+        assert arrived.wait(10) and got == [b"later"]
