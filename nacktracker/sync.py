@@ -20,8 +20,9 @@
   nacks go through the tracker).
 * ``close()`` from any thread (the listener's too) stops both threads; a
   ``KeyboardInterrupt`` in ``receive`` cancels the waiting call (no message lost: it
-  stays in the consumer's queue) and the threads are daemons closed at interpreter
-  exit, so nothing is left running. The cost: docs/design.md ("The synchronous face").
+  stays in the consumer's queue) and the threads are daemons: consumers left open are
+  closed at interpreter exit, then their clients, so nothing is left running and the
+  exit is clean. The cost: docs/design.md ("The synchronous face").
 """
 
 from __future__ import annotations
@@ -139,8 +140,10 @@ class SyncConsumer:
     :class:`~nacktracker.ConsumerClosed`. Usable as a context manager (closes on exit).
     """
 
-    def __init__(self, runner: _LoopThread, tracked: TrackedConsumer, listener: Optional[Listener]) -> None:
+    def __init__(self, runner: _LoopThread, tracked: TrackedConsumer, listener: Optional[Listener],
+                 client: pulsar.Client) -> None:
         self._runner = runner
+        self._client = client
         self._tracked = tracked
         self._closing = threading.Lock()
         self._closed = False
@@ -158,6 +161,11 @@ class SyncConsumer:
                                                      daemon=True)
             self._listener_thread.start()
         _open.add(self)
+
+    @property
+    def client(self) -> pulsar.Client:
+        """The ``pulsar.Client`` this consumer was subscribed with."""
+        return self._client
 
     @property
     def tracked(self) -> TrackedConsumer:
@@ -433,17 +441,28 @@ def subscribe(client: pulsar.Client, topic: Union[str, list[str], re.Pattern[str
     except BaseException:
         runner.stop()
         raise
-    return SyncConsumer(runner, tracked, message_listener)
+    return SyncConsumer(runner, tracked, message_listener, client)
 
 
 def _close_all() -> None:
     """At interpreter exit: close what the program left open (its loop threads are daemons; this lets
-    their consumers hand back what they hold and save their snapshots first)."""
+    their consumers hand back what they hold and save their snapshots first), then the ``pulsar.Client``
+    objects those consumers came from. A client left open at exit is destroyed during interpreter
+    finalization with its threads still running (SIGABRT or SIGSEGV: the plain client's consumer,
+    interrupted in ``receive``, does it on every exit); closed here, the program ends as it meant to.
+    The program is ending: nobody uses those clients after this."""
+    clients: dict[int, pulsar.Client] = {}
     for consumer in list(_open):
+        clients[id(consumer.client)] = consumer.client
         try:
             consumer.close()
         except Exception:  # exit goes on
             log.debug("closing %r at exit failed", consumer, exc_info=True)
+    for client in clients.values():
+        try:
+            client.close()
+        except Exception:  # already closed by the program, or the broker is gone: exit goes on
+            log.debug("closing %r at exit failed", client, exc_info=True)
 
 
 atexit.register(_close_all)

@@ -103,8 +103,6 @@ async def publish_async(broker_url: str, topic: str, payloads: list[bytes]) -> N
     await asyncio.to_thread(run)
 
 
-@pytest.mark.xfail(reason="sync face on Apache Pulsar under the full suite's load missed its timing bound "
-                   "(4.2 ms early; first redelivery at 328 ms): being investigated", strict=False)
 async def test_forty_nacks_with_their_own_delays_come_back_on_time(face, broker_url, topic):
     name = topic("sync-nacks")
     consumer = await face(name, "s")
@@ -122,7 +120,10 @@ async def test_forty_nacks_with_their_own_delays_come_back_on_time(face, broker_
         msg = await consumer.receive(10_000)
         arrived = now_ms()
         earliest, latest = due.pop(msg.data())
-        assert arrived >= latest - 2, f"{msg.data()!r} came {latest - arrived:.1f} ms early"
+        # early is against the moment the nack was asked for: the sync face's call reaches the tracker
+        # between ``before`` and the return, and the return to this loop may lag under load
+        assert arrived >= earliest - 2, f"{msg.data()!r} came {earliest - arrived:.1f} ms early"
+        assert arrived >= latest - 2 or face.kind == "sync", f"{msg.data()!r} came {latest - arrived:.1f} ms early"
         late.append(arrived - earliest)
         await consumer.acknowledge(msg)
     late.sort()
@@ -172,8 +173,6 @@ async def test_reconsume_later_comes_back_at_its_time_with_its_count(face, broke
     await consumer.acknowledge(back)
 
 
-@pytest.mark.xfail(reason="sync face on Apache Pulsar under the full suite's load missed its timing bound "
-                   "(4.2 ms early; first redelivery at 328 ms): being investigated", strict=False)
 async def test_a_steady_stream_of_nacks_does_not_postpone_the_first_redelivery(face, broker_url, topic):
     """A nack every 5-10 ms for 3 s (delay 200 ms) while a receiver takes everything that comes."""
     import pulsar
@@ -311,15 +310,17 @@ def test_wrong_clients_and_options_are_refused_in_the_callers_thread(broker_url,
 
 
 def test_a_keyboard_interrupt_in_receive_leaves_nothing_running(broker_url, topic):
-    """A program interrupted in ``receive`` (Ctrl-C) exits at once, with no thread of ours left."""
+    """A program interrupted in ``receive`` (Ctrl-C) exits at once, with no thread of ours left and
+    no crash at exit (the consumer and its client are left open: closed at exit, in that order). Five
+    runs: a client destroyed by interpreter finalization crashed about one exit in five."""
     import signal
     import subprocess
     import sys
 
     code = f"""
-import os, signal, threading, pulsar, nacktracker.sync
+import os, signal, sys, threading, pulsar, nacktracker.sync
 client = pulsar.Client({broker_url!r}, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-consumer = nacktracker.sync.subscribe(client, {topic('sync-int')!r}, "s")
+consumer = nacktracker.sync.subscribe(client, sys.argv[1], "s")
 threading.Timer(0.3, os.kill, args=(os.getpid(), signal.SIGINT)).start()  # as Ctrl-C: to the process
 try:
     consumer.receive()
@@ -327,13 +328,15 @@ except KeyboardInterrupt:
     print("interrupted", consumer.closed)
     raise
 """
-    started = time.monotonic()
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert "interrupted False" in run.stdout, run.stderr
-    assert "KeyboardInterrupt" in run.stderr
-    assert run.returncode == -signal.SIGINT, run.stderr  # Python's exit on an uncaught KeyboardInterrupt
-    assert "Exception ignored" not in run.stderr and "Traceback" in run.stderr
-    assert time.monotonic() - started < 30
+    for run_number in range(5):
+        started = time.monotonic()
+        run = subprocess.run([sys.executable, "-c", code, topic(f"sync-int-{run_number}")],
+                             capture_output=True, text=True, timeout=60)
+        assert "interrupted False" in run.stdout, run.stderr
+        assert "KeyboardInterrupt" in run.stderr
+        assert run.returncode == -signal.SIGINT, (run_number, run.stderr)  # Python's exit on an uncaught ^C
+        assert "Exception ignored" not in run.stderr and "Traceback" in run.stderr
+        assert time.monotonic() - started < 30
 
 
 # -- pulsar-client's own Python tests (pulsar_test.py), ported by intent to the sync face -------------
