@@ -1,16 +1,20 @@
-"""`make test`'s pytest run: the Apache Pulsar tests and all the others side by side.
+"""`make test`'s pytest run: three pytest sessions side by side.
 
-The tests on Apache Pulsar spend most of their time waiting on its JVM (start-up,
-restarts, redelivery delays); the others keep a core busy (hypothesis, Spark,
-pulsar-lite). Run one after the other they took ~16 minutes on 2 cores; side by
-side, each in its own pytest session (its own brokers, its own temporary
-folders), the run takes about as long as the longer half.
+* ``apache``: the tests on Apache Pulsar. They spend most of their time waiting on its JVM
+  (start-up, restarts, redelivery delays).
+* ``spark``: the Spark and other slow tests (``-m "spark or slow"``): JVM starts, Spark jobs,
+  benchmarks' quick runs, wheels built.
+* ``others``: everything else (hypothesis, pulsar-lite, the consumer, docs).
 
-    python tools/run_tests.py [pytest arguments for both halves ...]
+The first two mostly wait (on JVMs and timers), so side by side the run takes about as long as its
+longest session (each prints its own time). Each session has its own brokers, Spark session and
+temporary folders.
 
-The Apache half writes to a log that is printed when it ends; the other half
-prints as it goes. The exit status is the first non-zero of the two. Ctrl-C or
-SIGTERM stops both (each pytest stops the brokers it started).
+    python tools/run_tests.py [pytest arguments for every session ...]
+
+``others`` prints as it goes; the other two write to logs printed when all have ended. The exit
+status is the first non-zero of the three. Ctrl-C or SIGTERM stops all (each pytest stops the
+brokers it started).
 """
 
 from __future__ import annotations
@@ -25,7 +29,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-HALVES = {"apache": ["-m", "apache"], "others": ["-m", "not apache"]}
+SESSIONS = {"apache": ["-m", "apache"], "spark": ["-m", "not apache and (spark or slow)"],
+            "others": ["-m", "not apache and not spark and not slow"]}
+#: The session printed as it goes (the others' logs follow when all have ended).
+LIVE = "others"
 
 
 def main(argv: list[str]) -> int:
@@ -42,7 +49,6 @@ def main(argv: list[str]) -> int:
             return 4
     pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *argv]
     with tempfile.TemporaryDirectory(prefix="nacktracker-tests-") as tmp:
-        log_path = Path(tmp) / "apache.log"
         procs: dict[str, subprocess.Popen[bytes]] = {}
 
         def stop(signum: int, _frame: object) -> None:
@@ -52,18 +58,23 @@ def main(argv: list[str]) -> int:
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
-        with open(log_path, "wb") as log:
-            procs["apache"] = subprocess.Popen([*pytest, *HALVES["apache"], "--basetemp", str(Path(tmp) / "a")],
-                                               cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-            procs["others"] = subprocess.Popen([*pytest, *HALVES["others"], "--basetemp", str(Path(tmp) / "o")],
-                                               cwd=ROOT)
-            codes = {name: _wait(proc) for name, proc in procs.items()}
-        sys.stdout.write("\n-- the tests on Apache Pulsar (run side by side with the others) --\n")
-        sys.stdout.write(log_path.read_text(errors="replace"))
-    # pytest exits 5 when a half selects no test (e.g. NACKTRACKER_TEST_BROKERS=lite): not a failure
+        logs = {name: Path(tmp) / f"{name}.log" for name in SESSIONS if name != LIVE}
+        for name, markers in SESSIONS.items():
+            out = open(logs[name], "wb") if name in logs else None
+            try:
+                procs[name] = subprocess.Popen([*pytest, *markers, "--basetemp", str(Path(tmp) / name)], cwd=ROOT,
+                                               stdout=out, stderr=subprocess.STDOUT if out else None)
+            finally:
+                if out is not None:
+                    out.close()  # the child holds its own copy
+        codes = {name: _wait(proc) for name, proc in procs.items()}
+        for name, log_path in logs.items():
+            sys.stdout.write(f"\n-- the {name} session (run side by side with the others) --\n")
+            sys.stdout.write(log_path.read_text(errors="replace"))
+    # pytest exits 5 when a session selects no test (e.g. NACKTRACKER_TEST_BROKERS=lite): not a failure
     failed = {name: code for name, code in codes.items() if code not in (0, 5)}
     print(f"\nmake test: {'FAILED ' + str(failed) if failed else 'passed'} "
-          f"(both halves in {time.monotonic() - started:.0f} s)")
+          f"(all sessions in {time.monotonic() - started:.0f} s)")
     return next(iter(failed.values()), 0)
 
 
