@@ -475,7 +475,9 @@ async def test_steady_stream_of_nacks_never_postpones_redelivery(client, topic, 
     record_property("steady_stream_builtin", theirs)
     print("steady stream, nacktracker:", ours)
     print("steady stream, built-in client tracker:", theirs)
-    assert len(nacked) > 400
+    # the stream itself (one nack per 5 ms is at most 600): a busy machine's sleeps overshoot, so one per
+    # 10 ms is enough to be a steady stream; what is asserted is the redeliveries during it
+    assert len(nacked) >= 300, ours
     assert len(during) >= 0.9 * len(due_in_stream), ours
     assert set(arrived) == set(nacked)  # every nack came back
     assert -EARLY_MS <= ours["error_p50_ms"] <= LATE_MS, ours
