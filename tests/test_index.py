@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyroaring import BitMap, BitMap64
 
+from profiler_hooks import locals_reader
 from nacktracker import DictIndex, HeapIndex, TimeBucketIndex
 from nacktracker import precision
 from nacktracker.precision import Precision
@@ -427,14 +428,7 @@ def test_state_stays_whole_under_a_hook_reading_frame_locals(bits):
     sampler does: reading at every event re-syncs the dict and hides the
     fault) must leave every operation's result as DictIndex's."""
     rng = random.Random(bits)
-    sample = random.Random(1000 + bits)
-
-    def hook(frame, event, arg):
-        if event == "c_call" and sample.random() < 0.2:
-            while frame is not None:
-                if frame.f_code.co_filename.startswith(INDEX_DIR):
-                    frame.f_locals  # noqa: B018  (the read is the point)
-                frame = frame.f_back
+    hook = locals_reader(INDEX_DIR, random.Random(1000 + bits))
 
     idx, ref = TimeBucketIndex(precision_bits=bits), DictIndex(precision_bits=bits)
     now, steps, pops = 0, [], 0
@@ -507,14 +501,7 @@ def test_bulk_pops_stay_whole_under_a_hook_reading_frame_locals(bits):
     """The tracker fires through ``pop_due_bitmaps``: 30,000 adds over 16 ledgers, then 150
     pops under a hook reading the index's ``f_locals`` at a random ~20% of C calls: each pop
     equals DictIndex's (the mechanism alone: the test above)."""
-    rng, sample = random.Random(bits + 1), random.Random(bits)
-
-    def hook(frame, event, arg):
-        if event == "c_call" and sample.random() < 0.2:
-            while frame is not None:
-                if frame.f_code.co_filename.startswith(INDEX_DIR):
-                    frame.f_locals  # noqa: B018  (the read is the point)
-                frame = frame.f_back
+    rng, hook = random.Random(bits + 1), locals_reader(INDEX_DIR, random.Random(bits))
 
     idx, ref = TimeBucketIndex(precision_bits=bits), DictIndex(precision_bits=bits)
     for i in range(30_000):

@@ -15,6 +15,7 @@ import random
 import sys
 
 import pytest
+from profiler_hooks import locals_reader
 
 import nacktracker
 from nacktracker import ManualClock, MessageKey, NegativeAcksTracker
@@ -25,15 +26,8 @@ PACKAGE_DIR = os.path.dirname(nacktracker.__file__)
 
 def run(bits: int, seed: int, hooked: bool, ops: int = 8_000, ledgers: int = 16) -> tuple[list, list]:
     """What the tracker fired at each step and what it held, for one seeded workload."""
-    rng, sample = random.Random(seed), random.Random(1000 + seed)
+    rng, hook = random.Random(seed), locals_reader(PACKAGE_DIR, random.Random(1000 + seed))
     errors: list = []
-
-    def hook(frame, event, arg):
-        if event == "c_call" and sample.random() < 0.2:
-            while frame is not None:
-                if frame.f_code.co_filename.startswith(PACKAGE_DIR):
-                    frame.f_locals  # noqa: B018  (the read is the point)
-                frame = frame.f_back
 
     async def main() -> list:
         clock = ManualClock(0)
