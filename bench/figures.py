@@ -205,7 +205,7 @@ def java_anchor() -> str:
 
 
 def seed_table() -> str:
-    """``nbytes()`` per nack on seed 000's workloads (``bench.memory``), from the committed run."""
+    """``nbytes()`` per nack on the broker TimeBucket design's workloads (``bench.memory``), from the committed run."""
     r = _load(SEED_TABLE)
     rows = ["| workload | x | y | nbytes B/msg | RSS B/msg |", "|---|---:|---:|---:|---:|"]
     rows += [f"| {row['workload']} | {row['x']} | {row['y']} | {row['nbytes_per_msg']:.4f} | {row['rss_per_msg']:.3f} |"
@@ -301,7 +301,7 @@ def _memory_data() -> dict:
             if r.get("java_per_nack") is not None:
                 java.setdefault(str(r["bits"]), []).append((r["messages"], r["java_per_nack"]))
     else:
-        for (n, b), v in JAVA_PUBLISHED.items():
+        for (n, b), v in _java_published().items():
             java.setdefault(str(b), []).append((n, v))
     for b, pts in sorted(java.items(), key=lambda kv: -int(kv[0])):
         series.append({"label": f"Java client 4.0.7's tracker, bits {b} (published, JOL)", "points": sorted(pts),
@@ -319,11 +319,12 @@ def _memory_data() -> dict:
     return {"series": series}
 
 
-#: The Java client's tracker (4.0.7, PIP-393), bytes per pending nack by JOL: published reference figures
-#: (4 ledgers, consecutive entry ids, one nack each with a delay uniform in 1-60 s), not measured here.
-#: ``(pending, bits) -> bytes``. The plot takes them from ``bench/results/java-anchor/`` once that is committed.
-JAVA_PUBLISHED: dict[tuple[int, int], float] = {(100_000, 8): 6.2, (1_000_000, 8): 3.1,
-                                                (100_000, 0): 481.0, (1_000_000, 0): 152.0}
+def _java_published() -> dict[tuple[int, int], float]:
+    """The Java client's tracker (4.0.7, PIP-393), bytes per pending nack by JOL: the published reference
+    figures ``bench.java_anchor`` prints beside its own (not measured here). ``(pending, bits) -> bytes``."""
+    from bench.java_anchor import JAVA_B_PER_NACK
+
+    return JAVA_B_PER_NACK
 
 
 def _draw_memory(fig: Any, data: dict) -> None:
@@ -474,8 +475,8 @@ def _memory_sources() -> str:
         parts.append("whole consumers, TrackedConsumer and the plain client, end to end "
                      "(`python -m bench.consumer_memory --save`)")
     java = "; ".join(f"bits {b}: " + " and ".join(f"{v:g} B per nack at {n:,} pending"
-                                                  for (n, bb), v in sorted(JAVA_PUBLISHED.items()) if bb == b)
-                     for b in sorted({b for _, b in JAVA_PUBLISHED}, reverse=True))
+                                                  for (n, bb), v in sorted(_java_published().items()) if bb == b)
+                     for b in sorted({b for _, b in _java_published()}, reverse=True))
     return ("Points from " + "; ".join(parts) + ". The Java client 4.0.7's PIP-393 tracker, by JOL on 4 ledgers, "
             f"consecutive ids and delays of 1–60 s, is published, not measured here: {java}.")
 
