@@ -6,9 +6,10 @@
   benchmarks' quick runs, wheels built.
 * ``others``: everything else (hypothesis, pulsar-lite, the consumer, docs).
 
-The first two mostly wait (on JVMs and timers), so side by side the run takes about as long as its
-longest session (each prints its own time). Each session has its own brokers, Spark session and
-temporary folders.
+The broker sessions mostly wait (on JVMs and timers); the Spark session runs at a lower CPU
+priority (``nice`` 10), so it fills what they leave idle without making their timing tests late.
+Side by side the run takes about as long as its longest session (each prints its own time). Each
+session has its own brokers, Spark session and temporary folders.
 
     python tools/run_tests.py [pytest arguments for every session ...]
 
@@ -19,6 +20,7 @@ brokers it started).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import signal
@@ -33,6 +35,8 @@ SESSIONS = {"apache": ["-m", "apache"], "spark": ["-m", "not apache and (spark o
             "others": ["-m", "not apache and not spark and not slow"]}
 #: The session printed as it goes (the others' logs follow when all have ended).
 LIVE = "others"
+#: Sessions run at a lower CPU priority: throughput work beside the timing tests of the others.
+NICE = {"spark": 10}
 
 
 def main(argv: list[str]) -> int:
@@ -62,8 +66,10 @@ def main(argv: list[str]) -> int:
         for name, markers in SESSIONS.items():
             out = open(logs[name], "wb") if name in logs else None
             try:
+                nice = NICE.get(name, 0)
                 procs[name] = subprocess.Popen([*pytest, *markers, "--basetemp", str(Path(tmp) / name)], cwd=ROOT,
-                                               stdout=out, stderr=subprocess.STDOUT if out else None)
+                                               stdout=out, stderr=subprocess.STDOUT if out else None,
+                                               preexec_fn=functools.partial(os.nice, nice) if nice else None)
             finally:
                 if out is not None:
                     out.close()  # the child holds its own copy
