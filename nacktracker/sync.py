@@ -13,7 +13,9 @@
   *same* C++ client as the user's ``pulsar.Client`` (``pulsar.asyncio.Client`` is a
   thin face over that object too: no second connection, the user's auth/TLS/settings
   apply). There is no second copy of the delivery logic: each method hands its call
-  to the loop and waits for the answer in the caller's thread, where errors are raised.
+  to the loop and waits for the answer in the caller's thread, where errors are raised;
+  except the hot path: ``receive`` takes messages the loop set aside ahead of it
+  (:data:`HANDOFF`), ``acknowledge`` hands its ack over without waiting.
 * ``message_listener=callable(consumer, msg)``: a listener thread
   (``nacktracker-sync-listener``) receives and calls it, one message at a time, as the
   sync client calls its own; ``consumer`` is the :class:`SyncConsumer` (its acks and
