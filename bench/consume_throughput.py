@@ -47,9 +47,14 @@ a workload under cProfile instead and prints where its time goes.
 
 ``--sync`` compares the synchronous face instead: ``plain-sync`` (``pulsar.Client.subscribe``,
 ``receive()`` then ``acknowledge()`` per message) and ``sync`` (``nacktracker.sync.subscribe``, the
-same calls), side by side in alternating rounds on the workloads chosen (default: non-batched),
-each run in this process's main thread as a sync program would; the ratio sync/plain-sync per
-round, median and range, with the load average.
+same calls), side by side in alternating rounds on the workloads chosen (default: non-batched,
+``--messages`` 20,000), each run in this process's main thread as a sync program would, on one
+fresh Shared subscription each, timed from the subscription being ready to the last ack taken by
+the client (the plain client's ``acknowledge`` returns once its C++ client took the ack; the sync
+face's hands it to its loop without waiting, so its run ends with one call that waits for the acks
+handed over before it); the ratio sync/plain-sync (rate and CPU) per round, median and range, with
+the load average around the rounds. ``--save`` merges the run into ``sync.json`` beside the
+results file (by broker; ``RESULTS.md`` shows it), rendered into the docs by ``python -m bench.figures``.
 """
 
 from __future__ import annotations
@@ -84,6 +89,10 @@ QUEUE_DEPTH = 16
 NACK_DELAY_MS = 200
 RECEIVER_QUEUE = 1000
 DEFAULT_RESULTS = Path(__file__).resolve().parent / "results" / "consume-throughput" / "results.json"
+#: the ``--sync`` runs, by broker (``--save`` with ``--sync``)
+SYNC_RESULTS = DEFAULT_RESULTS.parent / "sync.json"
+#: the sync face's target: the median per-round ratio sync/plain-sync of the receive + ack rate, non-batched
+SYNC_TARGET = ("non-batched", 0.9)
 #: Done-when targets of the consumer's hot path, per broker: (workload, measure, bound) on the
 #: median per-round ratio tracked/plain; rate ratios are lower bounds, CPU ratios upper bounds.
 TARGETS = {
@@ -271,6 +280,8 @@ def consume_sync(url: str, topic: str, n: int, kind: str, subscription: str, nac
                 else:
                     ack(msg)
                     acked.add(number)
+        if kind == "sync":
+            consumer.stats()  # a call after the acks: it returns once the client took every ack before it
         elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         consumer.close()
     finally:
@@ -284,10 +295,20 @@ def run_sync(broker: str = "lite", url: Optional[str] = None, settings: Optional
              progress: Any = None) -> dict:
     """The sync face beside the plain ``pulsar.Consumer``: alternating rounds per workload."""
     names = only or ["non-batched"]
-    result: dict[str, Any] = {"broker": broker, "cores": os.cpu_count(), "rounds": rounds, "workloads": {},
-                              "pulsar_client": getattr(pulsar, "__version__", "?"),
-                              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    with broker_url(broker, url, settings or {}) as service:
+    settings = settings or {}
+    command = ["python -m bench.consume_throughput --sync", f"--broker {broker}",
+               *[f"--set {k}={v}" for k, v in settings.items()], f"--rounds {rounds}", f"--messages {messages}"]
+    if any(WORKLOADS[name][1] for name in names):
+        command.append(f"--nack-messages {nack_messages}")
+    if only:
+        command.append("--only " + ",".join(only))
+    result: dict[str, Any] = {"command": " ".join(command), "broker": broker, "broker_settings": settings,
+                              "external_url": bool(url or os.environ.get("PULSAR_URL")), "cores": os.cpu_count(),
+                              "rounds": rounds, "payload_bytes": 64, "receiver_queue_size": RECEIVER_QUEUE,
+                              "python": sys.version.split()[0], "pulsar_client": getattr(pulsar, "__version__", "?"),
+                              "handoff": nacktracker.sync.HANDOFF,
+                              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "workloads": {}}
+    with broker_url(broker, url, settings) as service:
         for name in names:
             batched, nack_every = WORKLOADS[name]
             n = nack_messages if nack_every else messages
@@ -304,17 +325,83 @@ def run_sync(broker: str = "lite", url: Optional[str] = None, settings: Optional
                     if progress:
                         got = runs[kind][-1]
                         progress(f"{name} round {r + 1}/{rounds} {kind}: {got['rate']:,.0f} msg/s, "
-                                 f"{got['cpu_us_per_msg']} µs/msg")
+                                 f"{got['cpu_us_per_msg']} µs/msg, load {os.getloadavg()[0]:.2f}")
             per_round = [s["rate"] / p["rate"] for s, p in zip(runs["sync"], runs["plain-sync"])]
             cpu_round = [s["cpu_us_per_msg"] / p["cpu_us_per_msg"] for s, p in zip(runs["sync"], runs["plain-sync"])]
             result["workloads"][name] = {
-                "messages": n, **{kind: {"rate": _spread([x["rate"] for x in rs], 0), "runs": rs}
-                                  for kind, rs in runs.items()},
+                "messages": n, "batched": batched, "nack_every": nack_every,
+                **{kind: {"rate": _spread([x["rate"] for x in rs], 0),
+                          "cpu_us_per_msg": _spread([x["cpu_us_per_msg"] for x in rs], 2), "runs": rs}
+                   for kind, rs in runs.items()},
                 "sync/plain-sync rate": {**_spread(per_round), "rounds": [round(x, 3) for x in per_round]},
                 "sync/plain-sync cpu": {**_spread(cpu_round), "rounds": [round(x, 3) for x in cpu_round]},
                 "load_avg_before": [round(x, 2) for x in load_before],
                 "load_avg_after": [round(x, 2) for x in os.getloadavg()]}
+    name, bound = SYNC_TARGET
+    if name in result["workloads"]:
+        got = result["workloads"][name]["sync/plain-sync rate"]
+        result["target"] = {"workload": name, "bound": bound, "median": got["median"], "met": got["median"] >= bound}
     return result
+
+
+def save_sync(result: dict, path: Path = SYNC_RESULTS) -> None:
+    """Merge a ``--sync`` run into ``path`` under its broker's name (replacing that broker's last run);
+    RESULTS.md is rendered again beside the async results."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    results = json.loads(path.read_text()) if path.exists() else {}
+    results[result["broker"]] = result
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    if (path.parent / "results.json").exists():
+        render(path.parent / "results.json")
+
+
+BROKER_NAMES = {"lite": "pulsar-lite", "apache": "Apache Pulsar"}
+
+
+def sync_table(results: dict) -> str:
+    """The ``--sync`` runs (by broker) as markdown, for RESULTS.md."""
+    out = ["## The synchronous face: `nacktracker.sync` against the plain `pulsar.Consumer`", "",
+           "Receive + ack per message in the main thread, side by side in alternating rounds on one broker; "
+           "medians over rounds, [min–max]; ratios are per round.", "",
+           "| broker | workload | messages | plain `pulsar.Consumer` msg/s · CPU µs/msg | `nacktracker.sync` msg/s · "
+           "CPU µs/msg | sync/plain rate | sync/plain CPU | load avg | command |", "|---|---|---|---|---|---|---|---|---|"]
+    for broker in sorted(results):
+        r = results[broker]
+        for name, w in r["workloads"].items():
+            cells = [f"{w[k]['rate']['median']:,.0f} [{w[k]['rate']['min']:,.0f}–{w[k]['rate']['max']:,.0f}] · "
+                     f"{w[k]['cpu_us_per_msg']['median']}" for k in SYNC_KINDS]
+            ratios = [f"{x['median']:.2f} [{x['min']:.2f}–{x['max']:.2f}]"
+                      for x in (w["sync/plain-sync rate"], w["sync/plain-sync cpu"])]
+            out.append(f"| {BROKER_NAMES.get(broker, broker)} | {name} | {w['messages']:,} | " + " | ".join(cells + ratios)
+                       + f" | {w['load_avg_before'][0]} → {w['load_avg_after'][0]} | `{r['command']}` ({r['started']}) |")
+    targets = [(broker, r["target"]) for broker, r in sorted(results.items()) if "target" in r]
+    if targets:
+        out += ["", "Target (median per-round ratio of the rate):", ""]
+        out += [f"- {BROKER_NAMES.get(b, b)}, {t['workload']}: {t['median']:.2f} ≥ {t['bound']}: "
+                f"**{'met' if t['met'] else 'NOT met'}**" for b, t in targets]
+    return "\n".join(out)
+
+
+def sync_sentence(results: dict) -> str:
+    """The docs' sentence on the sync face's receive + ack rate (``bench/figures.py`` renders it into the
+    ``consume-throughput-sync`` blocks), from the committed ``--sync`` runs: one clause per broker."""
+    parts = []
+    for broker in sorted(results, key=lambda b: b != "apache"):  # Apache Pulsar first: it decides
+        r = results[broker]
+        w = r["workloads"].get("non-batched")
+        if w is None:
+            continue
+        rate, cpu = w["sync/plain-sync rate"], w["sync/plain-sync cpu"]
+        parts.append(f"on {BROKER_NAMES.get(broker, broker)}, `nacktracker.sync` {w['sync']['rate']['median']:,.0f} msg/s "
+                     f"and plain `pulsar.Consumer` {w['plain-sync']['rate']['median']:,.0f} msg/s: **{rate['median']:.2f}×** "
+                     f"the rate [{rate['min']:.2f}–{rate['max']:.2f} over the rounds], {cpu['median']:.2f}× the CPU "
+                     f"(`{r['command']}`, {w['messages']:,} messages per run, {r['rounds']} alternating rounds, load "
+                     f"average {w['load_avg_before'][0]} → {w['load_avg_after'][0]} on {r['cores']} cores)")
+    if not parts:
+        return "The synchronous face's throughput: no committed run yet (`python -m bench.consume_throughput --sync --save`)."
+    return ("Receive + ack of non-batched 64-byte messages in a synchronous program's main thread, "
+            "the two consumers side by side (medians of the per-round ratios): " + "; ".join(parts)
+            + " ([results](bench/results/consume-throughput/RESULTS.md)).")
 
 
 @contextlib.contextmanager
@@ -526,6 +613,9 @@ def render(path: Path) -> None:
         md += [table(results[broker]), ""]
     if "lite" in results and {"batched", "non-batched"} <= set(results["lite"]["workloads"]):
         md += ["README's row:", "", "```", readme_line(results), "```", ""]
+    sync = path.parent / SYNC_RESULTS.name
+    if sync.exists():
+        md += [sync_table(json.loads(sync.read_text())), ""]
     (path.parent / "RESULTS.md").write_text("\n".join(md))
 
 
@@ -597,6 +687,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             f"(range {w['sync/plain-sync rate']['min']}-{w['sync/plain-sync rate']['max']}), "
             f"plain-sync {w['plain-sync']['rate']['median']:,.0f} msg/s, sync {w['sync']['rate']['median']:,.0f} msg/s, "
             f"load {w['load_avg_before']} -> {w['load_avg_after']}" for name, w in got["workloads"].items()))
+        if a.save:
+            save_sync(got, Path(a.save).parent / SYNC_RESULTS.name)
         return 0
     result = run(a.quick, a.broker, a.url, settings, a.batch_index_ack, a.rounds, a.messages, a.nack_messages,
                  only, progress=lambda line: print(line, file=sys.stderr, flush=True))

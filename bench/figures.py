@@ -16,7 +16,9 @@ its results file renders, so the text cannot go stale.
     python -m bench.figures record-demo   # run `nacktracker demo --json`, save bench/results/demo/results.json
 
 Blocks: ``demo`` (the demo's table), ``consume-throughput`` (TrackedConsumer
-against the plain consumer, from ``python -m bench.consume_throughput --json``), ``consumer-memory``
+against the plain consumer, from ``python -m bench.consume_throughput --json``),
+``consume-throughput-sync`` (``nacktracker.sync`` against the plain ``pulsar.Consumer``, from
+``python -m bench.consume_throughput --sync --save``), ``consumer-memory``
 (RSS per pending nack end to end, from ``python -m bench.consumer_memory --save``),
 ``index-grid`` (the index on real client traffic, by precision), ``java-anchor`` (the tracker beside
 Java's PIP-393 tracker, from ``python -m bench.java_anchor --save``), ``seed-table`` (the broker-side
@@ -99,6 +101,15 @@ def consume_throughput() -> str:
             f"{r['load_avg_before'][0]} → {r['load_avg_after'][0]} on {r['cores']} cores): TrackedConsumer "
             f"{r['tracked']['median']:,} msg/s, plain `pulsar.asyncio.Consumer` {r['plain']['median']:,} msg/s, "
             f"**{r['median_round_ratio']:.0%}** (median of the per-round ratios; [results file]({rel})).")
+
+
+def consume_throughput_sync() -> str:
+    """One sentence: the synchronous face's receive + ack rate against the plain ``pulsar.Consumer``'s, from the
+    committed ``python -m bench.consume_throughput --sync --save`` runs (``sync.json``)."""
+    from bench import consume_throughput
+
+    path = THROUGHPUT_DIR / consume_throughput.SYNC_RESULTS.name
+    return consume_throughput.sync_sentence(_load(path) if path.exists() else {})
 
 
 def consumer_memory() -> str:
@@ -489,6 +500,7 @@ def _throughput_sources() -> str:
 
 
 RENDERERS: dict[str, Callable[[], str]] = {"demo": demo, "consume-throughput": consume_throughput,
+                                          "consume-throughput-sync": consume_throughput_sync,
                                           "consumer-memory": consumer_memory,
                                           "index-grid": index_grid, "pipeline-scale": pipeline_scale,
                                           "pipeline-speed": pipeline_speed, "java-anchor": java_anchor,

@@ -13,7 +13,9 @@
   *same* C++ client as the user's ``pulsar.Client`` (``pulsar.asyncio.Client`` is a
   thin face over that object too: no second connection, the user's auth/TLS/settings
   apply). There is no second copy of the delivery logic: each method hands its call
-  to the loop and waits for the answer in the caller's thread, where errors are raised.
+  to the loop and waits for the answer in the caller's thread, where errors are raised;
+  except the hot path: ``receive`` takes messages the loop set aside ahead of it
+  (:data:`HANDOFF`), ``acknowledge`` hands its ack over without waiting.
 * ``message_listener=callable(consumer, msg)``: a listener thread
   (``nacktracker-sync-listener``) receives and calls it, one message at a time, as the
   sync client calls its own; ``consumer`` is the :class:`SyncConsumer` (its acks and
@@ -51,9 +53,15 @@ log = logging.getLogger("nacktracker.sync")
 T = TypeVar("T")
 Listener = Callable[["SyncConsumer", pulsar.Message], None]
 
-#: At most this many messages a receive takes from the loop at once, beyond the one it returns: the next
-#: receives find them here without a thread hop (they count as received, as the client's queue does).
-HANDOFF = 16
+#: At most this many messages (and at most the consumer's ``prefetch``, which is this by default on the sync
+#: face) wait here, taken from the loop ahead of the receives that will return them: those receives find
+#: them without a thread hop (they count as received, as the client's queue does). None with an ack timeout
+#: (its clock starts when the application gets the message: each receive takes its own on the loop).
+HANDOFF = 64
+#: Acks handed over while the loop took others less than this long ago wait for it to come back (no wake-up
+#: of their own): the loop looks again after this long while acks keep coming. The client's own acks are
+#: grouped for 100 ms before they are sent.
+ACK_GATHER_S = 0.002
 #: What acknowledge() takes (checked in the caller's thread; the rest is checked on the loop).
 ACKABLE = (pulsar.Message, pulsar.MessageId, _pulsar.Message, _pulsar.MessageId)
 
@@ -151,10 +159,21 @@ class SyncConsumer:
         self._listening = threading.Event()  # cleared by pause_message_listener()
         self._listening.set()
         self._listener_thread: Optional[threading.Thread] = None
-        self._ready: collections.deque[pulsar.Message] = collections.deque()  # taken from the loop, in order
+        # taken from the loop, in order; appended on the loop only, taken from in any thread
+        self._ready: collections.deque[pulsar.Message] = collections.deque()
+        opts = tracked.options
+        self._handoff = 0 if opts.ack_timeout_ms else min(HANDOFF, opts.prefetch)  # the most _ready holds
+        # a receive that leaves this many or fewer asks the loop, without waiting, to top _ready up again
+        # (from what waits in the consumer already): a receiver that keeps up finds the next messages here
+        self._refill_at = self._handoff // 2
         self._acks: list[Any] = []  # acknowledged here, not yet on the loop (see acknowledge)
-        self._acks_lock = threading.Lock()
-        self._acks_scheduled = False
+        self._lock = threading.Lock()  # the hand-over to the loop: _acks and the three flags below
+        self._acking = False  # an _ack_all runs on the loop: it takes every ack handed over meanwhile
+        self._woken = False  # a _service call is queued on the loop
+        self._refill = False  # a receive asked for a top-up of _ready (done by the next _service)
+        self._taking = 0  # receives waiting on the loop for a message (_take): top-ups leave theirs to them
+        self._topping = False  # a top-up runs on the loop
+        self._gathering = False  # the loop looks for acks again soon (ACK_GATHER_S): no wake-up needed
         self.ack_failures = 0
         if listener is not None:
             self._listener_thread = threading.Thread(target=self._listen, name="nacktracker-sync-listener",
@@ -194,22 +213,96 @@ class SyncConsumer:
             raise pulsar.InvalidConfiguration("Can not receive when a listener has been set")
         if self._closed:
             raise ConsumerClosed()
+        ready = self._ready
         try:
-            return self._ready.popleft()  # taken by an earlier receive: no thread hop
+            msg = ready.popleft()  # taken from the loop before: no thread hop
+        except IndexError:
+            return self._call(lambda: self._take(timeout_millis))
+        if len(ready) <= self._refill_at and not self._refill:
+            self._ask_refill()
+        return msg
+
+    def _ask_refill(self) -> None:
+        """Ask the loop to top the hand-off up (not waited for: the next receives find the messages)."""
+        with self._lock:
+            self._refill = True
+            if self._woken:
+                return
+            self._woken = True
+        try:
+            self._runner.loop.call_soon_threadsafe(self._service)
+        except RuntimeError:  # the loop closed meanwhile: the next receive raises ConsumerClosed
+            pass
+
+    def _service(self) -> None:
+        """On the loop, once per wake-up from the callers' threads: start taking the acks handed over, and
+        top the hand-off up if a receive asked."""
+        with self._lock:
+            self._woken = False
+            refill, self._refill = self._refill, False
+        self._start_acks()
+        if refill and not self._topping and not self._closed:
+            self._topping = True
+            self._runner.loop.create_task(self._top_up())
+
+    def _start_acks(self) -> None:
+        """On the loop: take the acks handed over (an _ack_all), then look again in :data:`ACK_GATHER_S`."""
+        with self._lock:
+            ack = bool(self._acks) and not self._acking
+            if ack:
+                self._acking = True
+            gather = ack and not self._gathering
+            if gather:
+                self._gathering = True
+        if ack:
+            self._runner.loop.create_task(self._ack_all())
+        if gather:
+            self._runner.loop.call_later(ACK_GATHER_S, self._gathered)
+
+    def _gathered(self) -> None:
+        with self._lock:
+            self._gathering = False
+        self._start_acks()
+
+    def _move(self) -> int:
+        """On the loop: move what waits in the consumer to ``_ready``, up to the hand-off's size; how many.
+        Not while a receive waits on the loop (the message it waits for is its own)."""
+        if self._taking or self._closed:
+            return 0
+        ready, tracked, most = self._ready, self._tracked, self._handoff
+        moved = 0
+        try:
+            while len(ready) < most and (msg := tracked.receive_nowait()) is not None:
+                ready.append(msg)
+                moved += 1
+        except Exception:  # closed or failed: the next receive that waits on the loop raises it
+            log.debug("the hand-off stops: the consumer stopped", exc_info=True)
+        return moved
+
+    async def _top_up(self) -> None:
+        """On the loop: fill ``_ready`` up to the hand-off's size from what the consumer has now, letting its
+        pump take more from the client's queue in between; never waits for the broker."""
+        try:
+            while self._move() and len(self._ready) < self._handoff:
+                await asyncio.sleep(0)  # the pump takes the next messages from the client's queue
+        finally:
+            self._topping = False
+
+    async def _take(self, timeout_millis: Optional[int]) -> pulsar.Message:
+        """On the loop: the next message (one that a top-up put in ``_ready`` meanwhile first), then a
+        top-up."""
+        ready = self._ready
+        try:
+            return ready.popleft()
         except IndexError:
             pass
-        first, more = self._call(lambda: self._take(timeout_millis))
-        self._ready.extend(more)
+        self._taking += 1
+        try:
+            first = await self._tracked.receive(timeout_millis)
+        finally:
+            self._taking -= 1
+        self._move()
         return first
-
-    async def _take(self, timeout_millis: Optional[int]) -> tuple[pulsar.Message, list[pulsar.Message]]:
-        """On the loop: the next message, and up to :data:`HANDOFF` more that wait already."""
-        tracked = self._tracked
-        first = await tracked.receive(timeout_millis)
-        more: list[pulsar.Message] = []
-        while len(more) < HANDOFF and (msg := tracked.receive_nowait()) is not None:
-            more.append(msg)
-        return first, more
 
     def batch_receive(self) -> list[pulsar.Message]:
         """As ``pulsar.Consumer.batch_receive`` with ``batch_receive_policy`` (see
@@ -268,26 +361,23 @@ class SyncConsumer:
             raise ConsumerClosed()
         if not isinstance(message, ACKABLE):
             raise TypeError(f"acknowledge takes a pulsar.Message or pulsar.MessageId, not {type(message).__name__}")
-        with self._acks_lock:
+        with self._lock:
             self._acks.append(message)
-            if self._acks_scheduled:
+            if self._acking or self._woken or self._gathering:  # the loop takes it soon without a wake-up
                 return
-            self._acks_scheduled = True
+            self._woken = True
         try:
-            self._runner.loop.call_soon_threadsafe(self._schedule_acks)
+            self._runner.loop.call_soon_threadsafe(self._service)
         except RuntimeError:  # the loop closed meanwhile: closed
             raise ConsumerClosed() from None
 
-    def _schedule_acks(self) -> None:
-        self._runner.loop.create_task(self._ack_all())
-
     async def _ack_all(self) -> None:
-        """On the loop: every ack handed over so far, in order."""
+        """On the loop: every ack handed over so far, in order (one runs at a time: ``_acking``)."""
         while True:
-            with self._acks_lock:
+            with self._lock:
                 acks, self._acks = self._acks, []
                 if not acks:
-                    self._acks_scheduled = False
+                    self._acking = False
                     return
             for message in acks:
                 try:
@@ -300,12 +390,15 @@ class SyncConsumer:
         """As ``pulsar.Consumer.acknowledge_cumulative`` (not on Shared subscriptions). Messages taken from
         the loop by an earlier receive and covered by it are not handed out any more (the consumer
         drops them from its queue too)."""
-        self._call(lambda: self._tracked.acknowledge_cumulative(message))
-        if self._ready and isinstance(message, pulsar.Message):
-            upto, topic = message.message_id(), message.topic_name()
-            kept = [m for m in list(self._ready) if m.topic_name() != topic or not m.message_id() <= upto]
-            self._ready.clear()
-            self._ready.extend(kept)
+        async def ack() -> None:
+            await self._tracked.acknowledge_cumulative(message)
+            ready = self._ready
+            if ready and isinstance(message, pulsar.Message):  # on the loop: no top-up runs meanwhile
+                upto, topic = message.message_id(), message.topic_name()
+                kept = [m for m in list(ready) if m.topic_name() != topic or not m.message_id() <= upto]
+                ready.clear()
+                ready.extend(kept)
+        self._call(ack)
 
     def negative_acknowledge(self, message: Any, delay_ms: Optional[int] = None) -> None:
         """Redeliver a Message (or its id) after ``delay_ms`` (default: the backoff for its redelivery count,
@@ -327,15 +420,19 @@ class SyncConsumer:
     def seek(self, messageid: Union[pulsar.Message, pulsar.MessageId, int]) -> None:
         """As the client's: the broker resends from there (what was taken here is dropped, as the
         client clears its queue)."""
-        self._call(lambda: self._tracked.seek(messageid))
-        self._ready.clear()
+        async def seek() -> None:
+            await self._tracked.seek(messageid)
+            self._ready.clear()  # on the loop: a top-up after this takes what the broker resends
+        self._call(seek)
 
     def get_last_message_id(self) -> Any:
         return self._call(self._tracked.get_last_message_id)
 
     def redeliver_unacknowledged_messages(self) -> None:
-        self._call(self._async(self._tracked.redeliver_unacknowledged_messages))
-        self._ready.clear()  # the broker sends them again
+        def redeliver() -> None:
+            self._tracked.redeliver_unacknowledged_messages()
+            self._ready.clear()  # the broker sends them again
+        self._call(self._async(redeliver))
 
     def stats(self) -> dict[str, Any]:
         """:meth:`TrackedConsumer.stats <nacktracker.TrackedConsumer.stats>`, read on the loop thread."""
@@ -435,6 +532,7 @@ def subscribe(client: pulsar.Client, topic: Union[str, list[str], re.Pattern[str
         topic = topic.pattern
         options["is_pattern_topic"] = True
     aclient = _asyncio_client(client)
+    options.setdefault("prefetch", HANDOFF)  # what the hand-off takes at most (see HANDOFF)
     runner = _LoopThread()
     try:
         tracked = runner.call(lambda: subscribe_async(aclient, topic, subscription, **options))

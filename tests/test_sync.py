@@ -438,3 +438,40 @@ def test_a_paused_listener_gets_nothing_until_resumed(broker_url, topic, sync_cl
         assert not arrived.wait(0.5) and got == []
         consumer.resume_message_listener()
         assert arrived.wait(10) and got == [b"later"]
+
+
+def test_receives_through_the_hand_off_keep_the_order_and_its_bounds(broker_url, topic, sync_client):
+    """Most receives take messages the loop set aside ahead of them: a single receiver still gets every
+    message once, in the order published; the hand-off holds no more than the consumer's ``prefetch``
+    (receiver queue size 4 here, so ``prefetch`` 4), and nothing at all with an ack timeout (whose clock
+    starts when the application gets the message)."""
+    import pulsar
+
+    name = topic("sync-handoff")
+    n = 300
+    publish(sync_client, name, [f"m{i}".encode() for i in range(n)])
+    with nacktracker.sync.subscribe(sync_client, name, "order", initial_position=pulsar.InitialPosition.Earliest,
+                                    receiver_queue_size=4) as consumer:
+        got, held = [], []
+        for _ in range(n):
+            msg = consumer.receive(10_000)
+            got.append(msg.data())
+            consumer.acknowledge(msg)
+            held.append(consumer.stats()["sync_handed_over"])
+        assert got == [f"m{i}".encode() for i in range(n)]
+        assert max(held) <= 4
+        with pytest.raises(pulsar.Timeout):
+            consumer.receive(200)
+    with nacktracker.sync.subscribe(sync_client, name, "timed", initial_position=pulsar.InitialPosition.Earliest,
+                                    ack_timeout_ms=10_000) as consumer:
+        first = [consumer.receive(10_000) for _ in range(20)]
+        assert [m.data() for m in first] == [f"m{i}".encode() for i in range(20)]
+        assert consumer.stats()["sync_handed_over"] == 0
+    with nacktracker.sync.subscribe(sync_client, name, "default", initial_position=pulsar.InitialPosition.Earliest) as consumer:
+        got = []
+        for _ in range(n):
+            msg = consumer.receive(10_000)
+            got.append(msg.data())
+            consumer.acknowledge(msg)
+            assert consumer.stats()["sync_handed_over"] <= nacktracker.sync.HANDOFF
+        assert got == [f"m{i}".encode() for i in range(n)]
