@@ -46,7 +46,7 @@ lint: $(STAMP)
 # The inner loop (<= 90 s on 2 cores): ruff, mypy and the tests that need neither a broker nor
 # Spark, without the ones marked `slow` (whole benchmark runs and other long subprocess tests:
 # `nacktracker bench --quick` and the other benchmark smoke runs, the traffic bench, the demo, the
-# pipeline's subprocess runs), with hypothesis's `quick` profile (a quarter of each test's examples,
+# pipeline's subprocess runs, the runs under a profile hook), with hypothesis's `quick` profile (a quarter of each test's examples,
 # derandomized: tests/run_checks.py). `make test` runs everything, these included, on the `ci` profile.
 CHECK_TESTS := not broker and not lite and not apache and not external and not spark and not slow
 check: lint

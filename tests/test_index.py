@@ -419,6 +419,7 @@ def test_due_times_stop_below_2_62_so_every_bucket_stays_reachable(cls):
 INDEX_DIR = str(ROOT / "nacktracker" / "index")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bits", [0, 4, 8])
 def test_state_stays_whole_under_a_hook_reading_frame_locals(bits):
     """A sampling profiler or debugger reads ``frame.f_locals``; on Python 3.11

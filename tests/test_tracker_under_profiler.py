@@ -75,6 +75,7 @@ def run(bits: int, seed: int, hooked: bool, ops: int = 8_000, ledgers: int = 16)
     return steps, errors
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bits", [0, 8])
 def test_the_trackers_calls_under_a_locals_reading_hook_do_what_they_do_without_it(bits):
     plain, _ = run(bits, seed=bits, hooked=False)
