@@ -1,6 +1,6 @@
 """The Java client program in ``tests/java`` (Apache Pulsar's Java client from Maven Central):
 built once, its class path for ``java -cp``. Used by ``bench.retry_precision`` (Java's
-``reconsumeLater`` timed beside nacktracker's) and ``tests/test_java_interop.py``."""
+``reconsumeLater`` timed beside nacktracker's) and ``tests/brokers/test_java_interop.py``."""
 
 from __future__ import annotations
 

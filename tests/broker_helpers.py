@@ -27,7 +27,7 @@ async def redelivery_errors(consumer, due, now_ms, timeout_ms=4000):
 
 
 async def settle_before_restart(consumer, msgs, now_ms):
-    """The restart scenario (tests/test_reliability.py, tests/test_pulsar_local.py):
+    """The restart scenario (tests/brokers/test_reliability.py, tests/brokers/test_pulsar_local.py):
     nack m0 (2500 ms), m1 (3500 ms) and b1 (3000 ms, one message of a batch
     entry), ack m2, b0 and b3 (``msgs``: data -> received message); b2 stays
     held. Returns data -> due time (ms) of the nacked ones."""

@@ -5,18 +5,31 @@ tracker is tested with an injectable clock.
 ``NACKTRACKER_TEST_BROKERS`` (``lite,apache`` by default) chooses the kinds;
 a test on a broker carries the marker of its kind (``-m lite``, ``-m apache``).
 A broker that cannot start is an error, never a skip.
+
+The tests live in one folder per room of the package (``index/``, ``tracker/``,
+``adapters/``, ``consumer/``, ``brokers/``, ``pipeline/``), the checks of the
+whole (docs, layers, public surface, CLI, benchmarks) here. A test module may
+import another's fakes by module name (``from test_consumer_shell import
+FakeBroker``): every room's folder is on ``sys.path``, whichever runs first.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import tempfile
 import uuid
+from pathlib import Path
 
 import pytest
 
 from nacktracker.testing import BROKER_KINDS, make_broker
+
+TESTS = Path(__file__).resolve().parent
+#: The rooms' test folders (each on sys.path: see above).
+ROOMS = sorted({path.parent for path in TESTS.rglob("test_*.py")} - {TESTS})
+sys.path[:0] = [str(room) for room in ROOMS if str(room) not in sys.path]
 
 # nacktracker's cache ($NACKTRACKER_CACHE_DIR: the pipeline's constants and JVM
 # class archive, the Apache broker's class path): tests never read or write the

@@ -67,16 +67,16 @@ settings.load_profile(PROFILE)  # before the test modules are imported: their @s
 #: Tests known to take longer than the default timeout, by node id prefix (seconds; measured
 #: with ``pytest --durations`` on a 2-core machine under load, with about 3x headroom).
 LONG_TESTS: dict[str, int] = {
-    "tests/test_pipeline_cluster.py": 900,
-    "tests/test_pipeline.py": 600,
-    "tests/test_pipeline_caches.py": 600,
-    "tests/test_pipeline_ship.py": 600,
+    "tests/pipeline/test_pipeline_cluster.py": 900,
+    "tests/pipeline/test_pipeline.py": 600,
+    "tests/pipeline/test_pipeline_caches.py": 600,
+    "tests/pipeline/test_pipeline_ship.py": 600,
     "tests/test_bench.py": 600,
-    "tests/test_soak.py": 600,
+    "tests/brokers/test_soak.py": 600,
     "tests/test_demo.py": 300,
-    "tests/test_reliability.py": 300,
-    "tests/test_index.py::test_nbytes_within_25_percent_of_rss_growth": 300,
-    "tests/test_testing_apache.py": 600,
+    "tests/brokers/test_reliability.py": 300,
+    "tests/index/test_index.py::test_nbytes_within_25_percent_of_rss_growth": 300,
+    "tests/brokers/test_testing_apache.py": 600,
 }
 
 #: Tests with this marker get at least this timeout: the first test on an Apache Pulsar broker

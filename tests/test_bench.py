@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_bench_quick_writes_results(tmp_path):
     out = tmp_path / "bench"
     subprocess.run([sys.executable, "-m", "nacktracker.cli", "bench", "--quick", "--out", str(out),
-                    "--skip", "pulsar,consume,soak,snapshot,dedup,traffic,grid"],  # grid: tests/test_index_grid.py
+                    "--skip", "pulsar,consume,soak,snapshot,dedup,traffic,grid"],  # grid: tests/index/test_index_grid.py
                    check=True, cwd=ROOT, capture_output=True, text=True, timeout=300)
     results = json.loads((out / "results.json").read_text())
     for name in ("results.json", "RESULTS.md", "memory.png", "precision.png"):

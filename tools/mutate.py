@@ -72,26 +72,26 @@ TIMEOUTS = {36, 24, -24, 152, 255}  # mutmut's CPU-time limit (SIGXCPU): a mutan
 SURVIVED = {0}
 
 
-#: tests/test_index.py's RSS test and profile-hook test, left out of the index's selections: one
+#: tests/index/test_index.py's RSS test and profile-hook test, left out of the index's selections: one
 #: measures the process, one a tracing hook; neither is about what a mutant of the index changes.
-_NOT_INDEX_TESTS = ("--deselect tests/test_index.py::test_nbytes_within_25_percent_of_rss_growth "
-                    "--deselect tests/test_index.py::test_state_stays_whole_under_a_hook_reading_frame_locals")
-INDEX_TESTS = ("tests/test_index.py tests/test_index_layout.py tests/test_memory_model.py tests/test_fuzz.py "
+_NOT_INDEX_TESTS = ("--deselect tests/index/test_index.py::test_nbytes_within_25_percent_of_rss_growth "
+                    "--deselect tests/index/test_index.py::test_state_stays_whole_under_a_hook_reading_frame_locals")
+INDEX_TESTS = ("tests/index/test_index.py tests/index/test_index_layout.py tests/pipeline/test_memory_model.py tests/tracker/test_fuzz.py "
                + _NOT_INDEX_TESTS)
 #: What ``--owners`` (``make mutate``) runs: (modules, the tests that own their behaviour, hypothesis
 #: profile), the fewest mutants first. The index's modules run on ``mutate-quick`` (see ``--profile``).
 #: The retry and dead-letter toolkit's tests that need no broker and no subprocess.
-LETTER_TESTS = ("tests/test_retries.py tests/test_consumer_letters.py -m 'not broker and not lite and not apache' "
-                "--deselect tests/test_consumer_letters.py::"
+LETTER_TESTS = ("tests/consumer/test_retries.py tests/consumer/test_consumer_letters.py -m 'not broker and not lite and not apache' "
+                "--deselect tests/consumer/test_consumer_letters.py::"
                 "test_one_consumer_per_snapshot_path_at_a_time_and_a_killed_holder_leaves_no_lock")
 OWNERS: list[tuple[tuple[str, ...], str, str]] = [
-    (("nacktracker/precision.py",), "tests/test_index.py " + _NOT_INDEX_TESTS, "mutate"),
-    (("nacktracker/backoff.py",), "tests/test_backoff.py tests/test_backoff_jitter.py", "mutate"),
-    (("nacktracker/snapshot.py",), "tests/test_snapshot.py tests/test_snapshot_edges.py tests/test_fuzz.py",
+    (("nacktracker/precision.py",), "tests/index/test_index.py " + _NOT_INDEX_TESTS, "mutate"),
+    (("nacktracker/backoff.py",), "tests/tracker/test_backoff.py tests/tracker/test_backoff_jitter.py", "mutate"),
+    (("nacktracker/snapshot.py",), "tests/tracker/test_snapshot.py tests/tracker/test_snapshot_edges.py tests/tracker/test_fuzz.py",
      "mutate"),
-    (("nacktracker/consumer/core.py",), "tests/test_consumer_core.py", "mutate"),
-    (("nacktracker/tracker.py",), "tests/test_tracker.py tests/test_faults.py tests/test_events.py "
-     "tests/test_fuzz.py tests/test_snapshot.py", "mutate"),
+    (("nacktracker/consumer/core.py",), "tests/consumer/test_consumer_core.py", "mutate"),
+    (("nacktracker/tracker.py",), "tests/tracker/test_tracker.py tests/tracker/test_faults.py tests/tracker/test_events.py "
+     "tests/tracker/test_fuzz.py tests/tracker/test_snapshot.py", "mutate"),
     (("nacktracker/consumer/retry_letters.py",), LETTER_TESTS, "mutate"),
     *(((f"nacktracker/index/{m}.py",), INDEX_TESTS, "mutate-quick")
       for m in ("_ledgers", "bitmaps", "layout", "baselines", "_windows", "_live", "buckets")),
@@ -271,7 +271,7 @@ def main() -> int:
                          "them), not every survivor again; repeatable")
     ap.add_argument("--tests", type=shlex.split, metavar="'ARGS'",
                     help="the tests to run instead of [tool.mutmut]'s selection, one quoted string of pytest "
-                         "arguments (e.g. 'tests/test_index.py --deselect ID'): the tests that own the modules' behaviour")
+                         "arguments (e.g. 'tests/index/test_index.py --deselect ID'): the tests that own the modules' behaviour")
     ap.add_argument("--profile", default="mutate", choices=["mutate", "mutate-quick"],
                     help="hypothesis profile (tests/run_checks.py): mutate-quick runs a quarter of each test's "
                          "examples, a cheaper first pass that can only let more mutants survive; rerun its "

@@ -7,7 +7,7 @@ fast selection, so a run fits in the time there is. Only the test selection
 changes; everything else (what counts as killed, the ``mutate`` hypothesis
 profile, the modules mutated) stays as configured.
 
-    python tools/mutmut_tests.py '["tests/test_index.py", ...]' run [mutmut args]
+    python tools/mutmut_tests.py '["tests/index/test_index.py", ...]' run [mutmut args]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """LeadEstimator: how early to fire so a redelivered copy arrives before it is due.
 
 Pure (no clock of its own, no I/O): the adapter feeds it each latency sample
-(hand-over to arrival, ms) with the time it was taken; ``tests/test_lead.py``
+(hand-over to arrival, ms) with the time it was taken; ``tests/adapters/test_lead.py``
 drives it with explicit times.
 
 Why a *time* memory and not a window of the last N samples: samples come in

@@ -28,7 +28,7 @@ Figures measured here (pulsar-client 3.13, pulsar-lite, nack delay 100):
 a lone burst comes back after 103-138 ms (median 133); bursts spaced 34-80 ms
 apart come back after 102-166 ms depending on the spacing (the tick lands
 33 ms after whichever burst follows the 100 ms hold); gaps under ~33 ms
-starve. ``tests/test_adapters.py`` re-measures spacing and latency each run.
+starve. ``tests/adapters/test_adapters.py`` re-measures spacing and latency each run.
 """
 
 from __future__ import annotations

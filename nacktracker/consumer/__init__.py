@@ -6,7 +6,7 @@ thin front over ``Fetcher``/``SubscriptionState``:
 
 * :mod:`.core` -- :class:`DeliveryCore`: which copy of which message surfaces
   now, is parked until its time, or is dropped; when a record may go. Pure
-  (no pulsar, no clock, no I/O); model-tested in ``tests/test_consumer_core.py``.
+  (no pulsar, no clock, no I/O); model-tested in ``tests/consumer/test_consumer_core.py``.
 * :mod:`.shell` -- :class:`TrackedConsumer`: the receive pump, ack/nack calls,
   the release timer on the tracker's clock.
 * :mod:`.pump` -- the receive pump; :mod:`.release` -- the release timer.

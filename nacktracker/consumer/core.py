@@ -2,7 +2,7 @@
 
 A pure state machine (no pulsar, no clock of its own, no I/O): the shell (:mod:`nacktracker.consumer.shell`) feeds it
 what happens -- a copy arrives from the broker, the application acks or nacks, the tracker hands a bucket to the
-adapter -- each with the tracker's clock reading ``now_ms``, and does what it answers. ``tests/test_consumer_core.py``
+adapter -- each with the tracker's clock reading ``now_ms``, and does what it answers. ``tests/consumer/test_consumer_core.py``
 drives it with arbitrary interleavings (hypothesis) against the promises it keeps:
 
 * nothing the application acknowledged surfaces again (acked ids live in a :class:`~nacktracker.Deduplicator`; with

@@ -191,7 +191,7 @@ async def subscribe(client: pulsar_asyncio.Client, topic: Union[str, list[str]],
     subscription's other consumers. Apache Pulsar without that setting
     ignores the index acks (nothing is lost); pulsar-lite takes each index ack
     for the whole entry, and the entry's other messages are lost (both
-    measured: ``tests/test_pulsar.py::test_batch_index_ack_on_a_broker_without_it``).
+    measured: ``tests/brokers/test_pulsar.py::test_batch_index_ack_on_a_broker_without_it``).
 
     The consumer is subscribed with ``negative_ack_redelivery_delay_ms=100``
     (the client's minimum; the adapter redelivers through that path). The

@@ -28,7 +28,7 @@ from nacktracker.pipeline.plan import measured_costs, recommend
 
 from pipeline_helpers import nacks_by_consumer, replay
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 T0 = 1_700_000_000_000
 BITS = (0, 4, 8, 12)
 
@@ -374,7 +374,7 @@ def test_partitions_sorted_and_streamed_in_groups_give_the_same_tables(spark, pl
 def test_consumers_streamed_in_time_order_give_the_same_tables(spark, planned, trace):
     """Consumers above the streaming threshold go through the streaming kernel
     (time-sorted in Spark, a chunk at a time): here all three. One chunk each
-    at this size: every column equal (several chunks: tests/test_pipeline_stream.py)."""
+    at this size: every column equal (several chunks: tests/pipeline/test_pipeline_stream.py)."""
     from nacktracker.pipeline import plan
 
     drop = lambda t: t.drop(columns=["kernel_s"]).reset_index(drop=True)  # noqa: E731
@@ -396,7 +396,7 @@ def test_peak_memory_agrees_with_an_index_built_in_process(planned, trace, bits)
     assert len(at_peak) == r["peak_pending"]
     assert (r["bitmaps"], r["buckets"]) == (at_peak.bitmap_count(), at_peak.bucket_count())
     # the model follows the replayed index as it was at that instant (adds and pops);
-    # on this trace it measured 10.1% under at bits 8 (tests/test_memory_model.py holds 10%)
+    # on this trace it measured 10.1% under at bits 8 (tests/pipeline/test_memory_model.py holds 10%)
     assert r["index_bytes"] == pytest.approx(at_peak.nbytes(), rel=0.15)
 
 

@@ -1,7 +1,7 @@
 """Faults against the real embedded broker: a broker killed with SIGKILL
 mid-stream, a consumer restarted on its snapshot, acknowledged messages that
 the broker sends again. (Adapters that raise, slow adapters and loop stalls
-need no broker: tests/test_faults.py.)
+need no broker: tests/tracker/test_faults.py.)
 
 What every test checks is the direction that matters: nothing nacked is lost,
 nothing surfaces before it is due (beyond the adapter's path tolerance),

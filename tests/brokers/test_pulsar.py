@@ -881,7 +881,7 @@ async def test_seek_accepts_messages_ids_earliest_latest_and_timestamps(client, 
     seek to an id or a timestamp but sends nothing again, and answers
     earliest/latest with Disconnected (so does the plain pulsar.asyncio
     consumer's seek, tried by hand): the rewind itself is tested without a
-    broker (tests/test_consumer_shell.py)."""
+    broker (tests/consumer/test_consumer_shell.py)."""
     t = topic()
     ids = await publish(client, t, 4)
     async with await tracked(client, t) as consumer:

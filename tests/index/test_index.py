@@ -22,7 +22,7 @@ from nacktracker import precision
 from nacktracker.precision import Precision
 
 ALL = (TimeBucketIndex, DictIndex, HeapIndex)
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(params=ALL, ids=lambda c: c.__name__)

@@ -207,7 +207,7 @@ def test_message_id_building_sets_topic_only_when_known():
 @pytest.mark.broker
 async def test_the_lead_is_learned_from_reported_arrivals(client, topic, monkeypatch):
     """The lead follows the largest hand-over-to-arrival latency of the last
-    minute (plus a quarter and 20 ms: tests/test_lead.py), within its bounds;
+    minute (plus a quarter and 20 ms: tests/adapters/test_lead.py), within its bounds;
     arrivals of entries it did not hand over, and those handed over before the
     application fell behind, teach it nothing; a fixed lead_ms never moves."""
     import nacktracker.adapters.pulsar as module

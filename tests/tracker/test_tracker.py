@@ -486,7 +486,7 @@ async def test_add_threadsafe_refuses_in_the_calling_thread_what_add_refuses():
 async def test_add_threadsafe_counts_and_logs_what_still_fails_on_the_loop(caplog):
     """A failure on the loop after the calling thread's checks passed is
     counted in threadsafe_failures and logged, never silent (a close in
-    between is counted as rejected_after_close: tests/test_faults.py)."""
+    between is counted as rejected_after_close: tests/tracker/test_faults.py)."""
     tracker = NegativeAcksTracker(MemoryAdapter(), precision_bits=0)
     tracker.add_threadsafe(K(1), delay_ms=10)
 

@@ -2,7 +2,7 @@
 
 The adapter alone (pure: no pulsar, no clock), then TrackedConsumer over a fake
 consumer with the local adapter, every timing on ManualClock. The same
-behaviour against the embedded broker: ``tests/test_pulsar_local.py``.
+behaviour against the embedded broker: ``tests/brokers/test_pulsar_local.py``.
 """
 
 from __future__ import annotations

@@ -250,7 +250,7 @@ async def test_batch_index_acks_on_a_broker_with_them_bring_back_only_the_nacked
     is due: the broker sends every unacknowledged message of the entry);
     the held ones once the application nacks them."""
     if broker_kind == "lite":
-        pytest.skip("pulsar-lite ignores batch-index acks (tests/test_pulsar.py shows what it does instead)")
+        pytest.skip("pulsar-lite ignores batch-index acks (tests/brokers/test_pulsar.py shows what it does instead)")
     with own_broker(settings={"acknowledgmentAtBatchIndexLevelEnabled": True}) as broker:
         client = pulsar.asyncio.Client(broker.url, logger=pulsar_logger, operation_timeout_seconds=10)
         try:

@@ -19,7 +19,7 @@ import pytest
 
 from pipeline_helpers import nacks_by_consumer, replay
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "pipeline.md"
 T0 = 1_700_000_000_000
 

@@ -4,7 +4,7 @@ them, and pulsar-lite does not even do that), plus seek and the prefetch queue.
 
 Ports the spirit of Java's NegativeAcksTest (nack everything, everything comes
 back) and of acknowledge_cumulative usage; the adapter and the shell alone:
-``tests/test_local_redelivery.py``.
+``tests/consumer/test_local_redelivery.py``.
 """
 
 from __future__ import annotations
@@ -249,7 +249,7 @@ async def test_seek_drops_what_the_pump_took_before_it(topic, pulsar_logger, own
 @pytest.mark.parametrize("kind", LOCAL, ids=lambda k: k.name)
 async def test_restart_on_a_snapshot_holds_the_resent_copies_until_due_then_hands_them_back(client, topic, tmp_path,
                                                                                              kind):
-    """As tests/test_reliability.py's restart on Shared: A nacks m0 (2500 ms),
+    """As tests/brokers/test_reliability.py's restart on Shared: A nacks m0 (2500 ms),
     m1 (3500 ms) and b1 (3000 ms, one message of a batch entry), acks m2, b0,
     b3, holds b2, closes (its kept messages are dropped: the broker still has
     them). B starts on A's snapshot: the broker resends every unacked message at
