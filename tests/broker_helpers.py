@@ -33,8 +33,9 @@ async def settle_before_restart(consumer, msgs, now_ms):
     held. Returns data -> due time (ms) of the nacked ones."""
     due = {}
     for data, delay in ((b"m0", 2500), (b"m1", 3500), (b"b1", 3000)):
+        nacked_at = now_ms()  # the nack is stamped inside the call: its due time is never before this
         await consumer.negative_acknowledge(msgs[data], delay_ms=delay)
-        due[data] = now_ms() + delay
+        due[data] = nacked_at + delay
     for data in (b"m2", b"b0", b"b3"):
         await consumer.acknowledge(msgs[data])
     return due

@@ -174,8 +174,9 @@ async def test_partitioned_topic_nacks_come_back_once_on_time(client, topic, ses
         due = {}
         for i, m in enumerate(msgs):
             delay = 300 + 100 * i
+            nacked_at = now_ms()  # the nack is stamped inside the call: its due time is never before this
             await consumer.negative_acknowledge(m, delay_ms=delay)
-            due[m.data()] = now_ms() + delay
+            due[m.data()] = nacked_at + delay
         errors = {}
         while len(errors) < len(due):
             back = await consumer.receive(timeout_ms=5000)

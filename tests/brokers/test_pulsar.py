@@ -382,8 +382,9 @@ async def test_broker_stop_start_mid_run_every_nacked_message_comes_back(topic, 
                     await consumer.acknowledge(m)  # batch siblings acked before the restart
                     continue
                 delay = 700 if i % 2 else 4000  # A: fires during the outage; B: after the restart
+                nacked_at = now_ms()  # the nack is stamped inside the call: its due time is never before this
                 await consumer.negative_acknowledge(m, delay_ms=delay)
-                due[m.data()] = now_ms() + delay
+                due[m.data()] = nacked_at + delay
             assert len(due) == 9
             await asyncio.sleep(0.3)  # an ack right before a restart can be lost
             loop = asyncio.get_running_loop()
@@ -660,8 +661,9 @@ async def test_issue_batch_of_four_nothing_acked_or_held_surfaces_again(client, 
         await consumer.acknowledge(m0)
         due = {}
         for m, delay in ((m1, 1000), (m2, 1120)):
+            nacked_at = now_ms()  # the nack is stamped inside the call: its due time is never before this
             await consumer.negative_acknowledge(m, delay_ms=delay)
-            due[m.data()] = now_ms() + delay
+            due[m.data()] = nacked_at + delay
         errors = {}
         for _ in range(2):
             back = await consumer.receive(timeout_ms=3000)

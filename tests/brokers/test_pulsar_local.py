@@ -75,8 +75,9 @@ async def test_nacked_messages_come_back_at_their_time_and_acked_or_held_sibling
         await consumer.acknowledge(msgs[2])
         due = {}
         for i, delay in ((1, 300), (3, 500), (4, 400)):  # m5 stays in the application's hands
+            nacked_at = now_ms()  # the nack is stamped inside the call: its due time is never before this
             await consumer.negative_acknowledge(msgs[i], delay_ms=delay)
-            due[b"m%d" % i] = now_ms() + delay
+            due[b"m%d" % i] = nacked_at + delay
         back, errors = [], []
         for _ in range(3):
             msg = await consumer.receive(timeout_ms=3_000)

@@ -159,8 +159,9 @@ async def test_broker_killed_mid_stream_loses_no_nacked_message_and_resurfaces_n
                 back[data] = now_ms()
             elif data not in due and data not in acked and rng.random() < 1 / 3:
                 delay = rng.randint(300, 1500)
+                nacked_at = now_ms()  # the nack is stamped inside the call: its due time is never before this
                 await consumer.negative_acknowledge(msg, delay_ms=delay)
-                due[data] = now_ms() + delay
+                due[data] = nacked_at + delay
                 continue
             await consumer.acknowledge(msg)
             acked.add(data)
