@@ -21,10 +21,10 @@ dense bursts alike (:mod:`.layout`). Three components own its state:
   cells (one Roaring bitmap per (bucket, ledger)) for runs of adds to one
   cell, and for the cells a look over a window's sparse copies finds
   cheaper as bitmaps (many ids of one ledger in one bucket, in any order:
-  coarse precision; ``layout.dense_pays``; later adds to such a cell join
-  its bitmap), so bytes follow the pending set's information: 8 bytes per
-  sparse id, ~2 or less per dense one. A look first bounds its fullest
-  cell's copies without sorting, and skips the sort when none can pay.
+  coarse precision; ``layout.dense_pays``), so bytes follow the pending
+  set's information: 8 bytes per sparse id, ~2 or less per dense one. A
+  look first bounds its fullest cell's copies without sorting, and skips
+  the sort when none can pay.
 
 The index composes them: ``add`` runs inline with local references (its
 common paths touch the components' containers directly), and the
@@ -122,7 +122,7 @@ class TimeBucketIndex:
         else raises ``TypeError``/``ValueError`` and changes nothing.
 
         Runtime complexity: O(1) amortised: an append, or a bitmap add for a
-        cell in a run or a cell that is a bitmap already, after one bitmap
+        cell in a run (or a listed cell), after one bitmap
         lookup (plus at most ``LISTED`` for an id not above its ledger's
         listed cells). A message already pending: see ``_add_again``; the
         live bitmap's one-time re-keying: ``layout.LIVE_ENTRY_BITS``.
@@ -199,13 +199,12 @@ class TimeBucketIndex:
             self._put(slot, entry_id, bucket)
             return
         off = (bucket >> self.precision_bits) & self._omask
-        if w.dense and (cell := w.dense.get(off << 32 | slot)) is not None:  # a bitmap already: the id joins it
-            if rare:  # maybe a listed cell: _put keeps its ledger's hi
-                self._put(slot, entry_id, bucket)
-                return
-            cell.add(entry_id)
+        if rare and w.dense and (off << 32 | slot) in w.dense:  # a listed cell (a look leaves it be): into it
+            self._put(slot, entry_id, bucket)
             return
-        # another cell of an existing window (interleaved traffic): a sparse copy
+        # another cell of an existing window (interleaved traffic): a sparse copy, also where the cell is a
+        # bitmap already: the next look or the gather merges them (a bitmap add here read add 1.62x DictIndex
+        # against 1.13x, index_grid --one, uniform k=3 L=16 10,000/s bits 8)
         packed = w.packed
         n = len(packed)
         if n >= layout.SEGMENT or packed is NO_PACKED:

@@ -208,11 +208,9 @@ class Window:
 
     Until it opens, a window looks over its sparse copies now and then
     (``scan_at``: see :data:`SCAN_SEGMENTS`) and moves the cells that are
-    cheaper as bitmaps into ``dense``. Later adds to such a cell join its
-    bitmap, but for ids of a ledger with rare state (listed cells, ghosts,
-    ids pending twice), which may leave a cell holding copies in both (a
-    bitmap and sparse copies added since) until the next look or until its
-    bucket is taken merges them.
+    cheaper as bitmaps into ``dense``; a cell may then hold copies in both
+    (a bitmap and sparse copies added since), until the next look or until
+    its bucket is taken merges them.
 
     ``dense``: ``offset << 32 | slot`` -> bitmap (one flat dict: a cell costs a
     dict slot and a key, not a dict per bucket); ``dense_keys``: a heap of

@@ -1421,27 +1421,6 @@ def test_a_ledger_at_the_packed_slot_limit_keeps_dense_32_bit_cells():
     assert len(idx) == len(ref) == limit - 1
 
 
-def test_adds_to_a_cell_that_is_a_bitmap_already_join_it():
-    """Once a look has made a cell a bitmap, later adds of a ledger without
-    rare state go straight into it: no sparse copy waits for the next look.
-    Pops match DictIndex."""
-    idx, ref = TimeBucketIndex(precision_bits=8), DictIndex(precision_bits=8)
-    n = 40_000
-    for i in range(n):
-        for m in (idx, ref):
-            m.add(i % 4, i // 4, 1_000 + 256 * (i // 4 % 8))
-    (w,) = idx._windows.values()
-    sparse = w.size()
-    cell = w.dense[(1_000 >> 8 & idx._omask) << 32 | 0]  # ledger 0 (slot 0), the first bucket
-    before = len(cell)
-    for m in (idx, ref):
-        m.add(0, 1_000_000, 1_000)
-    assert len(cell) == before + 1 and w.size() == sparse
-    for now in range(1_000, 1_000 + 256 * 8, 256):
-        assert idx.pop_due(now) == ref.pop_due(now)
-    assert not idx
-
-
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 2**6 - 1), st.integers(0, 40), st.integers(0, 2**32 - 1)), max_size=600),
        st.integers(1, 70))
