@@ -16,6 +16,8 @@ import logging
 import math
 import sys
 import time
+from math import ceil as _ceil  # add's path: one global lookup, not two
+from threading import get_ident
 from collections import Counter, deque
 from typing import Any, Callable, Iterable, Literal, NamedTuple, Optional, Sequence, TypedDict, overload
 
@@ -205,6 +207,7 @@ class NegativeAcksTracker:
         self._lead_bad: object = None  # the last invalid one, logged once
         self._clock: Optional[Clock] = clock
         self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._loop_thread = -1  # the thread add() last found the bound loop running in (get_ident() is never -1)
         self._index = TimeBucketIndex(precision_bits, rounding)
         # one slot per (partition, ledger[, topic]); see _slot()
         self._slots: dict[tuple[int, int], dict[Optional[str], int]] = {}
@@ -254,8 +257,8 @@ class NegativeAcksTracker:
             delay = check_delay_ms("backoff result", self._backoff(count))
         else:
             delay = self._delay_ms
-        if _get_running_loop() is not self._loop or self._loop is None:  # O(1): the loop this thread runs
-            self._check_thread()
+        if get_ident() != self._loop_thread or not self._loop.is_running():  # type: ignore[union-attr]
+            self._check_thread()  # (_loop_thread is set only once _loop is: the `or` never reads None)
         if self.max_redeliveries is not None and count >= self.max_redeliveries:
             self._dead_letter(key, count, delay)
             return None
@@ -267,8 +270,17 @@ class NegativeAcksTracker:
         and the loop's timer unlocked, its redelivery left to whenever the
         loop next wakes)."""
         running = _get_running_loop()
+        if running is not None and running is self._loop:
+            # The cheap test ``add`` runs first (this thread, the loop running) holds from now on. asyncio's own
+            # test, _get_running_loop(), makes a getpid() system call on every use (~190 ns, most of an add's
+            # budget); a loop runs in one thread at a time and this thread runs one loop at a time, so while
+            # the bound loop runs, this thread is where it runs. (A loop stopped and run again in another
+            # thread: this thread's adds pass the cheap test until an add there runs this one again.)
+            self._loop_thread = get_ident()
+            return
         if self._loop is None and running is not None:
             self._bind(running)
+            self._loop_thread = get_ident()
             return
         if self._loop is None:
             raise RuntimeError("NegativeAcksTracker.add() needs a running event loop (the tracker is bound "
@@ -563,13 +575,14 @@ class NegativeAcksTracker:
 
     def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
+        self._loop_thread = -1  # add()'s cheap thread test: set by _check_thread's full one
         if self._clock is None:
             self._clock = LoopClock(loop)
 
     def _schedule(self, key: MessageKey, delay: int, count: int) -> int:
         # every add runs this: _clk, _slot's lookup of a known ledger, Precision.bucket and _lead inline
         clock = self._clock if self._clock is not None else self._clk  # (the property raises when unbound)
-        now = math.ceil(clock.now_ms())
+        now = _ceil(clock.now_ms())
         due = now + delay
         if due > MAX_DUE:
             raise ValueError(f"delay_ms {delay} is too large")

@@ -9,14 +9,16 @@ import array
 import bisect
 import heapq
 import math
-from typing import Iterator
+import mmap
+import sys
+from typing import Any, Final, Iterator
 
 import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap
 
 from . import layout
-from .bitmaps import bitmap_of, distinct, has, merge_into, sort_across, u32_array, u64_array
+from .bitmaps import SCRATCH_MAP, bitmap_of, distinct, has, merge_into, sort_across, u32_array, u64_array
 from .layout import (CELL_FIXED, CONTAINER_FIXED, M32, NO_CELLS, NO_KEYS, NO_PACKED, NO_SEGMENTS, SCAN_PER_CELL, SCAN_SEGMENTS, Cell, Layout, U64Array,
                      Window, dense_pays, held_size, roaring_bytes)
 
@@ -92,17 +94,32 @@ class Windows:
         assert not w.opened
         lay = self.lay
         parts = w.parts()
-        vals = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)  # a copy: no view outlives this
+        if not w.dense and parts:  # no bitmap yet: can any cell pay? A bound first, in O(w) (no sort)
+            fullest = np.array([_fullest_bound(parts)])
+            one = np.ones(1, dtype=np.intp)
+            if not dense_pays(fullest, one)[0]:  # none can: look again once the window has grown enough
+                del parts
+                segments = len(w.full)
+                w.scan_at = max(segments + SCAN_SEGMENTS, math.ceil(segments * _growth_needed(fullest, one)))
+                return [], [], array.array("I")
+        # Temporaries of the window's size would raise glibc's mmap threshold for good, and the heap
+        # would then keep free what later ones leave: the copies sort in a scratch map (given back
+        # whole), and what follows reads them through views, with temporaries of a byte per copy.
+        vals = scratch_u64(sum(map(len, parts)))
+        if parts:
+            np.concatenate(parts, out=vals)
         del parts
         vals.sort()
         n = len(vals)
-        top = vals >> np.uint64(32)  # offset | slot: a cell
-        starts = _run_starts(top)
+        top = _high32(vals)  # offset | slot: a cell (a view)
+        edge = _edges(top)
+        starts = np.flatnonzero(edge)
         copies = np.diff(starts, append=n)
-        # containers: distinct high 16 bits of the entry ids of a cell
-        containers = np.bincount(np.searchsorted(starts, _run_starts(vals >> np.uint64(16)), side="right") - 1,
-                                 minlength=len(starts))
-        tops = top[starts]
+        # containers: distinct high 16 bits of the entry ids of a cell, counted per cell
+        edge |= _edges(_bits_16_31(vals))
+        containers = np.add.reduceat(edge, starts, dtype=np.intp) if n else np.zeros(0, dtype=np.intp)
+        del edge
+        tops = top[starts].astype(np.uint64)
         del top
         cut = np.uint64(32 - lay.offset_bits)
         keys = (tops >> cut) << np.uint64(32) | (tops & np.uint64(lay.slot_limit - 1))
@@ -113,20 +130,19 @@ class Windows:
             move &= ~_member(keys, np.asarray(listed, dtype=np.uint64))
         if not move.any():
             out: tuple[list[int], list[int], array.array[int]] = ([], [], array.array("I"))
-            kept = vals
         else:
             taken = np.repeat(move, copies)
-            out = (keys[move].tolist(), np.cumsum(copies[move]).tolist(), u32_array(vals[taken] & np.uint64(M32)))
-            kept = vals[~taken]
+            out = (keys[move].tolist(), np.cumsum(copies[move]).tolist(), u32_array(_low32(vals)[taken]))
+            np.logical_not(taken, out=taken)
+            self._refill(w, vals[:_compact(vals, taken)])
             del taken
-            self._refill(w, kept)
         segments = len(w.full)
         cells = len(w.dense) + len(out[0])  # bitmaps after this look (at most)
         if cells:  # the next look merges the copies of the bitmaps' cells
             w.scan_at = segments + max(SCAN_SEGMENTS, segments, -(-SCAN_PER_CELL * cells // layout.SEGMENT))
         else:  # none pays yet: look again once the window has grown enough for its fullest cell to pay
             w.scan_at = max(segments + SCAN_SEGMENTS, math.ceil(segments * _growth_needed(copies, containers)))
-        del vals, kept
+        del vals
         return out
 
     @staticmethod
@@ -405,6 +421,87 @@ def _growth_needed(copies: npt.NDArray[np.intp], containers: npt.NDArray[np.intp
         return 2.0
     need = (CELL_FIXED + CONTAINER_FIXED * containers) / 6  # the copies at the crossover (dense_pays)
     return min(64.0, max(2.0, float((need / copies).min())))
+
+
+#: Bins of a look's first, cheap bound on its fullest cell (:func:`_fullest_bound`): 4,096 counts, 32 KB.
+BOUND_BITS: Final = 12
+#: Segments per step of that bound: 8 of 512 copies, temporaries of 32 KB.
+BOUND_PARTS: Final = 8
+#: Fibonacci hashing's multiplier (2^64 / the golden ratio): a cell key times it, its top bits, spread keys over the bins.
+_SPREAD = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _fullest_bound(parts: list[U64Array]) -> int:
+    """An upper bound on the sparse copies of the fullest cell among packed
+    values in any order: the cells hashed into 2^BOUND_BITS bins, whose
+    counts collisions only raise. On sparse traffic (bits 0: a window spans
+    16,384 buckets) no cell comes near paying, and this spares the look its
+    sort. A few segments at a time: temporaries of a window's size (above
+    glibc's mmap threshold) raise that threshold for good, and the heap then
+    keeps free what later ones leave (the grid's RSS over ``nbytes()``).
+    Runtime: O(w) in C."""
+    counts = np.zeros(1 << BOUND_BITS, dtype=np.int64)
+    for i in range(0, len(parts), BOUND_PARTS):
+        cells = np.concatenate(parts[i:i + BOUND_PARTS]) >> np.uint64(32)
+        cells *= _SPREAD  # wraps modulo 2^64, as hashing wants
+        cells >>= np.uint64(64 - BOUND_BITS)
+        counts += np.bincount(cells.view(np.int64), minlength=1 << BOUND_BITS)
+        del cells
+    return int(counts.max())
+
+
+def scratch_u64(n: int) -> U64Array:
+    """An uninitialised uint64 array of ``n``: in a memory map of its own from
+    ``SCRATCH_MAP`` bytes (unmapped when its last view goes), else from the heap."""
+    if 8 * n >= SCRATCH_MAP:
+        return np.frombuffer(mmap.mmap(-1, 8 * n), dtype=np.uint64)
+    return np.empty(n, dtype=np.uint64)
+
+
+def _high32(vals: U64Array) -> npt.NDArray[np.uint32]:
+    """The high 32 bits of each value, a strided view where the machine is little-endian."""
+    if sys.byteorder == "little":
+        return vals.view(np.uint32)[1::2]
+    return (vals >> np.uint64(32)).astype(np.uint32)
+
+
+def _low32(vals: U64Array) -> npt.NDArray[np.uint32]:
+    """The low 32 bits of each value (an entry id), a strided view where the machine is little-endian."""
+    if sys.byteorder == "little":
+        return vals.view(np.uint32)[0::2]
+    return (vals & np.uint64(M32)).astype(np.uint32)
+
+
+def _bits_16_31(vals: U64Array) -> npt.NDArray[np.uint16]:
+    """Bits 16-31 of each value (an entry id's Roaring container), a strided view where the machine is little-endian."""
+    if sys.byteorder == "little":
+        return vals.view(np.uint16)[1::4]
+    return ((vals >> np.uint64(16)) & np.uint64(0xFFFF)).astype(np.uint16)
+
+
+def _edges(values: npt.NDArray[np.integer[Any]]) -> npt.NDArray[np.bool_]:
+    """Where each run of equal values starts in a sorted array (True there)."""
+    edge = np.empty(len(values), dtype=bool)
+    if len(values):
+        edge[0] = True
+        np.not_equal(values[1:], values[:-1], out=edge[1:])
+    return edge
+
+
+#: Values per step of :func:`_compact` (temporaries of 32 KB).
+COMPACT_STEP: Final = 4096
+
+
+def _compact(vals: U64Array, keep: npt.NDArray[np.bool_]) -> int:
+    """Move the values to keep to the front, in order, in place; return how
+    many. A step at a time (writing never passes reading), so no temporary
+    of the array's size."""
+    at = 0
+    for i in range(0, len(vals), COMPACT_STEP):
+        part = vals[i:i + COMPACT_STEP][keep[i:i + COMPACT_STEP]]
+        vals[at:at + len(part)] = part
+        at += len(part)
+    return at
 
 
 def _member(values: U64Array, known: U64Array) -> npt.NDArray[np.bool_]:

@@ -358,6 +358,43 @@ def index_state(ledger: np.ndarray, entry: np.ndarray, bucket: np.ndarray, start
     return IndexState(*(int(v) for v in out[:, 0]))
 
 
+class _Rows(NamedTuple):
+    """The pending occurrences of :func:`index_states`, rows of one owner
+    together in input order, with what the replay of every occurrence seen
+    decided for each (dense, stored in a listed cell only, ...), and per
+    owner the history the live bitmap depends on."""
+
+    o: np.ndarray  # owner
+    ledger: np.ndarray
+    entry: np.ndarray
+    bucket: np.ndarray
+    start: np.ndarray
+    dense: np.ndarray  # in a dense cell (by a run or a gather, or a 64-bit id)
+    by_add: np.ndarray  # ... reached by its own add (not gathered)
+    listed_only: np.ndarray  # stored in a listed cell only, not in the live bitmap
+    run_start: np.ndarray
+    reset_after: np.ndarray
+    rank: np.ndarray
+    last: np.ndarray  # the index's last add
+    seen_lid: np.ndarray  # (owner, ledger) among every occurrence seen
+    has: np.ndarray  # per owner: anything pending
+    widened: np.ndarray  # per owner: the live bitmap is 64-bit
+    refit: np.ndarray  # per owner: the live bitmap has been shrunk to fit
+    multi_seen: _MultiHistory
+
+
+class _LedgerIds(NamedTuple):
+    """Messages and ledgers of the pending rows, and each ledger's slot."""
+
+    pid: np.ndarray  # per row: its message (owner, ledger, entry)
+    pid_rows: np.ndarray  # per message: its pending occurrences
+    lid: np.ndarray  # per row: its ledger (owner, ledger)
+    lid_first: np.ndarray  # per ledger: its first row
+    lid_owner: np.ndarray
+    slot: np.ndarray  # per ledger: its slot, by first arrival
+    n_led: np.ndarray  # per owner: ledgers
+
+
 def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucket: np.ndarray,
                  start: np.ndarray, pending: np.ndarray, k: int, bits: int, costs: "IndexCosts",
                  popped_before: Optional[np.ndarray] = None, widened_before: Optional[np.ndarray] = None) -> np.ndarray:
@@ -385,7 +422,28 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     p = np.asarray(pending, dtype=bool)
     if not p.any():
         return out
-    # dense cells and the ledgers' lists, replayed over every occurrence seen (popped ones too)
+    rows, listing = _pending_rows(owner, ledger, entry, bucket, start, p, k, popped_before, widened_before)
+    total = np.zeros(k, dtype=np.int64)
+    total[rows.has] = costs.index_fixed  # its counters included (nbytes() counts them whatever their values)
+    ids = _ledger_ids(rows, k)
+    total += _ledger_bytes(rows, ids, listing, k, costs)
+    roaring = _live_bitmap_bytes(rows, ids, k) + _wide_bytes(rows, ids, k)
+    total += _multi_bytes(rows, ids, k, costs)
+    window_total, cell_roaring = _time_bytes(rows, Layout.for_bits(bits), k, costs, out)
+    total += window_total
+    roaring += cell_roaring
+    total += roaring
+    out[0, rows.has] = total[rows.has]
+    out[1] = roaring
+    out[4] = ids.n_led
+    return out
+
+
+def _pending_rows(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucket: np.ndarray, start: np.ndarray,
+                  p: np.ndarray, k: int, popped_before: Optional[np.ndarray],
+                  widened_before: Optional[np.ndarray]) -> tuple[_Rows, Any]:
+    """Dense cells and the ledgers' lists, replayed over every occurrence seen
+    (popped ones too), then the pending rows with what the replay decided."""
     arrival = arrival_cells(*_tuple_ids(owner, bucket, ledger), owner, bucket, start, p)
     listing = list_cells(arrival, owner, ledger, bucket, entry, p, start)
     dense = arrival.dense | (entry >> 32 > 0)
@@ -402,27 +460,21 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     popped = np.bincount(owner[~p], minlength=k)
     if popped_before is not None:
         popped = popped + np.asarray(popped_before, dtype=np.int64)
-    refit = popped >= COMPACT_CHURN
-    o, ledger, entry, bucket, start, dense, by_add, listed_only, run_start, reset_after, rank, last, seen_lid = (
-        a[p] for a in (owner, ledger, entry, bucket, start, dense, arrival.dense, listed_only, arrival.run_start,
-                       arrival.reset_after, arrival.rank, arrival.last, seen_lid))
+    cols = [a[p] for a in (owner, ledger, entry, bucket, start, dense, arrival.dense, listed_only, arrival.run_start,
+                           arrival.reset_after, arrival.rank, arrival.last, seen_lid)]
+    o = cols[0]
     if len(o) > 1 and (np.diff(o) < 0).any():  # rows of one owner together, in input order
         order = np.argsort(o, kind="stable")
-        o, ledger, entry, bucket, start, dense, by_add, listed_only, run_start, reset_after, rank, last, seen_lid = (
-            a[order] for a in (o, ledger, entry, bucket, start, dense, by_add, listed_only, run_start, reset_after,
-                               rank, last, seen_lid))
-    n = len(o)
-    heads = np.searchsorted(o, np.arange(k + 1))
-    counts = np.diff(heads)
-    has = counts > 0
-    lay = Layout.for_bits(bits)
-    total = np.zeros(k, dtype=np.int64)
-    total[has] = costs.index_fixed  # its counters included (nbytes() counts them whatever their values)
-    roaring = np.zeros(k, dtype=np.int64)
+        cols = [a[order] for a in cols]
+    has = np.bincount(cols[0], minlength=k) > 0
+    return _Rows._make([*cols, has, widened, popped >= COMPACT_CHURN, multi_seen]), listing
 
-    # ledgers: a record each, slots by first arrival, one live BitMap of slot << 22 | entry
-    pid, n_pid = _tuple_ids(o, ledger, entry)  # (owner, ledger, entry): the ids of messages
-    lid, n_lid = _prefix_ids(pid, n_pid, o, ledger)
+
+def _ledger_ids(rows: _Rows, k: int) -> _LedgerIds:
+    """Messages and ledgers of the pending rows; slots by first arrival."""
+    o, n = rows.o, len(rows.o)
+    pid, n_pid = _tuple_ids(o, rows.ledger, rows.entry)  # (owner, ledger, entry): the ids of messages
+    lid, n_lid = _prefix_ids(pid, n_pid, o, rows.ledger)
     lid_first = np.full(n_lid, n, dtype=np.int64)
     np.minimum.at(lid_first, lid, np.arange(n))
     lid_owner = o[lid_first]
@@ -430,38 +482,52 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     slot = np.empty(n_lid, dtype=np.int64)
     lid_heads = np.searchsorted(lid_owner[by_arrival], np.arange(k))
     slot[by_arrival] = np.arange(n_lid) - lid_heads[lid_owner[by_arrival]]
-    n_led = np.bincount(lid_owner, minlength=k)
+    return _LedgerIds(pid, np.bincount(pid, minlength=n_pid), lid, lid_first, lid_owner, slot,
+                      np.bincount(lid_owner, minlength=k))
+
+
+def _ledger_bytes(rows: _Rows, ids: _LedgerIds, listing: Any, k: int, costs: "IndexCosts") -> np.ndarray:
+    """Per owner: the ledger table (a record each, slots by first arrival), the
+    listed cells' flat lists and ``hi``, and the ledgers' rare-state records."""
+    n_led = ids.n_led
     # a ledger is its slot: its id's int (a dict key and a list item), the slot's int past
     # CPython's shared small ints, and the dict and the per-slot list sized for them
-    total += n_led * costs.ledger_bytes + np.maximum(n_led - 1 - SMALL_INT, 0) * costs.int_bytes
-    total += np.where(has, _table("empty", n_led) + _table("list", n_led), 0)
+    total = n_led * costs.ledger_bytes + np.maximum(n_led - 1 - SMALL_INT, 0) * costs.int_bytes
+    total += np.where(rows.has, _table("empty", n_led) + _table("list", n_led), 0)
     # a ledger's listed cells: its flat list and its hi
     total += _per_owner(listing.owner, listing.list_bytes + listing.hi_bytes, k)
-    pid_rows = np.bincount(pid, minlength=n_pid)
     # a LedgerExt record for each ledger with listed cells, wide ids or ids pending twice,
     # in a list by slot (made with the first record: an index without one has none)
-    rare = np.zeros(n_lid, dtype=bool)
-    rare[lid[(entry >> 32 > 0) | (pid_rows[pid] > 1)]] = True
+    rare = np.zeros(len(ids.lid_first), dtype=bool)
+    rare[ids.lid[(rows.entry >> 32 > 0) | (ids.pid_rows[ids.pid] > 1)]] = True
     with_ext = set(zip(listing.owner.tolist(), listing.ledger.tolist()))
-    with_ext.update(zip(lid_owner[rare].tolist(), ledger[lid_first[rare]].tolist()))
+    with_ext.update(zip(ids.lid_owner[rare].tolist(), rows.ledger[ids.lid_first[rare]].tolist()))
     if with_ext:
         n_ext = np.bincount(np.fromiter((o_ for o_, _ in with_ext), dtype=np.int64), minlength=k)
         total += n_ext * costs.ext_bytes + np.where(n_ext > 0, _table("list", n_led), 0)
-    # the live bitmap: every narrow id but those stored in a listed cell only (an id
-    # pending in two buckets is in it whatever its cells)
-    in_live = (entry >> 32 == 0) & ~(listed_only & (pid_rows[pid] == 1))
+    out: np.ndarray = total
+    return out
+
+
+def _live_bitmap_bytes(rows: _Rows, ids: _LedgerIds, k: int) -> np.ndarray:
+    """Per owner: the live bitmap, built for real. It holds every narrow id but
+    those stored in a listed cell only (an id pending in two buckets is in it
+    whatever its cells)."""
+    o, entry = rows.o, rows.entry
+    in_live = (entry >> 32 == 0) & ~(rows.listed_only & (ids.pid_rows[ids.pid] == 1))
     # narrow (slot << 22 | entry, a BitMap) unless the index widened it: an id it could not
     # key seen (popped ones too), or a ledger slot past 2^10 (more ledgers than that now)
-    wide_live = widened | (n_led > 1 << LIVE_SLOT_BITS)
+    wide_live = rows.widened | (ids.n_led > 1 << LIVE_SLOT_BITS)
     shift = np.where(wide_live[o], WIDE_LIVE_SHIFT, LIVE_ENTRY_BITS).astype(np.uint64)
-    keys = (slot[lid].astype(np.uint64) << shift) | entry.astype(np.uint64)
+    keys = (ids.slot[ids.lid].astype(np.uint64) << shift) | entry.astype(np.uint64)
     keys, key_owner = keys[in_live], o[in_live]
     order = np.lexsort((keys, key_owner))  # sorted and distinct per owner, as np.unique gives them
     keys, key_owner = keys[order], key_owner[order]
     distinct = np.r_[True, (keys[1:] != keys[:-1]) | (key_owner[1:] != key_owner[:-1])][:len(keys)]
     keys, key_owner = keys[distinct], key_owner[distinct]
     key_heads = np.searchsorted(key_owner, np.arange(k + 1))
-    for c in np.flatnonzero(has).tolist():  # every index has one, empty when all is listed
+    roaring = np.zeros(k, dtype=np.int64)
+    for c in np.flatnonzero(rows.has).tolist():  # every index has one, empty when all is listed
         # not run-optimised, as the index never does (its compaction only shrinks it);
         # and not BitMap(values), which run-optimises
         if wide_live[c]:
@@ -470,34 +536,52 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
         else:
             live = BitMap()
             live.update(u32_array(keys[key_heads[c]:key_heads[c + 1]]))
-        roaring[c] += roaring_bytes(live, grown=True, refit=bool(refit[c]))
-    wide = entry >> 32 > 0
-    if wide.any():  # ids >= 2^32: a BitMap64 per ledger
-        wide_lids = np.unique(lid[wide])
-        for w in wide_lids.tolist():
-            roaring[lid_owner[w]] += roaring_bytes(_bitmap(np.unique(entry[wide & (lid == w)]), True))
+        roaring[c] += roaring_bytes(live, grown=True, refit=bool(rows.refit[c]))
+    return roaring
 
-    # ids pending in two or more buckets: a _multi entry each, and per-ledger sets
-    multi = np.flatnonzero(pid_rows > 1)
-    if len(multi):
-        pid_first = np.full(n_pid, n, dtype=np.int64)
-        np.minimum.at(pid_first, pid, np.arange(n))
-        rows = pid_first[multi]
-        m = np.bincount(o[rows], minlength=k)
-        # the dict never shrinks on deletion: grown for the most ids it held at once
-        # (a resize on an insert after many deletions, to 3x the ids held then, is
-        # not modelled: how many it held then is not known here)
-        grown = np.maximum(m, multi_seen.peak)
-        total += np.where(m > 0, _table("empty", grown) + m * costs.multi_entry_bytes, 0)
-        per_ledger = np.bincount(lid[rows], minlength=n_lid)
-        used = np.flatnonzero(per_ledger)
-        kl = per_ledger[used]
-        # a set never shrinks either: sized for the most it held (while it was not emptied)
-        held = np.maximum(kl, multi_seen.ledger_peak[seen_lid[lid_first[used]]])
-        total += _per_owner(lid_owner[used], _table("set", held) + kl * costs.int_bytes, k)
 
-    # windows: object, id, dict slot, and an array of the sparse copies
-    cid, n_cid = _tuple_ids(o, bucket, ledger)  # (owner, bucket, ledger): the cells
+def _wide_bytes(rows: _Rows, ids: _LedgerIds, k: int) -> np.ndarray:
+    """Per owner: ids >= 2^32, a BitMap64 per ledger."""
+    roaring = np.zeros(k, dtype=np.int64)
+    wide = rows.entry >> 32 > 0
+    if wide.any():
+        for w in np.unique(ids.lid[wide]).tolist():
+            roaring[ids.lid_owner[w]] += roaring_bytes(_bitmap(np.unique(rows.entry[wide & (ids.lid == w)]), True))
+    return roaring
+
+
+def _multi_bytes(rows: _Rows, ids: _LedgerIds, k: int, costs: "IndexCosts") -> np.ndarray:
+    """Per owner: ids pending in two or more buckets, a ``_multi`` entry each, and per-ledger sets."""
+    total = np.zeros(k, dtype=np.int64)
+    multi = np.flatnonzero(ids.pid_rows > 1)
+    if not len(multi):
+        return total
+    n = len(rows.o)
+    pid_first = np.full(len(ids.pid_rows), n, dtype=np.int64)
+    np.minimum.at(pid_first, ids.pid, np.arange(n))
+    first = pid_first[multi]
+    m = np.bincount(rows.o[first], minlength=k)
+    # the dict never shrinks on deletion: grown for the most ids it held at once
+    # (a resize on an insert after many deletions, to 3x the ids held then, is
+    # not modelled: how many it held then is not known here)
+    grown = np.maximum(m, rows.multi_seen.peak)
+    total += np.where(m > 0, _table("empty", grown) + m * costs.multi_entry_bytes, 0)
+    per_ledger = np.bincount(ids.lid[first], minlength=len(ids.lid_first))
+    used = np.flatnonzero(per_ledger)
+    kl = per_ledger[used]
+    # a set never shrinks either: sized for the most it held (while it was not emptied)
+    held = np.maximum(kl, rows.multi_seen.ledger_peak[rows.seen_lid[ids.lid_first[used]]])
+    total += _per_owner(ids.lid_owner[used], _table("set", held) + kl * costs.int_bytes, k)
+    return total
+
+
+def _time_bytes(rows: _Rows, lay: Layout, k: int, costs: "IndexCosts", out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per owner: the windows (object, id, dict slot, the sparse copies'
+    segments) and the dense cells' dict slots, keys and heap, and apart the
+    dense cells' bitmaps; writes the bucket and cell counts into ``out``."""
+    o, bucket = rows.o, rows.bucket
+    total = np.zeros(k, dtype=np.int64)
+    cid, n_cid = _tuple_ids(o, bucket, rows.ledger)  # (owner, bucket, ledger): the cells
     bid, n_bid = _prefix_ids(cid, n_cid, o, bucket)
     wid, n_wid = _prefix_ids(bid, n_bid, o, bucket >> lay.window_shift)  # windows order as buckets do
     wid_owner = np.empty(n_wid, dtype=np.int64)
@@ -507,51 +591,58 @@ def index_states(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, bucke
     # bucket) moves a cell's sparse copies into its bitmap when it has one or when they cost more
     # packed (layout.dense_pays); copies added after it opened stay sparse
     wshift = lay.window_shift
-    dense = dense | _looked(cid, n_cid, wid, n_wid, entry, start, dense, start < (bucket >> wshift) << wshift)
+    dense = rows.dense | _looked(cid, n_cid, wid, n_wid, rows.entry, rows.start, rows.dense,
+                                 rows.start < (bucket >> wshift) << wshift)
     front = np.full(k, n_wid, dtype=np.int64)
     np.minimum.at(front, wid_owner, np.arange(n_wid))
     sparse_per_window = np.bincount(wid[~dense], minlength=n_wid)
-    total += n_win * costs.window_bytes + np.where(has, _table("empty", n_win), 0)  # layout.time_order_bytes: the dict
+    total += n_win * costs.window_bytes + np.where(rows.has, _table("empty", n_win), 0)  # layout.time_order_bytes: the dict
     total += _per_owner(wid_owner, np.where(sparse_per_window > 0, segmented_bytes(sparse_per_window), 0), k)
-
-    # cells: (bucket, ledger); the dense ones hold a bitmap each (not compacted
-    # while filling: the last add's cell and the front bucket's), plus a dict
-    # slot, a key and (front window) a heap slot in their window
     cid_owner = np.empty(n_cid, dtype=np.int64)
     cid_owner[cid] = o
     out[3] = np.bincount(cid_owner, minlength=k)
     bid_owner = np.empty(n_bid, dtype=np.int64)
     bid_owner[bid] = o
     out[2] = np.bincount(bid_owner, minlength=k)
+    roaring = np.zeros(k, dtype=np.int64)
     d = np.flatnonzero(dense)
     if len(d):
-        # each dense cell's ids in the order they reached it: its own adds by arrival,
-        # then the sparse copies the front gathered into it; compacted up to its
-        # last compaction (dense_cells.compacted_prefix), the rest added since
-        hot = np.zeros(n_cid, dtype=bool)
-        hot[cid[last]] = True  # the index's last add went to this cell: its run goes on
-        gathered = ~by_add[d]
-        order = np.lexsort((rank[d], gathered, cid[d]))
-        rows = d[order]
-        cell_sorted, entries, gathered = cid[rows], entry[rows], gathered[order]
-        cut = compacted_prefix(cell_sorted, run_start[rows], reset_after[rows], ~gathered, hot, n_cid)
-        new_cell = np.r_[True, cell_sorted[1:] != cell_sorted[:-1]]
-        cuts = np.flatnonzero(new_cell)
-        cells = cell_sorted[cuts]
-        cells_per_window = np.bincount(wid[rows[cuts]], minlength=n_wid)
-        bounds = np.append(cuts, len(rows)).tolist()
-        for c, upto, lo, hi in zip(cid_owner[cells].tolist(), cut[cells].tolist(), bounds[:-1], bounds[1:]):
-            roaring[c] += roaring_bytes(_cell_bitmap(entries[lo:hi], upto))
-        used = np.flatnonzero(cells_per_window)
-        cw = cells_per_window[used]
-        # the heap of keys: the front window's only (the index keeps one once a window is open)
-        heap = np.where(used == front[wid_owner[used]], _table("list", cw), 0)
-        total += _per_owner(wid_owner[used], _table("empty", cw) + heap + cw * costs.cell_key_bytes, k)
-    total += roaring
-    out[0, has] = total[has]
-    out[1] = roaring
-    out[4] = n_led
-    return out
+        cells_total, roaring = _dense_cell_bytes(rows, d, cid, n_cid, cid_owner, wid, n_wid, wid_owner, front, k, costs)
+        total += cells_total
+    return total, roaring
+
+
+def _dense_cell_bytes(rows: _Rows, d: np.ndarray, cid: np.ndarray, n_cid: int, cid_owner: np.ndarray, wid: np.ndarray,
+                      n_wid: int, wid_owner: np.ndarray, front: np.ndarray, k: int,
+                      costs: "IndexCosts") -> tuple[np.ndarray, np.ndarray]:
+    """Per owner: the dense cells (rows ``d``), each a bitmap (not compacted
+    while filling: the last add's cell and the front bucket's), plus a dict
+    slot, a key and (front window) a heap slot in their window; and apart
+    their bitmaps' bytes."""
+    # each dense cell's ids in the order they reached it: its own adds by arrival,
+    # then the sparse copies the front gathered into it; compacted up to its
+    # last compaction (dense_cells.compacted_prefix), the rest added since
+    hot = np.zeros(n_cid, dtype=bool)
+    hot[cid[rows.last]] = True  # the index's last add went to this cell: its run goes on
+    gathered = ~rows.by_add[d]
+    order = np.lexsort((rows.rank[d], gathered, cid[d]))
+    picked = d[order]
+    cell_sorted, entries, gathered = cid[picked], rows.entry[picked], gathered[order]
+    cut = compacted_prefix(cell_sorted, rows.run_start[picked], rows.reset_after[picked], ~gathered, hot, n_cid)
+    new_cell = np.r_[True, cell_sorted[1:] != cell_sorted[:-1]]
+    cuts = np.flatnonzero(new_cell)
+    cells = cell_sorted[cuts]
+    cells_per_window = np.bincount(wid[picked[cuts]], minlength=n_wid)
+    bounds = np.append(cuts, len(picked)).tolist()
+    roaring = np.zeros(k, dtype=np.int64)
+    for c, upto, lo, hi in zip(cid_owner[cells].tolist(), cut[cells].tolist(), bounds[:-1], bounds[1:]):
+        roaring[c] += roaring_bytes(_cell_bitmap(entries[lo:hi], upto))
+    used = np.flatnonzero(cells_per_window)
+    cw = cells_per_window[used]
+    # the heap of keys: the front window's only (the index keeps one once a window is open)
+    heap = np.where(used == front[wid_owner[used]], _table("list", cw), 0)
+    total = _per_owner(wid_owner[used], _table("empty", cw) + heap + cw * costs.cell_key_bytes, k)
+    return total, roaring
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,11 @@ windows opening at the front), plus direct checks of each transition."""
 from __future__ import annotations
 
 import array
+from collections import Counter
 
 import numpy as np
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from pyroaring import BitMap, BitMap64
@@ -1418,3 +1419,31 @@ def test_a_ledger_at_the_packed_slot_limit_keeps_dense_32_bit_cells():
     assert len(idx) == len(ref) == limit + 1  # its first id counted once; (0, 7) acked
     assert idx.pop_due(101) == ref.pop_due(101) == [(limit, 7), (limit, 8)]
     assert len(idx) == len(ref) == limit - 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2**6 - 1), st.integers(0, 40), st.integers(0, 2**32 - 1)), max_size=600),
+       st.integers(1, 70))
+def test_a_looks_bound_on_its_fullest_cell_is_never_below_it(copies, per_part):
+    """The look's first step, a hashed count of copies per cell, can only
+    overcount the fullest cell (collisions add), whatever the cut into
+    segments: a cell that could pay is never missed."""
+    lay = Layout.for_bits(8)
+    values = [off << lay.offset_shift | slot << 32 | entry for off, slot, entry in copies]
+    parts = [np.asarray(values[i:i + per_part], dtype=np.uint64) for i in range(0, len(values), per_part)]
+    fullest = max(Counter(v >> 32 for v in values).values(), default=0)
+    assert _windows._fullest_bound(parts) >= fullest
+
+
+def test_a_look_with_no_cell_that_can_pay_sorts_nothing_and_waits_for_growth():
+    """Sparse traffic at bits 0 (each cell a copy or two): the look's bound
+    says no cell can pay, so the window's copies stay as they came (no sort,
+    no move) and the next look waits for the window to grow."""
+    idx = TimeBucketIndex(precision_bits=0)
+    for i in range(2 * SEGMENT + 1):  # the third segment's first copy: the window's first look
+        idx.add(i % 16, i, 20_000 + i % 5_000)
+    (w,) = idx._windows.values()
+    assert not w.dense and w.scan_at > 2 * layout.SCAN_SEGMENTS
+    lay = Layout.for_bits(0)
+    arrival = [(20_000 + i % 5_000) & lay.offset_mask for i in range(2 * SEGMENT)]  # the buckets' offsets
+    assert [lay.offset_of(v) for seg in w.full for v in seg] == arrival  # in arrival order: not sorted

@@ -430,6 +430,27 @@ async def test_a_plain_add_from_another_thread_is_refused_naming_add_threadsafe(
     await tracker.close()
 
 
+def test_add_after_its_loop_ended_is_refused_in_another_loop_and_outside_any():
+    """The add's cheap loop check (this thread, the bound loop running)
+    fails once the loop has stopped, and the full check refuses: from
+    another loop in the same thread, and from no loop at all."""
+    async def first():
+        tracker = NegativeAcksTracker(MemoryAdapter(), precision_bits=0, delay_ms=10_000)
+        tracker.add(K(1))  # bound, and the cheap check armed for this thread
+        return tracker
+
+    tracker = asyncio.run(first())
+
+    async def second():
+        with pytest.raises(RuntimeError, match="add_threadsafe"):
+            tracker.add(K(2))
+
+    asyncio.run(second())
+    with pytest.raises(RuntimeError, match="add_threadsafe"):
+        tracker.add(K(3))
+    assert tracker.pending == 1 and K(2) not in tracker and K(3) not in tracker
+
+
 def test_add_outside_any_loop_is_refused_naming_add_threadsafe():
     tracker, _, _ = make()
     with pytest.raises(RuntimeError, match="add_threadsafe"):
