@@ -207,7 +207,8 @@ class NegativeAcksTracker:
         self._lead_bad: object = None  # the last invalid one, logged once
         self._clock: Optional[Clock] = clock
         self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._loop_thread = -1  # the thread add() last found the bound loop running in (get_ident() is never -1)
+        # the bound loop when it is asyncio's own (it records the thread running it): add()'s cheap test
+        self._own_loop: Optional[asyncio.BaseEventLoop] = None
         self._index = TimeBucketIndex(precision_bits, rounding)
         # one slot per (partition, ledger[, topic]); see _slot()
         self._slots: dict[tuple[int, int], dict[Optional[str], int]] = {}
@@ -257,8 +258,9 @@ class NegativeAcksTracker:
             delay = check_delay_ms("backoff result", self._backoff(count))
         else:
             delay = self._delay_ms
-        if get_ident() != self._loop_thread or not self._loop.is_running():  # type: ignore[union-attr]
-            self._check_thread()  # (_loop_thread is set only once _loop is: the `or` never reads None)
+        own = self._own_loop
+        if own is None or own._thread_id != get_ident():  # type: ignore[attr-defined]
+            self._check_thread()  # O(1); not asyncio's own loop, not bound yet, or not this loop's thread
         if self.max_redeliveries is not None and count >= self.max_redeliveries:
             self._dead_letter(key, count, delay)
             return None
@@ -271,16 +273,9 @@ class NegativeAcksTracker:
         loop next wakes)."""
         running = _get_running_loop()
         if running is not None and running is self._loop:
-            # The cheap test ``add`` runs first (this thread, the loop running) holds from now on. asyncio's own
-            # test, _get_running_loop(), makes a getpid() system call on every use (~190 ns, most of an add's
-            # budget); a loop runs in one thread at a time and this thread runs one loop at a time, so while
-            # the bound loop runs, this thread is where it runs. (A loop stopped and run again in another
-            # thread: this thread's adds pass the cheap test until an add there runs this one again.)
-            self._loop_thread = get_ident()
             return
         if self._loop is None and running is not None:
             self._bind(running)
-            self._loop_thread = get_ident()
             return
         if self._loop is None:
             raise RuntimeError("NegativeAcksTracker.add() needs a running event loop (the tracker is bound "
@@ -575,7 +570,10 @@ class NegativeAcksTracker:
 
     def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._loop_thread = -1  # add()'s cheap thread test: set by _check_thread's full one
+        # add()'s cheap test: asyncio's loops keep the id of the thread running them (None when stopped), the
+        # same fact _get_running_loop() gives at the price of a getpid() system call per use (~190 ns, most of
+        # an add's budget). Other loops (uvloop) take the full test on every add.
+        self._own_loop = loop if isinstance(loop, asyncio.BaseEventLoop) and hasattr(loop, "_thread_id") else None
         if self._clock is None:
             self._clock = LoopClock(loop)
 

@@ -451,6 +451,38 @@ def test_add_after_its_loop_ended_is_refused_in_another_loop_and_outside_any():
     assert tracker.pending == 1 and K(2) not in tracker and K(3) not in tracker
 
 
+def test_add_from_the_thread_its_loop_ran_in_before_is_refused_once_the_loop_runs_in_another():
+    """A loop stopped in one thread and run again in another: an add from the first thread is a foreign
+    thread's add now, refused, while the loop's own thread adds as before."""
+    loop = asyncio.new_event_loop()
+    tracker = NegativeAcksTracker(MemoryAdapter(), precision_bits=0, delay_ms=10_000)
+
+    async def add(key):
+        tracker.add(key)
+
+    loop.run_until_complete(add(K(1)))  # bound to the loop, in this thread
+    running, release = threading.Event(), threading.Event()
+
+    async def hold():
+        running.set()
+        while not release.is_set():
+            await asyncio.sleep(0.005)
+        tracker.add(K(2))  # the loop's thread now: added as before
+
+    other = threading.Thread(target=loop.run_until_complete, args=(hold(),))
+    other.start()
+    try:
+        assert running.wait(5)
+        with pytest.raises(RuntimeError, match="add_threadsafe"):
+            tracker.add(K(3))
+    finally:
+        release.set()
+        other.join()
+    assert tracker.pending == 2 and K(3) not in tracker
+    loop.run_until_complete(tracker.close())
+    loop.close()
+
+
 def test_add_outside_any_loop_is_refused_naming_add_threadsafe():
     tracker, _, _ = make()
     with pytest.raises(RuntimeError, match="add_threadsafe"):
