@@ -55,7 +55,7 @@ check: lint
 # NACKTRACKER_TEST_REQUIRE=1: a test dependency that is missing (Java, PySpark, pulsar-client,
 # pulsar-lite) or a broker that cannot start fails the run with one line, never skips quietly.
 # Hypothesis runs the derandomized `ci` profile unless $$NACKTRACKER_HYPOTHESIS says otherwise
-# (tests/run_checks.py). Three pytest sessions run side by side: Apache Pulsar, Spark/slow, the others (tools/run_tests.py).
+# (tests/run_checks.py). Four pytest sessions run side by side: Apache Pulsar (two), Spark/slow, the others (tools/run_tests.py).
 test: lint docs
 	NACKTRACKER_TEST_REQUIRE=1 $(PY) tools/run_tests.py
 

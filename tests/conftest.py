@@ -104,12 +104,19 @@ def own_broker(broker_kind, tmp_path):
         broker.stop()
 
 
+#: Fixtures that start brokers of the test's own (test_reliability's ``crashable``: one per module).
+OWN_BROKER_FIXTURES = {"own_broker", "crashable"}
+
+
 def pytest_collection_modifyitems(config, items):
-    """Mark each test that runs on a broker with its kind (``lite`` / ``apache`` / ``external``)."""
+    """Mark each test that runs on a broker with its kind (``lite`` / ``apache`` / ``external``), and
+    each that starts brokers of its own (``own_broker``: ``make test`` runs those in a session of their own)."""
     for item in items:
         kind = getattr(item, "callspec", None) and item.callspec.params.get("broker_kind")
         if kind:
             item.add_marker(getattr(pytest.mark, kind))
+        if OWN_BROKER_FIXTURES.intersection(item.fixturenames):
+            item.add_marker(pytest.mark.own_broker)
     apply_run_settings(items)
 
 

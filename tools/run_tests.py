@@ -1,20 +1,23 @@
-"""`make test`'s pytest run: three pytest sessions side by side.
+"""`make test`'s pytest run: four pytest sessions side by side.
 
-* ``apache``: the tests on Apache Pulsar. They spend most of their time waiting on its JVM
-  (start-up, restarts, redelivery delays).
+* ``apache``: the tests on the session's Apache Pulsar. They spend most of their time waiting
+  (redelivery delays, its JVM).
+* ``apache-own``: the tests on Apache Pulsar that start brokers of their own (restarts, kills,
+  the harness's own tests): most of their time is JVM starts.
 * ``spark``: the Spark and other slow tests (``-m "spark or slow"``): JVM starts, Spark jobs,
   benchmarks' quick runs, wheels built.
 * ``others``: everything else (hypothesis, pulsar-lite, the consumer, docs).
 
-The broker sessions mostly wait (on JVMs and timers); the Spark session runs at a lower CPU
-priority (``nice`` 10), so it fills what they leave idle without making their timing tests late.
+The broker sessions mostly wait (on timers and JVMs); the Spark session runs at a lower CPU
+priority (``nice`` 10), the JVM starts of ``apache-own`` at ``nice`` 5, so they fill what the
+others leave idle without making their timing tests late.
 Side by side the run takes about as long as its longest session (each prints its own time). Each
 session has its own brokers, Spark session and temporary folders.
 
     python tools/run_tests.py [pytest arguments for every session ...]
 
-``others`` prints as it goes; the other two write to logs printed when all have ended. The exit
-status is the first non-zero of the three. Ctrl-C or SIGTERM stops all (each pytest stops the
+``others`` prints as it goes; the others write to logs printed when all have ended. The exit
+status is the first non-zero of them. Ctrl-C or SIGTERM stops all (each pytest stops the
 brokers it started).
 """
 
@@ -31,12 +34,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SESSIONS = {"apache": ["-m", "apache"], "spark": ["-m", "not apache and (spark or slow)"],
-            "others": ["-m", "not apache and not spark and not slow"]}
+SESSIONS = {"apache": ["-m", "apache and not own_broker"], "apache-own": ["-m", "apache and own_broker"],
+            "spark": ["-m", "not apache and (spark or slow)"], "others": ["-m", "not apache and not spark and not slow"]}
 #: The session printed as it goes (the others' logs follow when all have ended).
 LIVE = "others"
 #: Sessions run at a lower CPU priority: throughput work beside the timing tests of the others.
-NICE = {"spark": 10}
+NICE = {"spark": 10, "apache-own": 5}
 
 
 def main(argv: list[str]) -> int:

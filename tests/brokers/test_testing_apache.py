@@ -21,7 +21,7 @@ from nacktracker.testing import PULSAR_VERSION, ApacheBroker, BrokerStartError
 from nacktracker.testing.apache import DEFAULT_SETTINGS, resolve_classpath
 
 QUIET = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
-pytestmark = pytest.mark.apache
+pytestmark = [pytest.mark.apache, pytest.mark.own_broker]  # each test starts Apache Pulsar itself
 
 
 def alive(pid: int) -> bool:
