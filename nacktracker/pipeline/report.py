@@ -117,8 +117,6 @@ def markdown(result: PlanResult, table: Optional[pd.DataFrame] = None) -> str:
     """The report as Markdown (also printed by ``nacktracker plan``).
     ``table``: :func:`consumer_table` if already computed."""
     t = result.trace
-    fleet: Any = result.fleet.set_index("bits")  # Any: as in _candidates
-    rec = result.recommended
     word = "early" if result.rounding == "floor" else "late"
     lines = [f"# nacktracker plan: `{t.path}`", ""]
     lines.append(
@@ -126,7 +124,33 @@ def markdown(result: PlanResult, table: Optional[pd.DataFrame] = None) -> str:
         f"{t.kinds.get('dead_letter', 0):,} dead_letter) from {len(t.consumers):,} consumers over "
         f"{_span(result)}. Candidates: precision_bits {', '.join(map(str, result.bits))}, "
         f"rounding `{result.rounding}`; bound: p99 redelivery error <= {_err(result.max_early_ms)}.")
-    lines += ["", "## Recommendation", ""]
+    lines += ["", "## Recommendation", "", *_recommendation(result, word)]
+    lines += _fleet(result, word)
+    n = result.consumers["consumer"].nunique()
+    at = result.recommended if result.recommended is not None else min(result.bits)
+    lines += ["", *distribution(result)]
+    title = "## Consumers, every candidate"
+    if n > _TOP:
+        title += (f" (the {_TOP} of {n:,} with the most memory at precision_bits={at}; "
+                  "every consumer in consumers.csv and consumers.parquet)")
+    lines += ["", title, "", *consumer_markdown(result, top=_TOP, table=table)]
+    if result.series is not None and len(result.series):
+        lines += ["", f"Pending over time at precision_bits={result.series_bits}: the fleet's total in "
+                      "pending_fleet.parquet, the busiest consumers' in pending.parquet, both drawn in "
+                      "pending.png."]
+    lines += _how_to_read(result)
+    s = result.seconds
+    lines.append(f"_Spark master `{result.master}`, {result.partitions} partitions; "
+                 f"{s.get('total', 0):.1f} s (validate {s.get('validate', 0):.1f} s, analyse "
+                 f"{s.get('analyse', 0):.1f} s, fleet errors {s.get('fleet', 0):.1f} s)._")
+    return "\n".join(lines) + "\n"
+
+
+def _recommendation(result: PlanResult, word: str) -> list[str]:
+    """The recommended precision and what it holds, or why none meets the bound."""
+    fleet: Any = result.fleet.set_index("bits")  # Any: as in _candidates
+    rec = result.recommended
+    lines: list[str] = []
     if rec is None:
         low = min(result.bits)
         lines.append(
@@ -159,6 +183,14 @@ def markdown(result: PlanResult, table: Optional[pd.DataFrame] = None) -> str:
             if missing:
                 lines.append(f"{len(missing):,} consumers miss the bound at every candidate: "
                              f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}.")
+    return lines
+
+
+def _fleet(result: PlanResult, word: str) -> list[str]:
+    """Every candidate against the bound, then the fleet's table per precision."""
+    fleet: Any = result.fleet.set_index("bits")  # Any: as in _candidates
+    rec = result.recommended
+    lines: list[str] = []
     lines += ["", "Every candidate against the bound:", "", *_candidates(result)]
     lines += ["", "## Fleet, per precision", "",
               "| bits | bucket | peak pending (Σ) | tracker memory (Σ peaks) | B / pending | bitmaps "
@@ -171,18 +203,12 @@ def markdown(result: PlanResult, table: Optional[pd.DataFrame] = None) -> str:
             f"| {bits}{mark} | {_ms(1 << bits)} | {int(f['peak_pending']):,} | {_mb(f['index_bytes'])} | {bpp} "
             f"| {int(f['bitmaps']):,} | {_mb(f['dict_index_bytes'])} | {_err(f['err_p50'])} / "
             f"{_err(f['err_p99'])} / {_err(f['err_max'])} |")
-    n = result.consumers["consumer"].nunique()
-    at = rec if rec is not None else min(result.bits)
-    lines += ["", *distribution(result)]
-    title = "## Consumers, every candidate"
-    if n > _TOP:
-        title += (f" (the {_TOP} of {n:,} with the most memory at precision_bits={at}; "
-                  "every consumer in consumers.csv and consumers.parquet)")
-    lines += ["", title, "", *consumer_markdown(result, top=_TOP, table=table)]
-    if result.series is not None and len(result.series):
-        lines += ["", f"Pending over time at precision_bits={result.series_bits}: the fleet's total in "
-                      "pending_fleet.parquet, the busiest consumers' in pending.parquet, both drawn in "
-                      "pending.png."]
+    return lines
+
+
+def _how_to_read(result: PlanResult) -> list[str]:
+    """What each column means and where its figures come from."""
+    lines: list[str] = []
     c = result.costs
     lines += ["", "## How to read this", "",
               "- **Peak pending**: the most nacks a consumer's tracker holds at once, and **when** "
@@ -209,11 +235,7 @@ def markdown(result: PlanResult, table: Optional[pd.DataFrame] = None) -> str:
               f"rounding it is never {'late' if result.rounding == 'floor' else 'early'}. It leaves out the "
               "timer's and the broker's own latency.",
               ""]
-    s = result.seconds
-    lines.append(f"_Spark master `{result.master}`, {result.partitions} partitions; "
-                 f"{s.get('total', 0):.1f} s (validate {s.get('validate', 0):.1f} s, analyse "
-                 f"{s.get('analyse', 0):.1f} s, fleet errors {s.get('fleet', 0):.1f} s)._")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def distribution(result: PlanResult) -> list[str]:
