@@ -38,7 +38,7 @@ PULSAR_IMPORTERS = {
     "consumer/direct.py": "the shell's receives and acks straight into the client's C++ consumer",
     "consumer/subscription.py": "subscribe() makes the client's consumer",
     "consumer/ids.py": "keys of pulsar Messages and MessageIds, seek targets",
-    "consumer/errors.py": "its exceptions are the client's exceptions too",
+    "errors.py": "makes the exceptions that are also the client's, on first use (importing it loads no pulsar)",
     "consumer/dead_letters.py": "publishes dead letters through the client's producers (issue 11)",
     "consumer/failures.py": "retry letters and terminal dead letters take received pulsar Messages",
     "testing/lite.py": "probes the pulsar-lite broker it starts",
@@ -137,3 +137,48 @@ def test_importing_the_package_and_the_core_loads_no_pulsar_client():
     code = ("import sys, nacktracker, nacktracker.consumer.core, nacktracker.adapters; "
             "bad = [m for m in ('pulsar', '_pulsar') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT.parent)
+
+
+#: The rooms above the consumer (they use it); every other module is below it and never imports it.
+ABOVE_CONSUMER = {"__init__.py": "the package's front: re-exports subscribe and TrackedConsumer, loaded on first use",
+                  "sync.py": "the synchronous face over the consumer's wiring",
+                  "cli.py": "the command line runs the demo", "metrics.py": "instruments a consumer"}
+ABOVE_PREFIXES = ("consumer/", "demo/", "pipeline/")
+
+
+def consumer_imports(module: str) -> list[str]:
+    """Every import of nacktracker.consumer in ``module``: relative or absolute, at the top or inside a
+    function, and ``importlib.import_module`` of a name with ``consumer`` in it."""
+    depth = module.count("/")
+    found = []
+    for node in ast.walk(tree(module)):
+        if isinstance(node, ast.ImportFrom):
+            absolute = (node.module or "") if not node.level else (
+                "nacktracker." + ".".join([*module.split("/")[:-1][:max(0, depth - node.level + 1)],
+                                           *([node.module] if node.module else [])]))
+            names = [f"{absolute}.{alias.name}" for alias in node.names]
+            if any(n.startswith("nacktracker.consumer") or ".consumer." in n + "." for n in [absolute, *names]):
+                found.append(f"line {node.lineno}")
+        elif isinstance(node, ast.Import):
+            if any(a.name.startswith("nacktracker.consumer") for a in node.names):
+                found.append(f"line {node.lineno}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "nacktracker.consumer" in node.value \
+                and " " not in node.value and ":" not in node.value:
+            found.append(f"line {node.lineno} ({node.value})")  # a dotted name handed to importlib
+    return found
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if m not in ABOVE_CONSUMER and not m.startswith(ABOVE_PREFIXES)])
+def test_nothing_below_the_consumer_imports_it(module):
+    assert not consumer_imports(module), f"{module} imports nacktracker.consumer: {consumer_imports(module)}"
+
+
+def test_the_consumer_import_check_sees_lazy_and_relative_imports(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    (tmp_path / "adapters").mkdir()
+    (tmp_path / "adapters" / "x.py").write_text("def f():\n    from ..consumer import errors\n")
+    (tmp_path / "y.py").write_text("from .consumer.shell import TrackedConsumer\n")
+    (tmp_path / "z.py").write_text("from . import consumer\n")
+    (tmp_path / "w.py").write_text("from .errors import ConsumerClosed\n")
+    assert consumer_imports("adapters/x.py") and consumer_imports("y.py") and consumer_imports("z.py")
+    assert not consumer_imports("w.py")

@@ -20,35 +20,31 @@ thin front over ``Fetcher``/``SubscriptionState``:
   (``dead_letter``), ack timeouts and the consumer's own delivery counts, over
   :mod:`.retry_letters` (Java's names and properties, pure), :mod:`.retries`,
   :mod:`.ack_timeout` and :mod:`.counts` (pure); see ``docs/retries.md``.
-* :mod:`.errors` -- the exceptions that are also pulsar-client's (all of them: :mod:`nacktracker.errors`).
 
-Only the core is imported eagerly: it needs no pulsar-client.
+The exceptions live in :mod:`nacktracker.errors` (re-exported here). Nothing is imported
+eagerly: the Pulsar shell loads pulsar-client on first use of a name below.
 """
 
 from typing import TYPE_CHECKING
 
-from .core import DeliveryCore, Verdict
-
 if TYPE_CHECKING:  # what __getattr__ loads on first use, as type checkers see it
+    from ..errors import ConsumerClosed, DeadLetterError, NotReceivedError, ReceiveTimeout
     from .dead_letters import (PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_REAL_SUBSCRIPTION, PROPERTY_REAL_TOPIC,
                                DeadLetterPublisher)
-    from .errors import ConsumerClosed, DeadLetterError, NotReceivedError, ReceiveTimeout
     from .options import ConsumerOptions
-    from .persist import BATCHES_SUFFIX
-    from .shell import COPY_OVERDUE_MS, TrackedConsumer
+    from .shell import TrackedConsumer
     from .subscription import ClientSubscribeOptions, subscribe
 
-__all__ = ["TrackedConsumer", "subscribe", "ReceiveTimeout", "ConsumerClosed", "NotReceivedError", "DeliveryCore", "Verdict",
-           "ConsumerOptions", "ClientSubscribeOptions", "PROPERTY_REAL_TOPIC", "PROPERTY_REAL_SUBSCRIPTION",
-           "PROPERTY_ORIGIN_MESSAGE_ID", "DeadLetterPublisher", "DeadLetterError", "BATCHES_SUFFIX",
-           "COPY_OVERDUE_MS"]
+#: The public names (the internals, e.g. the delivery core, are imported from their modules).
+__all__ = ["TrackedConsumer", "subscribe", "ReceiveTimeout", "ConsumerClosed", "NotReceivedError",
+           "DeadLetterError", "ConsumerOptions", "ClientSubscribeOptions", "PROPERTY_REAL_TOPIC",
+           "PROPERTY_REAL_SUBSCRIPTION", "PROPERTY_ORIGIN_MESSAGE_ID", "DeadLetterPublisher"]
 
-_LAZY = {"TrackedConsumer": "shell", "COPY_OVERDUE_MS": "shell", "subscribe": "subscription",
-         "ClientSubscribeOptions": "subscription", "ConsumerOptions": "options", "ReceiveTimeout": "errors",
-         "ConsumerClosed": "errors", "NotReceivedError": "errors",
-         "PROPERTY_REAL_TOPIC": "dead_letters", "PROPERTY_REAL_SUBSCRIPTION": "dead_letters",
-         "PROPERTY_ORIGIN_MESSAGE_ID": "dead_letters", "DeadLetterPublisher": "dead_letters",
-         "DeadLetterError": "errors", "BATCHES_SUFFIX": "persist"}
+_LAZY = {"TrackedConsumer": ".shell", "subscribe": ".subscription", "ClientSubscribeOptions": ".subscription",
+         "ConsumerOptions": ".options", "ReceiveTimeout": "..errors", "ConsumerClosed": "..errors",
+         "NotReceivedError": "..errors", "DeadLetterError": "..errors",
+         "PROPERTY_REAL_TOPIC": ".dead_letters", "PROPERTY_REAL_SUBSCRIPTION": ".dead_letters",
+         "PROPERTY_ORIGIN_MESSAGE_ID": ".dead_letters", "DeadLetterPublisher": ".dead_letters"}
 
 if not TYPE_CHECKING:  # type checkers see the imports above instead: every name resolves to what it is
 
@@ -59,4 +55,4 @@ if not TYPE_CHECKING:  # type checkers see the imports above instead: every name
             raise AttributeError(f"module 'nacktracker.consumer' has no attribute {name!r}")
         import importlib
 
-        return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+        return getattr(importlib.import_module(module, __name__), name)

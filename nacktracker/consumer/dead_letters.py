@@ -67,7 +67,7 @@ import pulsar
 import pulsar.asyncio as pulsar_asyncio
 import pulsar.schema
 
-from .errors import DeadLetterError, DeadLetterPublisherClosed
+from ..errors import DeadLetterError, DeadLetterPublisherClosed
 
 __all__ = ["DeadLetterPublisher", "DeadLetterError", "DeadLetterPublisherClosed", "dead_letter_topic",
            "producer_name", "java_message_id", "quietly", "PROPERTY_REAL_TOPIC", "PROPERTY_REAL_SUBSCRIPTION", "PROPERTY_ORIGIN_MESSAGE_ID"]

@@ -22,7 +22,7 @@ from typing import Any, Awaitable, Callable, Optional
 import pulsar
 
 from .._checks import check_client_delay
-from .._errors import LetterInFlightError, PropertyError
+from ..errors import LetterInFlightError, PropertyError
 from ..clock import wall_ms
 from ..keys import MessageKey
 from .ack_timeout import AckTimeouts

@@ -13,7 +13,7 @@ import logging
 from collections import deque
 from typing import Any, Awaitable, Callable, Optional, Union
 
-from .errors import ConsumerClosed, ReceiveTimeout
+from ..errors import ConsumerClosed, ReceiveTimeout
 
 __all__ = ["ReceivePump"]
 

@@ -16,7 +16,7 @@ import logging
 from typing import Any, Callable, Mapping, Optional
 
 from .._checks import check_client_delay
-from .._errors import PropertyError
+from ..errors import PropertyError
 from .dead_letters import DeadLetterPublisher, java_message_id
 from .retry_letters import (is_retry_topic, reconsume_times, retry_due_wall_ms, retry_properties,
                             terminal_properties)

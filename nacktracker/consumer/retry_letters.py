@@ -45,7 +45,7 @@ import re
 from typing import Callable, Mapping, Optional
 
 from .._checks import MAX_DEFAULT_DELAY, MAX_ID
-from .._errors import PropertyError
+from ..errors import PropertyError
 
 __all__ = ["PROPERTY_RECONSUMETIMES", "PROPERTY_DELAY_TIME", "PROPERTY_REAL_TOPIC", "PROPERTY_REAL_SUBSCRIPTION",
            "PROPERTY_ORIGIN_MESSAGE_ID", "PROPERTY_ORIGIN_MESSAGE_ID_OLD", "PROPERTY_DEAD_LETTER_REASON",
@@ -131,7 +131,7 @@ def read_property(props: Mapping[str, object], name: str) -> object:
     (250, None)
     >>> read_property({"DELAY_TIME": "\u00b2"}, "DELAY_TIME")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    nacktracker._errors.PropertyError: property DELAY_TIME='²': must be a whole number of ASCII digits...
+    nacktracker.errors.PropertyError: property DELAY_TIME='²': must be a whole number of ASCII digits...
     """
     raw = props.get(name)
     if raw is None:

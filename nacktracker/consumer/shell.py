@@ -34,7 +34,7 @@ from .chunks import ChunkedNacks, known_entries
 from .core import DeliveryCore, Verdict
 from .dead_letters import quietly
 from .direct import DirectConsumer, ReceivedMessage, acknowledged, message_key_of, message_length
-from .errors import ConsumerClosed, NotReceivedError
+from ..errors import ConsumerClosed, NotReceivedError
 from .failures import ConsumerDeadLetters, FailureHandling, dead_letter, reconsume_later
 from .lateness import RedeliveryLateness
 from .ids import BareIds, batch_size, is_bare_id, key_and_count, message_key, names_several_topics, seek_target

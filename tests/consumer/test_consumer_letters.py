@@ -181,7 +181,7 @@ async def test_reconsuming_a_message_whose_count_is_unreadable_dead_letters_it_n
     for _, options in dead:
         props = options["properties"]
         assert props["DEAD_LETTER_REASON"].startswith("property RECONSUMETIMES=")
-        assert props["DEAD_LETTER_EXCEPTION"] == "nacktracker._errors.PropertyError"
+        assert props["DEAD_LETTER_EXCEPTION"] == "nacktracker.errors.PropertyError"
         assert "RECONSUMETIMES" not in props and props["app"] == "kept"
     assert h.raw.acks == [m.data() for m in msgs]  # each acknowledged once its dead letter was published
     assert h.consumer.stats()["dead_letters_bad_property"] == 4
@@ -219,7 +219,7 @@ def test_any_properties_surface_and_any_reconsume_publishes_exactly_one_letter(p
             assert len(retries) + len(dead) == 1 and h.raw.acks == [bad.data()]
             if dead:
                 sent = dead[0][1]["properties"]
-                if sent.get("DEAD_LETTER_EXCEPTION") == "nacktracker._errors.PropertyError":  # refused
+                if sent.get("DEAD_LETTER_EXCEPTION") == "nacktracker.errors.PropertyError":  # refused
                     name = sent["DEAD_LETTER_REASON"].split("=")[0].removeprefix("property ")
                     assert name in PROPERTY_NAMES and sent.get(name) != props[name]  # not carried on
                 else:  # its retries ran out
