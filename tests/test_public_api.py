@@ -11,7 +11,7 @@ import pytest
 
 import nacktracker
 import nacktracker.errors as errors
-from nacktracker.consumer.options import ConsumerOptions, ConsumerOptionsDict
+from nacktracker.consumer.options import ConsumerOptions
 from nacktracker.consumer import subscription
 from nacktracker.consumer.batches import BatchLimits
 from nacktracker.consumer.subscription import (CLIENT_OPTIONS, ClientSubscribeOptions, client_subscribe_options,
@@ -61,13 +61,15 @@ class Subscribed:
             self.client_kwargs = kwargs
             return object()
 
-        def consumer(raw, **kwargs):
-            self.consumer_kwargs = kwargs
+        def consumer(raw, *, options, **kwargs):
+            self.consumer_kwargs = {**kwargs, **{f.name: getattr(options, f.name) for f in dataclasses.fields(options)}}
             return self
 
         monkeypatch.setattr(client, "subscribe", client_subscribe)
         monkeypatch.setattr(subscription, "TrackedConsumer", consumer)
-        self._failures = type("NoRetries", (), {"retries": None})()
+
+    async def open_producers(self) -> None:
+        pass
 
 
 async def test_every_passed_option_reaches_the_client_as_given(client, monkeypatch):
@@ -113,17 +115,19 @@ async def test_an_option_given_both_ways_differently_is_refused_naming_both(clie
 
 def test_subscribe_spells_out_every_consumer_option_with_its_default():
     params = inspect.signature(subscribe).parameters
-    for f in dataclasses.fields(ConsumerOptions):
+    own = [f for f in dataclasses.fields(ConsumerOptions) if f.init]  # (precision: built from precision_bits)
+    keyword_only = {n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert keyword_only - {"consumer_type", "batch_index_ack_enabled"} == {f.name for f in own}  # both ways
+    for f in own:
         assert params[f.name].kind is inspect.Parameter.KEYWORD_ONLY, f.name
         if f.name == "redelivery":
             assert params[f.name].default is None  # from the subscription type
         elif f.name == "delay_ms":
             assert params[f.name].default is None and f.default == 60_000  # None: the client's option, or this
         elif f.name == "dedup_capacity":
-            assert params[f.name].default is None and f.default == 1_000_000  # None: the default
+            assert params[f.name].default is None is f.default and ConsumerOptions().dedup_capacity == 1_000_000
         else:
             assert params[f.name].default == f.default, f.name
-    assert set(ConsumerOptionsDict.__annotations__) == {f.name for f in dataclasses.fields(ConsumerOptions)}
 
 
 def test_the_typed_pass_through_options_are_the_clients():

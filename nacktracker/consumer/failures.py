@@ -192,6 +192,11 @@ class FailureHandling:
             out.update(self.ack_timeouts.counts)
         return out
 
+    async def open_producers(self) -> None:
+        """The retry producer created before the first retry (none without ``enable_retry``)."""
+        if self.retries is not None:
+            await self.retries.retry.open(self.retries.topic)
+
     async def close(self) -> None:
         """Closing: timers off, the retry producer closed (after what it has queued). Held retry
         copies stay unacknowledged: the broker resends them to the subscription."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from asyncio import _get_running_loop
-from typing import Any, Awaitable, Optional, Union, Unpack
+from typing import Any, Awaitable, Optional, Union
 
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
@@ -27,7 +27,6 @@ from ..adapters.pulsar import PulsarAdapter, is_multi_topic
 from ..clock import Clock
 from ..dedup import Deduplicator
 from ..keys import MessageKey
-from ..precision import Precision
 from ..tracker import FiredCell, NegativeAcksTracker
 from .batches import BatchLimits
 from .chunks import ChunkedNacks, known_entries
@@ -38,7 +37,7 @@ from ..errors import ConsumerClosed, NotReceivedError
 from .failures import ConsumerDeadLetters, FailureHandling, dead_letter, reconsume_later
 from .lateness import RedeliveryLateness
 from .ids import BareIds, batch_size, is_bare_id, key_and_count, message_key, names_several_topics, seek_target
-from .options import ConsumerOptions, ConsumerOptionsDict, check_timeout_ms
+from .options import DEDUP_CAPACITY, ConsumerOptions, check_timeout_ms
 from .persist import SnapshotStore
 from .local import LocalNacks
 from .memory import nbytes_parts
@@ -71,8 +70,9 @@ def topic_names(topic: Any) -> list[str]:
 class TrackedConsumer:
     """A ``pulsar.asyncio.Consumer`` with exact, tracked negative acks.
 
-    Usually made by :func:`~nacktracker.subscribe`, whose options it takes (documented there and in the
-    docs' consumer guide). Same methods and argument types as ``pulsar.asyncio.Consumer`` (``receive``,
+    Usually made by :func:`~nacktracker.subscribe`; wrapping a consumer made by the client, its options are
+    one :class:`~nacktracker.consumer.ConsumerOptions` (``options=``; each documented in :func:`subscribe`
+    and in the docs' consumer guide). Same methods and argument types as ``pulsar.asyncio.Consumer`` (``receive``,
     ``acknowledge``, ``acknowledge_cumulative``, ``negative_acknowledge``, ``seek``, ``unsubscribe``, ``close``,
     ``get_last_message_id``, ``topic``, ``subscription_name``, ``consumer_name``,
     ``redeliver_unacknowledged_messages``), each taking a Message or its id where the client does, plus
@@ -90,8 +90,11 @@ class TrackedConsumer:
     def __init__(self, consumer: Any, *, client: Optional[pulsar_asyncio.Client] = None,
                  adapter: Any = None, clock: Optional[Clock] = None, schema: Any = None,
                  batch_receive_policy: Any = None, topics: Optional[list[str]] = None,
-                 **options: Unpack[ConsumerOptionsDict]) -> None:
-        opts = ConsumerOptions.check(dict(options), has_client=client is not None)
+                 options: Optional[ConsumerOptions] = None) -> None:
+        opts = ConsumerOptions() if options is None else options
+        if not isinstance(opts, ConsumerOptions):
+            raise TypeError(f"options must be a ConsumerOptions, not {type(opts).__name__}")
+        opts.require_client(client is not None)
         self._batch_limits = batch_receive_policy if isinstance(batch_receive_policy, BatchLimits) \
             else BatchLimits.of(batch_receive_policy, None)
         if adapter is None and not isinstance(consumer, pulsar_asyncio.Consumer):
@@ -128,10 +131,9 @@ class TrackedConsumer:
         several = (isinstance(self.adapter, KnowsTopics) and self.adapter.multi_topic) or names_several_topics(own_topic)
         self._ids = BareIds(None if several else own_topic)
         self._saw = self._ids.saw if self._ids.learns else None  # multi-topic: each arrival's ledger (hot path)
-        self._dedup = Deduplicator(opts.dedup_capacity) if opts.dedup else None
+        self._dedup = Deduplicator(opts.dedup_capacity or DEDUP_CAPACITY) if opts.dedup else None
         self.tracker: NegativeAcksTracker
-        precision = Precision.of(opts.precision_bits)  # floor: a redelivery may come early, never late
-        self.core = DeliveryCore(precision, dedup=self._dedup,
+        self.core = DeliveryCore(opts.precision, dedup=self._dedup,
                                  pending=self._pending, overdue_ms=COPY_OVERDUE_MS)
         self.lateness = RedeliveryLateness(self.core)  # stats()["lateness_ms"]; add_listener: the metrics' histogram
         self._pump = ReceivePump(consumer, self._admit, opts.prefetch, direct=DirectConsumer.of)
@@ -142,7 +144,7 @@ class TrackedConsumer:
         self._loop: Optional[asyncio.AbstractEventLoop] = None  # the loop it runs on, from its start (_check_open)
         self._counts = {"restored": 0, "copy_ack_failures": 0}
         tracker_options: dict[str, Any] = dict(
-            delay_ms=opts.delay_ms, precision_bits=precision.bits, rounding=precision.rounding, backoff=opts.backoff,
+            delay_ms=opts.delay_ms, precision=opts.precision, backoff=opts.backoff,
             max_redeliveries=opts.max_redeliveries, clock=clock,
             on_dead_letter=self._dead_letters.hook, consumer_name=name)
         self._store = None if opts.snapshot_path is None else SnapshotStore(
@@ -166,6 +168,11 @@ class TrackedConsumer:
             self._start()
         except RuntimeError:
             pass  # started by the first receive() inside a loop
+
+    async def open_producers(self) -> None:
+        """Create the retry-letter producer now (``enable_retry``), so the first retry does not wait for it
+        (``subscribe`` calls this). Nothing to do otherwise. One broker round trip."""
+        await self._failures.open_producers()
 
     @property
     def snapshot_path(self) -> Optional[str]:

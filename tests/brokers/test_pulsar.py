@@ -20,7 +20,7 @@ import pulsar.asyncio  # noqa: E402
 
 import nacktracker  # noqa: E402
 from nacktracker.consumer import (  # noqa: E402
-    PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_REAL_TOPIC, ConsumerClosed, ReceiveTimeout, TrackedConsumer)
+    PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_REAL_TOPIC, ConsumerClosed, ConsumerOptions, ReceiveTimeout, TrackedConsumer)
 
 from broker_helpers import publish_batch  # noqa: E402
 
@@ -223,7 +223,7 @@ async def test_batch_siblings_still_arriving_when_one_is_nacked_are_surfaced(cli
     await publish_batch(client, t, 4)
     raw = await client.subscribe(t, "sub", consumer_type=Shared, negative_ack_redelivery_delay_ms=100,
                                  initial_position=Earliest)
-    async with TrackedConsumer(raw, client=client, precision_bits=0, prefetch=1) as consumer:
+    async with TrackedConsumer(raw, client=client, options=ConsumerOptions(precision_bits=0, prefetch=1)) as consumer:
         m0 = await consumer.receive(timeout_ms=5000)
         await consumer.negative_acknowledge(m0, delay_ms=400)  # before the pump runs again
         rest = [await consumer.receive(timeout_ms=3000) for _ in range(3)]

@@ -17,6 +17,7 @@ import pulsar.asyncio  # noqa: E402
 
 from nacktracker import ManualClock  # noqa: E402
 from nacktracker.consumer import ReceiveTimeout, TrackedConsumer  # noqa: E402
+from nacktracker.consumer import ConsumerOptions  # noqa: E402
 from nacktracker.errors import DeadLetterError, LetterInFlightError  # noqa: E402
 from test_consumer_shell import FakeBroker, FakeConsumer, FakeId, settle  # noqa: E402
 from test_dead_letters import FakeClient  # noqa: E402
@@ -66,7 +67,8 @@ class Letters:
         opts = dict(precision_bits=0, enable_retry=True, retry_letter_topic=RETRY, max_redeliveries=3,
                     dead_letter_topic=DLQ, retry_lead_ms=0)
         opts.update(options)
-        self.consumer = TrackedConsumer(self.raw, client=self.client, adapter=self.broker, clock=self.clock, **opts)
+        self.consumer = TrackedConsumer(self.raw, client=self.client, adapter=self.broker, clock=self.clock,
+                                        options=ConsumerOptions.check(opts))
         self.consumer._failures.wall_ms = lambda: START_WALL + (self.clock.now_ms() - START_MS)
         self.got: list = []  # (ms since start, data)
 
@@ -389,8 +391,8 @@ class Fakes:
 def snapshot_consumer(path, subscription: str = "sub", topic: str = TOPIC, **options):
     h = Fakes(subscription, topic)
     options.setdefault("snapshot_interval_s", None)
-    return h, (lambda: TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock, snapshot_path=path, precision_bits=0,
-                                       **options))
+    return h, (lambda: TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock, options=ConsumerOptions(
+        snapshot_path=path, precision_bits=0, **options)))
 
 
 async def nacked_and_closed(path, n: int = 5) -> None:
