@@ -182,3 +182,31 @@ def test_the_consumer_import_check_sees_lazy_and_relative_imports(tmp_path, monk
     (tmp_path / "w.py").write_text("from .errors import ConsumerClosed\n")
     assert consumer_imports("adapters/x.py") and consumer_imports("y.py") and consumer_imports("z.py")
     assert not consumer_imports("w.py")
+
+
+#: The consumer's modules that may name TrackedConsumer: the class itself, and the function that makes it.
+NAMES_THE_CONSUMER = {"consumer/shell.py": "TrackedConsumer itself", "consumer/subscription.py": "subscribe() makes one",
+                      "consumer/__init__.py": "re-exports it"}
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if m.startswith("consumer/") and m not in NAMES_THE_CONSUMER])
+def test_no_part_of_the_consumer_takes_or_names_the_consumer(module):
+    """Each collaborator gets what it needs as explicit arguments (the core, the tracker, a put
+    function, the keys, the letters), never the consumer: no ``owner`` parameter, no TrackedConsumer."""
+    for node in ast.walk(tree(module)):
+        if isinstance(node, ast.Name):
+            assert node.id != "TrackedConsumer", f"{module} line {node.lineno} names TrackedConsumer"
+        elif isinstance(node, ast.arg):
+            assert node.arg != "owner", f"{module} line {node.lineno} takes an owner"
+
+
+def test_few_reads_or_writes_of_another_objects_private_names():
+    """``x._y`` with ``x`` not ``self``: into nacktracker's own objects at most 12 in the package (what
+    tools/private_reaches.py counts; pulsar-client's and PySpark's internals and namedtuple API apart)."""
+    sys.path.insert(0, str(ROOT.parent / "tools"))
+    try:
+        import private_reaches
+    finally:
+        sys.path.pop(0)
+    own = [r for r in private_reaches.reaches(ROOT) if r[3] == "own"]
+    assert len(own) <= 12, own

@@ -25,41 +25,61 @@ from .._checks import check_client_delay
 from ..errors import LetterInFlightError, PropertyError
 from ..clock import wall_ms
 from ..keys import MessageKey
+from ..tracker import NegativeAcksTracker
 from .ack_timeout import AckTimeouts
+from .chunks import ChunkedNacks
+from .core import DeliveryCore
 from .counts import DeliveryCounts
 from .dead_letters import DeadLetterPublisher, random_name
-from .ids import batch_size
+from .ids import MessageKeys, batch_size
+from .options import ConsumerOptions
 from .retries import RetryLetters, TerminalDeadLetters
 from .retry_letters import check_letter_properties
 
-__all__ = ["FailureHandling", "ConsumerDeadLetters", "reconsume_later", "dead_letter"]
+__all__ = ["FailureHandling", "ConsumerDeadLetters"]
 
 log = logging.getLogger("nacktracker.consumer")
 
 
 class FailureHandling:
-    """The failure side of one TrackedConsumer (``owner``): made by the shell
-    once its dead-letter publisher, tracker, core and pump exist."""
+    """The failure side of one TrackedConsumer, given what it works with (never the consumer):
 
-    def __init__(self, owner: Any, client: Any, schema: Any) -> None:
-        self._owner = owner
-        opts = owner.options
-        if opts.enable_retry and (opts.retry_letter_topic is None or opts.max_redeliveries is None):
+    ``options``: the consumer's; ``client``/``schema``: for the retry producer (``enable_retry``);
+    ``letters``: the consumer's :class:`ConsumerDeadLetters` (whose publisher dead-letters); ``tracker``
+    and ``core``: where an ack timeout schedules its redelivery, and whose clock times the retry copies;
+    ``keys``: the consumer's :class:`~.ids.MessageKeys`; ``counts``: its own delivery counts (also the
+    snapshot's); ``chunks``: its :class:`~.chunks.ChunkedNacks` or ``None``; ``put(msg)``: hands a message
+    to the application (the pump's queue); ``rearm()``: the release timer's; ``received(key)``: the
+    consumer's received-check (:class:`~nacktracker.errors.NotReceivedError`); ``check_open()``: its
+    closed/loop check; ``closed()``: whether it is closed; ``nack(msg, delay_ms)``: its nack.
+    It owns (and :meth:`close` closes) its timers, the ack timeouts and the retry producer."""
+
+    def __init__(self, options: ConsumerOptions, *, client: Any, schema: Any, letters: ConsumerDeadLetters,
+                 tracker: NegativeAcksTracker, core: DeliveryCore, keys: MessageKeys, counts: DeliveryCounts,
+                 chunks: Optional[ChunkedNacks], put: Callable[[Any], None], rearm: Callable[[], None],
+                 received: Callable[[MessageKey], MessageKey], check_open: Callable[[], None],
+                 closed: Callable[[], bool], nack: Callable[..., Awaitable[None]]) -> None:
+        opts = self.options = options
+        retry_topic, most = opts.retry_letter_topic, opts.max_redeliveries
+        if opts.enable_retry and (retry_topic is None or most is None):
             raise ValueError("enable_retry needs retry_letter_topic and max_redeliveries here "
                              "(nacktracker.subscribe sets Java's defaults)")
-        publisher: Optional[DeadLetterPublisher] = owner._dead_letters.publisher
-        self.counts = DeliveryCounts()
+        self.letters, self.tracker, self.core, self.keys, self.chunks = letters, tracker, core, keys, chunks
+        self._put, self._rearm, self._received, self._check_open, self._closed, self._nack = (
+            put, rearm, received, check_open, closed, nack)
+        publisher: Optional[DeadLetterPublisher] = letters.publisher
+        self.counts = counts
         self.terminal = None if publisher is None else TerminalDeadLetters(publisher)
         self.retries = None
-        if opts.enable_retry and publisher is not None:
+        if opts.enable_retry and publisher is not None and retry_topic is not None and most is not None:
             retry = DeadLetterPublisher(client, subscription=publisher.subscription,
                                         consumer_name=publisher.consumer_name,
-                                        dead_letter_topic=opts.retry_letter_topic, schema=schema, kind="RETRY")
-            self.retries = RetryLetters(retry, publisher, topic=opts.retry_letter_topic,
-                                        max_redeliveries=opts.max_redeliveries, lead_ms=opts.retry_lead_ms)
+                                        dead_letter_topic=retry_topic, schema=schema, kind="RETRY")
+            self.retries = RetryLetters(retry, publisher, topic=retry_topic, max_redeliveries=most,
+                                        lead_ms=opts.retry_lead_ms)
         self.ack_timeouts = None if opts.ack_timeout_ms is None else AckTimeouts(
             opts.ack_timeout_ms, opts.ack_timeout_backoff, schedule=self._schedule_ack_timeout,
-            discard=owner.tracker.discard, last=self._ack_timeout_last, clock=lambda: owner.tracker.clock,
+            discard=tracker.discard, last=self._ack_timeout_last, clock=lambda: tracker.clock,
             max_redeliveries=opts.max_redeliveries)
         self.wall_ms = wall_ms  # replaceable in tests (a fake wall clock beside a ManualClock)
         self._early: list[tuple[int, int, Any]] = []  # (due on the tracker's clock, seq, message): retry copies
@@ -73,16 +93,10 @@ class FailureHandling:
         self.ack_timeouts_scheduled = 0  # tracker adds made by ack timeouts (not nacks: taken out of "nacks")
         self.ack_timeout_redeliveries = 0  # of those, the ones whose time came: redeliveries asked for
         self._timing: set[MessageKey] = set()  # entries whose ack timeout is in the tracker (with ack_timeout_ms)
-        owner._dead_letters.failures = self  # closed with the dead letters
-        owner.tracker.add_fire_listener(self._fired)
-        store = owner._store
-        if store is not None:
-            store.counts = self.counts
-            store.load_counts()
 
     # -- the shell's hooks -------------------------------------------------------------
 
-    def _fired(self, cell: Any) -> None:
+    def fired(self, cell: Any) -> None:
         """A fire handed ``cell.keys`` to the adapter: each entry's redelivery counts; those an ack
         timeout put there are ack-timeout redeliveries. O(k)."""
         self.counts.redelivered(cell.keys)
@@ -97,11 +111,11 @@ class FailureHandling:
         """A copy the core let through: ``False`` when it is another copy of a message whose
         letter is being published (dropped: the letter's ack settles it), or a retry copy the
         broker sent before it is due (held here until then). O(log n)."""
-        letters = self._owner._dead_letters
+        letters = self.letters
         if letters.in_flight:
-            key = self._owner._message_key(msg)
+            key = self.keys.key(msg)
             if key in letters.in_flight:
-                held = self._owner.core.held.pop(key, None)
+                held = self.core.held.pop(key, None)
                 if key.batch_index >= 0:  # each delivery of a batch entry acks it through its own batch acker
                     letters.keep_copies(key, [*(held.tokens if held is not None else ()), msg])
                 self.dropped_in_flight += 1
@@ -116,7 +130,7 @@ class FailureHandling:
             return True
         if due_wall is None:
             return True
-        clock = self._owner.tracker.clock
+        clock = self.tracker.clock
         now = clock.now_ms()
         due = math.ceil(now + (due_wall - self.wall_ms()))
         if due <= now:
@@ -130,7 +144,7 @@ class FailureHandling:
     def received(self, msg: Any) -> Any:
         """The application receives ``msg`` (returned): its ack timeout starts. O(1) amortised."""
         if self.ack_timeouts is not None:
-            key, count = self._owner._key(msg)
+            key, count = self.keys.key_and_count(msg)
             own = self._own_count(key, msg)  # (an entry of several messages: the broker's count)
             self.ack_timeouts.started(key, self.counts.count(key.entry, count or 0) if own else count or 0, msg)
         return msg
@@ -167,14 +181,14 @@ class FailureHandling:
             self._timing.discard(entry)
         if not self.counts.has(entry):
             return
-        if key.batch_index >= 0 and self._owner.core.awaits_copy(entry):
+        if key.batch_index >= 0 and self.core.awaits_copy(entry):
             return
         self.counts.forget(entry)
 
     def stats(self, tracker_nacks: int = 0) -> dict[str, int]:
         """The failure side's stats (the docs' stats page); ``tracker_nacks``: the tracker's ``nacks``, of which
         the ack timeouts' redeliveries are taken out (``nacks`` counts the application's). O(1)."""
-        by_cause = self._owner._dead_letters.by_cause
+        by_cause = self.letters.by_cause
         dead = {f"dead_letters_{cause}": n for cause, n in by_cause.items()}
         out = {"nacks": tracker_nacks - self.ack_timeouts_scheduled,
                "ack_timeout_redeliveries": self.ack_timeout_redeliveries,
@@ -212,7 +226,6 @@ class FailureHandling:
 
     async def reconsume_later(self, message: Any, delay_ms: Optional[int],
                               properties: Optional[dict[str, str]]) -> None:
-        owner = self._owner
         self._check_open()
         if self.retries is None:
             raise RuntimeError("reconsume_later needs subscribe(..., enable_retry=True)")
@@ -224,10 +237,10 @@ class FailureHandling:
             check_letter_properties(properties)  # the caller's: a ValueError here, before anything is published
         delay = None if delay_ms is None else check_client_delay("delay_ms", delay_ms)
         key = self._settle_check(message, "reconsume_later")
-        backoff = owner.options.backoff
+        backoff = self.options.backoff
         try:
             props, times, delay = self.retries.prepare(
-                message, delay, properties, backoff if backoff is not None else lambda _: owner.options.delay_ms)
+                message, delay, properties, backoff if backoff is not None else lambda _: self.options.delay_ms)
         except PropertyError as refused:  # the message cannot be retried as it is: dead-lettered, saying why
             await self._settle(message, key, self.retries.reconsume_refused(message, refused), "bad_property")
             return
@@ -247,13 +260,10 @@ class FailureHandling:
 
     # -- internals -----------------------------------------------------------------------
 
-    def _check_open(self) -> None:
-        self._owner._check_open()
-
     async def _settle(self, message: Any, key: MessageKey, publishing: Awaitable[Any], cause: str) -> None:
         """Publish a letter, then acknowledge the message; other copies of it are dropped meanwhile.
         ``cause``: the dead letter's, should ``publishing`` publish one (see ``ack_when_published``)."""
-        letters = self._owner._dead_letters
+        letters = self.letters
         letters.publishing(key)
         ack_timeouts = self.ack_timeouts
         if ack_timeouts is not None:  # the letter settles the message: its ack timeout ends (restarted if it fails)
@@ -262,7 +272,7 @@ class FailureHandling:
         try:
             await letters.ack_when_published(message, publishing, key, message_key=key, cause=cause)
         except Exception:
-            if ack_timeouts is not None and not self._owner.closed:
+            if ack_timeouts is not None and not self._closed():
                 self.received(message)
             raise
 
@@ -275,12 +285,11 @@ class FailureHandling:
     def _settle_check(self, message: Any, call: str) -> MessageKey:
         """The key of a message a letter call may settle: received, not acknowledged, no letter of it
         in flight (one letter per message: the caller publishes it before its next await). O(1)."""
-        owner = self._owner
-        key: MessageKey = owner._key(message)[0]
-        if key in owner._dead_letters.in_flight:
+        key: MessageKey = self.keys.key_and_count(message)[0]
+        if key in self.letters.in_flight:
             raise LetterInFlightError(key, call)
-        owner._received(key)
-        if owner.core.is_acked(key):
+        self._received(key)
+        if self.core.is_acked(key):
             raise ValueError(f"{key} was acknowledged already: nothing to {call.replace('_', ' ')}")
         return key
 
@@ -288,78 +297,40 @@ class FailureHandling:
         if self._timer is not None:
             self._timer.cancel()
         self._timer_at = at_ms
-        self._timer = self._owner.tracker.clock.call_at(at_ms, self._release)
+        self._timer = self.tracker.clock.call_at(at_ms, self._release)
 
     def _release(self) -> None:
         """Hand the retry copies now due to the application, in due order."""
         self._timer = self._timer_at = None
-        now = self._owner.tracker.clock.now_ms()
+        now = self.tracker.clock.now_ms()
         while self._early and self._early[0][0] <= now:
-            self._owner._pump.put(heapq.heappop(self._early)[2])
+            self._put(heapq.heappop(self._early)[2])
         if self._early:
             self._arm(self._early[0][0])
 
     def _schedule_ack_timeout(self, key: MessageKey, delay_ms: int, count: int, msg: Any) -> None:
-        owner = self._owner
         self.ack_timeouts_scheduled += 1
         self._timing.add(key.entry)
-        if owner.chunks is not None:  # a chunked message: its request names every chunk (chunks.py)
-            owner.chunks.note(key, msg)
-        due = owner.tracker.add(key, delay_ms=delay_ms, redelivery_count=count)
-        owner.core.nacked(key, due, msg, owner.tracker.clock.now_ms())
-        owner._release.rearm()
+        if self.chunks is not None:  # a chunked message: its request names every chunk (chunks.py)
+            self.chunks.note(key, msg)
+        due = self.tracker.add(key, delay_ms=delay_ms, redelivery_count=count)
+        self.core.nacked(key, due, msg, self.tracker.clock.now_ms())
+        self._rearm()
 
     def _ack_timeout_last(self, msg: Any) -> None:
         """A last delivery's ack timeout passed: nack it now (the tracker dead-letters it)."""
-        if not self._owner.closed:
+        if not self._closed():
             asyncio.get_running_loop().create_task(self._quiet_nack(msg))
 
     async def _quiet_nack(self, msg: Any) -> None:
-        letters = self._owner._dead_letters
+        letters = self.letters
         letters.cause = "ack_timeout"  # the tracker's hook runs within the nack's first step, before any await
         try:
-            await self._owner.negative_acknowledge(msg, delay_ms=0)
+            await self._nack(msg, delay_ms=0)
         except Exception as exc:  # closed or acknowledged meanwhile: nothing to do
             log.debug("ack timeout of a last delivery not nacked: %r", exc)
         finally:
             letters.cause = "max_redeliveries"
-
-
-async def reconsume_later(self: Any, message: Any, delay_ms: Optional[int] = None,
-                          properties: Optional[dict[str, str]] = None) -> None:
-    """Java's ``reconsumeLater`` (a ``TrackedConsumer`` method): publish
-    ``message`` to the retry topic, due ``delay_ms`` from now (default: the
-    consumer's ``backoff`` of its reconsume count, else its ``delay_ms``),
-    then acknowledge it. It comes back from the retry topic (the consumer
-    subscribes to it) at its due time exactly: a copy the broker sends early
-    is held until then. The retry carries Java's properties
-    (``RECONSUMETIMES``, ``DELAY_TIME``, ``REAL_TOPIC``, ``ORIGIN_MESSAGE_ID``
-    ...: :mod:`.retry_letters`) plus ``properties``; once ``RECONSUMETIMES``
-    would pass ``max_redeliveries`` it goes to the dead-letter topic instead,
-    with the same properties. Needs ``subscribe(..., enable_retry=True)``
-    (``RuntimeError`` otherwise) and a received Message (``TypeError``); a
-    message already acknowledged: ``ValueError``. A failed publish raises
-    :class:`~.dead_letters.DeadLetterError` and leaves the message
-    unacknowledged. Runtime: a broker round trip to publish, one to acknowledge.
-    """
-    await self._failures.reconsume_later(message, delay_ms, properties)
-
-
-async def dead_letter(self: Any, message: Any, reason: str, exception: Optional[BaseException] = None) -> None:
-    """A terminal nack (a ``TrackedConsumer`` method): publish ``message`` to
-    the dead-letter topic now, through the consumer's one ordered dead-letter
-    producer (after the dead letters decided before it), with
-    ``DEAD_LETTER_REASON`` = ``reason`` and, given an ``exception``,
-    ``DEAD_LETTER_EXCEPTION`` = its type's ``module.QualifiedName``, besides
-    the usual dead-letter properties (``REAL_TOPIC``, ``REAL_SUBSCRIPTION``,
-    ``ORIGIN_MESSAGE_ID``); then acknowledge it. The dead-letter topic is
-    ``dead_letter_topic`` (default ``<topic>-<subscription>-DLQ``), with or
-    without ``max_redeliveries``. Needs a received Message (``TypeError``); a
-    message already acknowledged: ``ValueError``. A failed publish raises
-    :class:`~.dead_letters.DeadLetterError` and leaves the message
-    unacknowledged. Runtime: a broker round trip to publish, one to acknowledge.
-    """
-    await self._failures.dead_letter(message, reason, exception)
 
 
 class ConsumerDeadLetters:
@@ -381,7 +352,6 @@ class ConsumerDeadLetters:
         self.cause = "max_redeliveries"
         #: dead letters published, by cause ("bad_property": a reconsume of a message whose properties were refused)
         self.by_cause = {"max_redeliveries": 0, "dead_letter": 0, "ack_timeout": 0, "bad_property": 0}
-        self.failures: Optional[FailureHandling] = None  # closed with these (set by FailureHandling)
         #: messages whose letter (dead letter, retry) is being published, until acknowledged: another
         #: copy of one (a broker restart's resend beside the requested one) must not surface meanwhile
         self.in_flight: dict[Any, int] = {}
@@ -475,9 +445,6 @@ class ConsumerDeadLetters:
                 for name in ("published", "failed", "producers_created", "producers_open", "pending")}
 
     async def close(self) -> None:
-        """Publish what is queued, close the producers (see :meth:`DeadLetterPublisher.close`), and
-        the consumer's other failure parts (:class:`FailureHandling`: timers, the retry producer)."""
-        if self.failures is not None:
-            await self.failures.close()
+        """Publish what is queued, close the producers (see :meth:`DeadLetterPublisher.close`)."""
         if self.publisher is not None:
             await self.publisher.close()

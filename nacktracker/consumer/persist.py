@@ -63,7 +63,7 @@ class SnapshotStore:
     """Where one consumer's snapshot lives, and how it is read and written."""
 
     def __init__(self, path: str, on_error: str, *, subscription: Optional[str] = None,
-                 topics: Sequence[str] = ()) -> None:
+                 topics: Sequence[str] = (), counts: Optional[DeliveryCounts] = None) -> None:
         self.path = path
         self.on_error = on_error
         #: whose the files are: compared with ``<path>.owner`` at start, written there (None: not checked)
@@ -72,7 +72,7 @@ class SnapshotStore:
         self.restoring = True  # False once the files were found to be another consumer's (nothing of them is read)
         self.saved = self.failures = 0
         self._writing: Optional[asyncio.Future[None]] = None  # the write in flight (in a thread)
-        self.counts: Optional[DeliveryCounts] = None  # saved beside the snapshot when set (consumer/counts.py)
+        self.counts = counts  # a consumer's own delivery counts: saved beside the snapshot (consumer/counts.py)
         self.due_at_restore: list[MessageKey] = []  # restored nacks whose time passed during the downtime
 
     def load_counts(self) -> int:
