@@ -26,8 +26,9 @@ MODULES = sorted(p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*.py"))
 PURE = {*(m for m in MODULES if m.startswith("index/")),  # the index package (issue 12), every module of it
         "backoff.py", "keys.py", "_checks.py", "precision.py", "consumer/core.py", "consumer/state.py",
         "adapters/local.py", "consumer/local.py",  # local redelivery (issue 11): bookkeeping, no pulsar, no clock
-        "consumer/retry_letters.py", "consumer/counts.py",  # retry-letter names and properties; own delivery counts
-        "consumer/chunks.py"}  # which entries a request for a chunked message names
+        "consumer/letters/java.py", "consumer/counts.py",  # retry-letter names and properties; own delivery counts
+        "consumer/chunks.py",  # which entries a request for a chunked message names
+        "consumer/deadlines.py"}  # the timer heaps' one structure
 IMPURE_IMPORTS = {"pulsar", "_pulsar", "asyncio", "time", "os", "socket", "threading", "subprocess", "io"}
 
 PULSAR_IMPORTERS = {
@@ -39,7 +40,7 @@ PULSAR_IMPORTERS = {
     "consumer/subscription.py": "subscribe() makes the client's consumer",
     "consumer/ids.py": "keys of pulsar Messages and MessageIds, seek targets",
     "errors.py": "makes the exceptions that are also the client's, on first use (importing it loads no pulsar)",
-    "consumer/dead_letters.py": "publishes dead letters through the client's producers (issue 11)",
+    "consumer/letters/publisher.py": "publishes dead letters through the client's producers (issue 11)",
     "consumer/failures.py": "retry letters and terminal dead letters take received pulsar Messages",
     "testing/lite.py": "probes the pulsar-lite broker it starts",
     "testing/apache.py": "probes the Apache Pulsar broker it starts",
@@ -125,9 +126,9 @@ def test_only_the_tracker_and_clock_read_time(module):
 
 
 def test_the_consumer_reads_time_only_through_the_trackers_clock():
-    for module in ("consumer/shell.py", "consumer/core.py", "consumer/options.py", "consumer/subscription.py", "consumer/ids.py", "consumer/dead_letters.py",
+    for module in ("consumer/shell.py", "consumer/core.py", "consumer/options.py", "consumer/subscription.py", "consumer/ids.py", "consumer/letters/publisher.py",
                    "consumer/pump.py", "consumer/release.py", "consumer/local.py", "consumer/failures.py",
-                   "consumer/ack_timeout.py", "consumer/retries.py", "consumer/counts.py"):
+                   "consumer/ack_timeout.py", "consumer/letters/retry.py", "consumer/counts.py"):
         source = (ROOT / module).read_text()
         assert "get_running_loop().time" not in source and "loop.time" not in source, module
         assert "call_later" not in source and ".call_at(" not in source.replace("clock.call_at(", ""), module

@@ -15,10 +15,10 @@ thin front over ``Fetcher``/``SubscriptionState``:
 * :mod:`.subscription` -- :func:`subscribe`; :mod:`.options` -- the consumer's options and
   their checks; :mod:`.ids` -- message ids (keys of what the application passes, seek targets).
 * :mod:`.persist` -- snapshots (pending nacks and batch records across restarts).
-* :mod:`.dead_letters` -- dead-letter publishing (one producer per dead-letter topic, in order).
+* :mod:`.letters.publisher` -- dead-letter publishing (one producer per dead-letter topic, in order).
 * :mod:`.failures` -- retry letters (``reconsume_later``), terminal dead letters
   (``dead_letter``), ack timeouts and the consumer's own delivery counts, over
-  :mod:`.retry_letters` (Java's names and properties, pure), :mod:`.retries`,
+  :mod:`.letters.java` (Java's names and properties, pure), :mod:`.letters.retry`,
   :mod:`.ack_timeout` and :mod:`.counts` (pure); see ``docs/retries.md``.
 
 The exceptions live in :mod:`nacktracker.errors` (re-exported here). Nothing is imported
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # what __getattr__ loads on first use, as type checkers see it
     from ..errors import ConsumerClosed, DeadLetterError, NotReceivedError, ReceiveTimeout
-    from .dead_letters import (PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_REAL_SUBSCRIPTION, PROPERTY_REAL_TOPIC,
+    from .letters.publisher import (PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_REAL_SUBSCRIPTION, PROPERTY_REAL_TOPIC,
                                DeadLetterPublisher)
     from .options import ConsumerOptions
     from .shell import TrackedConsumer

@@ -95,7 +95,7 @@ class ConsumerOptions:
     #: Java's enableRetry: reconsume_later() and the retry letter topic (subscribe() names it and subscribes)
     enable_retry: bool = False
     retry_letter_topic: Optional[str] = None
-    retry_lead_ms: int = 2_000  # retries ask the broker for delivery this much before due (consumer/retries.py)
+    retry_lead_ms: int = 2_000  # retries ask the broker for delivery this much before due (consumer/letters/retry.py)
     #: ack timeout (Java's ackTimeout, PIP-130's ackTimeoutRedeliveryBackoff): consumer/ack_timeout.py
     ack_timeout_ms: Optional[int] = None
     ack_timeout_backoff: Optional[Callable[[int], int]] = None

@@ -55,11 +55,12 @@ from ..tracker import FiredCell, NegativeAcksTracker
 from .batches import BatchLimits
 from .chunks import ChunkedNacks, known_entries
 from .core import DeliveryCore, Verdict
-from .dead_letters import quietly
+from .letters.publisher import quietly
 from .direct import DirectConsumer, ReceivedMessage, acknowledged, message_length
 from ..errors import ConsumerClosed, NotReceivedError
 from .counts import DeliveryCounts
-from .failures import ConsumerDeadLetters, FailureHandling
+from .failures import FailureHandling
+from .letters.in_flight import ConsumerDeadLetters
 from .lateness import RedeliveryLateness
 from .ids import BareIds, MessageKeys, batch_size, is_bare_id, message_key_of, names_several_topics, seek_target
 from .options import DEDUP_CAPACITY, ConsumerOptions, check_timeout_ms
@@ -147,7 +148,7 @@ class TrackedConsumer:
         self._local = None if not isinstance(self.adapter, RedeliversLocally) else LocalNacks(  # capabilities: base.py
             self.adapter, lambda msg: self._decide(self._keys.key(msg), msg), lambda msg: self._pump.put(msg))
         self._arrived = self.adapter if isinstance(self.adapter, LearnsPathLatency) else None
-        # one producer per dead-letter topic, in the order decided; an unnamed consumer is named (failures.py)
+        # one producer per dead-letter topic, in the order decided; an unnamed consumer is named (letters/in_flight.py)
         self._dead_letters, name = ConsumerDeadLetters.of(consumer, client, opts, schema, ack=self._acknowledge,
                                                           ack_copies=self._ack_copies)
         # the topic of a bare id (msg.message_id() names none): the consumer's own, its partition's, or
@@ -439,12 +440,12 @@ class TrackedConsumer:
         subscribes to it) at its due time exactly: a copy the broker sends early
         is held until then. The retry carries Java's properties
         (``RECONSUMETIMES``, ``DELAY_TIME``, ``REAL_TOPIC``, ``ORIGIN_MESSAGE_ID``
-        ...: :mod:`.retry_letters`) plus ``properties``; once ``RECONSUMETIMES``
+        ...: :mod:`.letters.java`) plus ``properties``; once ``RECONSUMETIMES``
         would pass ``max_redeliveries`` it goes to the dead-letter topic instead,
         with the same properties. Needs ``subscribe(..., enable_retry=True)``
         (``RuntimeError`` otherwise) and a received Message (``TypeError``); a
         message already acknowledged: ``ValueError``. A failed publish raises
-        :class:`~.dead_letters.DeadLetterError` and leaves the message
+        :class:`~.letters.publisher.DeadLetterError` and leaves the message
         unacknowledged. Runtime: a broker round trip to publish, one to acknowledge.
         """
         await self._failures.reconsume_later(message, delay_ms, properties)
@@ -459,7 +460,7 @@ class TrackedConsumer:
         ``dead_letter_topic`` (default ``<topic>-<subscription>-DLQ``), with or
         without ``max_redeliveries``. Needs a received Message (``TypeError``); a
         message already acknowledged: ``ValueError``. A failed publish raises
-        :class:`~.dead_letters.DeadLetterError` and leaves the message
+        :class:`~.letters.publisher.DeadLetterError` and leaves the message
         unacknowledged. Runtime: a broker round trip to publish, one to acknowledge.
         """
         await self._failures.dead_letter(message, reason, exception)
