@@ -172,31 +172,30 @@ class DeadLetterError(NacktrackerError, RuntimeError):
 #: The exceptions that subclass pulsar-client's: made by :func:`_pulsar_typed` on first use.
 PULSAR_TYPED = ("ReceiveTimeout", "ConsumerClosed", "DeadLetterPublisherClosed")
 _MAKING = threading.Lock()
-#: Their docstrings (written once: the classes are made at run time, declared again for type checkers).
-_DOCS = {
-    "ReceiveTimeout": """``receive(timeout_ms=…)`` found no message in time.
 
-    Both a ``pulsar.Timeout`` (what the sync client's ``receive(timeout_millis)``
-    raises) and a ``pulsar.asyncio.PulsarException`` whose ``error()`` is
-    ``pulsar.Result.Timeout`` (what the asyncio client raises), so either
-    ``except`` clause a caller already has keeps working.""",
-    "ConsumerClosed": """The consumer was closed. A ``pulsar.AlreadyClosed`` and a
-    ``pulsar.asyncio.PulsarException`` with ``pulsar.Result.AlreadyClosed``.""",
-    "DeadLetterPublisherClosed": "A dead or retry letter after its publisher closed (a ``pulsar.AlreadyClosed``).",
-}
-
-if TYPE_CHECKING:  # what _pulsar_typed() makes, as type checkers see it (pulsar-client has no type information)
+if TYPE_CHECKING:  # what _pulsar_typed() makes, as type checkers and the API reference see it (a test
+    # keeps the docstrings the same)
     import pulsar
     import pulsar.asyncio
 
     class ReceiveTimeout(pulsar.Timeout, pulsar.asyncio.PulsarException, NacktrackerError):  # type: ignore[misc]
+        """``receive(timeout_ms=…)`` found no message in time.
+
+        Both a ``pulsar.Timeout`` (what the sync client's ``receive(timeout_millis)``
+        raises) and a ``pulsar.asyncio.PulsarException`` whose ``error()`` is
+        ``pulsar.Result.Timeout`` (what the asyncio client raises), so either
+        ``except`` clause a caller already has keeps working."""
+
         def __init__(self, msg: str = ...) -> None: ...
 
     class ConsumerClosed(pulsar.AlreadyClosed, pulsar.asyncio.PulsarException, NacktrackerError):  # type: ignore[misc]
+        """The consumer was closed. A ``pulsar.AlreadyClosed`` and a
+        ``pulsar.asyncio.PulsarException`` with ``pulsar.Result.AlreadyClosed``."""
+
         def __init__(self, msg: str = ...) -> None: ...
 
     class DeadLetterPublisherClosed(pulsar.AlreadyClosed, NacktrackerError):  # type: ignore[misc]
-        pass
+        """A dead or retry letter after its publisher closed (a ``pulsar.AlreadyClosed``)."""
 
 
 def _pulsar_typed() -> dict[str, type[NacktrackerError]]:
@@ -207,23 +206,33 @@ def _pulsar_typed() -> dict[str, type[NacktrackerError]]:
     exception = pulsar_asyncio.PulsarException
 
     class ReceiveTimeout(pulsar.Timeout, exception, NacktrackerError):  # type: ignore[misc,valid-type]
+        """``receive(timeout_ms=…)`` found no message in time.
+
+        Both a ``pulsar.Timeout`` (what the sync client's ``receive(timeout_millis)``
+        raises) and a ``pulsar.asyncio.PulsarException`` whose ``error()`` is
+        ``pulsar.Result.Timeout`` (what the asyncio client raises), so either
+        ``except`` clause a caller already has keeps working."""
+
         def __init__(self, msg: str = "no message received in time") -> None:
             exception.__init__(self, pulsar.Result.Timeout, msg)
             Exception.__init__(self, msg)
 
     class ConsumerClosed(pulsar.AlreadyClosed, exception, NacktrackerError):  # type: ignore[misc,valid-type]
+        """The consumer was closed. A ``pulsar.AlreadyClosed`` and a
+        ``pulsar.asyncio.PulsarException`` with ``pulsar.Result.AlreadyClosed``."""
+
         def __init__(self, msg: str = "consumer is closed") -> None:
             exception.__init__(self, pulsar.Result.AlreadyClosed, msg)
             Exception.__init__(self, msg)
 
     class DeadLetterPublisherClosed(pulsar.AlreadyClosed, NacktrackerError):  # type: ignore[misc]
-        pass
+        """A dead or retry letter after its publisher closed (a ``pulsar.AlreadyClosed``)."""
 
     made: dict[str, type[NacktrackerError]] = {
         "ReceiveTimeout": ReceiveTimeout, "ConsumerClosed": ConsumerClosed,
         "DeadLetterPublisherClosed": DeadLetterPublisherClosed}
     for name, cls in made.items():  # named where they are imported from (pickling, reprs, tracebacks)
-        cls.__qualname__, cls.__doc__ = name, _DOCS[name]
+        cls.__qualname__ = name
     return made
 
 

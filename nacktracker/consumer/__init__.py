@@ -7,19 +7,21 @@ thin front over ``Fetcher``/``SubscriptionState``:
 * :mod:`.core` -- :class:`DeliveryCore`: which copy of which message surfaces
   now, is parked until its time, or is dropped; when a record may go. Pure
   (no pulsar, no clock, no I/O); model-tested in ``tests/consumer/test_consumer_core.py``.
-* :mod:`.shell` -- :class:`TrackedConsumer`: the receive pump, ack/nack calls,
-  the release timer on the tracker's clock.
-* :mod:`.pump` -- the receive pump; :mod:`.release` -- the release timer.
+* :mod:`.shell` -- :class:`TrackedConsumer`, and where the consumer is assembled (its
+  constructor; the "who calls what" table atop the module).
+* :mod:`.pump` -- the receive pump; :mod:`.release` -- the release timer;
+  :mod:`.deadlines` -- the one lazy-deletion deadline heap every timer uses.
 * :mod:`.local` -- local redelivery on Exclusive/Failover subscriptions (glue to
   :class:`~nacktracker.adapters.LocalRedeliveryAdapter`).
-* :mod:`.subscription` -- :func:`subscribe`; :mod:`.options` -- the consumer's options and
-  their checks; :mod:`.ids` -- message ids (keys of what the application passes, seek targets).
+* :mod:`.subscription` -- :func:`subscribe`; :mod:`.options` -- :class:`ConsumerOptions`, the one
+  options object; :mod:`.ids` -- every key the consumer derives (received messages, what the
+  application passes, seek targets).
 * :mod:`.persist` -- snapshots (pending nacks and batch records across restarts).
-* :mod:`.letters.publisher` -- dead-letter publishing (one producer per dead-letter topic, in order).
-* :mod:`.failures` -- retry letters (``reconsume_later``), terminal dead letters
-  (``dead_letter``), ack timeouts and the consumer's own delivery counts, over
-  :mod:`.letters.java` (Java's names and properties, pure), :mod:`.letters.retry`,
-  :mod:`.ack_timeout` and :mod:`.counts` (pure); see ``docs/retries.md``.
+* :mod:`.letters` -- dead and retry letters: the ordered publisher, Java's names and properties,
+  ``reconsume_later`` and ``dead_letter``, the letters in flight.
+* :mod:`.failures` -- the failure side joined: letter calls, ack timeouts (:mod:`.ack_timeout`),
+  the consumer's own delivery counts (:mod:`.counts`), early retry copies held until due;
+  see ``docs/retries.md``.
 
 The exceptions live in :mod:`nacktracker.errors` (re-exported here). Nothing is imported
 eagerly: the Pulsar shell loads pulsar-client on first use of a name below.
@@ -43,8 +45,8 @@ __all__ = ["TrackedConsumer", "subscribe", "ReceiveTimeout", "ConsumerClosed", "
 _LAZY = {"TrackedConsumer": ".shell", "subscribe": ".subscription", "ClientSubscribeOptions": ".subscription",
          "ConsumerOptions": ".options", "ReceiveTimeout": "..errors", "ConsumerClosed": "..errors",
          "NotReceivedError": "..errors", "DeadLetterError": "..errors",
-         "PROPERTY_REAL_TOPIC": ".dead_letters", "PROPERTY_REAL_SUBSCRIPTION": ".dead_letters",
-         "PROPERTY_ORIGIN_MESSAGE_ID": ".dead_letters", "DeadLetterPublisher": ".dead_letters"}
+         "PROPERTY_REAL_TOPIC": ".letters.publisher", "PROPERTY_REAL_SUBSCRIPTION": ".letters.publisher",
+         "PROPERTY_ORIGIN_MESSAGE_ID": ".letters.publisher", "DeadLetterPublisher": ".letters.publisher"}
 
 if not TYPE_CHECKING:  # type checkers see the imports above instead: every name resolves to what it is
 
