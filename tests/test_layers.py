@@ -23,9 +23,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent / "nacktracker"
 MODULES = sorted(p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*.py"))
 
-PURE = {*(m for m in MODULES if m.startswith("index/")),  # the index package (issue 12), every module of it
+PURE = {*(m for m in MODULES if m.startswith("index/")),  # the index package, every module of it
         "backoff.py", "keys.py", "_checks.py", "precision.py", "consumer/core.py", "consumer/state.py",
-        "adapters/local.py", "consumer/local.py",  # local redelivery (issue 11): bookkeeping, no pulsar, no clock
+        "adapters/local.py", "consumer/local.py",  # local redelivery: bookkeeping, no pulsar, no clock
         "consumer/letters/java.py", "consumer/counts.py",  # retry-letter names and properties; own delivery counts
         "consumer/chunks.py",  # which entries a request for a chunked message names
         "consumer/deadlines.py"}  # the timer heaps' one structure
@@ -40,7 +40,7 @@ PULSAR_IMPORTERS = {
     "consumer/subscription.py": "subscribe() makes the client's consumer",
     "consumer/ids.py": "keys of pulsar Messages and MessageIds, seek targets",
     "errors.py": "makes the exceptions that are also the client's, on first use (importing it loads no pulsar)",
-    "consumer/letters/publisher.py": "publishes dead letters through the client's producers (issue 11)",
+    "consumer/letters/publisher.py": "publishes dead letters through the client's producers",
     "consumer/failures.py": "retry letters and terminal dead letters take received pulsar Messages",
     "testing/lite.py": "probes the pulsar-lite broker it starts",
     "testing/apache.py": "probes the Apache Pulsar broker it starts",

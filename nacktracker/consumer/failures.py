@@ -20,7 +20,7 @@ from typing import Any, Awaitable, Callable, Optional
 import pulsar
 
 from .._checks import check_client_delay
-from ..errors import LetterInFlightError, PropertyError
+from ..errors import LetterInFlightError, NacktrackerError, PropertyError
 from ..clock import wall_ms
 from ..keys import MessageKey
 from ..tracker import NegativeAcksTracker
@@ -327,7 +327,8 @@ class FailureHandling:
         letters.cause = "ack_timeout"  # the tracker's hook runs within the nack's first step, before any await
         try:
             await self._nack(msg, delay_ms=0)
-        except Exception as exc:  # closed or acknowledged meanwhile: nothing to do
+        except (NacktrackerError, RuntimeError) as exc:  # closed (ConsumerClosed, TrackerClosedError, its loop) or
+            # forgotten meanwhile (NotReceivedError): nothing to do; anything else is a bug, raised in this task
             log.debug("ack timeout of a last delivery not nacked: %r", exc)
         finally:
             letters.cause = "max_redeliveries"

@@ -382,9 +382,9 @@ class TrackedConsumer:
         for token in tokens:
             try:
                 await acknowledged(self._pump.direct, self._consumer, token)
-            except Exception as exc:
+            except Exception as exc:  # the broker resends an unacked copy: counted, logged with its traceback
                 self._counts["copy_ack_failures"] += 1
-                log.debug("ack of a dropped copy failed: %r", exc)
+                log.debug("ack of a dropped copy failed: %r", exc, exc_info=True)
 
     async def negative_acknowledge(self, message: Any, delay_ms: Optional[int] = None) -> None:
         """Redeliver ``message`` after ``delay_ms`` (default: the backoff for

@@ -181,7 +181,7 @@ async def first_delivery(h: Harness, size: int):
 
 
 async def test_batch_of_four_acked_and_held_siblings_never_surface_again(harness):
-    """Issue 10, first case: m0 acked, m1 nacked 1000 ms, m2 nacked 1120 ms,
+    """The first case of an entry of four: m0 acked, m1 nacked 1000 ms, m2 nacked 1120 ms,
     each redelivery acked on arrival, m3 still held. Only m1 and m2 surface
     again, each exactly at its due time, from one redelivery of the entry (m2
     parked until its own); the record ends with m3's ack."""
@@ -473,7 +473,7 @@ async def test_out_of_range_receive_timeouts_are_refused(harness, timeout, error
     assert (await h.consumer.receive(timeout_ms=0)).data() == b"e0.-1"  # the message is still there
 
 
-# -- prefetch, foreign messages, seek (issue 11) ------------------------------------------
+# -- prefetch, foreign messages, seek ------------------------------------------
 
 @pytest.mark.parametrize("prefetch", [1, 3, 16])
 async def test_the_pump_takes_no_more_than_its_window_ahead_of_a_slow_application(harness, prefetch):
@@ -549,7 +549,7 @@ async def test_seek_rewinds_acked_and_held_messages_surface_again_pending_nacks_
 
 
 async def test_seek_drops_the_messages_the_pump_took_before_it(harness):
-    """Issue 11: the client clears its receive queue on seek (the broker resends
+    """The client clears its receive queue on seek (the broker resends
     from the new position); what the pump had taken ahead of the application
     goes too, and surfaces again when the broker resends it."""
     h = harness(precision_bits=0, prefetch=4)
