@@ -204,10 +204,7 @@ def test_no_part_of_the_consumer_takes_or_names_the_consumer(module):
 def test_few_reads_or_writes_of_another_objects_private_names():
     """``x._y`` with ``x`` not ``self``: into nacktracker's own objects at most 12 in the package (what
     tools/private_reaches.py counts; pulsar-client's and PySpark's internals and namedtuple API apart)."""
-    sys.path.insert(0, str(ROOT.parent / "tools"))
-    try:
-        import private_reaches
-    finally:
-        sys.path.pop(0)
+    from tools import private_reaches  # (the checkout's root is on the tests' path: pyproject's pythonpath)
+
     own = [r for r in private_reaches.reaches(ROOT) if r[3] == "own"]
     assert len(own) <= 12, own
