@@ -22,6 +22,7 @@ import pulsar
 import pulsar.asyncio
 
 from nacktracker import TrackedConsumer
+from nacktracker.consumer import ConsumerOptions
 from nacktracker.testing import pulsar_service
 
 RETRY_MS = 300
@@ -43,7 +44,7 @@ async def main(url: str) -> int:
                                      initial_position=pulsar.InitialPosition.Earliest,
                                      negative_ack_redelivery_delay_ms=100)
         # ...wrapped: same calls, tracked nacks. client= is only needed for dead letters.
-        async with TrackedConsumer(raw, client=client, delay_ms=1000, precision_bits=0) as consumer:
+        async with TrackedConsumer(raw, client=client, options=ConsumerOptions(delay_ms=1000, precision_bits=0)) as consumer:
             loop = asyncio.get_running_loop()
             nacked_at = 0.0
             for _ in range(3):

@@ -12,6 +12,7 @@ from .clock import LoopClock, ManualClock
 from .dedup import Deduplicator
 from .errors import (AdapterError, DeadLetterError, MissingExtraError, NacktrackerError, NotReceivedError,
                      SnapshotError, TraceError, TrackerClosedError)
+from .errors import PULSAR_TYPED as _PULSAR_TYPED
 from .events import NackEvent
 from .index import DictIndex, HeapIndex, TimeBucketIndex
 from .keys import MessageKey
@@ -20,7 +21,7 @@ from .tracker import NegativeAcksTracker, TrackerStats
 if TYPE_CHECKING:
     # The Pulsar layer is imported lazily at run time (below) so the core never
     # needs pulsar-client; type checkers see the real classes all the same.
-    from .consumer.errors import ConsumerClosed, ReceiveTimeout
+    from .errors import ConsumerClosed, ReceiveTimeout
     from .consumer.shell import TrackedConsumer
     from .consumer.subscription import subscribe
 
@@ -35,15 +36,19 @@ __all__ = [
 __version__ = "0.1.0"
 
 #: Names that live in the Pulsar layer (``nacktracker.consumer``): loaded on first use.
-_PULSAR_NAMES = frozenset({"TrackedConsumer", "subscribe", "ReceiveTimeout", "ConsumerClosed"})
+_PULSAR_NAMES = frozenset({"TrackedConsumer", "subscribe"})
 
 if not TYPE_CHECKING:  # type checkers see the imports above: every name resolves to what it is
 
     def __getattr__(name: str) -> object:
-        if name in _PULSAR_NAMES:
+        if name in _PULSAR_NAMES or name in _PULSAR_TYPED:
             from ._extras import explain
 
             try:
+                if name in _PULSAR_TYPED:  # made by the error module on first use (it imports pulsar-client)
+                    from . import errors
+
+                    return getattr(errors, name)
                 from . import consumer
 
                 return getattr(consumer, name)  # the package loads its Pulsar shell lazily too

@@ -57,10 +57,16 @@ _Timer = tuple[float, int, "_ManualHandle", Callable[[], None]]  # (when, order 
 class _ManualHandle:
     __slots__ = ("cancelled", "_timer", "_timers")
 
-    def __init__(self) -> None:
+    def __init__(self, when_ms: float, seq: int, callback: Callable[[], None], timers: "SortedList[_Timer]") -> None:
+        """Arm: the timer joins its clock's ``timers``. O(log n)."""
         self.cancelled = False
-        self._timer: Optional[_Timer] = None
-        self._timers: Optional["SortedList[_Timer]"] = None
+        self._timer: Optional[_Timer] = (when_ms, seq, self, callback)
+        self._timers: Optional["SortedList[_Timer]"] = timers
+        timers.add(self._timer)
+
+    def fired(self) -> None:
+        """Its clock ran it: a cancel now changes nothing. O(1)."""
+        self._timers = self._timer = None
 
     def cancel(self) -> None:
         """Cancel the timer: it leaves its clock at once. O(log n). Idempotent."""
@@ -98,11 +104,7 @@ class ManualClock:
 
     def call_at(self, when_ms: float, callback: Callable[[], None]) -> _ManualHandle:
         """Run ``callback`` at ``when_ms`` (when :meth:`advance` passes it). O(log n)."""
-        handle = _ManualHandle()
-        timer: _Timer = (float(when_ms), next(self._seq), handle, callback)
-        handle._timer, handle._timers = timer, self._timers
-        self._timers.add(timer)
-        return handle
+        return _ManualHandle(float(when_ms), next(self._seq), callback, self._timers)
 
     def next_timer_ms(self) -> float | None:
         """When the earliest armed timer is due, or ``None``. O(1)."""
@@ -130,7 +132,7 @@ class ManualClock:
             if when is None or when > target_ms:
                 break
             _, _, handle, callback = self._timers.pop(0)
-            handle._timers = handle._timer = None
+            handle.fired()
             self._now = max(self._now, when)
             callback()
         self._now = target_ms

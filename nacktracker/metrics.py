@@ -144,12 +144,17 @@ class Registration:
         self._metrics, self._source = metrics, source
 
     @property
+    def source(self) -> _Source:
+        """What is observed: its stats, attributes and the listeners to detach on close."""
+        return self._source
+
+    @property
     def attributes(self) -> Mapping[str, str]:
         return dict(self._source.attributes)
 
     def close(self) -> None:
         """Stop observing (idempotent)."""
-        self._metrics._remove(self._source)
+        self._metrics.remove(self._source)
 
     def __enter__(self) -> "Registration":
         return self
@@ -222,7 +227,7 @@ class NackMetrics:
         redelivered messages into the lateness histogram."""
         loop = getattr(tracker, "_loop", None)
         registration = self.observe(stats if stats is not None else tracker.stats, attributes, loop=loop)
-        lag, lateness, attrs = self._timer_lag, self._lateness, registration._source.attributes
+        lag, lateness, attrs = self._timer_lag, self._lateness, registration.source.attributes
 
         def on_fire(cell: FiredCell) -> None:
             lag.record(max(0.0, cell.timer_lag_ms), attrs)
@@ -230,12 +235,13 @@ class NackMetrics:
         def on_redelivered(lateness_ms: float) -> None:
             lateness.record(max(0.0, lateness_ms), attrs)
 
-        registration._source.detach.append(tracker.add_fire_listener(on_fire))
+        registration.source.detach.append(tracker.add_fire_listener(on_fire))
         if consumer is not None:
-            registration._source.detach.append(consumer.lateness.add_listener(on_redelivered))
+            registration.source.detach.append(consumer.lateness.add_listener(on_redelivered))
         return registration
 
-    def _remove(self, source: _Source) -> None:
+    def remove(self, source: _Source) -> None:
+        """Stop observing ``source`` (what :meth:`Registration.close` does). Idempotent."""
         with self._lock:
             if source in self._sources:
                 self._sources.remove(source)
@@ -263,7 +269,7 @@ class NackMetrics:
         for source in sources:
             fn = source.stats()
             if fn is None:  # the object is gone
-                self._remove(source)
+                self.remove(source)
                 continue
             values = _read(fn, source.loop)
             if values is not None:

@@ -42,7 +42,7 @@ import _pulsar
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
-from .consumer.errors import ConsumerClosed
+from .errors import ConsumerClosed
 from .consumer.shell import TrackedConsumer
 from .consumer.subscription import subscribe as subscribe_async
 

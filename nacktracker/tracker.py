@@ -172,13 +172,16 @@ class NegativeAcksTracker:
                  on_dead_letter: Optional[Callable[[MessageKey], Any]] = None,
                  clock: Optional[Clock] = None, on_event: Optional[Callable[[NackEvent], Any]] = None,
                  retry_min_ms: int = 100, retry_max_ms: int = 10_000,
-                 consumer_name: Optional[str] = None) -> None:
+                 consumer_name: Optional[str] = None, precision: Optional[Precision] = None) -> None:
         if not callable(getattr(adapter, "redeliver", None)):
             raise TypeError(f"adapter must have an async redeliver(keys) method, not {type(adapter).__name__}")
         lead = check_int("adapter.lead_ms", getattr(adapter, "lead_ms", 0) or 0)  # read at every use: see _lead
         self._coalesce = check_int("adapter.coalesce_ms", getattr(adapter, "coalesce_ms", 0) or 0)
         self._delay_ms = check_default_delay("delay_ms", delay_ms)
-        self.precision = Precision.of(precision_bits, rounding)
+        # a consumer hands down the Precision its options built (then precision_bits and rounding are its)
+        self.precision = precision if precision is not None else Precision.of(precision_bits, rounding)
+        if not isinstance(self.precision, Precision):
+            raise TypeError(f"precision must be a Precision, not {type(self.precision).__name__}")
         self._bucket_add, self._bucket_mask = self.precision.add, self.precision.mask  # _schedule's Precision.bucket
         self._nacks = 0  # nacks scheduled (stats()["nacks"]): an int of its own, not a Counter item, on add's path
         for name, fn in (("backoff", backoff), ("on_dead_letter", on_dead_letter), ("on_event", on_event)):
@@ -196,7 +199,7 @@ class NegativeAcksTracker:
         self._retry_min = check_delay_ms("retry_min_ms", retry_min_ms) or 1
         self._retry_max = max(self._retry_min, check_delay_ms("retry_max_ms", retry_max_ms))
         self.adapter = adapter
-        self.precision_bits, self.rounding = precision_bits, rounding
+        self.precision_bits, self.rounding = self.precision.bits, self.precision.rounding
         self.delay_ms = self._delay_ms
         self.max_redeliveries = max_redeliveries
         self.consumer_name = consumer_name
@@ -209,7 +212,7 @@ class NegativeAcksTracker:
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         # the bound loop when it is asyncio's own (it records the thread running it): add()'s cheap test
         self._own_loop: Optional[asyncio.BaseEventLoop] = None
-        self._index = TimeBucketIndex(precision_bits, rounding)
+        self._index = TimeBucketIndex(self.precision.bits, self.precision.rounding)  # (Precision.of: the same object)
         # one slot per (partition, ledger[, topic]); see _slot()
         self._slots: dict[tuple[int, int], dict[Optional[str], int]] = {}
         self._origins: dict[int, tuple[Optional[str], int, int]] = {}

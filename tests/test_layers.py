@@ -23,11 +23,12 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent / "nacktracker"
 MODULES = sorted(p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*.py"))
 
-PURE = {*(m for m in MODULES if m.startswith("index/")),  # the index package (issue 12), every module of it
+PURE = {*(m for m in MODULES if m.startswith("index/")),  # the index package, every module of it
         "backoff.py", "keys.py", "_checks.py", "precision.py", "consumer/core.py", "consumer/state.py",
-        "adapters/local.py", "consumer/local.py",  # local redelivery (issue 11): bookkeeping, no pulsar, no clock
-        "consumer/retry_letters.py", "consumer/counts.py",  # retry-letter names and properties; own delivery counts
-        "consumer/chunks.py"}  # which entries a request for a chunked message names
+        "adapters/local.py", "consumer/local.py",  # local redelivery: bookkeeping, no pulsar, no clock
+        "consumer/letters/java.py", "consumer/counts.py",  # retry-letter names and properties; own delivery counts
+        "consumer/chunks.py",  # which entries a request for a chunked message names
+        "consumer/deadlines.py"}  # the timer heaps' one structure
 IMPURE_IMPORTS = {"pulsar", "_pulsar", "asyncio", "time", "os", "socket", "threading", "subprocess", "io"}
 
 PULSAR_IMPORTERS = {
@@ -38,8 +39,8 @@ PULSAR_IMPORTERS = {
     "consumer/direct.py": "the shell's receives and acks straight into the client's C++ consumer",
     "consumer/subscription.py": "subscribe() makes the client's consumer",
     "consumer/ids.py": "keys of pulsar Messages and MessageIds, seek targets",
-    "consumer/errors.py": "its exceptions are the client's exceptions too",
-    "consumer/dead_letters.py": "publishes dead letters through the client's producers (issue 11)",
+    "errors.py": "makes the exceptions that are also the client's, on first use (importing it loads no pulsar)",
+    "consumer/letters/publisher.py": "publishes dead letters through the client's producers",
     "consumer/failures.py": "retry letters and terminal dead letters take received pulsar Messages",
     "testing/lite.py": "probes the pulsar-lite broker it starts",
     "testing/apache.py": "probes the Apache Pulsar broker it starts",
@@ -125,9 +126,9 @@ def test_only_the_tracker_and_clock_read_time(module):
 
 
 def test_the_consumer_reads_time_only_through_the_trackers_clock():
-    for module in ("consumer/shell.py", "consumer/core.py", "consumer/options.py", "consumer/subscription.py", "consumer/ids.py", "consumer/dead_letters.py",
+    for module in ("consumer/shell.py", "consumer/core.py", "consumer/options.py", "consumer/subscription.py", "consumer/ids.py", "consumer/letters/publisher.py",
                    "consumer/pump.py", "consumer/release.py", "consumer/local.py", "consumer/failures.py",
-                   "consumer/ack_timeout.py", "consumer/retries.py", "consumer/counts.py"):
+                   "consumer/ack_timeout.py", "consumer/letters/retry.py", "consumer/counts.py"):
         source = (ROOT / module).read_text()
         assert "get_running_loop().time" not in source and "loop.time" not in source, module
         assert "call_later" not in source and ".call_at(" not in source.replace("clock.call_at(", ""), module
@@ -137,3 +138,73 @@ def test_importing_the_package_and_the_core_loads_no_pulsar_client():
     code = ("import sys, nacktracker, nacktracker.consumer.core, nacktracker.adapters; "
             "bad = [m for m in ('pulsar', '_pulsar') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT.parent)
+
+
+#: The rooms above the consumer (they use it); every other module is below it and never imports it.
+ABOVE_CONSUMER = {"__init__.py": "the package's front: re-exports subscribe and TrackedConsumer, loaded on first use",
+                  "sync.py": "the synchronous face over the consumer's wiring",
+                  "cli.py": "the command line runs the demo", "metrics.py": "instruments a consumer"}
+ABOVE_PREFIXES = ("consumer/", "demo/", "pipeline/")
+
+
+def consumer_imports(module: str) -> list[str]:
+    """Every import of nacktracker.consumer in ``module``: relative or absolute, at the top or inside a
+    function, and ``importlib.import_module`` of a name with ``consumer`` in it."""
+    depth = module.count("/")
+    found = []
+    for node in ast.walk(tree(module)):
+        if isinstance(node, ast.ImportFrom):
+            absolute = (node.module or "") if not node.level else (
+                "nacktracker." + ".".join([*module.split("/")[:-1][:max(0, depth - node.level + 1)],
+                                           *([node.module] if node.module else [])]))
+            names = [f"{absolute}.{alias.name}" for alias in node.names]
+            if any(n.startswith("nacktracker.consumer") or ".consumer." in n + "." for n in [absolute, *names]):
+                found.append(f"line {node.lineno}")
+        elif isinstance(node, ast.Import):
+            if any(a.name.startswith("nacktracker.consumer") for a in node.names):
+                found.append(f"line {node.lineno}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "nacktracker.consumer" in node.value \
+                and " " not in node.value and ":" not in node.value:
+            found.append(f"line {node.lineno} ({node.value})")  # a dotted name handed to importlib
+    return found
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if m not in ABOVE_CONSUMER and not m.startswith(ABOVE_PREFIXES)])
+def test_nothing_below_the_consumer_imports_it(module):
+    assert not consumer_imports(module), f"{module} imports nacktracker.consumer: {consumer_imports(module)}"
+
+
+def test_the_consumer_import_check_sees_lazy_and_relative_imports(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    (tmp_path / "adapters").mkdir()
+    (tmp_path / "adapters" / "x.py").write_text("def f():\n    from ..consumer import errors\n")
+    (tmp_path / "y.py").write_text("from .consumer.shell import TrackedConsumer\n")
+    (tmp_path / "z.py").write_text("from . import consumer\n")
+    (tmp_path / "w.py").write_text("from .errors import ConsumerClosed\n")
+    assert consumer_imports("adapters/x.py") and consumer_imports("y.py") and consumer_imports("z.py")
+    assert not consumer_imports("w.py")
+
+
+#: The consumer's modules that may name TrackedConsumer: the class itself, and the function that makes it.
+NAMES_THE_CONSUMER = {"consumer/shell.py": "TrackedConsumer itself", "consumer/subscription.py": "subscribe() makes one",
+                      "consumer/__init__.py": "re-exports it"}
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if m.startswith("consumer/") and m not in NAMES_THE_CONSUMER])
+def test_no_part_of_the_consumer_takes_or_names_the_consumer(module):
+    """Each collaborator gets what it needs as explicit arguments (the core, the tracker, a put
+    function, the keys, the letters), never the consumer: no ``owner`` parameter, no TrackedConsumer."""
+    for node in ast.walk(tree(module)):
+        if isinstance(node, ast.Name):
+            assert node.id != "TrackedConsumer", f"{module} line {node.lineno} names TrackedConsumer"
+        elif isinstance(node, ast.arg):
+            assert node.arg != "owner", f"{module} line {node.lineno} takes an owner"
+
+
+def test_few_reads_or_writes_of_another_objects_private_names():
+    """``x._y`` with ``x`` not ``self``: into nacktracker's own objects at most 12 in the package (what
+    tools/private_reaches.py counts; pulsar-client's and PySpark's internals and namedtuple API apart)."""
+    from tools import private_reaches  # (the checkout's root is on the tests' path: pyproject's pythonpath)
+
+    own = [r for r in private_reaches.reaches(ROOT) if r[3] == "own"]
+    assert len(own) <= 12, own

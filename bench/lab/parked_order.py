@@ -136,14 +136,12 @@ class SortedReleaseCore(DeliveryCore):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._release_order: SortedList = SortedList()
+        self._order = itertools.count()
         self._release_item: dict[MessageKey, _Deadline] = {}
 
     def next_wakeup_ms(self) -> float | None:
-        heap = self._expiry_heap
-        while heap and not self._live(heap[0]):
-            heapq.heappop(heap)
         times = [t for t in (self._release_order[0].at_ms if self._release_order else None,
-                             heap[0].at_ms if heap else None) if t is not None]
+                             self._expiries.next_ms()) if t is not None]
         return min(times) if times else None
 
     def _due_or_park(self, key: MessageKey, release_ms: int, token: Token, tokens: list[Token],
@@ -154,7 +152,7 @@ class SortedReleaseCore(DeliveryCore):
         parked = self.parked[key] = Parked(release_ms, token, tokens)
         if key.batch_index >= 0:
             self._parked_in.setdefault(key.entry, set()).add(key.batch_index)
-        item = self._release_item[key] = _Deadline(release_ms, next(self._seq), key, parked)
+        item = self._release_item[key] = _Deadline(release_ms, next(self._order), key, parked)
         self._release_order.add(item)
         return Verdict.PARK
 

@@ -24,8 +24,6 @@ message costs its record's 12 bytes (:class:`~.state.NackedIndices`), not a rece
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
 import sys
 from typing import Any, Callable, Iterable, Optional
@@ -33,6 +31,7 @@ from typing import Any, Callable, Iterable, Optional
 from ..keys import MessageKey
 from ..precision import Precision
 from .state import ACKED as _ACKED, ACKED_FRESH as _ACKED_FRESH, ALL_INDICES, FRESH as _FRESH, HELD as _HELD
+from .deadlines import Deadlines
 from .state import AckResult, EntryRecord, Held, Nacked, Parked, Positions, Token, Verdict, _Deadline
 
 __all__ = ["DeliveryCore", "Verdict", "AckResult", "Held", "Nacked", "Parked", "EntryRecord"]
@@ -63,12 +62,10 @@ class DeliveryCore:
         self.parked: dict[MessageKey, Parked] = {}
         # batch entry -> indices of its parked copies: a request for the entry surrenders them (below)
         self._parked_in: dict[MessageKey, set[int]] = {}
-        # Deadlines in time order, heaps with lazy deletion: a state taken out early leaves its deadline,
-        # skipped (_live) when it reaches the top. A sortedcontainers.SortedList with exact removal holds the
-        # same bytes per deadline but costs more time per park and release (python -m bench.lab.parked_order).
-        self._release_heap: list[_Deadline] = []
-        self._expiry_heap: list[_Deadline] = []
-        self._seq = itertools.count()
+        # Deadlines in time order, with lazy deletion (deadlines.py): a state taken out early leaves its
+        # deadline, skipped (_live) when it reaches the top
+        self._releases = Deadlines(self._live)  # parked copies
+        self._expiries = Deadlines(self._live)  # requests and records, once overdue
         self._positions = Positions()  # at or beyond every copy with state here, per partition
         self._cumulative: dict[tuple[Optional[str], int], tuple[int, int, int]] = {}
         self.blind = False  # restored batch entries without records: hold their copies while pending
@@ -128,13 +125,8 @@ class DeliveryCore:
     def next_wakeup_ms(self) -> Optional[float]:
         """When :meth:`release` has something to do (a parked copy's time or an
         expiry), or ``None``. Amortised O(1)."""
-        times = []
-        for heap in (self._release_heap, self._expiry_heap):
-            while heap and not self._live(heap[0]):
-                heapq.heappop(heap)
-            if heap:
-                times.append(heap[0].at_ms)
-        return min(times) if times else None
+        release, expiry = self._releases.next_ms(), self._expiries.next_ms()
+        return expiry if release is None else release if expiry is None else min(release, expiry)
 
     # -- what happens ------------------------------------------------------------------
 
@@ -361,16 +353,13 @@ class DeliveryCore:
         """Parked copies whose time has come (now the application's), in release order; expires
         overdue requests and records on the way. O(r log n) for r copies released or states expired."""
         out = []
-        heap = self._release_heap
-        while heap and heap[0].at_ms <= now_ms:
-            item = heapq.heappop(heap)
-            parked = self.parked.get(item.key)
-            if parked is not None and parked is item.state:
-                self._unpark(item.key)
-                self.held[item.key] = Held(parked.tokens)
-                self.counts["released"] += 1
-                out.append(parked.token)
-                self.on_redelivered(now_ms - item.at_ms)
+        for item in self._releases.pop_due(now_ms):  # live: still the key's parked state
+            parked: Parked = item.state  # type: ignore[assignment]  # (a release deadline's state)
+            self._unpark(item.key)
+            self.held[item.key] = Held(parked.tokens)
+            self.counts["released"] += 1
+            out.append(parked.token)
+            self.on_redelivered(now_ms - item.at_ms)
         self._expire(now_ms)
         return out
 
@@ -420,15 +409,13 @@ class DeliveryCore:
         (each is its message's). O(records + requested + parked + held messages with dropped copies)."""
         size = sys.getsizeof
         total = sum(map(size, (self.held, self.forgotten, self.requested, self.records, self.parked,
-                               self._parked_in, self._release_heap, self._expiry_heap, self._cumulative)))
+                               self._parked_in, self._cumulative)))
+        total += self._releases.nbytes() + self._expiries.nbytes()
         total += sum(size(entry) + record.nbytes() for entry, record in self.records.items())
         total += sum(size(key) + size(nack) + size(nack.tokens) for key, nack in self.requested.items())
         total += sum(size(parked) + size(parked.tokens) for parked in self.parked.values())
         total += sum(size(entry) + size(indices) for entry, indices in self._parked_in.items())
         total += sum(size(held) + size(held.tokens) for held in self.held.values() if held.tokens)
-        for heap in (self._release_heap, self._expiry_heap):
-            if heap:  # every deadline has the same shape: a 4-tuple, a float and an int of its own
-                total += len(heap) * (size(heap[0]) + size(heap[0].at_ms) + size(heap[0].seq))
         return total + self._positions.nbytes()
 
     def kept_copies(self) -> int:
@@ -464,7 +451,7 @@ class DeliveryCore:
         parked = self.parked[key] = Parked(release_ms, token, tokens)
         if key.batch_index >= 0:
             self._parked_in.setdefault(key.entry, set()).add(key.batch_index)
-        heapq.heappush(self._release_heap, _Deadline(release_ms, next(self._seq), key, parked))
+        self._releases.push(release_ms, key, parked)
         return Verdict.PARK
 
     def _maybe_end(self, entry: MessageKey, record: EntryRecord, now_ms: float) -> None:
@@ -474,23 +461,19 @@ class DeliveryCore:
             del self.records[entry]
 
     def _expire_at(self, at_ms: float, key: MessageKey, state: object) -> None:
-        heapq.heappush(self._expiry_heap, _Deadline(at_ms, next(self._seq), key, state))
+        self._expiries.push(at_ms, key, state)
 
     def _expire(self, now_ms: float) -> None:
-        heap = self._expiry_heap
-        while heap and heap[0].at_ms <= now_ms:
-            item = heapq.heappop(heap)
+        for item in self._expiries.pop_due(now_ms):  # live: still the key's record or request
             state = item.state
             if isinstance(state, EntryRecord):
-                if self.records.get(item.key) is not state:
-                    continue
                 for index in [i for i, release_ms, fired in state.nacked.items()
                               if fired and release_ms + self.overdue_ms <= now_ms]:
                     state.nacked.pop(index)  # its copy went elsewhere (or is very late: it then surfaces)
                     state.take(index)  # and the copies dropped meanwhile go with it, unacknowledged
                     self.counts["expired"] += 1
                 self._maybe_end(item.key, state, now_ms)
-            elif self.requested.get(item.key) is state:
+            else:
                 del self.requested[item.key]
                 self.counts["expired"] += 1
 

@@ -24,17 +24,15 @@ import _pulsar
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
-from ..keys import MessageKey
 
-__all__ = ["DirectConsumer", "ReceivedMessage", "acknowledge", "acknowledged", "message_key_of", "message_length"]
+__all__ = ["DirectConsumer", "ReceivedMessage", "acknowledge", "acknowledged", "message_length"]
 
 _OK = _pulsar.Result.Ok
-_new_key = tuple.__new__  # a MessageKey of five fields without the namedtuple's Python-level __new__
 
 
 class ReceivedMessage(pulsar.Message):  # type: ignore[misc]  # pulsar-client has no type information
     """A ``pulsar.Message`` as the client's own wrapper makes it (``_message``,
-    ``_schema``), plus its :class:`MessageKey` once the consumer has built it:
+    ``_schema``), plus its :class:`~nacktracker.keys.MessageKey` once the consumer has built it:
     a message's key is built once, on arrival, and its ack reuses it."""
 
     __slots__ = ("nacktracker_key",)
@@ -159,18 +157,6 @@ async def acknowledged(direct: Optional[DirectConsumer], consumer: Any, message:
     waiting = acknowledge(direct, consumer, message)
     if waiting is not None:
         await waiting
-
-
-def message_key_of(msg: ReceivedMessage) -> MessageKey:
-    """The key of a received message, built once (from the C++ message: two
-    Python frames fewer than through the wrapper). O(1)."""
-    key: Optional[MessageKey] = msg.nacktracker_key
-    if key is None:
-        raw = msg._message
-        mid = raw.message_id()
-        key = msg.nacktracker_key = _new_key(MessageKey, (mid.ledger_id(), mid.entry_id(), mid.partition(),
-                                                          mid.batch_index(), raw.topic_name()))
-    return key
 
 
 def message_length(msg: Any) -> int:

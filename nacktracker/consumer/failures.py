@@ -3,9 +3,9 @@ part the shell delegates to: retry letters (``reconsume_later``), terminal dead
 letters (``dead_letter``), ack timeouts, its own delivery counts, and holding
 retry copies the broker sends early until they are due.
 
-Each concern is its own module (:mod:`.retries`, :mod:`.retry_letters`,
-:mod:`.ack_timeout`, :mod:`.counts`); this one wires them to the shell's
-state (core, tracker, pump) and keeps the shell thin. Time is read only
+Each concern is its own module (the letters: :mod:`.letters`; :mod:`.ack_timeout`,
+:mod:`.counts`); this one joins them, given what it works with by the shell
+(core, tracker, keys, a put function: never the consumer), and keeps the shell thin. Time is read only
 through the tracker's clock (a retry letter's wall-clock due time is placed on
 it with one wall reading, :func:`nacktracker.clock.wall_ms`).
 """
@@ -13,8 +13,6 @@ it with one wall reading, :func:`nacktracker.clock.wall_ms`).
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 import logging
 import math
 from typing import Any, Awaitable, Callable, Optional
@@ -22,48 +20,69 @@ from typing import Any, Awaitable, Callable, Optional
 import pulsar
 
 from .._checks import check_client_delay
-from .._errors import LetterInFlightError, PropertyError
+from ..errors import LetterInFlightError, NacktrackerError, PropertyError
 from ..clock import wall_ms
 from ..keys import MessageKey
+from ..tracker import NegativeAcksTracker
 from .ack_timeout import AckTimeouts
+from .chunks import ChunkedNacks
+from .core import DeliveryCore
 from .counts import DeliveryCounts
-from .dead_letters import DeadLetterPublisher, random_name
-from .ids import batch_size
-from .retries import RetryLetters, TerminalDeadLetters
-from .retry_letters import check_letter_properties
+from .deadlines import Deadlines
+from .letters.in_flight import ConsumerDeadLetters
+from .letters.publisher import DeadLetterPublisher
+from .ids import MessageKeys, batch_size
+from .options import ConsumerOptions
+from .letters.retry import RetryLetters, TerminalDeadLetters
+from .letters.java import check_letter_properties
 
-__all__ = ["FailureHandling", "ConsumerDeadLetters", "reconsume_later", "dead_letter"]
+__all__ = ["FailureHandling"]
 
 log = logging.getLogger("nacktracker.consumer")
 
 
 class FailureHandling:
-    """The failure side of one TrackedConsumer (``owner``): made by the shell
-    once its dead-letter publisher, tracker, core and pump exist."""
+    """The failure side of one TrackedConsumer, given what it works with (never the consumer):
 
-    def __init__(self, owner: Any, client: Any, schema: Any) -> None:
-        self._owner = owner
-        opts = owner.options
-        if opts.enable_retry and (opts.retry_letter_topic is None or opts.max_redeliveries is None):
+    ``options``: the consumer's; ``client``/``schema``: for the retry producer (``enable_retry``);
+    ``letters``: the consumer's :class:`ConsumerDeadLetters` (whose publisher dead-letters); ``tracker``
+    and ``core``: where an ack timeout schedules its redelivery, and whose clock times the retry copies;
+    ``keys``: the consumer's :class:`~.ids.MessageKeys`; ``counts``: its own delivery counts (also the
+    snapshot's); ``chunks``: its :class:`~.chunks.ChunkedNacks` or ``None``; ``put(msg)``: hands a message
+    to the application (the pump's queue); ``rearm()``: the release timer's; ``received(key)``: the
+    consumer's received-check (:class:`~nacktracker.errors.NotReceivedError`); ``check_open()``: its
+    closed/loop check; ``closed()``: whether it is closed; ``nack(msg, delay_ms)``: its nack.
+    It owns (and :meth:`close` closes) its timers, the ack timeouts and the retry producer."""
+
+    def __init__(self, options: ConsumerOptions, *, client: Any, schema: Any, letters: ConsumerDeadLetters,
+                 tracker: NegativeAcksTracker, core: DeliveryCore, keys: MessageKeys, counts: DeliveryCounts,
+                 chunks: Optional[ChunkedNacks], put: Callable[[Any], None], rearm: Callable[[], None],
+                 received: Callable[[MessageKey], MessageKey], check_open: Callable[[], None],
+                 closed: Callable[[], bool], nack: Callable[..., Awaitable[None]]) -> None:
+        opts = self.options = options
+        retry_topic, most = opts.retry_letter_topic, opts.max_redeliveries
+        if opts.enable_retry and (retry_topic is None or most is None):
             raise ValueError("enable_retry needs retry_letter_topic and max_redeliveries here "
                              "(nacktracker.subscribe sets Java's defaults)")
-        publisher: Optional[DeadLetterPublisher] = owner._dead_letters.publisher
-        self.counts = DeliveryCounts()
+        self.letters, self.tracker, self.core, self.keys, self.chunks = letters, tracker, core, keys, chunks
+        self._put, self._rearm, self._received, self._check_open, self._closed, self._nack = (
+            put, rearm, received, check_open, closed, nack)
+        publisher: Optional[DeadLetterPublisher] = letters.publisher
+        self.counts = counts
         self.terminal = None if publisher is None else TerminalDeadLetters(publisher)
         self.retries = None
-        if opts.enable_retry and publisher is not None:
+        if opts.enable_retry and publisher is not None and retry_topic is not None and most is not None:
             retry = DeadLetterPublisher(client, subscription=publisher.subscription,
                                         consumer_name=publisher.consumer_name,
-                                        dead_letter_topic=opts.retry_letter_topic, schema=schema, kind="RETRY")
-            self.retries = RetryLetters(retry, publisher, topic=opts.retry_letter_topic,
-                                        max_redeliveries=opts.max_redeliveries, lead_ms=opts.retry_lead_ms)
+                                        dead_letter_topic=retry_topic, schema=schema, kind="RETRY")
+            self.retries = RetryLetters(retry, publisher, topic=retry_topic, max_redeliveries=most,
+                                        lead_ms=opts.retry_lead_ms)
         self.ack_timeouts = None if opts.ack_timeout_ms is None else AckTimeouts(
             opts.ack_timeout_ms, opts.ack_timeout_backoff, schedule=self._schedule_ack_timeout,
-            discard=owner.tracker.discard, last=self._ack_timeout_last, clock=lambda: owner.tracker.clock,
+            discard=tracker.discard, last=self._ack_timeout_last, clock=lambda: tracker.clock,
             max_redeliveries=opts.max_redeliveries)
         self.wall_ms = wall_ms  # replaceable in tests (a fake wall clock beside a ManualClock)
-        self._early: list[tuple[int, int, Any]] = []  # (due on the tracker's clock, seq, message): retry copies
-        self._seq = itertools.count()
+        self._early = Deadlines()  # retry copies the broker sent early: (due on the tracker's clock, message)
         self._timer: Any = None
         self._timer_at: Optional[float] = None
         self.early_held = 0
@@ -73,16 +92,10 @@ class FailureHandling:
         self.ack_timeouts_scheduled = 0  # tracker adds made by ack timeouts (not nacks: taken out of "nacks")
         self.ack_timeout_redeliveries = 0  # of those, the ones whose time came: redeliveries asked for
         self._timing: set[MessageKey] = set()  # entries whose ack timeout is in the tracker (with ack_timeout_ms)
-        owner._dead_letters.failures = self  # closed with the dead letters
-        owner.tracker.add_fire_listener(self._fired)
-        store = owner._store
-        if store is not None:
-            store.counts = self.counts
-            store.load_counts()
 
     # -- the shell's hooks -------------------------------------------------------------
 
-    def _fired(self, cell: Any) -> None:
+    def fired(self, cell: Any) -> None:
         """A fire handed ``cell.keys`` to the adapter: each entry's redelivery counts; those an ack
         timeout put there are ack-timeout redeliveries. O(k)."""
         self.counts.redelivered(cell.keys)
@@ -97,11 +110,11 @@ class FailureHandling:
         """A copy the core let through: ``False`` when it is another copy of a message whose
         letter is being published (dropped: the letter's ack settles it), or a retry copy the
         broker sent before it is due (held here until then). O(log n)."""
-        letters = self._owner._dead_letters
+        letters = self.letters
         if letters.in_flight:
-            key = self._owner._message_key(msg)
+            key = self.keys.key(msg)
             if key in letters.in_flight:
-                held = self._owner.core.held.pop(key, None)
+                held = self.core.held.pop(key, None)
                 if key.batch_index >= 0:  # each delivery of a batch entry acks it through its own batch acker
                     letters.keep_copies(key, [*(held.tokens if held is not None else ()), msg])
                 self.dropped_in_flight += 1
@@ -116,12 +129,12 @@ class FailureHandling:
             return True
         if due_wall is None:
             return True
-        clock = self._owner.tracker.clock
+        clock = self.tracker.clock
         now = clock.now_ms()
         due = math.ceil(now + (due_wall - self.wall_ms()))
         if due <= now:
             return True
-        heapq.heappush(self._early, (due, next(self._seq), msg))
+        self._early.push(due, msg)
         self.early_held += 1
         if self._timer_at is None or due < self._timer_at:
             self._arm(due)
@@ -130,7 +143,7 @@ class FailureHandling:
     def received(self, msg: Any) -> Any:
         """The application receives ``msg`` (returned): its ack timeout starts. O(1) amortised."""
         if self.ack_timeouts is not None:
-            key, count = self._owner._key(msg)
+            key, count = self.keys.key_and_count(msg)
             own = self._own_count(key, msg)  # (an entry of several messages: the broker's count)
             self.ack_timeouts.started(key, self.counts.count(key.entry, count or 0) if own else count or 0, msg)
         return msg
@@ -167,14 +180,14 @@ class FailureHandling:
             self._timing.discard(entry)
         if not self.counts.has(entry):
             return
-        if key.batch_index >= 0 and self._owner.core.awaits_copy(entry):
+        if key.batch_index >= 0 and self.core.awaits_copy(entry):
             return
         self.counts.forget(entry)
 
     def stats(self, tracker_nacks: int = 0) -> dict[str, int]:
         """The failure side's stats (the docs' stats page); ``tracker_nacks``: the tracker's ``nacks``, of which
         the ack timeouts' redeliveries are taken out (``nacks`` counts the application's). O(1)."""
-        by_cause = self._owner._dead_letters.by_cause
+        by_cause = self.letters.by_cause
         dead = {f"dead_letters_{cause}": n for cause, n in by_cause.items()}
         out = {"nacks": tracker_nacks - self.ack_timeouts_scheduled,
                "ack_timeout_redeliveries": self.ack_timeout_redeliveries,
@@ -192,6 +205,11 @@ class FailureHandling:
             out.update(self.ack_timeouts.counts)
         return out
 
+    async def open_producers(self) -> None:
+        """The retry producer created before the first retry (none without ``enable_retry``)."""
+        if self.retries is not None:
+            await self.retries.retry.open(self.retries.topic)
+
     async def close(self) -> None:
         """Closing: timers off, the retry producer closed (after what it has queued). Held retry
         copies stay unacknowledged: the broker resends them to the subscription."""
@@ -207,7 +225,6 @@ class FailureHandling:
 
     async def reconsume_later(self, message: Any, delay_ms: Optional[int],
                               properties: Optional[dict[str, str]]) -> None:
-        owner = self._owner
         self._check_open()
         if self.retries is None:
             raise RuntimeError("reconsume_later needs subscribe(..., enable_retry=True)")
@@ -219,10 +236,10 @@ class FailureHandling:
             check_letter_properties(properties)  # the caller's: a ValueError here, before anything is published
         delay = None if delay_ms is None else check_client_delay("delay_ms", delay_ms)
         key = self._settle_check(message, "reconsume_later")
-        backoff = owner.options.backoff
+        backoff = self.options.backoff
         try:
             props, times, delay = self.retries.prepare(
-                message, delay, properties, backoff if backoff is not None else lambda _: owner.options.delay_ms)
+                message, delay, properties, backoff if backoff is not None else lambda _: self.options.delay_ms)
         except PropertyError as refused:  # the message cannot be retried as it is: dead-lettered, saying why
             await self._settle(message, key, self.retries.reconsume_refused(message, refused), "bad_property")
             return
@@ -242,13 +259,10 @@ class FailureHandling:
 
     # -- internals -----------------------------------------------------------------------
 
-    def _check_open(self) -> None:
-        self._owner._check_open()
-
     async def _settle(self, message: Any, key: MessageKey, publishing: Awaitable[Any], cause: str) -> None:
         """Publish a letter, then acknowledge the message; other copies of it are dropped meanwhile.
         ``cause``: the dead letter's, should ``publishing`` publish one (see ``ack_when_published``)."""
-        letters = self._owner._dead_letters
+        letters = self.letters
         letters.publishing(key)
         ack_timeouts = self.ack_timeouts
         if ack_timeouts is not None:  # the letter settles the message: its ack timeout ends (restarted if it fails)
@@ -257,7 +271,7 @@ class FailureHandling:
         try:
             await letters.ack_when_published(message, publishing, key, message_key=key, cause=cause)
         except Exception:
-            if ack_timeouts is not None and not self._owner.closed:
+            if ack_timeouts is not None and not self._closed():
                 self.received(message)
             raise
 
@@ -270,12 +284,11 @@ class FailureHandling:
     def _settle_check(self, message: Any, call: str) -> MessageKey:
         """The key of a message a letter call may settle: received, not acknowledged, no letter of it
         in flight (one letter per message: the caller publishes it before its next await). O(1)."""
-        owner = self._owner
-        key: MessageKey = owner._key(message)[0]
-        if key in owner._dead_letters.in_flight:
+        key: MessageKey = self.keys.key_and_count(message)[0]
+        if key in self.letters.in_flight:
             raise LetterInFlightError(key, call)
-        owner._received(key)
-        if owner.core.is_acked(key):
+        self._received(key)
+        if self.core.is_acked(key):
             raise ValueError(f"{key} was acknowledged already: nothing to {call.replace('_', ' ')}")
         return key
 
@@ -283,196 +296,39 @@ class FailureHandling:
         if self._timer is not None:
             self._timer.cancel()
         self._timer_at = at_ms
-        self._timer = self._owner.tracker.clock.call_at(at_ms, self._release)
+        self._timer = self.tracker.clock.call_at(at_ms, self._release)
 
     def _release(self) -> None:
         """Hand the retry copies now due to the application, in due order."""
         self._timer = self._timer_at = None
-        now = self._owner.tracker.clock.now_ms()
-        while self._early and self._early[0][0] <= now:
-            self._owner._pump.put(heapq.heappop(self._early)[2])
-        if self._early:
-            self._arm(self._early[0][0])
+        now = self.tracker.clock.now_ms()
+        for item in self._early.pop_due(now):
+            self._put(item.key)
+        following = self._early.next_ms()
+        if following is not None:
+            self._arm(following)
 
     def _schedule_ack_timeout(self, key: MessageKey, delay_ms: int, count: int, msg: Any) -> None:
-        owner = self._owner
         self.ack_timeouts_scheduled += 1
         self._timing.add(key.entry)
-        if owner.chunks is not None:  # a chunked message: its request names every chunk (chunks.py)
-            owner.chunks.note(key, msg)
-        due = owner.tracker.add(key, delay_ms=delay_ms, redelivery_count=count)
-        owner.core.nacked(key, due, msg, owner.tracker.clock.now_ms())
-        owner._release.rearm()
+        if self.chunks is not None:  # a chunked message: its request names every chunk (chunks.py)
+            self.chunks.note(key, msg)
+        due = self.tracker.add(key, delay_ms=delay_ms, redelivery_count=count)
+        self.core.nacked(key, due, msg, self.tracker.clock.now_ms())
+        self._rearm()
 
     def _ack_timeout_last(self, msg: Any) -> None:
         """A last delivery's ack timeout passed: nack it now (the tracker dead-letters it)."""
-        if not self._owner.closed:
+        if not self._closed():
             asyncio.get_running_loop().create_task(self._quiet_nack(msg))
 
     async def _quiet_nack(self, msg: Any) -> None:
-        letters = self._owner._dead_letters
+        letters = self.letters
         letters.cause = "ack_timeout"  # the tracker's hook runs within the nack's first step, before any await
         try:
-            await self._owner.negative_acknowledge(msg, delay_ms=0)
-        except Exception as exc:  # closed or acknowledged meanwhile: nothing to do
+            await self._nack(msg, delay_ms=0)
+        except (NacktrackerError, RuntimeError) as exc:  # closed (ConsumerClosed, TrackerClosedError, its loop) or
+            # forgotten meanwhile (NotReceivedError): nothing to do; anything else is a bug, raised in this task
             log.debug("ack timeout of a last delivery not nacked: %r", exc)
         finally:
             letters.cause = "max_redeliveries"
-
-
-async def reconsume_later(self: Any, message: Any, delay_ms: Optional[int] = None,
-                          properties: Optional[dict[str, str]] = None) -> None:
-    """Java's ``reconsumeLater`` (a ``TrackedConsumer`` method): publish
-    ``message`` to the retry topic, due ``delay_ms`` from now (default: the
-    consumer's ``backoff`` of its reconsume count, else its ``delay_ms``),
-    then acknowledge it. It comes back from the retry topic (the consumer
-    subscribes to it) at its due time exactly: a copy the broker sends early
-    is held until then. The retry carries Java's properties
-    (``RECONSUMETIMES``, ``DELAY_TIME``, ``REAL_TOPIC``, ``ORIGIN_MESSAGE_ID``
-    ...: :mod:`.retry_letters`) plus ``properties``; once ``RECONSUMETIMES``
-    would pass ``max_redeliveries`` it goes to the dead-letter topic instead,
-    with the same properties. Needs ``subscribe(..., enable_retry=True)``
-    (``RuntimeError`` otherwise) and a received Message (``TypeError``); a
-    message already acknowledged: ``ValueError``. A failed publish raises
-    :class:`~.dead_letters.DeadLetterError` and leaves the message
-    unacknowledged. Runtime: a broker round trip to publish, one to acknowledge.
-    """
-    await self._failures.reconsume_later(message, delay_ms, properties)
-
-
-async def dead_letter(self: Any, message: Any, reason: str, exception: Optional[BaseException] = None) -> None:
-    """A terminal nack (a ``TrackedConsumer`` method): publish ``message`` to
-    the dead-letter topic now, through the consumer's one ordered dead-letter
-    producer (after the dead letters decided before it), with
-    ``DEAD_LETTER_REASON`` = ``reason`` and, given an ``exception``,
-    ``DEAD_LETTER_EXCEPTION`` = its type's ``module.QualifiedName``, besides
-    the usual dead-letter properties (``REAL_TOPIC``, ``REAL_SUBSCRIPTION``,
-    ``ORIGIN_MESSAGE_ID``); then acknowledge it. The dead-letter topic is
-    ``dead_letter_topic`` (default ``<topic>-<subscription>-DLQ``), with or
-    without ``max_redeliveries``. Needs a received Message (``TypeError``); a
-    message already acknowledged: ``ValueError``. A failed publish raises
-    :class:`~.dead_letters.DeadLetterError` and leaves the message
-    unacknowledged. Runtime: a broker round trip to publish, one to acknowledge.
-    """
-    await self._failures.dead_letter(message, reason, exception)
-
-
-class ConsumerDeadLetters:
-    """A TrackedConsumer's dead letters: the tracker's ``on_dead_letter`` hook
-    over its :class:`DeadLetterPublisher` (``None``: no ``max_redeliveries``).
-    The consumer sets ``candidate`` to the message being nacked around
-    ``tracker.add`` (the hook gets only its key); ``ack(message, key)`` acknowledges a
-    published one (also while the consumer closes)."""
-
-    def __init__(self, publisher: Optional[DeadLetterPublisher], ack: Callable[[Any, Any], Awaitable[None]],
-                 hooked: bool = True, ack_copies: Optional[Callable[[list[Any]], Awaitable[None]]] = None) -> None:
-        self.publisher = publisher
-        self._ack = ack
-        self._ack_copies = ack_copies
-        self._hooked = hooked  # False: the publisher serves explicit dead letters only (no max_redeliveries)
-        self.candidate: Any = None
-        #: why the tracker's hook dead-letters the message being nacked now: "max_redeliveries", or
-        #: "ack_timeout" (the ack timeout of its last delivery passed: FailureHandling sets it around that nack)
-        self.cause = "max_redeliveries"
-        #: dead letters published, by cause ("bad_property": a reconsume of a message whose properties were refused)
-        self.by_cause = {"max_redeliveries": 0, "dead_letter": 0, "ack_timeout": 0, "bad_property": 0}
-        self.failures: Optional[FailureHandling] = None  # closed with these (set by FailureHandling)
-        #: messages whose letter (dead letter, retry) is being published, until acknowledged: another
-        #: copy of one (a broker restart's resend beside the requested one) must not surface meanwhile
-        self.in_flight: dict[Any, int] = {}
-        #: copies of in-flight batch messages dropped meanwhile (:meth:`keep_copies`)
-        self._copies: dict[Any, list[Any]] = {}
-
-    @classmethod
-    def of(cls, consumer: Any, client: Any, opts: Any, schema: Any,
-           ack: Callable[[Any, Any], Awaitable[None]],
-           ack_copies: Optional[Callable[[list[Any]], Awaitable[None]]] = None) -> tuple["ConsumerDeadLetters", str]:
-        """A consumer's dead letters, and the consumer's name. With a client there is a publisher
-        (for ``dead_letter()`` and ``reconsume_later()`` too); the tracker's hook needs
-        ``max_redeliveries``. The client leaves a multi-topic consumer subscribed without
-        ``consumer_name`` unnamed; the dead-letter producers are named after the consumer (Java's
-        names), so it gets a name as Java's client gives one."""
-        name: str = consumer.consumer_name() or random_name()
-        publisher = None if client is None else DeadLetterPublisher(
-            client, subscription=consumer.subscription_name(), consumer_name=name,
-            dead_letter_topic=opts.dead_letter_topic, initial_subscription=opts.dead_letter_initial_subscription,
-            schema=schema)
-        return cls(publisher, ack=ack, hooked=opts.max_redeliveries is not None, ack_copies=ack_copies), name
-
-    @property
-    def hook(self) -> Optional[Callable[[Any], Awaitable[None]]]:
-        """The tracker's ``on_dead_letter``; ``None`` without a publisher or ``max_redeliveries``."""
-        return None if self.publisher is None or not self._hooked else self._on_dead_letter
-
-    def _on_dead_letter(self, key: Any) -> Awaitable[None]:
-        """Queue the message being nacked now (its place in the order is taken
-        here) and return what acknowledges it once published. A bare id (no
-        payload: ``TypeError``) or a failed publish (:class:`DeadLetterError`)
-        leaves it pending: the tracker redelivers it, the next nack tries again."""
-        assert self.publisher is not None  # the hook exists only with a publisher
-        message = self.candidate
-        published = self.publisher.publish(message)
-        self.publishing(key)  # now, not when the tracker's task starts: a copy may arrive before that
-        return self.ack_when_published(message, published, key, cause=self.cause)
-
-    async def ack_when_published(self, message: Any, published: Awaitable[Any], key: Any,
-                                 message_key: Optional[MessageKey] = None, cause: Optional[str] = None) -> None:
-        """Once a letter of ``message`` (``key``, marked :meth:`publishing`) is ``published``, acknowledge the
-        message (``message_key``: its key when known; else ``ack`` reads it from the message), then the copies
-        kept meanwhile (:meth:`keep_copies`). Whatever happens, the letter is :meth:`settled`; after a failure
-        the message stays pending and its kept copies are forgotten. ``cause``: a dead letter's, counted in
-        :attr:`by_cause` once published (None: a retry letter). O(kept copies)."""
-        acked = False
-        try:
-            outcome = await published
-            if cause is not None and outcome is not False:  # (a reconsume says False: it published a retry)
-                self.by_cause[cause] += 1
-            await self._ack(message, message_key)
-            acked = True
-        finally:
-            copies = self.settled(key)
-        if acked:
-            await self._ack_kept(copies, message)
-
-    def publishing(self, key: Any) -> None:
-        """A letter of ``key`` is being published: other copies of it are dropped until :meth:`settled`. O(1)."""
-        self.in_flight[key] = self.in_flight.get(key, 0) + 1
-
-    def keep_copies(self, key: Any, copies: list[Any]) -> None:
-        """Copies of an in-flight batch message, dropped: acknowledged once its letter's message is (a batch
-        entry is acknowledged at the broker by whichever delivery of it has all its messages acked).
-        O(len(copies))."""
-        self._copies.setdefault(key, []).extend(copies)
-
-    async def _ack_kept(self, copies: list[Any], message: Any) -> None:
-        """Acknowledge the copies :meth:`settled` returned, once the letter's ``message`` was (not it
-        again). A failure is logged and counted by the consumer: the message is acknowledged. O(copies)."""
-        copies = [c for c in copies if c is not message]
-        if copies and self._ack_copies is not None:
-            await self._ack_copies(copies)
-
-    def settled(self, key: Any) -> list[Any]:
-        """A letter of ``key`` was published and acknowledged, or failed (see :attr:`in_flight`). Returns
-        the copies kept meanwhile once no letter of ``key`` is left in flight: the caller acknowledges
-        them if its letter's message was acknowledged; after a failure they are forgotten (the message
-        stays pending: its redelivery sends the entry again). O(1)."""
-        left = self.in_flight.pop(key, 1) - 1
-        if left:
-            self.in_flight[key] = left
-            return []
-        return self._copies.pop(key, [])
-
-    def stats(self) -> dict[str, int]:
-        """The consumer's ``dead_letter_*`` stats (see
-        :meth:`DeadLetterPublisher.stats`). Runtime: O(queued)."""
-        pub = self.publisher.stats() if self.publisher is not None else {}
-        return {f"dead_letter_{name}": pub.get(name, 0)
-                for name in ("published", "failed", "producers_created", "producers_open", "pending")}
-
-    async def close(self) -> None:
-        """Publish what is queued, close the producers (see :meth:`DeadLetterPublisher.close`), and
-        the consumer's other failure parts (:class:`FailureHandling`: timers, the retry producer)."""
-        if self.failures is not None:
-            await self.failures.close()
-        if self.publisher is not None:
-            await self.publisher.close()

@@ -1,6 +1,8 @@
-"""Message ids as the consumer meets them: the :class:`~nacktracker.keys.MessageKey`
-of a Message or id the application passes, a ``seek`` target, and the batch size
-of a received batch message id (a protobuf field the Python client has no getter for)."""
+"""Message ids as the consumer meets them, and every key the consumer derives (one module):
+the :class:`~nacktracker.keys.MessageKey` of a received message (built once, on arrival), of a
+Message or id the application passes (:class:`MessageKeys`: one consumer's, bare ids given their
+topic), a ``seek`` target, and the batch size of a received batch message id (a protobuf field the
+Python client has no getter for)."""
 
 from __future__ import annotations
 
@@ -10,15 +12,17 @@ import _pulsar
 import pulsar
 
 from ..keys import MessageKey, key_of
-from .direct import ReceivedMessage, message_key_of
+from .direct import ReceivedMessage
 
-__all__ = ["BareIds", "names_several_topics", "key_and_count", "message_key", "is_bare_id", "seek_target", "batch_size"]
+__all__ = ["BareIds", "MessageKeys", "names_several_topics", "key_and_count", "message_key", "message_key_of", "is_bare_id", "seek_target", "batch_size"]
 
 
 #: Ledgers remembered per multi-topic consumer (oldest forgotten first): a ledger holds up to
 #: 50 000 entries by default (``managedLedgerMaxEntriesPerLedger``), so this covers far more
 #: messages than a consumer holds unacknowledged; a few dozen bytes each.
 MAX_LEDGERS = 65_536
+
+_new_key = tuple.__new__  # a MessageKey of five fields without the namedtuple's Python-level __new__
 
 
 class BareIds:
@@ -83,6 +87,38 @@ def names_several_topics(topic: str) -> bool:
     consumer of a list has the client's made-up name instead, see ``adapters.pulsar.is_multi_topic``).
     O(len(topic))."""
     return not _PATTERN_CHARS.isdisjoint(topic.rsplit("/", 1)[-1])
+
+
+def message_key_of(msg: ReceivedMessage) -> MessageKey:
+    """The key of a received message, built once (from the C++ message: two
+    Python frames fewer than through the wrapper). O(1)."""
+    key: Optional[MessageKey] = msg.nacktracker_key
+    if key is None:
+        raw = msg._message
+        mid = raw.message_id()
+        key = msg.nacktracker_key = _new_key(MessageKey, (mid.ledger_id(), mid.entry_id(), mid.partition(),
+                                                          mid.batch_index(), raw.topic_name()))
+    return key
+
+
+class MessageKeys:
+    """One consumer's keys of what its application passes: ``ids``, the topics of its bare ids;
+    ``knows(key)``, whether it received ``key`` (picks the topic of a bare id several topics may hold).
+    O(1) each."""
+
+    __slots__ = ("ids", "knows")
+
+    def __init__(self, ids: BareIds, knows: Callable[[MessageKey], bool]) -> None:
+        self.ids = ids
+        self.knows = knows
+
+    def key(self, message: Any) -> MessageKey:
+        """:func:`message_key` for this consumer."""
+        return message_key(message, self.ids, self.knows)
+
+    def key_and_count(self, message: Any) -> tuple[MessageKey, Optional[int]]:
+        """:func:`key_and_count` for this consumer."""
+        return key_and_count(message, self.ids, self.knows)
 
 
 def key_and_count(message: Any, ids: BareIds,

@@ -63,7 +63,7 @@ class SnapshotStore:
     """Where one consumer's snapshot lives, and how it is read and written."""
 
     def __init__(self, path: str, on_error: str, *, subscription: Optional[str] = None,
-                 topics: Sequence[str] = ()) -> None:
+                 topics: Sequence[str] = (), counts: Optional[DeliveryCounts] = None) -> None:
         self.path = path
         self.on_error = on_error
         #: whose the files are: compared with ``<path>.owner`` at start, written there (None: not checked)
@@ -72,7 +72,7 @@ class SnapshotStore:
         self.restoring = True  # False once the files were found to be another consumer's (nothing of them is read)
         self.saved = self.failures = 0
         self._writing: Optional[asyncio.Future[None]] = None  # the write in flight (in a thread)
-        self.counts: Optional[DeliveryCounts] = None  # saved beside the snapshot when set (consumer/counts.py)
+        self.counts = counts  # a consumer's own delivery counts: saved beside the snapshot (consumer/counts.py)
         self.due_at_restore: list[MessageKey] = []  # restored nacks whose time passed during the downtime
 
     def load_counts(self) -> int:
@@ -323,9 +323,9 @@ class SnapshotStore:
             data = tracker.snapshot()
             counts = None if self.counts is None else self.counts.encode(zlib.crc32(data))
             self._write_files(data, self.batch_records(data, core, tracker.clock.now_ms()), counts)
-        except Exception as exc:
+        except Exception as exc:  # anything (disk, a bug): the consumer is closing; logged with its traceback
             self.failures += 1
-            log.error("snapshot to %s after the loop closed failed: %r", self.path, exc)
+            log.error("snapshot to %s after the loop closed failed: %r", self.path, exc, exc_info=True)
             return False
         finally:
             self.release()
@@ -351,9 +351,9 @@ class SnapshotStore:
         ``snapshot_on_error="ignore"``."""
         try:
             await self.save(tracker, core)
-        except Exception as exc:
+        except Exception as exc:  # returned: the consumer raises it once all else is closed
             self.failures += 1
-            log.error("final snapshot to %s failed: %r", self.path, exc)
+            log.error("final snapshot to %s failed: %r", self.path, exc, exc_info=True)
             return exc if self.on_error == "raise" else None
         finally:
             self.release()
@@ -378,9 +378,9 @@ class SnapshotStore:
             await asyncio.sleep(interval_s)
             try:
                 await self.save(tracker, core)
-            except Exception as exc:
+            except Exception as exc:  # disk full, the directory gone, or a bug: consuming goes on (traceback logged)
                 self.failures += 1
-                log.warning("snapshot to %s failed (next try in %g s): %r", self.path, interval_s, exc)
+                log.warning("snapshot to %s failed (next try in %g s): %r", self.path, interval_s, exc, exc_info=True)
 
     async def remove(self) -> Optional[Exception]:
         """Delete both files (after unsubscribing: the nacks went with the

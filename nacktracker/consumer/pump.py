@@ -13,7 +13,7 @@ import logging
 from collections import deque
 from typing import Any, Awaitable, Callable, Optional, Union
 
-from .errors import ConsumerClosed, ReceiveTimeout
+from ..errors import ConsumerClosed, ReceiveTimeout
 
 __all__ = ["ReceivePump"]
 
@@ -257,8 +257,8 @@ class ReceivePump:
                     await admitted
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # the consumer was closed or failed: tell the receivers
+        except Exception as exc:  # the consumer was closed or failed: every receiver raises it (_stopped)
             if not self.expect_failure:
-                log.warning("receive failed; the consumer stops delivering: %r", exc)
+                log.warning("receive failed; the consumer stops delivering: %r", exc, exc_info=True)
                 self.error = exc
             self._stop()

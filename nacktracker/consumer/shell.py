@@ -1,4 +1,5 @@
-"""TrackedConsumer: the thin Pulsar-facing shell over the delivery core.
+"""TrackedConsumer: the thin Pulsar-facing shell over the delivery core, and the one place the
+consumer is assembled (its constructor).
 
 What it does, and only this: a *pump* task owns the client's ``receive()`` (cancelling
 that call loses the message it was about to return, so callers wait on a queue instead)
@@ -6,6 +7,29 @@ and asks the :class:`~nacktracker.consumer.core.DeliveryCore` what to do with ea
 acks and nacks go to the client and the tracker, then to the core; one timer on the
 tracker's clock releases parked copies at their time. Every decision about a copy is
 the core's; time is read only through the tracker's clock.
+
+Who calls what (each part gets what it needs as arguments, never the consumer; each closes what it owns):
+
+==================== ================================================ ===================================
+part                 is given                                         called by
+==================== ================================================ ===================================
+options              (made by ``subscribe`` or the caller: checked)   everything below reads it
+adapter              the client's consumer (or a test's transport)    the tracker (redeliver), closed here
+MessageKeys          the bare ids' topics, ``knows(key)``             the shell; the failure side
+DeliveryCore         the Precision, the deduplicator, ``pending``     the shell (arrive, ack, nack, fire)
+NegativeAcksTracker  the adapter, the options, the letters' hook      the shell (add, discard); closed here
+ReceivePump          the client's consumer, ``admit``                 the shell (poll, get, put); stopped here
+ReleaseTimer         the core, the tracker's clock, the pump's put    the shell and the failure side (rearm)
+ConsumerDeadLetters  the client, the options, the shell's ack         the tracker's hook; the failure side
+FailureHandling      the options, the letters, tracker, core, keys,   the shell (received, nacking, acked,
+                     counts, chunks, put, rearm, the shell's checks   surfacing, the letter calls)
+SnapshotStore        the path, the owner, the delivery counts         the shell (load, save); closed here
+LocalNacks           the local adapter, ``decide``, the pump's put    the shell (Exclusive/Failover only)
+==================== ================================================ ===================================
+
+Affects: closing stops them in this order: the release timer, the snapshot saver, the pump,
+the tracker (awaiting the dead letters it decided), the final save, the adapter, the failure
+side (timers, the retry producer), the dead-letter producers, the client's consumer.
 """
 
 from __future__ import annotations
@@ -13,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from asyncio import _get_running_loop
-from typing import Any, Awaitable, Optional, Union, Unpack
+from typing import Any, Awaitable, Optional, Union
 
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
@@ -27,18 +51,19 @@ from ..adapters.pulsar import PulsarAdapter, is_multi_topic
 from ..clock import Clock
 from ..dedup import Deduplicator
 from ..keys import MessageKey
-from ..precision import Precision
 from ..tracker import FiredCell, NegativeAcksTracker
 from .batches import BatchLimits
 from .chunks import ChunkedNacks, known_entries
 from .core import DeliveryCore, Verdict
-from .dead_letters import quietly
-from .direct import DirectConsumer, ReceivedMessage, acknowledged, message_key_of, message_length
-from .errors import ConsumerClosed, NotReceivedError
-from .failures import ConsumerDeadLetters, FailureHandling, dead_letter, reconsume_later
+from .letters.publisher import quietly
+from .direct import DirectConsumer, ReceivedMessage, acknowledged, message_length
+from ..errors import ConsumerClosed, NotReceivedError
+from .counts import DeliveryCounts
+from .failures import FailureHandling
+from .letters.in_flight import ConsumerDeadLetters
 from .lateness import RedeliveryLateness
-from .ids import BareIds, batch_size, is_bare_id, key_and_count, message_key, names_several_topics, seek_target
-from .options import ConsumerOptions, ConsumerOptionsDict, check_timeout_ms
+from .ids import BareIds, MessageKeys, batch_size, is_bare_id, message_key_of, names_several_topics, seek_target
+from .options import DEDUP_CAPACITY, ConsumerOptions, check_timeout_ms
 from .persist import SnapshotStore
 from .local import LocalNacks
 from .memory import nbytes_parts
@@ -71,8 +96,9 @@ def topic_names(topic: Any) -> list[str]:
 class TrackedConsumer:
     """A ``pulsar.asyncio.Consumer`` with exact, tracked negative acks.
 
-    Usually made by :func:`~nacktracker.subscribe`, whose options it takes (documented there and in the
-    docs' consumer guide). Same methods and argument types as ``pulsar.asyncio.Consumer`` (``receive``,
+    Usually made by :func:`~nacktracker.subscribe`; wrapping a consumer made by the client, its options are
+    one :class:`~nacktracker.consumer.ConsumerOptions` (``options=``; each documented in :func:`subscribe`
+    and in the docs' consumer guide). Same methods and argument types as ``pulsar.asyncio.Consumer`` (``receive``,
     ``acknowledge``, ``acknowledge_cumulative``, ``negative_acknowledge``, ``seek``, ``unsubscribe``, ``close``,
     ``get_last_message_id``, ``topic``, ``subscription_name``, ``consumer_name``,
     ``redeliver_unacknowledged_messages``), each taking a Message or its id where the client does, plus
@@ -90,8 +116,11 @@ class TrackedConsumer:
     def __init__(self, consumer: Any, *, client: Optional[pulsar_asyncio.Client] = None,
                  adapter: Any = None, clock: Optional[Clock] = None, schema: Any = None,
                  batch_receive_policy: Any = None, topics: Optional[list[str]] = None,
-                 **options: Unpack[ConsumerOptionsDict]) -> None:
-        opts = ConsumerOptions.check(dict(options), has_client=client is not None)
+                 options: Optional[ConsumerOptions] = None) -> None:
+        opts = ConsumerOptions() if options is None else options
+        if not isinstance(opts, ConsumerOptions):
+            raise TypeError(f"options must be a ConsumerOptions, not {type(opts).__name__}")
+        opts.require_client(client is not None)
         self._batch_limits = batch_receive_policy if isinstance(batch_receive_policy, BatchLimits) \
             else BatchLimits.of(batch_receive_policy, None)
         if adapter is None and not isinstance(consumer, pulsar_asyncio.Consumer):
@@ -117,21 +146,21 @@ class TrackedConsumer:
         self.adapter = adapter if adapter is not None else PulsarAdapter(
             consumer, lead_ms=opts.lead_ms, min_gap_ms=opts.min_gap_ms, initial_lead_ms=INITIAL_LEAD_MS)
         self._local = None if not isinstance(self.adapter, RedeliversLocally) else LocalNacks(  # capabilities: base.py
-            self.adapter, lambda msg: self._decide(self._message_key(msg), msg), lambda msg: self._pump.put(msg))
+            self.adapter, lambda msg: self._decide(self._keys.key(msg), msg), lambda msg: self._pump.put(msg))
         self._arrived = self.adapter if isinstance(self.adapter, LearnsPathLatency) else None
-        # one producer per dead-letter topic, in the order decided; an unnamed consumer is named (failures.py)
+        # one producer per dead-letter topic, in the order decided; an unnamed consumer is named (letters/in_flight.py)
         self._dead_letters, name = ConsumerDeadLetters.of(consumer, client, opts, schema, ack=self._acknowledge,
                                                           ack_copies=self._ack_copies)
         # the topic of a bare id (msg.message_id() names none): the consumer's own, its partition's, or
         # on a multi-topic consumer the one whose messages of the id's ledger arrived here
         own_topic = consumer.topic()
         several = (isinstance(self.adapter, KnowsTopics) and self.adapter.multi_topic) or names_several_topics(own_topic)
-        self._ids = BareIds(None if several else own_topic)
-        self._saw = self._ids.saw if self._ids.learns else None  # multi-topic: each arrival's ledger (hot path)
-        self._dedup = Deduplicator(opts.dedup_capacity) if opts.dedup else None
+        ids = BareIds(None if several else own_topic)
+        self._keys = MessageKeys(ids, self._knows)  # every key of what the application passes
+        self._saw = ids.saw if ids.learns else None  # multi-topic: each arrival's ledger (hot path)
+        self._dedup = Deduplicator(opts.dedup_capacity or DEDUP_CAPACITY) if opts.dedup else None
         self.tracker: NegativeAcksTracker
-        precision = Precision.of(opts.precision_bits)  # floor: a redelivery may come early, never late
-        self.core = DeliveryCore(precision, dedup=self._dedup,
+        self.core = DeliveryCore(opts.precision, dedup=self._dedup,
                                  pending=self._pending, overdue_ms=COPY_OVERDUE_MS)
         self.lateness = RedeliveryLateness(self.core)  # stats()["lateness_ms"]; add_listener: the metrics' histogram
         self._pump = ReceivePump(consumer, self._admit, opts.prefetch, direct=DirectConsumer.of)
@@ -142,11 +171,13 @@ class TrackedConsumer:
         self._loop: Optional[asyncio.AbstractEventLoop] = None  # the loop it runs on, from its start (_check_open)
         self._counts = {"restored": 0, "copy_ack_failures": 0}
         tracker_options: dict[str, Any] = dict(
-            delay_ms=opts.delay_ms, precision_bits=precision.bits, rounding=precision.rounding, backoff=opts.backoff,
+            delay_ms=opts.delay_ms, precision=opts.precision, backoff=opts.backoff,
             max_redeliveries=opts.max_redeliveries, clock=clock,
             on_dead_letter=self._dead_letters.hook, consumer_name=name)
+        counts = DeliveryCounts()  # the consumer's own delivery counts: kept by the failure side, saved by the store
         self._store = None if opts.snapshot_path is None else SnapshotStore(
-            opts.snapshot_path, opts.snapshot_on_error, subscription=consumer.subscription_name(), topics=self.topics)
+            opts.snapshot_path, opts.snapshot_on_error, subscription=consumer.subscription_name(), topics=self.topics,
+            counts=counts)
         if self._store is None:
             self.tracker = NegativeAcksTracker(self.adapter, **tracker_options)
         else:
@@ -160,12 +191,25 @@ class TrackedConsumer:
         if isinstance(self.adapter, NamesEntries):
             self.chunks = ChunkedNacks(known_entries(self.core, self._pending))
             self.adapter.entries_of = self.chunks.entries
-        self._failures = FailureHandling(self, client, schema)  # retries, dead_letter(), ack timeouts, counts
+        # retries, dead_letter(), ack timeouts, counts: given what they work with (see the note at the top)
+        self._failures = FailureHandling(
+            opts, client=client, schema=schema, letters=self._dead_letters, tracker=self.tracker, core=self.core,
+            keys=self._keys, counts=counts, chunks=self.chunks, put=self._pump.put, rearm=self._release.rearm,
+            received=self._received, check_open=self._check_open, closed=lambda: self._closed,
+            nack=self.negative_acknowledge)
+        self.tracker.add_fire_listener(self._failures.fired)
+        if self._store is not None:
+            self._store.load_counts()  # the counts of a restored snapshot, once the tracker holds its nacks
         try:
             asyncio.get_running_loop()
             self._start()
         except RuntimeError:
             pass  # started by the first receive() inside a loop
+
+    async def open_producers(self) -> None:
+        """Create the retry-letter producer now (``enable_retry``), so the first retry does not wait for it
+        (``subscribe`` calls this). Nothing to do otherwise. One broker round trip."""
+        await self._failures.open_producers()
 
     @property
     def snapshot_path(self) -> Optional[str]:
@@ -258,7 +302,7 @@ class TrackedConsumer:
 
     def _admit(self, msg: Any) -> Union[bool, Awaitable[None]]:
         """Whether a copy from the broker goes to the application now, or what to await first (acks)."""
-        key = message_key_of(msg) if type(msg) is ReceivedMessage else self._message_key(msg)
+        key = message_key_of(msg) if type(msg) is ReceivedMessage else self._keys.key(msg)
         if self._saw is not None:  # a multi-topic consumer: which topic each ledger's ids belong to
             self._saw(key)
         if self._arrived is not None and self._arrived.awaiting_arrivals and self.core.seen(key):
@@ -301,7 +345,7 @@ class TrackedConsumer:
 
     async def _acknowledge(self, message: Any, key: Optional[MessageKey] = None) -> None:  # dead letters too
         received = type(message) is ReceivedMessage  # the hot path: its key was built on arrival, its ack is direct
-        key = key or (message.nacktracker_key if received else None) or self._message_key(message)
+        key = key or (message.nacktracker_key if received else None) or self._keys.key(message)
         direct = self._pump.direct if received else None
         waiting = direct.acknowledge(message) if direct is not None else self._consumer.acknowledge(message)
         if waiting is not None:
@@ -323,12 +367,12 @@ class TrackedConsumer:
         copies, parked copies, copies waiting in the receive queue, batch records; later copies of those are
         dropped. O(held + records + queued)."""
         self._check_open()
-        key = self._key(message)[0]
+        key = self._keys.key_and_count(message)[0]
         await self._consumer.acknowledge_cumulative(message)
         tokens = self.core.acked_cumulative(key, self.tracker.clock.now_ms())
         if self._local is not None:
             self._local.acked_cumulative(key, self.core.records, self.tracker.discard)
-        self._pump.clear(lambda msg: self.core.is_acked(self._message_key(msg)))  # waiting, now acknowledged
+        self._pump.clear(lambda msg: self.core.is_acked(self._keys.key(msg)))  # waiting, now acknowledged
         if tokens:
             await self._ack_copies(tokens)
 
@@ -338,9 +382,9 @@ class TrackedConsumer:
         for token in tokens:
             try:
                 await acknowledged(self._pump.direct, self._consumer, token)
-            except Exception as exc:
+            except Exception as exc:  # the broker resends an unacked copy: counted, logged with its traceback
                 self._counts["copy_ack_failures"] += 1
-                log.debug("ack of a dropped copy failed: %r", exc)
+                log.debug("ack of a dropped copy failed: %r", exc, exc_info=True)
 
     async def negative_acknowledge(self, message: Any, delay_ms: Optional[int] = None) -> None:
         """Redeliver ``message`` after ``delay_ms`` (default: the backoff for
@@ -360,7 +404,7 @@ class TrackedConsumer:
         application's other messages are not surfaced twice). Never blocks. Runtime: O(1) amortised.
         """
         self._check_open()
-        key, count = self._key(message)
+        key, count = self._keys.key_and_count(message)
         self._received(key)
         if self._local is not None:  # redelivered from memory: see consumer/local.py
             count = self._local.redelivery_count(key, count)
@@ -388,7 +432,39 @@ class TrackedConsumer:
         self.core.nacked(key, due, message, self.tracker.clock.now_ms(), size)
         self._release.rearm()
 
-    reconsume_later, dead_letter = reconsume_later, dead_letter  # Java's reconsumeLater; a terminal nack (failures.py)
+    async def reconsume_later(self, message: Any, delay_ms: Optional[int] = None,
+                              properties: Optional[dict[str, str]] = None) -> None:
+        """Java's ``reconsumeLater``: publish ``message`` to the retry topic, due ``delay_ms`` from now (default: the
+        consumer's ``backoff`` of its reconsume count, else its ``delay_ms``),
+        then acknowledge it. It comes back from the retry topic (the consumer
+        subscribes to it) at its due time exactly: a copy the broker sends early
+        is held until then. The retry carries Java's properties
+        (``RECONSUMETIMES``, ``DELAY_TIME``, ``REAL_TOPIC``, ``ORIGIN_MESSAGE_ID``
+        ...: :mod:`.letters.java`) plus ``properties``; once ``RECONSUMETIMES``
+        would pass ``max_redeliveries`` it goes to the dead-letter topic instead,
+        with the same properties. Needs ``subscribe(..., enable_retry=True)``
+        (``RuntimeError`` otherwise) and a received Message (``TypeError``); a
+        message already acknowledged: ``ValueError``. A failed publish raises
+        :class:`~.letters.publisher.DeadLetterError` and leaves the message
+        unacknowledged. Runtime: a broker round trip to publish, one to acknowledge.
+        """
+        await self._failures.reconsume_later(message, delay_ms, properties)
+
+    async def dead_letter(self, message: Any, reason: str, exception: Optional[BaseException] = None) -> None:
+        """A terminal nack: publish ``message`` to the dead-letter topic now, through the consumer's one ordered dead-letter
+        producer (after the dead letters decided before it), with
+        ``DEAD_LETTER_REASON`` = ``reason`` and, given an ``exception``,
+        ``DEAD_LETTER_EXCEPTION`` = its type's ``module.QualifiedName``, besides
+        the usual dead-letter properties (``REAL_TOPIC``, ``REAL_SUBSCRIPTION``,
+        ``ORIGIN_MESSAGE_ID``); then acknowledge it. The dead-letter topic is
+        ``dead_letter_topic`` (default ``<topic>-<subscription>-DLQ``), with or
+        without ``max_redeliveries``. Needs a received Message (``TypeError``); a
+        message already acknowledged: ``ValueError``. A failed publish raises
+        :class:`~.letters.publisher.DeadLetterError` and leaves the message
+        unacknowledged. Runtime: a broker round trip to publish, one to acknowledge.
+        """
+        await self._failures.dead_letter(message, reason, exception)
+
     # -- the tracker's side ----------------------------------------------------------
 
     def _on_fired(self, cell: FiredCell) -> None:
@@ -424,12 +500,6 @@ class TrackedConsumer:
         if key.topic is not None and (self._dedup is None or self.core.knows(key) or self._pending(key)):
             return key
         raise NotReceivedError(key)
-
-    def _message_key(self, message: Any) -> MessageKey:
-        return message_key(message, self._ids, self._knows)
-
-    def _key(self, message: Any) -> tuple[MessageKey, Optional[int]]:
-        return key_and_count(message, self._ids, self._knows)
 
     def _knows(self, key: MessageKey) -> bool:
         """Whether this consumer received ``key`` (the core knows it, or a nack of it is pending)."""
@@ -569,6 +639,7 @@ class TrackedConsumer:
             save_error = await self._store.remove()
         if isinstance(self.adapter, ClosesAsync):
             await self.adapter.aclose()
+        await self._failures.close()  # its timers, the retry producer (after what it has queued)
         await self._dead_letters.close()  # the tracker's close awaited every dead letter it decided
         if close_consumer:
             await quietly(self._consumer.close())

@@ -4,6 +4,7 @@ and pulsar-client's own subscribe options passed through."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import os
@@ -14,10 +15,10 @@ import pulsar.asyncio as pulsar_asyncio
 
 from ..adapters.pulsar import MIN_NACK_DELAY_MS
 from .batches import BatchLimits
-from .dead_letters import quietly
+from .letters.publisher import quietly
 from .options import (CLIENT_RECEIVER_QUEUE_SIZE, REDELIVERY_MODES, ConsumerOptions, Redelivery, SnapshotOnError,
                       unknown_option)
-from .retry_letters import MAX_RECONSUMETIMES, full_topic_name, retry_dead_letter_topic, retry_letter_topic
+from .letters.java import MAX_RECONSUMETIMES, full_topic_name, retry_dead_letter_topic, retry_letter_topic
 from .shell import TrackedConsumer, topic_names
 
 __all__ = ["subscribe", "ClientSubscribeOptions", "client_subscribe_options", "CLIENT_OPTIONS"]
@@ -91,14 +92,17 @@ def client_subscribe_options() -> frozenset[str]:
     return frozenset(name for name in params if CLIENT_OPTIONS.get(name) == "passed")
 
 
-def _mapped_options(options: dict[str, Any], own: dict[str, Any]) -> None:
-    """Move the client options the consumer does itself (:data:`CLIENT_OPTIONS` ``"mapped"``) from
-    ``options`` onto the consumer's own in ``own``; the same thing said twice, differently: ``ValueError``."""
+def _mapped_options(options: dict[str, Any], arguments: dict[str, Any]) -> dict[str, Any]:
+    """Take the client options the consumer does itself (:data:`CLIENT_OPTIONS` ``"mapped"``) out of
+    ``options``: the consumer's options they set (``arguments``: subscribe's own, as given); the same
+    thing said twice, differently: ``ValueError``."""
+    mapped: dict[str, Any] = {}
+
     def take(name: str, value: Any, client_name: str) -> None:
-        if own.get(name) is not None and own[name] != value:
-            raise ValueError(f"{client_name} and {name} disagree ({value!r} and {own[name]!r}): "
+        if arguments.get(name) is not None and arguments[name] != value:
+            raise ValueError(f"{client_name} and {name} disagree ({value!r} and {arguments[name]!r}): "
                              f"{client_name} is {name} here; pass one of them")
-        own[name] = value
+        mapped[name] = value
 
     if "negative_ack_redelivery_delay_ms" in options:
         take("delay_ms", options.pop("negative_ack_redelivery_delay_ms"), "negative_ack_redelivery_delay_ms")
@@ -115,25 +119,52 @@ def _mapped_options(options: dict[str, Any], own: dict[str, Any]) -> None:
         if policy.initial_subscription_name:
             take("dead_letter_initial_subscription", policy.initial_subscription_name,
                  "dead_letter_policy.initial_subscription_name")
+    return mapped
 
 
-def _with_retry_topic(topic: Union[str, list[str]], subscription: str, own: dict[str, Any]) -> list[str]:
-    """Java's ``enableRetry`` defaults, set in ``own``: the retry topic (of the
-    first topic), the dead-letter topic beside it, ``max_redeliveries`` 16.
-    Returns the topics to subscribe to (the retry topic added)."""
+def _with_retry_topic(topic: Union[str, list[str]], subscription: str,
+                      options: ConsumerOptions) -> tuple[list[str], ConsumerOptions]:
+    """Java's ``enableRetry`` defaults: the retry topic (of the first topic), the dead-letter topic beside
+    it, ``max_redeliveries`` 16. Returns the topics to subscribe to (the retry topic added) and the
+    options with those defaults."""
     topics = [topic] if isinstance(topic, str) else list(topic)
     if not topics or not all(isinstance(t, str) for t in topics):
         raise TypeError("enable_retry needs a topic name or a list of them (not a pattern)")
     first = topics[0]
-    own["retry_letter_topic"] = retry = full_topic_name(own.get("retry_letter_topic")
-                                                        or retry_letter_topic(first, subscription))
-    if own.get("dead_letter_topic") is None:
-        own["dead_letter_topic"] = retry_dead_letter_topic(first, subscription)
-    if own.get("max_redeliveries") is None:
-        own["max_redeliveries"] = MAX_RECONSUMETIMES
+    retry = full_topic_name(options.retry_letter_topic or retry_letter_topic(first, subscription))
     if retry not in (full_topic_name(t) for t in topics):
         topics.append(retry)
-    return topics
+    return topics, dataclasses.replace(
+        options, retry_letter_topic=retry,
+        dead_letter_topic=options.dead_letter_topic or retry_dead_letter_topic(first, subscription),
+        max_redeliveries=MAX_RECONSUMETIMES if options.max_redeliveries is None else options.max_redeliveries)
+
+
+def _check_call(client: Any, subscription: Any, consumer_type: Any, batch_index_ack_enabled: Any) -> None:
+    """subscribe's own arguments besides the consumer's options: ``TypeError`` for a wrong type."""
+    if not isinstance(client, pulsar_asyncio.Client):
+        if isinstance(client, pulsar.Client):
+            raise TypeError("nacktracker.subscribe needs a pulsar.asyncio.Client, not the synchronous "
+                            "pulsar.Client: TrackedConsumer runs its tracker and receive pump on the "
+                            "asyncio event loop. Create the client with pulsar.asyncio.Client(url).")
+        raise TypeError(f"client must be a pulsar.asyncio.Client, not {type(client).__name__}")
+    if not isinstance(subscription, str):
+        raise TypeError(f"subscription must be a str, not {type(subscription).__name__}")
+    if not isinstance(consumer_type, pulsar.ConsumerType):
+        raise TypeError(f"consumer_type must be a pulsar.ConsumerType, not {type(consumer_type).__name__}")
+    if not isinstance(batch_index_ack_enabled, bool):
+        raise TypeError(f"batch_index_ack_enabled must be a bool, not {type(batch_index_ack_enabled).__name__}")
+
+
+def _check_client_options(client_options: dict[str, Any]) -> None:
+    """Every client option is one the installed client's subscribe takes (or one the consumer does
+    itself): else the ``TypeError`` naming the nearest valid option."""
+    passed_on = client_subscribe_options()
+    for name in client_options:
+        if name not in passed_on and not CLIENT_OPTIONS.get(name, "").startswith("mapped"):
+            raise unknown_option("nacktracker.subscribe", name, [
+                *(f.name for f in dataclasses.fields(ConsumerOptions) if f.init), *passed_on, "consumer_type",
+                "batch_index_ack_enabled"])
 
 
 async def subscribe(client: pulsar_asyncio.Client, topic: Union[str, list[str]], subscription: str, *,
@@ -163,27 +194,9 @@ async def subscribe(client: pulsar_asyncio.Client, topic: Union[str, list[str]],
     time, no broker call (the docs' "Subscription types per broker");
     ``redelivery`` (default: from the type) may only say the same.
 
-    Options (the docs' consumer guide has a table): ``delay_ms`` (60 000, or the client's
-    ``negative_ack_redelivery_delay_ms`` when given), ``precision_bits``
-    (0, the default: exact; 8: buckets of 256 ms, up to 255 ms early), ``backoff``, ``max_redeliveries``,
-    ``dead_letter_topic`` (default ``<topic>-<subscription>-DLQ``, per
-    partition), ``dead_letter_initial_subscription`` (made on the dead-letter
-    topic before its first dead letter),
-    ``lead_ms`` (fixed instead of learned), ``min_gap_ms``, ``prefetch`` (16:
-    at most this many received messages wait in the consumer for the
-    application, never more than ``receiver_queue_size``, the client's 1000
-    by default; parked nacked copies released at their time come on top),
-    ``snapshot_path``, ``snapshot_interval_s``, ``snapshot_on_error``,
-    ``dedup`` (True: acknowledged ids are remembered so no copy of one
-    surfaces again; well under a byte per dense id), ``dedup_capacity``,
-    ``enable_retry`` (Java's ``enableRetry``: ``reconsume_later()``, subscribing
-    to ``retry_letter_topic`` too, default ``<topic>-<subscription>-RETRY``;
-    ``retry_lead_ms``, 2000: how early the broker is asked to deliver a retry,
-    held until due;
-    then ``dead_letter_topic`` defaults to ``<topic>-<subscription>-DLQ`` of
-    the first topic and ``max_redeliveries`` to 16), ``ack_timeout_ms`` and
-    ``ack_timeout_backoff`` (redeliver what is received and neither acked nor
-    nacked in time); see ``docs/retries.md``.
+    The consumer's own options (each keyword-only, its default in the signature) are the fields of
+    :class:`~nacktracker.consumer.ConsumerOptions`, documented there and in the docs' consumer guide
+    (a table); they become one such object, checked before anything is subscribed.
 
     ``batch_index_ack_enabled`` (default False) is passed to the client. Turn
     it on where the broker has ``acknowledgmentAtBatchIndexLevelEnabled``
@@ -214,63 +227,40 @@ async def subscribe(client: pulsar_asyncio.Client, topic: Union[str, list[str]],
     ...         async for msg in consumer:
     ...             await consumer.negative_acknowledge(msg, delay_ms=1000)
     """
-    if not isinstance(client, pulsar_asyncio.Client):
-        if isinstance(client, pulsar.Client):
-            raise TypeError("nacktracker.subscribe needs a pulsar.asyncio.Client, not the synchronous "
-                            "pulsar.Client: TrackedConsumer runs its tracker and receive pump on the "
-                            "asyncio event loop. Create the client with pulsar.asyncio.Client(url).")
-        raise TypeError(f"client must be a pulsar.asyncio.Client, not {type(client).__name__}")
-    if not isinstance(subscription, str):
-        raise TypeError(f"subscription must be a str, not {type(subscription).__name__}")
-    if not isinstance(consumer_type, pulsar.ConsumerType):
-        raise TypeError(f"consumer_type must be a pulsar.ConsumerType, not {type(consumer_type).__name__}")
-    if not isinstance(batch_index_ack_enabled, bool):
-        raise TypeError(f"batch_index_ack_enabled must be a bool, not {type(batch_index_ack_enabled).__name__}")
-    options: dict[str, Any] = dict(client_options)
-    own: dict[str, Any] = dict(
-        delay_ms=delay_ms, precision_bits=precision_bits, backoff=backoff, max_redeliveries=max_redeliveries,
-        dead_letter_topic=dead_letter_topic, dead_letter_initial_subscription=dead_letter_initial_subscription,
-        lead_ms=lead_ms, min_gap_ms=min_gap_ms, prefetch=prefetch, snapshot_path=snapshot_path,
-        snapshot_interval_s=snapshot_interval_s, snapshot_on_error=snapshot_on_error, dedup=dedup,
-        dedup_capacity=dedup_capacity, enable_retry=enable_retry, retry_letter_topic=retry_letter_topic,
-        retry_lead_ms=retry_lead_ms, ack_timeout_ms=ack_timeout_ms, ack_timeout_backoff=ack_timeout_backoff)
+    given = locals()  # the call's arguments by name: ConsumerOptions' fields among them (a test keeps the two equal)
+    _check_call(client, subscription, consumer_type, batch_index_ack_enabled)
+    client_kwargs: dict[str, Any] = dict(client_options)
     expected = "local" if consumer_type in LOCAL_TYPES else "broker"
-    own["redelivery"] = expected if redelivery is None else redelivery
-    if own["redelivery"] != expected and own["redelivery"] in REDELIVERY_MODES:
-        raise ValueError(f"redelivery={own['redelivery']!r} does not work on {consumer_type.name} subscriptions "
+    if redelivery is not None and redelivery != expected and redelivery in REDELIVERY_MODES:
+        raise ValueError(f"redelivery={redelivery!r} does not work on {consumer_type.name} subscriptions "
                          f"(it is {expected!r} there: the broker redelivers chosen messages only on Shared "
                          "and Key_Shared); leave it out")
-    passed_on = client_subscribe_options()
-    for name in options:
-        if name not in passed_on and not CLIENT_OPTIONS.get(name, "").startswith("mapped"):
-            raise unknown_option("nacktracker.subscribe", name, [*own, *passed_on, "consumer_type",
-                                                                 "batch_index_ack_enabled"])
-    _mapped_options(options, own)
-    if own["delay_ms"] is None:
-        own["delay_ms"] = ConsumerOptions.delay_ms
-    ConsumerOptions.check(own, has_client=True)  # bad options fail before a subscription is made
-    subscribed = topic_names(topic)  # as named here: the snapshot's owner and the metrics' topic (not the retry's)
-    if own.get("enable_retry"):
-        topic = _with_retry_topic(topic, subscription, own)
-    queue_size = options.get("receiver_queue_size", CLIENT_RECEIVER_QUEUE_SIZE)
-    batch_limits = BatchLimits.of(options.get("batch_receive_policy"),
-                                  queue_size if isinstance(queue_size, int) else CLIENT_RECEIVER_QUEUE_SIZE)
-    if isinstance(queue_size, int) and not isinstance(queue_size, bool):  # else the client's own error
+    _check_client_options(client_kwargs)
+    queue_size = client_kwargs.get("receiver_queue_size", CLIENT_RECEIVER_QUEUE_SIZE)
+    if not isinstance(queue_size, int) or isinstance(queue_size, bool):
+        queue_size = None  # the client's own error
+    elif isinstance(prefetch, int) and not isinstance(prefetch, bool) and prefetch >= 1:
         # the pump takes no more ahead of the application than the client would (0: a zero queue, 1 here)
-        own["prefetch"] = max(1, min(own.get("prefetch", ConsumerOptions.prefetch), queue_size))
+        prefetch = max(1, min(prefetch, queue_size))
+    # bad options fail here, before a subscription is made
+    options = ConsumerOptions.of(given, redelivery=redelivery or expected, prefetch=prefetch,
+                                 **_mapped_options(client_kwargs, given))
+    subscribed = topic_names(topic)  # as named here: the snapshot's owner and the metrics' topic (not the retry's)
+    if options.enable_retry:
+        topic, options = _with_retry_topic(topic, subscription, options)
+    batch_limits = BatchLimits.of(client_kwargs.get("batch_receive_policy"), queue_size or CLIENT_RECEIVER_QUEUE_SIZE)
     consumer = await client.subscribe(topic, subscription, consumer_type=consumer_type,
                                       negative_ack_redelivery_delay_ms=MIN_NACK_DELAY_MS,
-                                      batch_index_ack_enabled=batch_index_ack_enabled, **options)
+                                      batch_index_ack_enabled=batch_index_ack_enabled, **client_kwargs)
     try:
-        tracked = TrackedConsumer(consumer, client=client, schema=options.get("schema"),
-                                  batch_receive_policy=batch_limits, topics=subscribed, **own)
+        tracked = TrackedConsumer(consumer, client=client, schema=client_kwargs.get("schema"),
+                                  batch_receive_policy=batch_limits, topics=subscribed, options=options)
     except BaseException:
         await quietly(consumer.close())
         raise
-    if tracked._failures.retries is not None:  # the retry producer exists before the first retry
-        try:
-            await tracked._failures.retries.retry.open(own["retry_letter_topic"])
-        except BaseException:
-            await quietly(tracked.close())
-            raise
+    try:
+        await tracked.open_producers()  # the retry producer exists before the first retry
+    except BaseException:
+        await quietly(tracked.close())
+        raise
     return tracked

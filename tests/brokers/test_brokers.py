@@ -18,7 +18,7 @@ import pulsar.asyncio  # noqa: E402
 
 import nacktracker  # noqa: E402
 from nacktracker.consumer import PROPERTY_ORIGIN_MESSAGE_ID, ReceiveTimeout  # noqa: E402
-from nacktracker.consumer.dead_letters import dead_letter_topic  # noqa: E402
+from nacktracker.consumer.letters.publisher import dead_letter_topic  # noqa: E402
 
 from broker_helpers import publish_batch  # noqa: E402
 

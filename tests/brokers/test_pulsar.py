@@ -20,7 +20,7 @@ import pulsar.asyncio  # noqa: E402
 
 import nacktracker  # noqa: E402
 from nacktracker.consumer import (  # noqa: E402
-    PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_REAL_TOPIC, ConsumerClosed, ReceiveTimeout, TrackedConsumer)
+    PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_REAL_TOPIC, ConsumerClosed, ConsumerOptions, ReceiveTimeout, TrackedConsumer)
 
 from broker_helpers import publish_batch  # noqa: E402
 
@@ -223,7 +223,7 @@ async def test_batch_siblings_still_arriving_when_one_is_nacked_are_surfaced(cli
     await publish_batch(client, t, 4)
     raw = await client.subscribe(t, "sub", consumer_type=Shared, negative_ack_redelivery_delay_ms=100,
                                  initial_position=Earliest)
-    async with TrackedConsumer(raw, client=client, precision_bits=0, prefetch=1) as consumer:
+    async with TrackedConsumer(raw, client=client, options=ConsumerOptions(precision_bits=0, prefetch=1)) as consumer:
         m0 = await consumer.receive(timeout_ms=5000)
         await consumer.negative_acknowledge(m0, delay_ms=400)  # before the pump runs again
         rest = [await consumer.receive(timeout_ms=3000) for _ in range(3)]
@@ -596,7 +596,7 @@ async def test_api_boundary_errors(client, broker_url, topic, pulsar_logger):
         await consumer.acknowledge(msg)
 
 
-# -- issue 10: production-like traffic -------------------------------------------------
+# -- production-like traffic -------------------------------------------------
 
 @pytest.mark.broker
 async def test_a_request_waits_while_the_entry_is_consumed_until_its_nack_is_due(client, topic):
@@ -650,7 +650,7 @@ async def test_the_lead_is_learned_while_the_application_lags_behind_the_pump(cl
 
 @pytest.mark.broker
 async def test_issue_batch_of_four_nothing_acked_or_held_surfaces_again(client, topic):
-    """Issue 10's scenario on the real broker: one entry of 4, m0 acked, m1
+    """The entry-of-four scenario on the real broker: one entry of 4, m0 acked, m1
     nacked 1000 ms, m2 nacked 1120 ms, each redelivery acked on arrival, m3
     still held. Only m1 and m2 surface again, each not before its due time
     (and late by at most the path, within the lead: the request waits for the held m3 until due)."""
@@ -836,11 +836,11 @@ async def test_exact_release_at_bits_0_one_second_delay(client, topic, record_pr
     assert figures["p50_ms"] <= LATE_MS, figures
 
 
-# -- prefetch, seek, foreign messages (issue 11) ------------------------------------------
+# -- prefetch, seek, foreign messages ------------------------------------------
 
 @pytest.mark.broker
 async def test_receiver_queue_size_one_and_a_slow_worker_prefetch_one(client, topic):
-    """Issue 11: with receiver_queue_size=1 the wrapper's own queue holds at
+    """With receiver_queue_size=1 the wrapper's own queue holds at
     most one message ahead of a slow worker (it held 17 before)."""
     t = topic()
     await publish(client, t, 12)
@@ -876,7 +876,7 @@ async def test_prefetch_window_is_the_smaller_of_prefetch_and_receiver_queue_siz
 
 @pytest.mark.broker
 async def test_seek_accepts_messages_ids_earliest_latest_and_timestamps(client, topic):
-    """Issue 11: ``seek(msg.message_id())`` and ``seek(MessageId.earliest)``
+    """``seek(msg.message_id())`` and ``seek(MessageId.earliest)``
     raised ``ValueError: invalid messageid type <class '_pulsar.MessageId'>``
     (pulsar.asyncio takes only its ``pulsar.MessageId`` wrapper or an int).
     Every form users pass now reaches the broker. pulsar-lite 0.2 accepts a

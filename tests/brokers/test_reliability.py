@@ -24,7 +24,8 @@ import pulsar.asyncio  # noqa: E402
 
 import nacktracker  # noqa: E402
 from nacktracker import SnapshotError  # noqa: E402
-from nacktracker.consumer import BATCHES_SUFFIX, ReceiveTimeout  # noqa: E402
+from nacktracker.consumer import ReceiveTimeout  # noqa: E402
+from nacktracker.consumer.persist import BATCHES_SUFFIX  # noqa: E402
 from nacktracker.snapshot import decode  # noqa: E402
 from nacktracker.testing import make_broker  # noqa: E402
 

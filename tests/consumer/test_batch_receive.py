@@ -14,6 +14,7 @@ pulsar = pytest.importorskip("pulsar")
 
 from nacktracker import ManualClock  # noqa: E402
 from nacktracker.consumer import ConsumerClosed, TrackedConsumer  # noqa: E402
+from nacktracker.consumer import ConsumerOptions  # noqa: E402
 
 from test_consumer_shell import FakeBroker, FakeConsumer, settle  # noqa: E402
 
@@ -51,11 +52,13 @@ def test_a_batch_takes_messages_while_they_fit_as_the_client_does(lengths, max_m
 
 
 class Batches:
-    def __init__(self, **options) -> None:
+    def __init__(self, batch_receive_policy=None, **options) -> None:
         self.clock = ManualClock(1_000_000)
         self.raw = FakeConsumer()
         self.broker = FakeBroker(self.clock, self.raw, 0, 10)
-        self.consumer = TrackedConsumer(self.raw, adapter=self.broker, clock=self.clock, **options)
+        self.consumer = TrackedConsumer(self.raw, adapter=self.broker, clock=self.clock,
+                                        batch_receive_policy=batch_receive_policy,
+                                        options=ConsumerOptions.check(options))
 
 
 @pytest.fixture

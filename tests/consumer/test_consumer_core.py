@@ -329,7 +329,7 @@ class DeliveryMachine(RuleBasedStateMachine):
 
     @rule()
     def seek_to_the_start(self):
-        """``seek``: the subscription is rewound, everything comes again, acked or held (issue 11)."""
+        """``seek``: the subscription is rewound, everything comes again, acked or held."""
         self.core.sought()
         self.w.held.clear()
         self.w.acked.clear()
@@ -364,7 +364,7 @@ class DeliveryMachine(RuleBasedStateMachine):
     def promises_kept(self):
         assert not getattr(self, "violations", []), self.violations
         if hasattr(self, "core"):
-            # what the application holds, acked or nacked is "received" (issue 11: acks and nacks of
+            # what the application holds, acked or nacked is "received" (acks and nacks of
             # anything else are refused); the shell also asks the tracker (w.pending)
             # (not a nack whose copy is overdue: the core takes it to have gone to another consumer)
             live_nacks = {k for k, n in self.w.nacks.items()
@@ -402,7 +402,7 @@ DeliveryMachine.TestCase.settings = settings(max_examples=200, stateful_step_cou
 test_delivery_core_keeps_its_promises = DeliveryMachine.TestCase
 
 
-# -- the cases of issue 10, one named test each -----------------------------------------
+# -- the delivery core's cases, one named test each -----------------------------------------
 
 def make(bits=0, dedup=True):
     pending: set = set()
@@ -420,7 +420,7 @@ S, P, A, H, E, T = (Verdict.SURFACE, Verdict.PARK, Verdict.DROP_ACKED, Verdict.D
 
 
 def test_batch_of_four_acked_and_held_siblings_never_surface_again():
-    """Issue 10's first case: m0 acked, m1 nacked 1000 ms, m2 nacked 1120 ms,
+    """The first case of an entry of four: m0 acked, m1 nacked 1000 ms, m2 nacked 1120 ms,
     each redelivery acked on arrival, m3 still held: only m1 and m2 surface
     again, each at its due time; the record ends once both are acked. The
     first bucket's copy answers both nacks (the broker sends the whole entry;

@@ -1,4 +1,4 @@
-"""Dead letters through TrackedConsumer (issue 11), on the embedded broker:
+"""Dead letters through TrackedConsumer, on the embedded broker:
 one producer per dead-letter topic under concurrency, in order, the initial
 subscription, and a dead letter that fails while the consumer closes."""
 

@@ -17,6 +17,7 @@ import pulsar.asyncio  # noqa: E402
 
 from nacktracker import ManualClock  # noqa: E402
 from nacktracker.consumer import ReceiveTimeout, TrackedConsumer  # noqa: E402
+from nacktracker.consumer import ConsumerOptions  # noqa: E402
 from nacktracker.errors import DeadLetterError, LetterInFlightError  # noqa: E402
 from test_consumer_shell import FakeBroker, FakeConsumer, FakeId, settle  # noqa: E402
 from test_dead_letters import FakeClient  # noqa: E402
@@ -66,7 +67,8 @@ class Letters:
         opts = dict(precision_bits=0, enable_retry=True, retry_letter_topic=RETRY, max_redeliveries=3,
                     dead_letter_topic=DLQ, retry_lead_ms=0)
         opts.update(options)
-        self.consumer = TrackedConsumer(self.raw, client=self.client, adapter=self.broker, clock=self.clock, **opts)
+        self.consumer = TrackedConsumer(self.raw, client=self.client, adapter=self.broker, clock=self.clock,
+                                        options=ConsumerOptions.check(opts))
         self.consumer._failures.wall_ms = lambda: START_WALL + (self.clock.now_ms() - START_MS)
         self.got: list = []  # (ms since start, data)
 
@@ -181,7 +183,7 @@ async def test_reconsuming_a_message_whose_count_is_unreadable_dead_letters_it_n
     for _, options in dead:
         props = options["properties"]
         assert props["DEAD_LETTER_REASON"].startswith("property RECONSUMETIMES=")
-        assert props["DEAD_LETTER_EXCEPTION"] == "nacktracker._errors.PropertyError"
+        assert props["DEAD_LETTER_EXCEPTION"] == "nacktracker.errors.PropertyError"
         assert "RECONSUMETIMES" not in props and props["app"] == "kept"
     assert h.raw.acks == [m.data() for m in msgs]  # each acknowledged once its dead letter was published
     assert h.consumer.stats()["dead_letters_bad_property"] == 4
@@ -219,7 +221,7 @@ def test_any_properties_surface_and_any_reconsume_publishes_exactly_one_letter(p
             assert len(retries) + len(dead) == 1 and h.raw.acks == [bad.data()]
             if dead:
                 sent = dead[0][1]["properties"]
-                if sent.get("DEAD_LETTER_EXCEPTION") == "nacktracker._errors.PropertyError":  # refused
+                if sent.get("DEAD_LETTER_EXCEPTION") == "nacktracker.errors.PropertyError":  # refused
                     name = sent["DEAD_LETTER_REASON"].split("=")[0].removeprefix("property ")
                     assert name in PROPERTY_NAMES and sent.get(name) != props[name]  # not carried on
                 else:  # its retries ran out
@@ -389,8 +391,8 @@ class Fakes:
 def snapshot_consumer(path, subscription: str = "sub", topic: str = TOPIC, **options):
     h = Fakes(subscription, topic)
     options.setdefault("snapshot_interval_s", None)
-    return h, (lambda: TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock, snapshot_path=path, precision_bits=0,
-                                       **options))
+    return h, (lambda: TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock, options=ConsumerOptions(
+        snapshot_path=path, precision_bits=0, **options)))
 
 
 async def nacked_and_closed(path, n: int = 5) -> None:

@@ -19,6 +19,7 @@ import pulsar.asyncio  # noqa: E402
 
 from nacktracker import FixedBackoff, ManualClock, MessageKey  # noqa: E402
 from nacktracker.consumer import ReceiveTimeout, TrackedConsumer  # noqa: E402
+from nacktracker.consumer import ConsumerOptions  # noqa: E402
 
 TOPIC = "persistent://public/default/fake"
 
@@ -126,11 +127,12 @@ async def settle() -> None:
 
 
 class Harness:
-    def __init__(self, lead_ms=30, latency_ms=20, **options) -> None:
+    def __init__(self, lead_ms=30, latency_ms=20, client=None, **options) -> None:
         self.clock = ManualClock(1_000_000)
         self.raw = FakeConsumer()
         self.broker = FakeBroker(self.clock, self.raw, lead_ms, latency_ms)
-        self.consumer = TrackedConsumer(self.raw, adapter=self.broker, clock=self.clock, **options)
+        self.consumer = TrackedConsumer(self.raw, adapter=self.broker, clock=self.clock, client=client,
+                                        options=ConsumerOptions.check(options))
         self.got: list = []  # (ms, data, redelivery count)
 
     async def advance(self, ms: float, ack: bool = False) -> None:
@@ -179,7 +181,7 @@ async def first_delivery(h: Harness, size: int):
 
 
 async def test_batch_of_four_acked_and_held_siblings_never_surface_again(harness):
-    """Issue 10, first case: m0 acked, m1 nacked 1000 ms, m2 nacked 1120 ms,
+    """The first case of an entry of four: m0 acked, m1 nacked 1000 ms, m2 nacked 1120 ms,
     each redelivery acked on arrival, m3 still held. Only m1 and m2 surface
     again, each exactly at its due time, from one redelivery of the entry (m2
     parked until its own); the record ends with m3's ack."""
@@ -359,7 +361,8 @@ async def test_an_entry_is_still_consumed_while_its_messages_are_held_or_still_o
     h.raw = FakeConsumer()
     h.broker = SettlingBroker(h.clock, h.raw, 30, 20)
     h.broker.message_type = LetterMessage  # a pulsar.Message: the consumer reads its entry's size from its id
-    h.consumer = TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock, precision_bits=0, prefetch=1)
+    h.consumer = TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock,
+                                 options=ConsumerOptions(precision_bits=0, prefetch=1))
     still_consumed = h.broker.sibling_held
     assert still_consumed is not None
     h.broker.publish(4)
@@ -398,12 +401,14 @@ async def test_boundary_errors_change_nothing(harness):
         await h.consumer.negative_acknowledge(m, delay_ms=-1)
     with pytest.raises(TypeError):
         await h.consumer.negative_acknowledge(MessageKey(1, 2))
-    with pytest.raises(TypeError, match=r"TrackedConsumer\(\) got an unexpected keyword argument .delay.: did you mean delay_ms"):
-        TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock, delay=5)
+    with pytest.raises(TypeError, match=r"ConsumerOptions\(\) got an unexpected keyword argument .delay.: did you mean delay_ms"):
+        TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock, options=ConsumerOptions.check({"delay": 5}))
+    with pytest.raises(TypeError, match="options must be a ConsumerOptions, not dict"):
+        TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock, options={"delay_ms": 5})
     with pytest.raises(ValueError, match="dedup_capacity needs dedup"):
-        TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock, dedup=False, dedup_capacity=5)
+        TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock, options=ConsumerOptions(dedup=False, dedup_capacity=5))
     with pytest.raises(ValueError, match="delay_ms must be <="):  # refused here, not at every nack
-        TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock, delay_ms=2**63)
+        TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock, options=ConsumerOptions(delay_ms=2**63))
     assert h.consumer.tracker.pending == 0 and h.consumer.stats()["held"] == 1
 
 
@@ -468,7 +473,7 @@ async def test_out_of_range_receive_timeouts_are_refused(harness, timeout, error
     assert (await h.consumer.receive(timeout_ms=0)).data() == b"e0.-1"  # the message is still there
 
 
-# -- prefetch, foreign messages, seek (issue 11) ------------------------------------------
+# -- prefetch, foreign messages, seek ------------------------------------------
 
 @pytest.mark.parametrize("prefetch", [1, 3, 16])
 async def test_the_pump_takes_no_more_than_its_window_ahead_of_a_slow_application(harness, prefetch):
@@ -544,7 +549,7 @@ async def test_seek_rewinds_acked_and_held_messages_surface_again_pending_nacks_
 
 
 async def test_seek_drops_the_messages_the_pump_took_before_it(harness):
-    """Issue 11: the client clears its receive queue on seek (the broker resends
+    """The client clears its receive queue on seek (the broker resends
     from the new position); what the pump had taken ahead of the application
     goes too, and surfaces again when the broker resends it."""
     h = harness(precision_bits=0, prefetch=4)
@@ -587,10 +592,10 @@ async def test_an_unusable_snapshot_path_is_a_snapshot_error_unless_ignored(tmp_
     path = _unusable_paths(tmp_path)[what]
     h = Harness(precision_bits=0)
     with pytest.raises(SnapshotError, match="snapshot_on_error='ignore'"):
-        TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock, snapshot_path=path)
+        TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock, options=ConsumerOptions(snapshot_path=path))
     with caplog.at_level(logging.WARNING, logger="nacktracker.consumer"):
-        consumer = TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock, snapshot_path=path,
-                                   snapshot_on_error="ignore", snapshot_interval_s=None)
+        consumer = TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock, options=ConsumerOptions(
+            snapshot_path=path, snapshot_on_error="ignore", snapshot_interval_s=None))
     assert "starting without it" in caplog.text and consumer.stats()["restored"] == 0
     await consumer.close()  # the final save fails: logged and counted
     assert consumer.stats()["snapshot_failures"] == 1 and "final snapshot" in caplog.text
@@ -605,7 +610,8 @@ async def test_a_save_to_an_unusable_path_raises_a_snapshot_error_at_close(tmp_p
     path = tmp_path / "sub" / "nacks.snap"
     path.parent.mkdir()
     h = Harness(precision_bits=0)
-    consumer = TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock, snapshot_path=path, snapshot_interval_s=None)
+    consumer = TrackedConsumer(h.raw, adapter=h.broker, clock=h.clock,
+                               options=ConsumerOptions(snapshot_path=path, snapshot_interval_s=None))
     shutil.rmtree(path.parent)  # (with the consumer's lock and owner files)
     with pytest.raises(SnapshotError, match="cannot write snapshot") as info:
         await consumer.close()

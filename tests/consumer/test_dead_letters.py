@@ -1,4 +1,4 @@
-"""nacktracker.consumer.dead_letters: dead letters as Pulsar's Java client publishes
+"""nacktracker.consumer.letters.publisher: dead letters as Pulsar's Java client publishes
 them. Against the embedded broker where it can show the behaviour; against a
 fake client where it cannot (partitioned topics: pulsar-lite cannot redeliver
 on them, and a broken producer on demand)."""
@@ -14,7 +14,7 @@ pulsar = pytest.importorskip("pulsar")
 import pulsar.asyncio  # noqa: E402
 import pulsar.schema  # noqa: E402
 
-from nacktracker.consumer.dead_letters import (  # noqa: E402
+from nacktracker.consumer.letters.publisher import (  # noqa: E402
     PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_REAL_SUBSCRIPTION, PROPERTY_REAL_TOPIC, DeadLetterError,
     DeadLetterPublisher, DeadLetterPublisherClosed, dead_letter_topic)
 

@@ -200,6 +200,7 @@ test_the_local_adapter_matches_its_model = LocalAdapterMachine.TestCase
 pulsar = pytest.importorskip("pulsar")
 
 from nacktracker.consumer import NotReceivedError, ReceiveTimeout, TrackedConsumer  # noqa: E402
+from nacktracker.consumer import ConsumerOptions  # noqa: E402
 
 from test_consumer_shell import TOPIC, FakeConsumer, FakeMessage, settle  # noqa: E402
 
@@ -225,7 +226,8 @@ class Local:
         self.clock = ManualClock(1_000_000)
         self.raw = FailoverConsumer()
         self.adapter = LocalRedeliveryAdapter(redeliver_all=self.raw.redeliver_unacknowledged_messages)
-        self.consumer = TrackedConsumer(self.raw, adapter=self.adapter, clock=self.clock, **options)
+        self.consumer = TrackedConsumer(self.raw, adapter=self.adapter, clock=self.clock,
+                                        options=ConsumerOptions.check(options))
         self.entries = 0
 
     def publish(self, size: int = 1) -> list:

@@ -12,7 +12,7 @@ from hypothesis import given, strategies as st
 
 from nacktracker import MultiplierBackoff
 from nacktracker.consumer.counts import DeliveryCounts
-from nacktracker.consumer.retry_letters import (base_topic, check_letter_properties, full_topic_name, is_retry_topic,
+from nacktracker.consumer.letters.java import (base_topic, check_letter_properties, full_topic_name, is_retry_topic,
                                                 read_property, retry_dead_letter_topic, retry_due_wall_ms,
                                                 retry_letter_topic, retry_properties, terminal_properties)
 from nacktracker.errors import PropertyError
@@ -68,7 +68,7 @@ def refused(props, name):
 
 
 def test_read_property_takes_each_property_to_its_bound_exactly_and_names_what_it_refuses():
-    from nacktracker.consumer.retry_letters import MAX_PROPERTY_DELAY_TIME, MAX_PROPERTY_RECONSUMETIMES
+    from nacktracker.consumer.letters.java import MAX_PROPERTY_DELAY_TIME, MAX_PROPERTY_RECONSUMETIMES
 
     top_count, top_delay = MAX_PROPERTY_RECONSUMETIMES, MAX_PROPERTY_DELAY_TIME
     assert (top_count, top_delay) == (2**31 - 1, 2**61 - 1)

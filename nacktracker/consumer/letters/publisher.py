@@ -67,7 +67,7 @@ import pulsar
 import pulsar.asyncio as pulsar_asyncio
 import pulsar.schema
 
-from .errors import DeadLetterError, DeadLetterPublisherClosed
+from ...errors import DeadLetterError, DeadLetterPublisherClosed
 
 __all__ = ["DeadLetterPublisher", "DeadLetterError", "DeadLetterPublisherClosed", "dead_letter_topic",
            "producer_name", "java_message_id", "quietly", "PROPERTY_REAL_TOPIC", "PROPERTY_REAL_SUBSCRIPTION", "PROPERTY_ORIGIN_MESSAGE_ID"]
@@ -198,7 +198,7 @@ class DeadLetterPublisher:
         """Queue ``message`` as a dead letter; its place in the order is taken
         by this call. ``properties``: send these instead of the message's own
         plus the dead-letter ones (retry letters, terminal dead letters: see
-        :mod:`.retry_letters`); ``deliver_after_ms``: the broker's delayed
+        :mod:`.java`); ``deliver_after_ms``: the broker's delayed
         delivery (retry letters). Returns a future: the dead letter's id once published,
         or :class:`DeadLetterError` (nothing published: keep the message
         pending). Raises :class:`DeadLetterPublisherClosed` after

@@ -1,13 +1,13 @@
 """A retrying consumer's letters: ``reconsume_later`` (Java's retry letter topic)
 and ``dead_letter`` (a terminal nack to the dead-letter topic with its reason).
 
-Glue over two ordered publishers (:class:`~.dead_letters.DeadLetterPublisher`):
+Glue over two ordered publishers (:class:`~.publisher.DeadLetterPublisher`):
 the retry-letter one and the consumer's dead-letter one, so a reconsume that
 has run out of retries and an explicit dead letter keep their place among the
 consumer's other dead letters. Names, properties and counting:
-:mod:`.retry_letters`. The shell acknowledges a message once its letter is
+:mod:`.java`. The shell acknowledges a message once its letter is
 published (as Java: send, then acknowledge); a failed publish raises
-:class:`~.dead_letters.DeadLetterError` and leaves the message unacknowledged.
+:class:`~.publisher.DeadLetterError` and leaves the message unacknowledged.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Mapping, Optional
 
-from .._checks import check_client_delay
-from .._errors import PropertyError
-from .dead_letters import DeadLetterPublisher, java_message_id
-from .retry_letters import (is_retry_topic, reconsume_times, retry_due_wall_ms, retry_properties,
+from ..._checks import check_client_delay
+from ...errors import PropertyError
+from .publisher import DeadLetterPublisher, java_message_id
+from .java import (is_retry_topic, reconsume_times, retry_due_wall_ms, retry_properties,
                             terminal_properties)
 
 __all__ = ["RetryLetters", "TerminalDeadLetters", "RETRY_LEAD_MS"]
@@ -56,7 +56,7 @@ class RetryLetters:
         """The properties, reconsume number and delay of the next retry of ``message``: ``delay_ms``,
         else ``default_delay(RECONSUMETIMES)`` (the consumer's backoff or its ``delay_ms``), each at most
         :data:`~nacktracker._checks.MAX_CLIENT_DELAY_MS`. :class:`PropertyError` for a property of the message (or of
-        ``custom``) that :func:`~.retry_letters.read_property` refuses. O(properties)."""
+        ``custom``) that :func:`~.java.read_property` refuses. O(properties)."""
         own = message.properties()
         if delay_ms is None:
             delay_ms = check_client_delay("the backoff's delay", default_delay(reconsume_times(own)))

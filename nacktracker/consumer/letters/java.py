@@ -2,7 +2,7 @@
 
 Pure (no pulsar, no clock, no I/O): topic names, the properties a retry or a
 dead letter carries, and when a retry copy is due. The consumer's shell
-(:mod:`.retries`) publishes and acknowledges.
+(:mod:`.retry`) publishes and acknowledges.
 
 What matches the Java client 4.0 (``ConsumerImpl.doReconsumeLater``,
 ``RetryMessageUtil``, ``ConsumerBuilderImpl``), and why:
@@ -44,8 +44,8 @@ from __future__ import annotations
 import re
 from typing import Callable, Mapping, Optional
 
-from .._checks import MAX_DEFAULT_DELAY, MAX_ID
-from .._errors import PropertyError
+from ..._checks import MAX_DEFAULT_DELAY, MAX_ID
+from ...errors import PropertyError
 
 __all__ = ["PROPERTY_RECONSUMETIMES", "PROPERTY_DELAY_TIME", "PROPERTY_REAL_TOPIC", "PROPERTY_REAL_SUBSCRIPTION",
            "PROPERTY_ORIGIN_MESSAGE_ID", "PROPERTY_ORIGIN_MESSAGE_ID_OLD", "PROPERTY_DEAD_LETTER_REASON",
@@ -131,7 +131,7 @@ def read_property(props: Mapping[str, object], name: str) -> object:
     (250, None)
     >>> read_property({"DELAY_TIME": "\u00b2"}, "DELAY_TIME")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    nacktracker._errors.PropertyError: property DELAY_TIME='²': must be a whole number of ASCII digits...
+    nacktracker.errors.PropertyError: property DELAY_TIME='²': must be a whole number of ASCII digits...
     """
     raw = props.get(name)
     if raw is None:
