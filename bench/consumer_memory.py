@@ -48,11 +48,10 @@ import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
 import nacktracker
-from nacktracker.demo.measure import CLOSE_GRACE_S
-from nacktracker.demo.sides import produce
-
 from bench import run_module
 from bench.index_grid import fill_malloc_cache, rss_bytes, trim_heap
+from nacktracker.demo.measure import CLOSE_GRACE_S
+from nacktracker.demo.sides import produce
 
 DELAY_MS = 600_000
 PAYLOAD_BYTES = 64

@@ -60,7 +60,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench import index_grid_report as report, run_module
+from bench import index_grid_report as report
+from bench import run_module
 
 REPEATS = 5  # per-call timings: best of this many chunks
 #: ``side_by_side``: rounds of ``calls`` each on the index and its DictIndex

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-
 #: Issue 12's "Done when" bounds.
 RSS_VS_DICT = 4.0          # TimeBucketIndex RSS/pending <= DictIndex / 4
 NBYTES_VS_RSS = 0.25       # |nbytes - RSS| <= 25% of RSS

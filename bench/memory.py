@@ -20,9 +20,9 @@ import os
 import sys
 from pathlib import Path
 
-from nacktracker.pipeline.memory_experiment import JAVA_HEAP_MB, JAVA_MB, measure as measure_one, seed_estimate, workload  # noqa: F401
-
 from bench import run_module
+from nacktracker.pipeline.memory_experiment import JAVA_HEAP_MB, JAVA_MB, seed_estimate, workload  # noqa: F401
+from nacktracker.pipeline.memory_experiment import measure as measure_one
 
 INDEXES = ("TimeBucketIndex", "DictIndex", "HeapIndex")
 GRID = [(x, y) for x in (1, 4, 8) for y in (8, 10, 15)]

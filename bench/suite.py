@@ -58,7 +58,8 @@ class Progress:
     def __init__(self, total: int) -> None:
         self.total, self.done = total, 0
         try:
-            from rich.progress import BarColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
+            from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as RichProgress
 
             self._rich = RichProgress(TextColumn("{task.description:<48}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                                       TimeElapsedColumn(), transient=False)

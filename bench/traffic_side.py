@@ -23,11 +23,10 @@ import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
 import nacktracker
-from nacktracker.demo.sides import open_client as client  # quiet: the C++ client logs INFO on stdout
-from nacktracker.consumer.pump import ReceivePump
-from nacktracker.demo.sides import quietly
 from bench.traffic_ledger import TRACKED, Config, Ledger, Scenario, Verdict, quantiles
-
+from nacktracker.consumer.pump import ReceivePump
+from nacktracker.demo.sides import open_client as client  # quiet: the C++ client logs INFO on stdout
+from nacktracker.demo.sides import quietly
 
 #: What the client (or TrackedConsumer, which raises the client's classes and ValueError/TypeError
 #: at its boundary) raises for a refused or failed call.

@@ -10,9 +10,17 @@ from typing import TYPE_CHECKING
 from .backoff import FixedBackoff, MultiplierBackoff
 from .clock import LoopClock, ManualClock
 from .dedup import Deduplicator
-from .errors import (AdapterError, DeadLetterError, MissingExtraError, NacktrackerError, NotReceivedError,
-                     SnapshotError, TraceError, TrackerClosedError)
 from .errors import PULSAR_TYPED as _PULSAR_TYPED
+from .errors import (
+    AdapterError,
+    DeadLetterError,
+    MissingExtraError,
+    NacktrackerError,
+    NotReceivedError,
+    SnapshotError,
+    TraceError,
+    TrackerClosedError,
+)
 from .events import NackEvent
 from .index import DictIndex, HeapIndex, TimeBucketIndex
 from .keys import MessageKey
@@ -21,9 +29,9 @@ from .tracker import NegativeAcksTracker, TrackerStats
 if TYPE_CHECKING:
     # The Pulsar layer is imported lazily at run time (below) so the core never
     # needs pulsar-client; type checkers see the real classes all the same.
-    from .errors import ConsumerClosed, ReceiveTimeout
     from .consumer.shell import TrackedConsumer
     from .consumer.subscription import subscribe
+    from .errors import ConsumerClosed, ReceiveTimeout
 
 __all__ = [
     "TimeBucketIndex", "DictIndex", "HeapIndex",

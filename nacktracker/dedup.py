@@ -44,7 +44,8 @@ from typing import Any, Optional, Union
 
 from pyroaring import BitMap64
 
-from ._checks import MAX_ID as _MAX_ID, check_int
+from ._checks import MAX_ID as _MAX_ID
+from ._checks import check_int
 from .index.layout import roaring_bytes
 
 __all__ = ["Deduplicator"]

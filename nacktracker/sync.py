@@ -42,9 +42,9 @@ import _pulsar
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
-from .errors import ConsumerClosed
 from .consumer.shell import TrackedConsumer
 from .consumer.subscription import subscribe as subscribe_async
+from .errors import ConsumerClosed
 
 __all__ = ["subscribe", "SyncConsumer"]
 

@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from asyncio import _get_running_loop
 import logging
 import math
 import sys
 import time
+from asyncio import _get_running_loop
+from collections import Counter, deque
 from math import ceil as _ceil  # add's path: one global lookup, not two
 from threading import get_ident
-from collections import Counter, deque
 from typing import Any, Callable, Iterable, Literal, NamedTuple, Optional, Sequence, TypedDict, overload
 
+from . import snapshot as _snapshot
 from ._checks import MAX_DUE, check_default_delay, check_delay_ms, check_int
 from .adapters.base import RedeliveryAdapter
 from .clock import Clock, LoopClock, TimerHandle
@@ -29,7 +30,6 @@ from .events import NackEvent
 from .index import TimeBucketIndex
 from .keys import MessageKey, key_of
 from .precision import Precision
-from . import snapshot as _snapshot
 
 __all__ = ["NegativeAcksTracker", "TrackerClosedError", "LatencyHistogram", "TrackerStats", "LatencySummary",
            "FireListener", "FiredCell", "PendingState"]

@@ -151,9 +151,8 @@ def test_every_docs_page_is_in_the_site_nav():
 
 async def test_the_stats_page_names_every_stats_key_and_metric():
     pytest.importorskip("pulsar")
-    from test_consumer_shell import Harness  # a TrackedConsumer over a fake broker: its real stats() keys
-
     from nacktracker.metrics import INSTRUMENTS
+    from test_consumer_shell import Harness  # a TrackedConsumer over a fake broker: its real stats() keys
 
     h = Harness()
     try:

@@ -11,11 +11,15 @@ import pytest
 
 import nacktracker
 import nacktracker.errors as errors
-from nacktracker.consumer.options import ConsumerOptions
 from nacktracker.consumer import subscription
 from nacktracker.consumer.batches import BatchLimits
-from nacktracker.consumer.subscription import (CLIENT_OPTIONS, ClientSubscribeOptions, client_subscribe_options,
-                                               subscribe)
+from nacktracker.consumer.options import ConsumerOptions
+from nacktracker.consumer.subscription import (
+    CLIENT_OPTIONS,
+    ClientSubscribeOptions,
+    client_subscribe_options,
+    subscribe,
+)
 
 
 @pytest.fixture

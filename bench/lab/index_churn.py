@@ -28,7 +28,8 @@ import os
 import sys
 from dataclasses import asdict
 
-from bench import index_grid as grid, run_module
+from bench import index_grid as grid
+from bench import run_module
 
 CELLS = [("backoff", 1, 16, 10), ("backoff", 3, 16, 10), ("uniform", 3, 16, 100), ("uniform", 3, 1, 1000)]
 

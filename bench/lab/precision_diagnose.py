@@ -56,8 +56,8 @@ from typing import Any
 
 import pulsar
 import pulsar.asyncio as pa
-from bench.pulsar_precision import cpu_hog
 
+from bench.pulsar_precision import cpu_hog
 from nacktracker.adapters import pulsar as adapter_mod
 from nacktracker.consumer import core as core_mod
 from nacktracker.consumer.core import Verdict

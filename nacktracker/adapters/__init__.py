@@ -7,9 +7,9 @@ and Failover subscriptions, where the broker cannot redeliver chosen ones);
 core never needs pulsar-client).
 """
 
+from ..errors import AdapterError
 from .base import RedeliveryAdapter
 from .local import HandBack, LocalRedeliveryAdapter
-from ..errors import AdapterError
 from .memory import MemoryAdapter, RedeliveryCall
 
 __all__ = ["RedeliveryAdapter", "MemoryAdapter", "RedeliveryCall", "AdapterError", "PulsarAdapter",

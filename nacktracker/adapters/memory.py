@@ -7,8 +7,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-from ..keys import MessageKey
 from ..errors import AdapterError
+from ..keys import MessageKey
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,12 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # what __getattr__ loads on first use, as type checkers see it
     from ..errors import ConsumerClosed, DeadLetterError, NotReceivedError, ReceiveTimeout
-    from .letters.publisher import (PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_REAL_SUBSCRIPTION, PROPERTY_REAL_TOPIC,
-                               DeadLetterPublisher)
+    from .letters.publisher import (
+        PROPERTY_ORIGIN_MESSAGE_ID,
+        PROPERTY_REAL_SUBSCRIPTION,
+        PROPERTY_REAL_TOPIC,
+        DeadLetterPublisher,
+    )
     from .options import ConsumerOptions
     from .shell import TrackedConsumer
     from .subscription import ClientSubscribeOptions, subscribe

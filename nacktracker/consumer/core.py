@@ -30,9 +30,12 @@ from typing import Any, Callable, Iterable, Optional
 
 from ..keys import MessageKey
 from ..precision import Precision
-from .state import ACKED as _ACKED, ACKED_FRESH as _ACKED_FRESH, ALL_INDICES, FRESH as _FRESH, HELD as _HELD
 from .deadlines import Deadlines
-from .state import AckResult, EntryRecord, Held, Nacked, Parked, Positions, Token, Verdict, _Deadline
+from .state import ACKED as _ACKED
+from .state import ACKED_FRESH as _ACKED_FRESH
+from .state import ALL_INDICES, AckResult, EntryRecord, Held, Nacked, Parked, Positions, Token, Verdict, _Deadline
+from .state import FRESH as _FRESH
+from .state import HELD as _HELD
 
 __all__ = ["DeliveryCore", "Verdict", "AckResult", "Held", "Nacked", "Parked", "EntryRecord"]
 

@@ -24,7 +24,6 @@ import _pulsar
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
-
 __all__ = ["DirectConsumer", "ReceivedMessage", "acknowledge", "acknowledged", "message_length"]
 
 _OK = _pulsar.Result.Ok

@@ -20,8 +20,8 @@ from typing import Any, Awaitable, Callable, Optional
 import pulsar
 
 from .._checks import check_client_delay
-from ..errors import LetterInFlightError, NacktrackerError, PropertyError
 from ..clock import wall_ms
+from ..errors import LetterInFlightError, NacktrackerError, PropertyError
 from ..keys import MessageKey
 from ..tracker import NegativeAcksTracker
 from .ack_timeout import AckTimeouts
@@ -29,12 +29,12 @@ from .chunks import ChunkedNacks
 from .core import DeliveryCore
 from .counts import DeliveryCounts
 from .deadlines import Deadlines
-from .letters.in_flight import ConsumerDeadLetters
-from .letters.publisher import DeadLetterPublisher
 from .ids import MessageKeys, batch_size
-from .options import ConsumerOptions
-from .letters.retry import RetryLetters, TerminalDeadLetters
+from .letters.in_flight import ConsumerDeadLetters
 from .letters.java import check_letter_properties
+from .letters.publisher import DeadLetterPublisher
+from .letters.retry import RetryLetters, TerminalDeadLetters
+from .options import ConsumerOptions
 
 __all__ = ["FailureHandling"]
 

@@ -43,30 +43,37 @@ import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
 from .._checks import check_delay_ms
-from ..adapters.base import (ClosesAsync, KnowsTopics, LearnsPathLatency, NamesEntries, RedeliversLocally,
-                             ReportsBursts, WaitsForSiblings)
+from ..adapters.base import (
+    ClosesAsync,
+    KnowsTopics,
+    LearnsPathLatency,
+    NamesEntries,
+    RedeliversLocally,
+    ReportsBursts,
+    WaitsForSiblings,
+)
 from ..adapters.client_close import close_leaves_no_callback
 from ..adapters.local import LocalRedeliveryAdapter
 from ..adapters.pulsar import PulsarAdapter, is_multi_topic
 from ..clock import Clock
 from ..dedup import Deduplicator
+from ..errors import ConsumerClosed, NotReceivedError
 from ..keys import MessageKey
 from ..tracker import FiredCell, NegativeAcksTracker
 from .batches import BatchLimits
 from .chunks import ChunkedNacks, known_entries
 from .core import DeliveryCore, Verdict
-from .letters.publisher import quietly
-from .direct import DirectConsumer, ReceivedMessage, acknowledged, message_length
-from ..errors import ConsumerClosed, NotReceivedError
 from .counts import DeliveryCounts
+from .direct import DirectConsumer, ReceivedMessage, acknowledged, message_length
 from .failures import FailureHandling
-from .letters.in_flight import ConsumerDeadLetters
-from .lateness import RedeliveryLateness
 from .ids import BareIds, MessageKeys, batch_size, is_bare_id, message_key_of, names_several_topics, seek_target
-from .options import DEDUP_CAPACITY, ConsumerOptions, check_timeout_ms
-from .persist import SnapshotStore
+from .lateness import RedeliveryLateness
+from .letters.in_flight import ConsumerDeadLetters
+from .letters.publisher import quietly
 from .local import LocalNacks
 from .memory import nbytes_parts
+from .options import DEDUP_CAPACITY, ConsumerOptions, check_timeout_ms
+from .persist import SnapshotStore
 from .pump import ReceivePump
 from .release import ReleaseTimer
 from .state import core_stats

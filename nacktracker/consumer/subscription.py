@@ -15,10 +15,16 @@ import pulsar.asyncio as pulsar_asyncio
 
 from ..adapters.pulsar import MIN_NACK_DELAY_MS
 from .batches import BatchLimits
-from .letters.publisher import quietly
-from .options import (CLIENT_RECEIVER_QUEUE_SIZE, REDELIVERY_MODES, ConsumerOptions, Redelivery, SnapshotOnError,
-                      unknown_option)
 from .letters.java import MAX_RECONSUMETIMES, full_topic_name, retry_dead_letter_topic, retry_letter_topic
+from .letters.publisher import quietly
+from .options import (
+    CLIENT_RECEIVER_QUEUE_SIZE,
+    REDELIVERY_MODES,
+    ConsumerOptions,
+    Redelivery,
+    SnapshotOnError,
+    unknown_option,
+)
 from .shell import TrackedConsumer, topic_names
 
 __all__ = ["subscribe", "ClientSubscribeOptions", "client_subscribe_options", "CLIENT_OPTIONS"]

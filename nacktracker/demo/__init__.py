@@ -21,8 +21,8 @@ from typing import Any, Optional
 from .measure import CLOSE_GRACE_S, Progress
 from .precision import run_precision
 from .steady import run_steady_stream
-from .workload import run_workload
 from .table import RichProgress, print_rich, render_text
+from .workload import run_workload
 
 __all__ = ["run_demo", "main"]
 

@@ -12,8 +12,20 @@ from pyroaring import BitMap, BitMap64
 
 from ._ledgers import Ledgers
 from .bitmaps import common, has, u32_array, u64_array
-from .layout import (COMPACT_CHURN, LISTED, LISTING, LIVE_ENTRY_BITS, LIVE_SLOT_BITS, WIDE_LIVE_SHIFT, Cell, Ghost, LedgerExt,
-                     Window, held_size, roaring_bytes)
+from .layout import (
+    COMPACT_CHURN,
+    LISTED,
+    LISTING,
+    LIVE_ENTRY_BITS,
+    LIVE_SLOT_BITS,
+    WIDE_LIVE_SHIFT,
+    Cell,
+    Ghost,
+    LedgerExt,
+    Window,
+    held_size,
+    roaring_bytes,
+)
 
 #: Ids re-keyed per step into the wide live bitmap (``widen``, ``keyed``):
 #: temporaries of 20 bytes per id, 40 KB a step, below glibc's 64 KB, so they

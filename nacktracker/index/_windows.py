@@ -19,8 +19,24 @@ from pyroaring import BitMap
 
 from . import layout
 from .bitmaps import SCRATCH_MAP, bitmap_of, distinct, has, merge_into, sort_across, u32_array, u64_array
-from .layout import (CELL_FIXED, CONTAINER_FIXED, M32, NO_CELLS, NO_KEYS, NO_PACKED, NO_SEGMENTS, SCAN_PER_CELL, SCAN_SEGMENTS, Cell, Layout, U64Array,
-                     Window, dense_pays, held_size, roaring_bytes)
+from .layout import (
+    CELL_FIXED,
+    CONTAINER_FIXED,
+    M32,
+    NO_CELLS,
+    NO_KEYS,
+    NO_PACKED,
+    NO_SEGMENTS,
+    SCAN_PER_CELL,
+    SCAN_SEGMENTS,
+    Cell,
+    Layout,
+    U64Array,
+    Window,
+    dense_pays,
+    held_size,
+    roaring_bytes,
+)
 
 #: Windows with at most this many copies left (sparse plus dense cells) are
 #: counted exactly by the count bounds: a constant cost per window.

@@ -46,8 +46,23 @@ from ._ledgers import Ledgers
 from ._live import LiveIds, in_listed, listed_cells
 from ._windows import Windows
 from .bitmaps import common, merge_into, overlaps
-from .layout import (COUNTER_INTS, LISTING, LIVE_ENTRY_BITS, LIVE_SLOT_BITS, M32, NO_CELLS, NO_PACKED, NO_WINDOW, PROMOTE, WIDE_LIVE_SHIFT,
-                     Cell, LedgerExt, Layout, Window, held_size)
+from .layout import (
+    COUNTER_INTS,
+    LISTING,
+    LIVE_ENTRY_BITS,
+    LIVE_SLOT_BITS,
+    M32,
+    NO_CELLS,
+    NO_PACKED,
+    NO_WINDOW,
+    PROMOTE,
+    WIDE_LIVE_SHIFT,
+    Cell,
+    Layout,
+    LedgerExt,
+    Window,
+    held_size,
+)
 
 __all__ = ["TimeBucketIndex"]
 #: The largest entry id and ledger slot the narrow live bitmap keys (``slot << 22 | entry``).

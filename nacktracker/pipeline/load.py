@@ -17,12 +17,23 @@ from __future__ import annotations
 import glob
 import os
 import re
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from ..events import (COLUMN_TYPES, COLUMNS, KINDS, MAX_TIME_MS, NON_NEGATIVE_COLUMNS, NOT_NULL_COLUMNS,
-                      ColumnTypeError, EmptyTraceError, TraceError, check_schema, check_stats)
+from ..events import (
+    COLUMN_TYPES,
+    COLUMNS,
+    KINDS,
+    MAX_TIME_MS,
+    NON_NEGATIVE_COLUMNS,
+    NOT_NULL_COLUMNS,
+    ColumnTypeError,
+    EmptyTraceError,
+    TraceError,
+    check_schema,
+    check_stats,
+)
 
 if TYPE_CHECKING:  # pyarrow and pyspark are imported where they are used (the `spark` extra)
     from pyspark.sql import DataFrame, SparkSession
@@ -182,12 +193,11 @@ def _parquet_schema(paths: list[str]) -> StructType:
     them all with: each known column present, integers at the widest width
     any file uses. Raises :class:`TraceError` subclasses naming the file.
     Cost: one footer read per file (~1 ms each)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
     from pyspark.sql import types as T
 
     from ..events import _arrow_logical
-
-    import pyarrow as pa
 
     present: set[str] = set()
     wide: set[str] = set()

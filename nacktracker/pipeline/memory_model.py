@@ -58,8 +58,23 @@ from pyroaring import BitMap, BitMap64
 
 from ..index import DictIndex, TimeBucketIndex
 from ..index.bitmaps import bitmap_of, u32_array, u64_array
-from ..index.layout import (COMPACT_CHURN, SCAN_PER_CELL, SCAN_SEGMENTS, dense_pays, LIVE_ENTRY_BITS, LIVE_SLOT_BITS, SEGMENT, SMALL_INT, WIDE_LIVE_SHIFT, Layout, held,
-                            held_size, ledger_record_bytes, roaring_bytes, window_bytes)
+from ..index.layout import (
+    COMPACT_CHURN,
+    LIVE_ENTRY_BITS,
+    LIVE_SLOT_BITS,
+    SCAN_PER_CELL,
+    SCAN_SEGMENTS,
+    SEGMENT,
+    SMALL_INT,
+    WIDE_LIVE_SHIFT,
+    Layout,
+    dense_pays,
+    held,
+    held_size,
+    ledger_record_bytes,
+    roaring_bytes,
+    window_bytes,
+)
 from .dense_cells import arrival_cells, compacted_prefix, list_cells
 
 __all__ = ["IndexCosts", "IndexState", "index_state", "index_states", "array_bytes", "segmented_bytes", "dict_bytes", "dict_bytes_many",

@@ -161,8 +161,9 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def write_outputs(rows: list[dict[str, Any]], out_dir: str, command: str) -> dict[str, Any]:
     """``sweep.parquet``, ``sweep.json`` and ``sweep.md`` in ``out_dir``."""
-    import pandas as pd
     from pathlib import Path
+
+    import pandas as pd
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

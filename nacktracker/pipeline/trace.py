@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from ..events import COLUMN_TYPES, COLUMNS, MAX_TIME_MS
 
-
 if TYPE_CHECKING:  # pyspark is imported where it is used (the `spark` extra)
     from pyspark.sql import Column, DataFrame, SparkSession
 

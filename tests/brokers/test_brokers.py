@@ -17,10 +17,9 @@ pulsar = pytest.importorskip("pulsar")
 import pulsar.asyncio  # noqa: E402
 
 import nacktracker  # noqa: E402
+from broker_helpers import publish_batch  # noqa: E402
 from nacktracker.consumer import PROPERTY_ORIGIN_MESSAGE_ID, ReceiveTimeout  # noqa: E402
 from nacktracker.consumer.letters.publisher import dead_letter_topic  # noqa: E402
-
-from broker_helpers import publish_batch  # noqa: E402
 
 pytestmark = pytest.mark.broker
 

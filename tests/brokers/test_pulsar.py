@@ -19,10 +19,15 @@ pulsar = pytest.importorskip("pulsar")
 import pulsar.asyncio  # noqa: E402
 
 import nacktracker  # noqa: E402
-from nacktracker.consumer import (  # noqa: E402
-    PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_REAL_TOPIC, ConsumerClosed, ConsumerOptions, ReceiveTimeout, TrackedConsumer)
-
 from broker_helpers import publish_batch  # noqa: E402
+from nacktracker.consumer import (  # noqa: E402
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_REAL_TOPIC,
+    ConsumerClosed,
+    ConsumerOptions,
+    ReceiveTimeout,
+    TrackedConsumer,
+)
 
 Shared = pulsar.ConsumerType.Shared
 Earliest = pulsar.InitialPosition.Earliest

@@ -17,10 +17,9 @@ pulsar = pytest.importorskip("pulsar")
 import pulsar.asyncio  # noqa: E402
 
 import nacktracker  # noqa: E402
+from broker_helpers import publish_batch, redelivery_errors, settle_before_restart  # noqa: E402
 from nacktracker.adapters import LocalRedeliveryAdapter, PulsarAdapter  # noqa: E402
 from nacktracker.consumer import PROPERTY_REAL_TOPIC, ReceiveTimeout  # noqa: E402
-
-from broker_helpers import publish_batch, redelivery_errors, settle_before_restart  # noqa: E402
 from test_pulsar import expect_nothing  # noqa: E402
 
 Earliest = pulsar.InitialPosition.Earliest

@@ -23,13 +23,12 @@ pulsar = pytest.importorskip("pulsar")
 import pulsar.asyncio  # noqa: E402
 
 import nacktracker  # noqa: E402
+from broker_helpers import publish_batch, redelivery_errors, settle_before_restart  # noqa: E402
 from nacktracker import SnapshotError  # noqa: E402
 from nacktracker.consumer import ReceiveTimeout  # noqa: E402
 from nacktracker.consumer.persist import BATCHES_SUFFIX  # noqa: E402
 from nacktracker.snapshot import decode  # noqa: E402
 from nacktracker.testing import make_broker  # noqa: E402
-
-from broker_helpers import publish_batch, redelivery_errors, settle_before_restart  # noqa: E402
 
 Earliest = pulsar.InitialPosition.Earliest
 EARLY_MS = 70  # the adapter's path varies 103-166 ms around its 133 ms lead (as in test_pulsar.py)

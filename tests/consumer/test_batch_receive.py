@@ -6,16 +6,19 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from nacktracker.consumer.batches import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT_MS, BatchLimits
 
 pulsar = pytest.importorskip("pulsar")
 
 from nacktracker import ManualClock  # noqa: E402
-from nacktracker.consumer import ConsumerClosed, TrackedConsumer  # noqa: E402
-from nacktracker.consumer import ConsumerOptions  # noqa: E402
-
+from nacktracker.consumer import (  # noqa: E402
+    ConsumerClosed,
+    ConsumerOptions,  # noqa: E402
+    TrackedConsumer,
+)
 from test_consumer_shell import FakeBroker, FakeConsumer, settle  # noqa: E402
 
 

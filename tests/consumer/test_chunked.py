@@ -30,8 +30,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import quiet_logger
-from nacktracker.consumer.chunks import (CROSS_LEDGER_SPAN, ChunkedNacks, chunk_entries, first_chunk_position,
-                                         serialized_id)
+from nacktracker.consumer.chunks import (
+    CROSS_LEDGER_SPAN,
+    ChunkedNacks,
+    chunk_entries,
+    first_chunk_position,
+    serialized_id,
+)
 from nacktracker.keys import MessageKey
 
 #: Apache Pulsar's limit in these tests, as Java's DeadLetterTopicTest sets it, and the payload above it.

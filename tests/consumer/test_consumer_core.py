@@ -36,8 +36,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from nacktracker import Deduplicator, MessageKey
-from nacktracker.precision import Precision
 from nacktracker.consumer.core import DeliveryCore, Verdict
+from nacktracker.precision import Precision
 
 TOPIC = "t"
 LEAD = 30

@@ -14,8 +14,7 @@ import pulsar.asyncio  # noqa: E402
 import nacktracker  # noqa: E402
 from nacktracker import ManualClock, NegativeAcksTracker  # noqa: E402
 from nacktracker.adapters import MemoryAdapter  # noqa: E402
-from nacktracker.consumer import (  # noqa: E402
-    PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_REAL_SUBSCRIPTION, PROPERTY_REAL_TOPIC)
+from nacktracker.consumer import PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_REAL_SUBSCRIPTION, PROPERTY_REAL_TOPIC  # noqa: E402
 
 Shared = pulsar.ConsumerType.Shared
 Earliest = pulsar.InitialPosition.Earliest

@@ -10,14 +10,18 @@ import asyncio
 import itertools
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pulsar = pytest.importorskip("pulsar")
 import pulsar.asyncio  # noqa: E402
 
 from nacktracker import ManualClock  # noqa: E402
-from nacktracker.consumer import ReceiveTimeout, TrackedConsumer  # noqa: E402
-from nacktracker.consumer import ConsumerOptions  # noqa: E402
+from nacktracker.consumer import (  # noqa: E402
+    ConsumerOptions,  # noqa: E402
+    ReceiveTimeout,
+    TrackedConsumer,
+)
 from nacktracker.errors import DeadLetterError, LetterInFlightError  # noqa: E402
 from test_consumer_shell import FakeBroker, FakeConsumer, FakeId, settle  # noqa: E402
 from test_dead_letters import FakeClient  # noqa: E402

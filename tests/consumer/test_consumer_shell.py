@@ -18,8 +18,11 @@ pulsar = pytest.importorskip("pulsar")
 import pulsar.asyncio  # noqa: E402
 
 from nacktracker import FixedBackoff, ManualClock, MessageKey  # noqa: E402
-from nacktracker.consumer import ReceiveTimeout, TrackedConsumer  # noqa: E402
-from nacktracker.consumer import ConsumerOptions  # noqa: E402
+from nacktracker.consumer import (  # noqa: E402
+    ConsumerOptions,  # noqa: E402
+    ReceiveTimeout,
+    TrackedConsumer,
+)
 
 TOPIC = "persistent://public/default/fake"
 
@@ -630,8 +633,9 @@ class FakeRawConsumer:
         self.mode = mode
 
     def _answer(self, callback, *args):
-        import _pulsar
         import threading
+
+        import _pulsar
         if self.mode == "later":
             threading.Timer(0.01, callback, (_pulsar.Result.Ok, *args)).start()
         else:
@@ -647,6 +651,7 @@ class FakeRawConsumer:
 @pytest.mark.parametrize("mode", ["now", "later", "fail"])
 async def test_direct_calls_take_an_answer_at_once_or_through_a_future(mode):
     import pulsar.asyncio
+
     from nacktracker.consumer.direct import DirectConsumer, ReceivedMessage
 
     direct = DirectConsumer.of(pulsar.asyncio.Consumer(FakeRawConsumer(mode), "schema"))

@@ -15,8 +15,14 @@ import pulsar.asyncio  # noqa: E402
 import pulsar.schema  # noqa: E402
 
 from nacktracker.consumer.letters.publisher import (  # noqa: E402
-    PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_REAL_SUBSCRIPTION, PROPERTY_REAL_TOPIC, DeadLetterError,
-    DeadLetterPublisher, DeadLetterPublisherClosed, dead_letter_topic)
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_REAL_SUBSCRIPTION,
+    PROPERTY_REAL_TOPIC,
+    DeadLetterError,
+    DeadLetterPublisher,
+    DeadLetterPublisherClosed,
+    dead_letter_topic,
+)
 
 Shared = pulsar.ConsumerType.Shared
 Earliest = pulsar.InitialPosition.Earliest

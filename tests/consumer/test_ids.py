@@ -3,7 +3,8 @@ received them from, from the id's own fields and what the consumer knows. Pure; 
 
 from __future__ import annotations
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from nacktracker import MessageKey
 from nacktracker.consumer.ids import MAX_LEDGERS, BareIds, names_several_topics

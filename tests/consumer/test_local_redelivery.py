@@ -199,9 +199,12 @@ test_the_local_adapter_matches_its_model = LocalAdapterMachine.TestCase
 
 pulsar = pytest.importorskip("pulsar")
 
-from nacktracker.consumer import NotReceivedError, ReceiveTimeout, TrackedConsumer  # noqa: E402
-from nacktracker.consumer import ConsumerOptions  # noqa: E402
-
+from nacktracker.consumer import (  # noqa: E402
+    ConsumerOptions,  # noqa: E402
+    NotReceivedError,
+    ReceiveTimeout,
+    TrackedConsumer,
+)
 from test_consumer_shell import TOPIC, FakeConsumer, FakeMessage, settle  # noqa: E402
 
 

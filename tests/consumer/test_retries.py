@@ -8,13 +8,23 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from nacktracker import MultiplierBackoff
 from nacktracker.consumer.counts import DeliveryCounts
-from nacktracker.consumer.letters.java import (base_topic, check_letter_properties, full_topic_name, is_retry_topic,
-                                                read_property, retry_dead_letter_topic, retry_due_wall_ms,
-                                                retry_letter_topic, retry_properties, terminal_properties)
+from nacktracker.consumer.letters.java import (
+    base_topic,
+    check_letter_properties,
+    full_topic_name,
+    is_retry_topic,
+    read_property,
+    retry_dead_letter_topic,
+    retry_due_wall_ms,
+    retry_letter_topic,
+    retry_properties,
+    terminal_properties,
+)
 from nacktracker.errors import PropertyError
 from nacktracker.keys import MessageKey
 
@@ -388,8 +398,9 @@ async def test_ack_timeouts_count_for_max_redeliveries_then_dead_letter(client, 
 async def test_a_broker_restart_in_a_poison_loop_does_not_reset_its_count(own_broker, topic, tmp_path):
     """max_redeliveries=3: the message is delivered 1 + 3 times, then dead-lettered, although the
     broker restarts after its second redelivery (its own count starts again from 0)."""
-    import nacktracker
     import pulsar.asyncio
+
+    import nacktracker
 
     broker = own_broker().start()
     t = topic("poison")
@@ -428,8 +439,9 @@ async def test_a_consumer_restart_on_its_snapshot_keeps_the_count(own_broker, to
     the broker restarts (its count resets), a new consumer starts on the snapshot: the third nack's
     redelivery (the restored tracker's, or the broker's resend when it fell due while all was down),
     then the dead-letter topic."""
-    import nacktracker
     import pulsar.asyncio
+
+    import nacktracker
 
     broker = own_broker().start()
     t = topic("poison-snap")

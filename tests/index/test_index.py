@@ -16,10 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyroaring import BitMap, BitMap64
 
-from profiler_hooks import locals_reader
-from nacktracker import DictIndex, HeapIndex, TimeBucketIndex
-from nacktracker import precision
+from nacktracker import DictIndex, HeapIndex, TimeBucketIndex, precision
 from nacktracker.precision import Precision
+from profiler_hooks import locals_reader
 
 ALL = (TimeBucketIndex, DictIndex, HeapIndex)
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,11 +17,22 @@ from pyroaring import BitMap, BitMap64
 
 from nacktracker import DictIndex, TimeBucketIndex
 from nacktracker.index import _live, _windows, layout
-from nacktracker.index._windows import SMALL_WINDOW, Windows
 from nacktracker.index._ledgers import NO_EXTS, NO_SLOTS
 from nacktracker.index._live import NO_GHOSTS, NO_MULTI
-from nacktracker.index.layout import (Layout, LISTED, LISTING, LIVE_ENTRY_BITS, LIVE_SLOT_BITS, NO_CELLS, NO_KEYS, NO_PACKED,
-                                      NO_SEGMENTS, PROMOTE, SEGMENT)
+from nacktracker.index._windows import SMALL_WINDOW, Windows
+from nacktracker.index.layout import (
+    LISTED,
+    LISTING,
+    LIVE_ENTRY_BITS,
+    LIVE_SLOT_BITS,
+    NO_CELLS,
+    NO_KEYS,
+    NO_PACKED,
+    NO_SEGMENTS,
+    PROMOTE,
+    SEGMENT,
+    Layout,
+)
 
 ledgers = st.sampled_from([1, 2, 7, 2**40 + 3])
 # around the live bitmap's narrow bound (2^22) and 32 bits, and the largest id

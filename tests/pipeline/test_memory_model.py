@@ -12,9 +12,9 @@ from nacktracker import ManualClock, MessageKey, NegativeAcksTracker, TimeBucket
 from nacktracker.adapters import MemoryAdapter
 from nacktracker.index.layout import LISTED, LISTING
 from nacktracker.pipeline.calibration import calibration_build, live_replay, measure_index_costs, synthetic_nacks
+from nacktracker.pipeline.memory_experiment import workload
 from nacktracker.pipeline.memory_model import IndexCosts, array_bytes, index_state
 from nacktracker.pipeline.pending import analyse_consumer
-from nacktracker.pipeline.memory_experiment import workload
 
 
 @pytest.fixture(scope="module")

@@ -20,12 +20,18 @@ import pyarrow.parquet as pq
 import pytest
 
 from nacktracker import DictIndex, TimeBucketIndex
-from nacktracker.events import (BadValueError, ColumnTypeError, EmptyTraceError, EventLogWriter,
-                                MissingColumnError, NackEvent, TraceError)
+from nacktracker.events import (
+    BadValueError,
+    ColumnTypeError,
+    EmptyTraceError,
+    EventLogWriter,
+    MissingColumnError,
+    NackEvent,
+    TraceError,
+)
 from nacktracker.pipeline.memory_model import IndexCosts
 from nacktracker.pipeline.pending import analyse_rows, quantile
 from nacktracker.pipeline.plan import measured_costs, recommend
-
 from pipeline_helpers import nacks_by_consumer, replay
 
 ROOT = Path(__file__).resolve().parents[2]

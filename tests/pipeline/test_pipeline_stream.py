@@ -11,7 +11,6 @@ import pytest
 from nacktracker.pipeline.pending import SCALAR_COLUMNS, Grid, analyse_group
 from nacktracker.pipeline.plan import measured_costs
 from nacktracker.pipeline.stream import ConsumerStream
-
 from pipeline_helpers import replay
 
 T0 = 1_700_000_000_000

@@ -13,9 +13,21 @@ import pytest
 
 from nacktracker import ManualClock, MessageKey, NegativeAcksTracker
 from nacktracker.adapters import MemoryAdapter
-from nacktracker.events import (COLUMNS, KINDS, REQUIRED_COLUMNS, BadValueError, ColumnTypeError,
-                                EmptyTraceError, EventLogWriter, MissingColumnError, NackEvent, TraceError,
-                                arrow_schema, check_schema, validate_table)
+from nacktracker.events import (
+    COLUMNS,
+    KINDS,
+    REQUIRED_COLUMNS,
+    BadValueError,
+    ColumnTypeError,
+    EmptyTraceError,
+    EventLogWriter,
+    MissingColumnError,
+    NackEvent,
+    TraceError,
+    arrow_schema,
+    check_schema,
+    validate_table,
+)
 
 T0 = 1_700_000_000_000
 

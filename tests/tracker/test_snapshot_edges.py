@@ -16,7 +16,6 @@ from pyroaring import BitMap, BitMap64
 from nacktracker import ManualClock, MessageKey, NegativeAcksTracker
 from nacktracker import snapshot as snap
 from nacktracker.adapters import MemoryAdapter
-
 from test_snapshot import assert_refused, good, reseal  # noqa: F401 (good: a fixture)
 
 MAX_ID = 2**63 - 1

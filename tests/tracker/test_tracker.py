@@ -11,8 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nacktracker import (FixedBackoff, ManualClock, MessageKey, MultiplierBackoff, NegativeAcksTracker,
-                         TrackerClosedError)
+from nacktracker import (
+    FixedBackoff,
+    ManualClock,
+    MessageKey,
+    MultiplierBackoff,
+    NegativeAcksTracker,
+    TrackerClosedError,
+)
 from nacktracker.adapters import AdapterError, MemoryAdapter
 
 

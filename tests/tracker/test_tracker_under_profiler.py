@@ -15,11 +15,11 @@ import random
 import sys
 
 import pytest
-from profiler_hooks import locals_reader
 
 import nacktracker
 from nacktracker import ManualClock, MessageKey, NegativeAcksTracker
 from nacktracker.adapters import MemoryAdapter
+from profiler_hooks import locals_reader
 
 PACKAGE_DIR = os.path.dirname(nacktracker.__file__)
 

@@ -14,8 +14,16 @@ import pulsar
 import pulsar.asyncio
 
 import nacktracker
-from nacktracker import (ConsumerClosed, NacktrackerError, NegativeAcksTracker, ReceiveTimeout, SnapshotError,
-                         TrackedConsumer, TrackerStats, subscribe)
+from nacktracker import (
+    ConsumerClosed,
+    NacktrackerError,
+    NegativeAcksTracker,
+    ReceiveTimeout,
+    SnapshotError,
+    TrackedConsumer,
+    TrackerStats,
+    subscribe,
+)
 from nacktracker.adapters import MemoryAdapter
 from nacktracker.consumer import subscribe as consumer_subscribe
 from nacktracker.errors import DeadLetterError, NotReceivedError, TrackerClosedError

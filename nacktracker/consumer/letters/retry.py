@@ -17,9 +17,8 @@ from typing import Any, Callable, Mapping, Optional
 
 from ..._checks import check_client_delay
 from ...errors import PropertyError
+from .java import is_retry_topic, reconsume_times, retry_due_wall_ms, retry_properties, terminal_properties
 from .publisher import DeadLetterPublisher, java_message_id
-from .java import (is_retry_topic, reconsume_times, retry_due_wall_ms, retry_properties,
-                            terminal_properties)
 
 __all__ = ["RetryLetters", "TerminalDeadLetters", "RETRY_LEAD_MS"]
 

@@ -29,8 +29,12 @@ pulsar = pytest.importorskip("pulsar")
 import pulsar.asyncio  # noqa: E402
 
 import nacktracker  # noqa: E402
-from nacktracker.consumer import (PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_REAL_SUBSCRIPTION,  # noqa: E402
-                                  PROPERTY_REAL_TOPIC, ReceiveTimeout)
+from nacktracker.consumer import (  # noqa: E402
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_REAL_SUBSCRIPTION,
+    PROPERTY_REAL_TOPIC,
+    ReceiveTimeout,
+)
 
 pytestmark = pytest.mark.broker
 
