@@ -5,7 +5,7 @@
 Each reach is put in one of three kinds:
 
 * ``own``: into one of nacktracker's own objects (what the layer rules keep small);
-* ``third-party``: into pulsar-client's or PySpark's internals (no public way: each says why where it is);
+* ``third-party``: into pulsar-client's, PySpark's or asyncio's internals (no public way: each says why where it is);
 * ``api``: the public API of a namedtuple or an enum, spelled with an underscore (``_replace``, ``_value_``).
 """
 
@@ -18,8 +18,10 @@ from pathlib import Path
 
 #: Underscore names that are public API (namedtuple, enum).
 API = {"_replace", "_asdict", "_fields", "_make", "_value_", "_name_"}
-#: Private names of other packages' objects that nacktracker reads (pulsar-client's wrappers, PySpark).
-THIRD_PARTY = {"_consumer", "_schema", "_message", "_msg_id", "_client", "_gateway", "_jvm", "_collect_as_arrow"}
+#: Private names of other packages' objects that nacktracker reads (pulsar-client's wrappers, PySpark, and
+#: asyncio's loop recording the thread that runs it: the tracker's add reads it instead of a getpid() per call).
+THIRD_PARTY = {"_consumer", "_schema", "_message", "_msg_id", "_client", "_gateway", "_jvm", "_collect_as_arrow",
+               "_thread_id"}
 
 
 def reaches(root: Path) -> list[tuple[str, int, str, str]]:
