@@ -5,6 +5,18 @@ from __future__ import annotations
 import asyncio
 
 
+async def receive_all(consumer, ms=1000):
+    """Everything the consumer surfaces until ``ms`` pass without a message."""
+    from nacktracker.consumer import ReceiveTimeout
+
+    got = []
+    while True:
+        try:
+            got.append(await consumer.receive(timeout_ms=ms))
+        except ReceiveTimeout:
+            return got
+
+
 async def publish_batch(client, topic, n, prefix=b"b"):
     """``n`` messages in one batch entry."""
     producer = await client.create_producer(topic, batching_enabled=True, batching_max_messages=n,

@@ -17,8 +17,8 @@ pulsar = pytest.importorskip("pulsar")
 import pulsar.asyncio  # noqa: E402
 
 import nacktracker  # noqa: E402
-from broker_helpers import publish_batch  # noqa: E402
-from nacktracker.consumer import PROPERTY_ORIGIN_MESSAGE_ID, ReceiveTimeout  # noqa: E402
+from broker_helpers import publish_batch, receive_all  # noqa: E402
+from nacktracker.consumer import PROPERTY_ORIGIN_MESSAGE_ID  # noqa: E402
 from nacktracker.consumer.letters.publisher import dead_letter_topic  # noqa: E402
 
 pytestmark = pytest.mark.broker
@@ -60,15 +60,6 @@ async def until(condition, timeout_s=20.0, what="condition"):
     while not condition():
         assert now_ms() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.02)
-
-
-async def receive_all(consumer, ms=1000):
-    got = []
-    while True:
-        try:
-            got.append(await consumer.receive(timeout_ms=ms))
-        except ReceiveTimeout:
-            return got
 
 
 async def read_subscription(client, t, subscription, expected, idle_ms=1500):

@@ -23,7 +23,7 @@ pulsar = pytest.importorskip("pulsar")
 import pulsar.asyncio  # noqa: E402
 
 import nacktracker  # noqa: E402
-from broker_helpers import publish_batch, redelivery_errors, settle_before_restart  # noqa: E402
+from broker_helpers import publish_batch, receive_all, redelivery_errors, settle_before_restart  # noqa: E402
 from nacktracker import SnapshotError  # noqa: E402
 from nacktracker.consumer import ReceiveTimeout  # noqa: E402
 from nacktracker.consumer.persist import BATCHES_SUFFIX  # noqa: E402
@@ -84,16 +84,6 @@ async def publish(client, t, n, prefix=b"m"):
     for i in range(n):
         await producer.send(prefix + b"%d" % i)
     await producer.close()
-
-
-async def receive_all(consumer, ms=1200):
-    """Everything the consumer surfaces until ``ms`` pass without a message."""
-    got = []
-    while True:
-        try:
-            got.append(await consumer.receive(timeout_ms=ms))
-        except ReceiveTimeout:
-            return got
 
 
 async def receive_until(consumer, deadline_ms):
