@@ -3,7 +3,7 @@
 * ``apache``: the tests on the session's Apache Pulsar. They spend most of their time waiting
   (redelivery delays, its JVM).
 * ``apache-own``: the tests on Apache Pulsar that start brokers of their own (restarts, kills,
-  the harness's own tests): most of their time is JVM starts.
+  the harness's own tests): most of their time is JVM starts. It starts when ``others`` ends.
 * ``spark``: the Spark and other slow tests (``-m "spark or slow"``): JVM starts, Spark jobs,
   benchmarks' quick runs, wheels built.
 * ``others``: everything else (hypothesis, pulsar-lite, the consumer, docs).
@@ -38,6 +38,9 @@ SESSIONS = {"apache": ["-m", "apache and not own_broker"], "apache-own": ["-m", 
             "spark": ["-m", "not apache and (spark or slow)"], "others": ["-m", "not apache and not spark and not slow"]}
 #: The session printed as it goes (the others' logs follow when all have ended).
 LIVE = "others"
+#: Sessions started when another ends (not beside it): the JVM starts of ``apache-own`` would share the CPU
+#: with the millisecond timing tests of ``others`` (pulsar-lite) otherwise.
+AFTER = {"apache-own": "others"}
 #: Sessions run at a lower CPU priority: throughput work beside the timing tests of the others.
 NICE = {"spark": 19, "apache-own": 10}
 
@@ -58,7 +61,11 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="nacktracker-tests-") as tmp:
         procs: dict[str, subprocess.Popen[bytes]] = {}
 
+        stopping = False
+
         def stop(signum: int, _frame: object) -> None:
+            nonlocal stopping
+            stopping = True  # no session starts after this
             for proc in procs.values():
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
@@ -66,17 +73,27 @@ def main(argv: list[str]) -> int:
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         logs = {name: Path(tmp) / f"{name}.log" for name in SESSIONS if name != LIVE}
-        for name, markers in SESSIONS.items():
+
+        def start(name: str) -> None:
             out = open(logs[name], "wb") if name in logs else None
             try:
                 nice = NICE.get(name, 0)
-                procs[name] = subprocess.Popen([*pytest, *markers, "--basetemp", str(Path(tmp) / name)], cwd=ROOT,
-                                               stdout=out, stderr=subprocess.STDOUT if out else None,
+                procs[name] = subprocess.Popen([*pytest, *SESSIONS[name], "--basetemp", str(Path(tmp) / name)],
+                                               cwd=ROOT, stdout=out, stderr=subprocess.STDOUT if out else None,
                                                preexec_fn=functools.partial(os.nice, nice) if nice else None)
             finally:
                 if out is not None:
                     out.close()  # the child holds its own copy
-        codes = {name: _wait(proc) for name, proc in procs.items()}
+
+        codes: dict[str, int] = {}
+        for name in SESSIONS:
+            if name not in AFTER:
+                start(name)
+        for first, then in ((AFTER[name], name) for name in AFTER):
+            codes[first] = _wait(procs[first])
+            if not stopping:
+                start(then)
+        codes.update({name: _wait(proc) for name, proc in procs.items() if name not in codes})
         for name, log_path in logs.items():
             sys.stdout.write(f"\n-- the {name} session (run side by side with the others) --\n")
             sys.stdout.write(log_path.read_text(errors="replace"))
