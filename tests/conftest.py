@@ -16,6 +16,7 @@ FakeBroker``): every room's folder is on ``sys.path``, whichever runs first.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 import tempfile
@@ -118,6 +119,20 @@ def pytest_collection_modifyitems(config, items):
         if OWN_BROKER_FIXTURES.intersection(item.fixturenames):
             item.add_marker(pytest.mark.own_broker)
     apply_run_settings(items)
+
+
+#: make test's record of failed tests (tools/run_tests.py): one JSON line per failed phase of a test.
+FAILURES_ENV = "NACKTRACKER_TEST_FAILURES"
+
+
+def pytest_runtest_logreport(report):
+    """Under ``make test``: note each failure, and whether the test is marked ``timing`` (a millisecond
+    lateness check: ``make test`` runs such a test again alone if it failed beside the other sessions)."""
+    path = os.environ.get(FAILURES_ENV)
+    if path and report.failed:
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(json.dumps({"nodeid": report.nodeid, "when": report.when,
+                                  "timing": "timing" in report.keywords}) + "\n")
 
 
 @pytest.fixture

@@ -63,6 +63,7 @@ async def test_checks_its_options_and_keys(client, topic):
 # -- end to end -------------------------------------------------------------------
 
 @pytest.mark.broker
+@pytest.mark.timing
 async def test_lone_burst_latency_matches_lead_ms(client, topic, pumps, record_property):
     """Measure the nack path end to end and hold the declared lead to it."""
     t = topic()

@@ -154,6 +154,7 @@ async def test_three_shared_consumers_always_nacking_dead_letter_each_message_ex
 
 # -- partitioned topics (Apache Pulsar) -------------------------------------------------
 
+@pytest.mark.timing
 async def test_partitioned_topic_nacks_come_back_once_on_time(client, topic, session_broker, broker_kind):
     broker = admin_of(session_broker, broker_kind)
     t = partitioned(broker, topic("part"))
@@ -297,6 +298,7 @@ async def test_a_broker_restart_resets_the_brokers_redelivery_count(topic, own_b
 
 # -- Key_Shared ------------------------------------------------------------------------
 
+@pytest.mark.timing
 async def test_key_shared_nacked_messages_come_back_on_time(client, topic, broker_kind):
     if broker_kind == "lite":
         pytest.skip("pulsar-lite redelivers on Key_Shared only one nacked message per key at a time "

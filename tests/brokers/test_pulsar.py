@@ -65,6 +65,7 @@ def entry_of(msg):
 # -- basic redelivery ---------------------------------------------------------------
 
 @pytest.mark.broker
+@pytest.mark.timing
 async def test_nacked_messages_come_back_once_on_time_with_count(client, topic):
     t = topic()
     await publish(client, t, 6)
@@ -447,6 +448,7 @@ async def steady_stream(consumer_receive, nack, ack, n_fresh_needed, period_ms=5
 
 
 @pytest.mark.broker
+@pytest.mark.timing
 async def test_steady_stream_of_nacks_never_postpones_redelivery(client, topic, record_property):
     """A nack every 5 ms for 3 s, 200 ms delay. Ours: redeliveries keep
     arriving during the stream. The built-in tracker (recorded, not asserted):
@@ -791,6 +793,7 @@ async def test_two_consumers_on_one_subscription_records_end_and_copies_elsewher
 
 
 @pytest.mark.broker
+@pytest.mark.timing
 async def test_exact_release_at_bits_0_one_second_delay(client, topic, record_property):
     """300 messages, each nacked for 1000 ms, one every 5 ms (a steady stream),
     precision_bits=0, every redelivery acked on arrival. Copies that arrive

@@ -284,6 +284,7 @@ async def local():
         await h.consumer.close()
 
 
+@pytest.mark.timing
 async def test_a_nacked_message_comes_back_from_memory_exactly_at_its_due_time(local):
     h = local(precision_bits=0)
     m0, m1 = await h.singles(2)

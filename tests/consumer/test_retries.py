@@ -281,6 +281,7 @@ async def drain_topic(client, topic, n, timeout_ms=10_000):
     return out
 
 
+@pytest.mark.timing
 async def test_reconsume_later_surfaces_each_retry_at_its_due_time_then_dead_letters(client, topic):
     import nacktracker
 

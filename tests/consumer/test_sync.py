@@ -131,6 +131,7 @@ async def forty_nacks(consumer: Any) -> list[float]:
     return sorted(late)
 
 
+@pytest.mark.timing
 async def test_forty_nacks_with_their_own_delays_come_back_on_time(face, broker_url, topic):
     """On the sync face as a synchronous program uses it: every call from one thread of the program's
     own (no thread hop per call in the test's harness, which would add its own lateness)."""
@@ -171,6 +172,7 @@ async def test_max_redeliveries_two_is_three_deliveries_then_one_dead_letter(fac
     reader.close()
 
 
+@pytest.mark.timing
 async def test_reconsume_later_comes_back_at_its_time_with_its_count(face, broker_url, topic):
     name = topic("sync-retry")
     consumer = await face(name, "s", enable_retry=True)
@@ -187,6 +189,7 @@ async def test_reconsume_later_comes_back_at_its_time_with_its_count(face, broke
     await consumer.acknowledge(back)
 
 
+@pytest.mark.timing
 async def test_a_steady_stream_of_nacks_does_not_postpone_the_first_redelivery(face, broker_url, topic):
     """A nack every 5-10 ms for 3 s (delay 200 ms) while a receiver takes everything that comes."""
     import pulsar
@@ -234,6 +237,7 @@ async def test_a_steady_stream_of_nacks_does_not_postpone_the_first_redelivery(f
 # -- the sync face alone -----------------------------------------------------------------
 
 
+@pytest.mark.timing
 def test_a_listener_that_nacks_then_acks_gets_every_message_on_time(broker_url, topic, sync_client):
     import pulsar
 
