@@ -42,8 +42,7 @@ def test_the_suite_notes_each_failure_and_whether_it_is_a_timing_test(tmp_path):
         "def test_wrong():\n    assert False\n"
         "def test_fine():\n    pass\n")
     (tmp_path / "conftest.py").write_text(  # the suite's hook, in a suite of its own
-        "import importlib.util, sys\n"
-        f"sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
+        "import importlib.util\n"
         f"spec = importlib.util.spec_from_file_location('suite_conftest', {str(ROOT / 'tests' / 'conftest.py')!r})\n"
         "suite = importlib.util.module_from_spec(spec)\n"
         "spec.loader.exec_module(suite)\n"
@@ -51,7 +50,7 @@ def test_the_suite_notes_each_failure_and_whether_it_is_a_timing_test(tmp_path):
     noted = tmp_path / "failures"
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
                            "-o", "markers=timing: t", str(tmp_path / "test_x.py")], cwd=tmp_path,
-                          env={**os.environ, run_tests.FAILURES_ENV: str(noted)}, capture_output=True, text=True)
+                          env={**os.environ, run_tests.FAILURES_ENV: str(noted), "PYTHONPATH": str(ROOT / "tests")}, capture_output=True, text=True)
     assert done.returncode == 1, done.stdout + done.stderr
     lines = [json.loads(line) for line in noted.read_text().splitlines()]
     assert lines == [{"nodeid": "test_x.py::test_late", "when": "call", "timing": True},
