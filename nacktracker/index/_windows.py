@@ -441,7 +441,7 @@ def _growth_needed(copies: npt.NDArray[np.intp], containers: npt.NDArray[np.intp
 
 #: Bins of a look's first, cheap bound on its fullest cell (:func:`_fullest_bound`): 4,096 counts, 32 KB.
 BOUND_BITS: Final = 12
-#: Segments per step of that bound: 8 of 512 copies, temporaries of 32 KB.
+#: Segments per step of that bound: 8 of 256 copies, temporaries of 16 KB.
 BOUND_PARTS: Final = 8
 #: Fibonacci hashing's multiplier (2^64 / the golden ratio): a cell key times it, its top bits, spread keys over the bins.
 _SPREAD = np.uint64(0x9E3779B97F4A7C15)

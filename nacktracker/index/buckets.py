@@ -16,7 +16,7 @@ dense bursts alike (:mod:`.layout`). Three components own its state:
 * :class:`~._windows.Windows`: windows of ``2^max(bits + 3, 14)`` ms by id,
   in time order (one heap entry per window, not per bucket or per (bucket,
   ledger)); inside a window, sparse copies packed 8 bytes each in
-  ``array('Q')`` segments of 512 (sorted across them in C when the window
+  ``array('Q')`` segments of 256 (sorted across them in C when the window
   comes to the front, dropped whole as its buckets are taken), and dense
   cells (one Roaring bitmap per (bucket, ledger)) for runs of adds to one
   cell, and for the cells a look over a window's sparse copies finds
@@ -361,7 +361,7 @@ class TimeBucketIndex:
         The bulk form of :meth:`pop_due`: no Python object per message.
         Runtime complexity: O(w log w) in C per window reached (one sort
         across its segments the first time; again, merging its unsorted tail,
-        when that tail grows past max(512, w/32)), then O(log w + k) per
+        when that tail grows past max(``layout.SEGMENT``, w/32)), then O(log w + k) per
         bucket taken for its k copies, plus O(c log c) for the c cells taken.
         """
         now_ms = check_int("now_ms", now_ms)

@@ -66,7 +66,7 @@ MIN_OFFSET_BITS: Final = 3
 #: per id in the window's array.
 PROMOTE: Final = 32
 M32: Final = (1 << 32) - 1
-#: A window keeps its sparse copies in segments of about this many (4 KiB):
+#: A window keeps its sparse copies in segments of about this many (2 KiB):
 #: the array appended to is set aside and a new one started once it holds
 #: SEGMENT when a new run of adds starts (``Window.roll``), and segments are
 #: dropped whole as buckets are taken. Windows fill while earlier ones drain;
@@ -74,9 +74,13 @@ M32: Final = (1 << 32) - 1
 #: the C heap was left fragmented: uniform k=3 L=1 1,000/s bits 0 grew 5.8
 #: B/pending of free C heap beside 9.8 in use, and with segments none
 #: (``python -m bench.lab.heap_breakdown '<cell>' 0`` here and in a copy of 4bee518).
+#: 256 rather than 512: the heap keeps less free between segments (RSS per
+#: pending at the grid's median cells, ``index_grid --one``: uniform k=3 L=16
+#: 1,000/s bits 4 15.4 -> 14.2 B, backoff k=3 L=16 1,000/s bits 8 15.7 ->
+#: 14.5, uniform k=3 L=1 100/s bits 4 15.0 -> 13.3; 128 was worse at 10,000/s).
 #: Read as ``layout.SEGMENT`` wherever it is used, so a test can set it here
 #: alone (small segments exercise rolling and taking across segment ends).
-SEGMENT = 512
+SEGMENT = 256
 #: The live bitmap ("pending anywhere") starts as a 32-bit ``BitMap`` of
 #: ``slot << LIVE_ENTRY_BITS | entry``: it holds the ids of ledger slots below
 #: 2^LIVE_SLOT_BITS (1,024 ledgers pending at once) with entry ids below
