@@ -27,6 +27,7 @@ from .layout import (
     NO_KEYS,
     NO_PACKED,
     NO_SEGMENTS,
+    PACKED,
     SCAN_PER_CELL,
     SCAN_SEGMENTS,
     Cell,
@@ -255,7 +256,7 @@ class Windows:
         per-call cost would dominate), numpy for a long one."""
         lay, packed = self.lay, w.packed
         if not w.spill and len(packed) <= 64:
-            got, keep, low = array.array("Q"), array.array("Q"), Window.NO_TAIL
+            got, keep, low = array.array(PACKED), array.array(PACKED), Window.NO_TAIL
             for v in packed:
                 o = lay.offset_of(v)
                 if o == off:

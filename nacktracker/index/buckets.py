@@ -55,6 +55,7 @@ from .layout import (
     NO_CELLS,
     NO_PACKED,
     NO_WINDOW,
+    PACKED,
     PROMOTE,
     WIDE_LIVE_SHIFT,
     Cell,
@@ -261,12 +262,12 @@ class TimeBucketIndex:
         the current one is full (and the window's look when it is due), a
         first one in place of the shared empty."""
         if w.packed is NO_PACKED:
-            w.packed = array.array("Q")
+            w.packed = array.array(PACKED)
             return w.packed
         packed = w.roll()
         if len(w.full) >= w.scan_at and not w.opened:
             self._scan(w)
-            packed = w.packed = array.array("Q")
+            packed = w.packed = array.array(PACKED)
         return packed
 
     def add_many(self, ledger_id: int, entry_ids: Iterable[int], due_ms: int) -> None:
@@ -605,12 +606,12 @@ class TimeBucketIndex:
         self._hot_bucket, self._hot_slot, self._hot_win, self._hot_off = bucket, slot, w, off
         if cell is None:
             if w.packed is NO_PACKED:
-                w.packed = array.array("Q")
+                w.packed = array.array(PACKED)
             elif len(w.packed) >= layout.SEGMENT:
                 w.roll()
                 if len(w.full) >= w.scan_at and not w.opened:
                     self._scan(w)  # resets the fast path: set again below
-                    w.packed = array.array("Q")
+                    w.packed = array.array(PACKED)
                     self._hot_bucket, self._hot_slot, self._hot_win, self._hot_off = bucket, slot, w, off
                     cell = w.dense.get(off << 32 | slot)  # the look may have made the cell a bitmap
         self._hot_lid = self._ledgers.lid[slot]  # type: ignore[assignment]  # a slot in use holds its ledger id
