@@ -16,7 +16,7 @@ dense bursts alike (:mod:`.layout`). Three components own its state:
 * :class:`~._windows.Windows`: windows of ``2^max(bits + 3, 14)`` ms by id,
   in time order (one heap entry per window, not per bucket or per (bucket,
   ledger)); inside a window, sparse copies packed 8 bytes each in
-  ``array('Q')`` segments of 256 (sorted across them in C when the window
+  8-byte ``array`` segments of 256 (sorted across them in C when the window
   comes to the front, dropped whole as its buckets are taken), and dense
   cells (one Roaring bitmap per (bucket, ledger)) for runs of adds to one
   cell, and for the cells a look over a window's sparse copies finds

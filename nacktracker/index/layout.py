@@ -7,8 +7,8 @@ pieces with the functions below, and the planner's memory model
 a trace with them, so a layout change shows up in both at once.
 
 A *window* covers ``2^max(bits + 3, 14)`` ms of bucket times. It holds the
-*sparse* copies of its messages packed 8 bytes each in ``array('Q')``
-segments of :data:`SEGMENT` (``offset | ledger slot | entry id``, see
+*sparse* copies of its messages packed 8 bytes each in ``array``
+segments (:data:`PACKED`) of :data:`SEGMENT` (``offset | ledger slot | entry id``, see
 :class:`Layout`), and the *dense* cells, a Roaring bitmap per ``(bucket,
 ledger)``, for cells that received a run of :data:`PROMOTE` adds in a row,
 hold 64-bit entry ids, or are being fired. An index-wide "pending anywhere"
@@ -201,7 +201,7 @@ NO_SEGMENTS: Final[list[array.array[int]]] = []
 class Window:
     """One time window: packed sparse copies plus dense cells.
 
-    Sparse copies sit in *segments*: ``array('Q')`` of about
+    Sparse copies sit in *segments*: ``array(PACKED)`` of about
     :data:`SEGMENT` values each (``full``), plus ``packed``, the array
     being appended to. Before the window reaches the front of the time order
     (``opened`` false) they are in arrival order, and ``packed`` becomes a
