@@ -260,6 +260,9 @@ class NegativeAcksTracker:
         if not (type(ledger) is int and type(entry) is int and type(partition) is int and type(batch) is int
                 and not (ledger | entry | (partition + 1) | (batch + 1)) >> 63 and (topic is None or type(topic) is str)):
             return self._add(message_id, delay_ms, redelivery_count)
+        most = self.max_redeliveries
+        if most is not None and most <= 0:  # count 0 dead-lettered (a limit set below 1 after construction)
+            return self._add(message_id, delay_ms, redelivery_count)
         if delay_ms is not None:
             delay = delay_ms if type(delay_ms) is int and delay_ms >= 0 else check_delay_ms("delay_ms", delay_ms)
         elif self._backoff is not None:
@@ -269,7 +272,7 @@ class NegativeAcksTracker:
         own = self._own_loop
         if own is None or own._thread_id != get_ident():  # type: ignore[attr-defined]
             self._check_thread()  # O(1); not asyncio's own loop, not bound yet, or not this loop's thread
-        # count 0 is never dead-lettered (max_redeliveries >= 1); the rest is _schedule's, inline
+        # the rest is _schedule's, inline
         clock = self._clock if self._clock is not None else self._clk  # (the property raises when unbound)
         now = _ceil(clock.now_ms())
         due = now + delay

@@ -1435,3 +1435,12 @@ async def test_keys_add_s_inline_test_refuses_raise_as_before(key, error):
         tracker.add(key)
     assert tracker.pending == 0 and tracker.next_fire_ms() is None
     await tracker.close()
+
+
+async def test_a_limit_set_below_one_after_construction_dead_letters_a_first_nack_as_before():
+    dead = []
+    tracker, _, _ = make(max_redeliveries=3, on_dead_letter=dead.append)
+    assert tracker.add(K(1)) is not None and tracker.pending == 1
+    tracker.max_redeliveries = 0
+    assert tracker.add(K(2)) is None and dead == [K(2)] and tracker.pending == 1
+    await tracker.close()
