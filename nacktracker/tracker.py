@@ -220,6 +220,8 @@ class NegativeAcksTracker:
         self._next_slot = 0
         self._timer: Optional[TimerHandle] = None
         self._timer_at: Optional[int] = None
+        self._timer_limit: Optional[int] = None  # the armed time plus the lead: see _arm
+        self._timer_lead = 0  # the lead of _timer_limit
         self._retry_timer: Optional[TimerHandle] = None
         self._retry_streak = 0
         self._outbox: deque[list[MessageKey]] = deque()
@@ -249,6 +251,50 @@ class NegativeAcksTracker:
         ``RuntimeError`` (use :meth:`add_threadsafe`). Never blocks.
         Runtime complexity: O(1) amortised.
         """
+        # The common call (a valid MessageKey, its own count) runs inline, _schedule's steps included: each
+        # call and check saved is a share of an add's budget. Anything else takes _add, the general path.
+        if type(message_id) is not MessageKey or redelivery_count is not None or self._closed:
+            return self._add(message_id, delay_ms, redelivery_count)
+        ledger, entry, partition, batch, topic = message_id  # key_of's test of a MessageKey, inline
+        # ints, ids in [0, 2^63), partition and batch index in [-1, 2^63 - 1) (the largest takes _add's path)
+        if not (type(ledger) is int and type(entry) is int and type(partition) is int and type(batch) is int
+                and not (ledger | entry | (partition + 1) | (batch + 1)) >> 63 and (topic is None or type(topic) is str)):
+            return self._add(message_id, delay_ms, redelivery_count)
+        most = self.max_redeliveries
+        if most is not None and most <= 0:  # count 0 dead-lettered (a limit set below 1 after construction)
+            return self._add(message_id, delay_ms, redelivery_count)
+        if delay_ms is not None:
+            delay = delay_ms if type(delay_ms) is int and delay_ms >= 0 else check_delay_ms("delay_ms", delay_ms)
+        elif self._backoff is not None:
+            delay = check_delay_ms("backoff result", self._backoff(0))
+        else:
+            delay = self._delay_ms
+        own = self._own_loop
+        if own is None or own._thread_id != get_ident():  # type: ignore[attr-defined]
+            self._check_thread()  # O(1); not asyncio's own loop, not bound yet, or not this loop's thread
+        # the rest is _schedule's, inline
+        clock = self._clock if self._clock is not None else self._clk  # (the property raises when unbound)
+        now = _ceil(clock.now_ms())
+        due = now + delay
+        if due > MAX_DUE:
+            raise ValueError(f"delay_ms {delay} is too large")
+        topics = self._slots.get((partition, ledger))
+        slot = None if topics is None else topics.get(topic)
+        if slot is None:
+            slot = self._slot(message_id, create=True)
+        self._index.add(slot, entry, due)
+        self._nacks += 1
+        bucket = (due + self._bucket_add) & self._bucket_mask  # Precision.bucket
+        lead = getattr(self.adapter, "lead_ms", 0) or 0  # read at every add (see _lead): it may be learned
+        limit = self._timer_limit
+        if limit is None or bucket < limit or lead != self._timer_lead or type(lead) is not int:
+            self._rearm(bucket, now)  # an earlier fire, maybe (else nothing to do: no per-add timer work)
+        if self._on_event is not None:
+            self._emit("nack", message_id, delay, 0)
+        return due
+
+    def _add(self, message_id: Any, delay_ms: Optional[float], redelivery_count: Optional[int]) -> Optional[int]:
+        """:meth:`add`'s general path: any id, an explicit count, dead letters, a closed tracker."""
         if self._closed:
             raise TrackerClosedError("tracker is closed")
         key, own_count = key_of(message_id)
@@ -488,7 +534,7 @@ class NegativeAcksTracker:
                 self._release(slot)
         nxt = self._index.next_due_ms()
         if nxt is not None:
-            self._arm(nxt - self._lead)
+            self._arm(nxt - self._lead, nxt)
 
     def save(self, path: Any) -> None:
         """Write :meth:`snapshot` to ``path`` atomically (temp file in the same
@@ -516,7 +562,7 @@ class NegativeAcksTracker:
             return
         self._closed = True
         self._cancel(self._timer)
-        self._timer = self._timer_at = None
+        self._timer = self._timer_at = self._timer_limit = None
         self._cancel(self._retry_timer)
         self._retry_timer = None
         if self._sending is not None:
@@ -593,28 +639,42 @@ class NegativeAcksTracker:
             slot = self._slot(key, create=True)
         self._index.add(slot, key[1], due)
         self._nacks += 1
-        armed = self._timer_at
-        # Re-arm only for an earlier fire, and not when the armed one is due already: it runs at the loop's
-        # next iteration and takes every bucket due within the lead (nacks inside the lead window ride along)
-        if armed is None or armed > now:
-            lead = getattr(self.adapter, "lead_ms", 0) or 0
-            if type(lead) is not int or lead != self._lead_ok:  # changed (or invalid): _lead checks it
-                lead = self._lead
-            fire = ((due + self._bucket_add) & self._bucket_mask) - lead  # Precision.bucket
-            if not self._closed and (armed is None or fire < armed):
-                self._arm(fire)
+        bucket = (due + self._bucket_add) & self._bucket_mask  # Precision.bucket
+        lead = getattr(self.adapter, "lead_ms", 0) or 0
+        limit = self._timer_limit
+        if limit is None or bucket < limit or lead != self._timer_lead or type(lead) is not int:
+            self._rearm(bucket, now)
         if self._on_event is not None:
             self._emit("nack", key, delay, count)
         return due
 
-    def _arm(self, fire_ms: int) -> None:
+    def _rearm(self, bucket: int, now: int) -> None:
+        """An add into ``bucket`` that may pull the timer earlier: one earlier than the timer's limit, or
+        the adapter's lead changed, or nothing is armed. Re-arms for an earlier fire, and not when the armed
+        one is due already (it runs at the loop's next iteration and takes every bucket due within the
+        lead: nacks inside the lead window ride along)."""
+        armed = self._timer_at
+        if armed is not None and armed <= now:
+            return
+        lead = self._lead
+        if self._closed:
+            return
+        if armed is not None:
+            self._timer_limit, self._timer_lead = armed + lead, lead  # the lead now: a bucket below fires earlier
+            if bucket - lead >= armed:
+                return
+        self._arm(bucket - lead, bucket)
+
+    def _arm(self, fire_ms: int, bucket: int) -> None:
+        """Arm the timer at ``fire_ms``: ``bucket`` less the adapter's lead now."""
         self._cancel(self._timer)
-        self._timer_at = fire_ms
+        # add's one test: a bucket below _timer_limit fires earlier, while the lead stays _timer_lead
+        self._timer_at, self._timer_limit, self._timer_lead = fire_ms, bucket, bucket - fire_ms
         self._timer = self._clk.call_at(fire_ms, self._on_timer)
 
     def _on_timer(self) -> None:
         armed = self._timer_at
-        self._timer = self._timer_at = None
+        self._timer = self._timer_at = self._timer_limit = None
         if self._closed:
             return
         now = self._clk.now_ms()
@@ -628,7 +688,7 @@ class NegativeAcksTracker:
         self._kick()
         nxt = self._index.next_due_ms()
         if nxt is not None:
-            self._arm(nxt - lead)
+            self._arm(nxt - lead, nxt)
 
     def _collect(self, horizon_ms: float, now: float) -> None:
         """Pop every bucket due by ``horizon_ms`` into the outbox."""

@@ -27,6 +27,7 @@ from .layout import (
     NO_KEYS,
     NO_PACKED,
     NO_SEGMENTS,
+    PACKED,
     SCAN_PER_CELL,
     SCAN_SEGMENTS,
     Cell,
@@ -255,7 +256,7 @@ class Windows:
         per-call cost would dominate), numpy for a long one."""
         lay, packed = self.lay, w.packed
         if not w.spill and len(packed) <= 64:
-            got, keep, low = array.array("Q"), array.array("Q"), Window.NO_TAIL
+            got, keep, low = array.array(PACKED), array.array(PACKED), Window.NO_TAIL
             for v in packed:
                 o = lay.offset_of(v)
                 if o == off:
@@ -441,7 +442,7 @@ def _growth_needed(copies: npt.NDArray[np.intp], containers: npt.NDArray[np.intp
 
 #: Bins of a look's first, cheap bound on its fullest cell (:func:`_fullest_bound`): 4,096 counts, 32 KB.
 BOUND_BITS: Final = 12
-#: Segments per step of that bound: 8 of 512 copies, temporaries of 32 KB.
+#: Segments per step of that bound: 8 of 256 copies, temporaries of 16 KB.
 BOUND_PARTS: Final = 8
 #: Fibonacci hashing's multiplier (2^64 / the golden ratio): a cell key times it, its top bits, spread keys over the bins.
 _SPREAD = np.uint64(0x9E3779B97F4A7C15)

@@ -16,7 +16,7 @@ dense bursts alike (:mod:`.layout`). Three components own its state:
 * :class:`~._windows.Windows`: windows of ``2^max(bits + 3, 14)`` ms by id,
   in time order (one heap entry per window, not per bucket or per (bucket,
   ledger)); inside a window, sparse copies packed 8 bytes each in
-  ``array('Q')`` segments of 512 (sorted across them in C when the window
+  8-byte ``array`` segments of 256 (sorted across them in C when the window
   comes to the front, dropped whole as its buckets are taken), and dense
   cells (one Roaring bitmap per (bucket, ledger)) for runs of adds to one
   cell, and for the cells a look over a window's sparse copies finds
@@ -55,6 +55,7 @@ from .layout import (
     NO_CELLS,
     NO_PACKED,
     NO_WINDOW,
+    PACKED,
     PROMOTE,
     WIDE_LIVE_SHIFT,
     Cell,
@@ -261,12 +262,12 @@ class TimeBucketIndex:
         the current one is full (and the window's look when it is due), a
         first one in place of the shared empty."""
         if w.packed is NO_PACKED:
-            w.packed = array.array("Q")
+            w.packed = array.array(PACKED)
             return w.packed
         packed = w.roll()
         if len(w.full) >= w.scan_at and not w.opened:
             self._scan(w)
-            packed = w.packed = array.array("Q")
+            packed = w.packed = array.array(PACKED)
         return packed
 
     def add_many(self, ledger_id: int, entry_ids: Iterable[int], due_ms: int) -> None:
@@ -361,7 +362,7 @@ class TimeBucketIndex:
         The bulk form of :meth:`pop_due`: no Python object per message.
         Runtime complexity: O(w log w) in C per window reached (one sort
         across its segments the first time; again, merging its unsorted tail,
-        when that tail grows past max(512, w/32)), then O(log w + k) per
+        when that tail grows past max(``layout.SEGMENT``, w/32)), then O(log w + k) per
         bucket taken for its k copies, plus O(c log c) for the c cells taken.
         """
         now_ms = check_int("now_ms", now_ms)
@@ -605,12 +606,12 @@ class TimeBucketIndex:
         self._hot_bucket, self._hot_slot, self._hot_win, self._hot_off = bucket, slot, w, off
         if cell is None:
             if w.packed is NO_PACKED:
-                w.packed = array.array("Q")
+                w.packed = array.array(PACKED)
             elif len(w.packed) >= layout.SEGMENT:
                 w.roll()
                 if len(w.full) >= w.scan_at and not w.opened:
                     self._scan(w)  # resets the fast path: set again below
-                    w.packed = array.array("Q")
+                    w.packed = array.array(PACKED)
                     self._hot_bucket, self._hot_slot, self._hot_win, self._hot_off = bucket, slot, w, off
                     cell = w.dense.get(off << 32 | slot)  # the look may have made the cell a bitmap
         self._hot_lid = self._ledgers.lid[slot]  # type: ignore[assignment]  # a slot in use holds its ledger id

@@ -7,8 +7,8 @@ pieces with the functions below, and the planner's memory model
 a trace with them, so a layout change shows up in both at once.
 
 A *window* covers ``2^max(bits + 3, 14)`` ms of bucket times. It holds the
-*sparse* copies of its messages packed 8 bytes each in ``array('Q')``
-segments of :data:`SEGMENT` (``offset | ledger slot | entry id``, see
+*sparse* copies of its messages packed 8 bytes each in ``array``
+segments (:data:`PACKED`) of :data:`SEGMENT` (``offset | ledger slot | entry id``, see
 :class:`Layout`), and the *dense* cells, a Roaring bitmap per ``(bucket,
 ledger)``, for cells that received a run of :data:`PROMOTE` adds in a row,
 hold 64-bit entry ids, or are being fired. An index-wide "pending anywhere"
@@ -38,7 +38,7 @@ from pyroaring import BitMap, BitMap64
 
 __all__ = [
     "WINDOW_BITS", "MIN_OFFSET_BITS", "PROMOTE", "SEGMENT", "LIVE_ENTRY_BITS", "LIVE_SLOT_BITS", "WIDE_LIVE_SHIFT",
-    "COMPACT_CHURN", "SCAN_SEGMENTS", "SCAN_PER_CELL", "LISTED", "LISTING", "SMALL_INT", "COUNTER_INTS", "BITMAP64_EMPTY",
+    "PACKED", "COMPACT_CHURN", "SCAN_SEGMENTS", "SCAN_PER_CELL", "LISTED", "LISTING", "SMALL_INT", "COUNTER_INTS", "BITMAP64_EMPTY",
     "Layout", "Window", "LedgerExt", "Ghost", "Cell", "U64Array",
     "held", "held_size", "malloc_bytes", "roaring_bytes", "window_bytes", "ledger_record_bytes", "time_order_bytes",
 ]
@@ -66,7 +66,7 @@ MIN_OFFSET_BITS: Final = 3
 #: per id in the window's array.
 PROMOTE: Final = 32
 M32: Final = (1 << 32) - 1
-#: A window keeps its sparse copies in segments of about this many (4 KiB):
+#: A window keeps its sparse copies in segments of about this many (2 KiB):
 #: the array appended to is set aside and a new one started once it holds
 #: SEGMENT when a new run of adds starts (``Window.roll``), and segments are
 #: dropped whole as buckets are taken. Windows fill while earlier ones drain;
@@ -74,9 +74,13 @@ M32: Final = (1 << 32) - 1
 #: the C heap was left fragmented: uniform k=3 L=1 1,000/s bits 0 grew 5.8
 #: B/pending of free C heap beside 9.8 in use, and with segments none
 #: (``python -m bench.lab.heap_breakdown '<cell>' 0`` here and in a copy of 4bee518).
+#: 256 rather than 512: the heap keeps less free between segments (RSS per
+#: pending at the grid's median cells, ``index_grid --one``: uniform k=3 L=16
+#: 1,000/s bits 4 15.4 -> 14.2 B, backoff k=3 L=16 1,000/s bits 8 15.7 ->
+#: 14.5, uniform k=3 L=1 100/s bits 4 15.0 -> 13.3; 128 was worse at 10,000/s).
 #: Read as ``layout.SEGMENT`` wherever it is used, so a test can set it here
 #: alone (small segments exercise rolling and taking across segment ends).
-SEGMENT = 512
+SEGMENT = 256
 #: The live bitmap ("pending anywhere") starts as a 32-bit ``BitMap`` of
 #: ``slot << LIVE_ENTRY_BITS | entry``: it holds the ids of ledger slots below
 #: 2^LIVE_SLOT_BITS (1,024 ledgers pending at once) with entry ids below
@@ -181,10 +185,15 @@ _LAYOUTS: dict[int, Layout] = {}
 #: A window's dense cells and their key heap until it has one (never written to).
 NO_CELLS: Final[dict[int, Cell]] = {}
 NO_KEYS: Final[list[int]] = []
+#: The typecode of the arrays of sparse copies: 8-byte unsigned ints, ``"L"`` where a C long is 8 bytes
+#: (Linux, macOS): its append converts a 64-bit int in ~27 ns against ~45 for ``"Q"`` (CPython 3.11
+#: reads a ``"Q"`` value through the generic byte-array path); the bytes are the same (numpy reads
+#: both as uint64).
+PACKED: Final = "L" if array.array("L").itemsize == 8 else "Q"
 #: A window's array until its first sparse copy, and again once emptied
 #: (never written to): a window holding dense cells only (seed 000's bursts)
 #: does not pay for an empty array object.
-NO_PACKED: Final = array.array("Q")
+NO_PACKED: Final = array.array(PACKED)
 #: A window's list of segments until it has one (never written to).
 NO_SEGMENTS: Final[list[array.array[int]]] = []
 
@@ -192,7 +201,7 @@ NO_SEGMENTS: Final[list[array.array[int]]] = []
 class Window:
     """One time window: packed sparse copies plus dense cells.
 
-    Sparse copies sit in *segments*: ``array('Q')`` of about
+    Sparse copies sit in *segments*: ``array(PACKED)`` of about
     :data:`SEGMENT` values each (``full``), plus ``packed``, the array
     being appended to. Before the window reaches the front of the time order
     (``opened`` false) they are in arrival order, and ``packed`` becomes a
@@ -284,7 +293,7 @@ class Window:
             if self.full is NO_SEGMENTS:
                 self.full = []
             self.full.append(self.packed)
-        self.packed = array.array("Q")
+        self.packed = array.array(PACKED)
         return self.packed
 
     def empty(self) -> bool:

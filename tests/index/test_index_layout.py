@@ -29,6 +29,7 @@ from nacktracker.index.layout import (
     NO_KEYS,
     NO_PACKED,
     NO_SEGMENTS,
+    PACKED,
     PROMOTE,
     SEGMENT,
     Layout,
@@ -307,6 +308,23 @@ def check_listed(idx: TimeBucketIndex) -> None:
 
 TestDifferential = Differential.TestCase
 TestDifferential.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
+
+
+def test_sparse_copies_are_8_byte_arrays_of_one_typecode_from_add_to_take():
+    """Every array of sparse copies (new, rolled, refilled by a look, split from the tail) holds 8-byte
+    values of PACKED, whose largest value (64 bits) round-trips."""
+    assert array.array(PACKED).itemsize == 8 and NO_PACKED.typecode == PACKED
+    idx = TimeBucketIndex(precision_bits=0)
+    for i in range(3 * SEGMENT + 10):
+        idx.add(7, i, 1_000 + (i * 7919) % 8000)
+    idx.add(2**40 + 3, 2**63 - 1, 1_000)  # a 64-bit id of a ledger slot: a wide copy
+    (w,) = idx._windows.values()
+    assert {a.typecode for a in (*w.full, w.packed)} == {PACKED}
+    seg = array.array(PACKED, [2**64 - 1])
+    assert seg[0] == 2**64 - 1 and seg.tobytes() == b"\xff" * 8
+    idx.pop_due(1_000 + 100)
+    assert {a.typecode for a in (*w.full, *w.spill, w.packed) if a is not NO_PACKED} <= {PACKED}
+    check_segments(idx)
 
 
 def test_a_new_cell_after_a_full_segment_starts_a_new_segment():

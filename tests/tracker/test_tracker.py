@@ -1386,3 +1386,61 @@ async def test_nbytes_is_the_index_s_bytes_plus_the_routing_table_s_worked_from_
     assert tracker.nbytes() == twin.nbytes() + routing
     assert tracker.stats()["nbytes"] == tracker.nbytes()
     await tracker.close()
+
+
+async def test_a_lead_that_grows_pulls_the_timer_at_an_add_into_a_later_bucket():
+    """The timer test add runs (a bucket below the armed one's, or a lead changed) is exact: an add into a
+    bucket after the armed one fires earlier when the lead grew meanwhile, and not when it did not."""
+    adapter = _LeadAdapter(lead_ms=5)
+    tracker, _, clock = make(adapter=adapter, precision_bits=0)
+    start = clock.now_ms()
+    tracker.add(K(1), delay_ms=100)
+    assert tracker.next_fire_ms() == start + 95
+    tracker.add(K(2), delay_ms=150)  # a later bucket, the same lead: the timer stays
+    assert tracker.next_fire_ms() == start + 95
+    adapter.lead_ms = 80
+    assert tracker.lead_ms == 80  # read elsewhere first: the add still sees the timer's lead changed
+    tracker.add(K(3), delay_ms=110)  # later than the armed bucket, earlier than it with the longer lead
+    assert tracker.next_fire_ms() == start + 110 - 80
+    tracker.add(K(4), delay_ms=120)
+    assert tracker.next_fire_ms() == start + 30
+    tracker.add(K(5), delay_ms=105)
+    assert tracker.next_fire_ms() == start + 105 - 80
+    adapter.lead_ms = 0  # a shorter lead never pulls the timer later
+    tracker.add(K(6), delay_ms=200)
+    assert tracker.next_fire_ms() == start + 25
+    await tracker.close()
+
+
+@pytest.mark.parametrize("key", [K(1, partition=(1 << 63) - 1), K(1, batch_index=(1 << 63) - 1),
+                                 K((1 << 63) - 1, ledger=(1 << 63) - 1, partition=-1, batch_index=-1, topic="t")])
+async def test_keys_at_the_edge_of_add_s_inline_test_are_taken_as_by_the_general_path(key):
+    tracker, adapter, clock = make(precision_bits=0)
+    assert tracker.add(key, delay_ms=10) == clock.now_ms() + 10
+    assert tracker.add(key, delay_ms=10, redelivery_count=0) == clock.now_ms() + 10  # the general path
+    assert key in tracker and tracker.pending == 1
+    clock.advance(10)
+    await settle()
+    assert adapter.redelivered == [key.entry]  # an entry is asked for once
+    await tracker.close()
+
+
+@pytest.mark.parametrize("key,error", [
+    (MessageKey(-1, 2), ValueError), (MessageKey(1, 1 << 63), ValueError), (MessageKey(1, 2, partition=-2), ValueError),
+    (MessageKey(1, 2, batch_index=1 << 63), ValueError), (MessageKey(1.0, 2), TypeError),
+    (MessageKey(1, 2, partition=True), TypeError), (MessageKey(1, 2, topic=b"t"), TypeError)])
+async def test_keys_add_s_inline_test_refuses_raise_as_before(key, error):
+    tracker, _, _ = make()
+    with pytest.raises(error):
+        tracker.add(key)
+    assert tracker.pending == 0 and tracker.next_fire_ms() is None
+    await tracker.close()
+
+
+async def test_a_limit_set_below_one_after_construction_dead_letters_a_first_nack_as_before():
+    dead = []
+    tracker, _, _ = make(max_redeliveries=3, on_dead_letter=dead.append)
+    assert tracker.add(K(1)) is not None and tracker.pending == 1
+    tracker.max_redeliveries = 0
+    assert tracker.add(K(2)) is None and dead == [K(2)] and tracker.pending == 1
+    await tracker.close()
