@@ -275,6 +275,36 @@ def test_a_listener_that_nacks_then_acks_gets_every_message_on_time(broker_url, 
     assert not [t for t in threading.enumerate() if t.name.startswith("nacktracker-sync")]
 
 
+def test_a_nack_delay_counts_from_the_call_not_from_when_the_loop_takes_it(sync_client, topic, monkeypatch):
+    """A nack's ``delay_ms`` (and a retry's) counts from the call in the caller's thread: the time the
+    call waits for the consumer's loop thread (on a busy machine, milliseconds) is taken off it. Here the
+    call is seen as made 100 ms before it reached the loop."""
+    import pulsar
+
+    name = topic("sync-stamp")
+    consumer = nacktracker.sync.subscribe(sync_client, name, "s", initial_position=pulsar.InitialPosition.Earliest)
+    try:
+        publish(sync_client, name, [b"once"])
+        msg = consumer.receive(10_000)
+
+        class Earlier:
+            @staticmethod
+            def monotonic() -> float:
+                return time.monotonic() - 0.1
+
+        monkeypatch.setattr(nacktracker.sync, "time", Earlier)
+        called = now_ms() - 100
+        consumer.negative_acknowledge(msg, delay_ms=300)
+        monkeypatch.undo()
+        back = consumer.receive(10_000)
+        arrived = now_ms()
+        assert back.data() == b"once"
+        assert called + 300 - 2 <= arrived <= called + 300 + 15, f"back at +{arrived - called:.1f} ms"
+        consumer.acknowledge(back)
+    finally:
+        consumer.close()
+
+
 def test_a_sync_consumer_is_safe_from_any_thread_and_closes_from_another(broker_url, topic, sync_client):
     import pulsar
 
