@@ -38,7 +38,6 @@ import logging
 import math
 import re
 import threading
-import time
 import weakref
 from typing import Any, Awaitable, Callable, Optional, TypeVar, Union
 
@@ -47,6 +46,7 @@ import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
 from ._checks import check_delay_ms
+from .clock import Clock
 from .consumer.batches import BatchLimits
 from .consumer.direct import message_length
 from .consumer.options import CLIENT_RECEIVER_QUEUE_SIZE, check_timeout_ms
@@ -192,8 +192,7 @@ class SyncConsumer:
         self._ack_watch = False  # the loop looks at _acks again soon without being woken
         self._acking = False  # an _ack_all task runs on the loop (it takes what comes meanwhile)
         self.ack_failures = 0
-        if self._handoff:
-            runner.call(self._start_feeder)
+        self._clock: Clock = runner.call(self._start)
         if listener is not None:
             self._listener_thread = threading.Thread(target=self._listen, name="nacktracker-sync-listener",
                                                      daemon=True)
@@ -247,8 +246,8 @@ class SyncConsumer:
     def _wait(self, timeout_millis: Optional[int]) -> pulsar.Message:
         """Wait for the feeder to hand a message over (woken by it; in slices, so that a Ctrl-C reaches
         the main thread); :class:`ReceiveTimeout` after ``timeout_millis``. Interrupted, nothing is lost."""
-        timeout = None if timeout_millis is None else check_timeout_ms(timeout_millis) / 1000
-        deadline = None if timeout is None else time.monotonic() + timeout
+        clock = self._clock
+        deadline = None if timeout_millis is None else clock.now_ms() + check_timeout_ms(timeout_millis)
         ready, arrived = self._ready, self._arrived
         with arrived:
             self._waiting += 1
@@ -264,10 +263,10 @@ class SyncConsumer:
                         raise self._stopped
                     wait = _SIGNAL_CHECK_S
                     if deadline is not None:
-                        left = deadline - time.monotonic()
+                        left = deadline - clock.now_ms()
                         if left <= 0:
                             raise ReceiveTimeout(f"no message within {timeout_millis} ms")
-                        wait = min(wait, left)
+                        wait = min(wait, left / 1000)
                     arrived.wait(wait)
             finally:
                 self._waiting -= 1
@@ -278,8 +277,12 @@ class SyncConsumer:
         except RuntimeError:  # the loop closed meanwhile: the next call raises ConsumerClosed
             pass
 
-    async def _start_feeder(self) -> None:
-        self._feeder = self._loop.create_task(self._feed(), name="nacktracker-sync-feeder")
+    async def _start(self) -> Clock:
+        """On the loop: start the feeder (with a hand-off); the tracker's clock (the one clock a consumer
+        reads: its ``now_ms`` is the loop's monotonic time, read from any thread here)."""
+        if self._handoff:
+            self._feeder = self._loop.create_task(self._feed(), name="nacktracker-sync-feeder")
+        return self._tracked.tracker.clock
 
     async def _feed(self) -> None:
         """On the loop: hand every message the tracked consumer lets through to ``_ready`` (at most
@@ -341,19 +344,19 @@ class SyncConsumer:
             return self._call(self._tracked.batch_receive)
         if self._closed:
             raise ConsumerClosed()
-        limits, ready = self._batch_limits, self._ready
-        deadline = time.monotonic() + limits.timeout_ms / 1000 if limits.timeout_ms > 0 else None
+        limits, ready, clock = self._batch_limits, self._ready, self._clock
+        deadline = clock.now_ms() + limits.timeout_ms if limits.timeout_ms > 0 else None
         batch: list[pulsar.Message] = []
         size = 0
         while not limits.full(len(batch), size):
             try:
                 msg = ready.popleft()
             except IndexError:
-                left = None if deadline is None else deadline - time.monotonic()
+                left = None if deadline is None else deadline - clock.now_ms()
                 if left is not None and left <= 0:
                     break
                 try:
-                    msg = self._wait(None if left is None else max(1, math.ceil(left * 1000)))
+                    msg = self._wait(None if left is None else max(1, math.ceil(left)))
                 except ReceiveTimeout:
                     break
                 except Exception:
@@ -478,13 +481,13 @@ class SyncConsumer:
         if delay_ms is None:
             self._call(lambda: self._tracked.negative_acknowledge(message, None))
             return
-        delay, called = check_delay_ms("delay_ms", delay_ms), time.monotonic()
+        delay, called = check_delay_ms("delay_ms", delay_ms), self._clock.now_ms()
         self._call(lambda: self._tracked.negative_acknowledge(message, self._since(called, delay)))
 
     def _since(self, called: float, delay_ms: int) -> int:
-        """On the loop: what is left of ``delay_ms`` counted from ``called`` (the loop's clock is
-        ``time.monotonic``), in whole ms rounded up: never early, at most 1 ms later than asked."""
-        spent = (self._loop.time() - called) * 1000
+        """On the loop: what is left of ``delay_ms`` counted from ``called`` (the tracker's clock in the
+        caller's thread), in whole ms rounded up: never early, at most 1 ms later than asked."""
+        spent = self._clock.now_ms() - called
         return max(0, math.ceil(delay_ms - max(0.0, spent)))
 
     def reconsume_later(self, message: Any, delay_ms: Optional[int] = None,
@@ -494,7 +497,7 @@ class SyncConsumer:
         if delay_ms is None:
             self._call(lambda: self._tracked.reconsume_later(message, None, properties))
             return
-        delay, called = check_delay_ms("delay_ms", delay_ms), time.monotonic()
+        delay, called = check_delay_ms("delay_ms", delay_ms), self._clock.now_ms()
         self._call(lambda: self._tracked.reconsume_later(message, self._since(called, delay), properties))
 
     def dead_letter(self, message: Any, reason: str, exception: Optional[BaseException] = None) -> None:

@@ -275,31 +275,38 @@ def test_a_listener_that_nacks_then_acks_gets_every_message_on_time(broker_url, 
     assert not [t for t in threading.enumerate() if t.name.startswith("nacktracker-sync")]
 
 
-def test_a_nack_delay_counts_from_the_call_not_from_when_the_loop_takes_it(sync_client, topic, monkeypatch):
-    """A nack's ``delay_ms`` (and a retry's) counts from the call in the caller's thread: the time the
-    call waits for the consumer's loop thread (on a busy machine, milliseconds) is taken off it. Here the
-    call is seen as made 100 ms before it reached the loop."""
+def test_a_nack_delay_counts_from_the_call_not_from_when_the_loop_takes_it(sync_client, topic):
+    """A nack's ``delay_ms`` counts from the call in the caller's thread: the time the call waits for the
+    consumer's loop thread (on a busy machine, milliseconds) is taken off it. Here the loop is held for
+    150 ms by a backoff (run on the loop for another message's nack) while the nack is called."""
     import pulsar
 
     name = topic("sync-stamp")
-    consumer = nacktracker.sync.subscribe(sync_client, name, "s", initial_position=pulsar.InitialPosition.Earliest)
+    holding = threading.Event()
+
+    def backoff(count: int) -> int:
+        holding.set()
+        time.sleep(0.15)  # the loop thread is busy meanwhile
+        return 10_000
+
+    consumer = nacktracker.sync.subscribe(sync_client, name, "s", backoff=backoff,
+                                          initial_position=pulsar.InitialPosition.Earliest)
     try:
-        publish(sync_client, name, [b"once"])
-        msg = consumer.receive(10_000)
-
-        class Earlier:
-            @staticmethod
-            def monotonic() -> float:
-                return time.monotonic() - 0.1
-
-        monkeypatch.setattr(nacktracker.sync, "time", Earlier)
-        called = now_ms() - 100
-        consumer.negative_acknowledge(msg, delay_ms=300)
-        monkeypatch.undo()
+        publish(sync_client, name, [b"held", b"timed"])
+        held, timed = consumer.receive(10_000), consumer.receive(10_000)
+        other = threading.Thread(target=consumer.negative_acknowledge, args=(held,))
+        other.start()
+        assert holding.wait(5)
+        called = now_ms()
+        consumer.negative_acknowledge(timed, delay_ms=300)
+        waited = now_ms() - called
+        other.join()
         back = consumer.receive(10_000)
         arrived = now_ms()
-        assert back.data() == b"once"
-        assert called + 300 - 2 <= arrived <= called + 300 + 15, f"back at +{arrived - called:.1f} ms"
+        assert back.data() == b"timed"
+        assert waited >= 50, f"the call waited only {waited:.1f} ms for the loop"
+        assert called + 300 - 2 <= arrived <= called + 300 + 15, \
+            f"back at +{arrived - called:.1f} ms (the call waited {waited:.1f} ms)"
         consumer.acknowledge(back)
     finally:
         consumer.close()
