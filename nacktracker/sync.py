@@ -190,6 +190,7 @@ class SyncConsumer:
         # acknowledged here, not yet on the loop: appended in any thread, taken on the loop
         self._acks: collections.deque[Any] = collections.deque()
         self._ack_watch = False  # the loop looks at _acks again soon without being woken
+        self._fed = False  # messages were handed over since the loop last looked for acks (more will come)
         self._acking = False  # an _ack_all task runs on the loop (it takes what comes meanwhile)
         self.ack_failures = 0
         self._clock: Clock = runner.call(self._start)
@@ -308,8 +309,8 @@ class SyncConsumer:
                 if self._waiting:
                     with arrived:
                         arrived.notify(len(ready))
-                if self._acks:
-                    self._start_acks()
+                self._start_acks()
+                self._watch_acks()
         except Exception as exc:  # closed or failed: the receives raise it once _ready is empty
             log.debug("the hand-off stops: the consumer stopped", exc_info=True)
             self._stopped = exc
@@ -430,15 +431,26 @@ class SyncConsumer:
                 raise ConsumerClosed() from None
 
     def _ack_tick(self) -> None:
-        """On the loop: take the acks handed over; while they keep coming, look again in
-        :data:`ACK_GATHER_S` (no wake-up per ack); else stop looking (the next ack wakes the loop)."""
-        if not self._acks:
+        """On the loop: take the acks handed over; while acks or messages keep coming, look again in
+        :data:`ACK_GATHER_S` (no wake-up per ack); after such a time with neither, stop looking (the
+        next ack, or the next message handed over, starts it again)."""
+        busy = bool(self._acks) or self._fed
+        self._fed = False
+        if not busy:
             self._ack_watch = False
             if not self._acks:  # (an ack appended before the flag was cleared is seen here)
                 return
             self._ack_watch = True
         self._start_acks()
         if not self._closed:
+            self._loop.call_later(ACK_GATHER_S, self._ack_tick)
+
+    def _watch_acks(self) -> None:
+        """On the loop, as messages are handed over: their acks will come; look for them without being
+        woken (unless already looking)."""
+        self._fed = True
+        if not self._ack_watch:
+            self._ack_watch = True
             self._loop.call_later(ACK_GATHER_S, self._ack_tick)
 
     def _start_acks(self) -> None:
