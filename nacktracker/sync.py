@@ -247,6 +247,8 @@ class SyncConsumer:
     def _wait(self, timeout_millis: Optional[int]) -> pulsar.Message:
         """Wait for the feeder to hand a message over (woken by it; in slices, so that a Ctrl-C reaches
         the main thread); :class:`ReceiveTimeout` after ``timeout_millis``. Interrupted, nothing is lost."""
+        if threading.current_thread() is self._runner.thread:  # it would wait for itself
+            raise RuntimeError("a nacktracker.sync consumer's receive was called on its own loop thread")
         clock = self._clock
         deadline = None if timeout_millis is None else clock.now_ms() + check_timeout_ms(timeout_millis)
         ready, arrived = self._ready, self._arrived

@@ -470,6 +470,32 @@ def test_the_throughput_bench_consumes_every_message_with_each_sync_kind(kind, b
     assert not [t for t in threading.enumerate() if t.name.startswith("nacktracker-sync")]
 
 
+def test_batch_receive_takes_batches_within_the_policy_in_order(broker_url, topic, sync_client):
+    """``batch_receive`` on the sync face: batches of at most the policy's count, in the order published,
+    every message once; with nothing left, ``[]`` once the policy's timeout passed. With an ack timeout
+    (no hand-off) the tracked consumer's own batch receive answers."""
+    import pulsar
+
+    name = topic("sync-batch")
+    n = 23
+    publish(sync_client, name, [f"m{i}".encode() for i in range(n)])
+    policy = pulsar.ConsumerBatchReceivePolicy(5, -1, 200)
+    for options in ({}, {"ack_timeout_ms": 10_000}):
+        with nacktracker.sync.subscribe(sync_client, name, f"batch-{len(options)}", batch_receive_policy=policy,
+                                        initial_position=pulsar.InitialPosition.Earliest, **options) as consumer:
+            got: list[bytes] = []
+            while len(got) < n:
+                batch = consumer.batch_receive()
+                assert len(batch) <= 5
+                got += [m.data() for m in batch]
+                for m in batch:
+                    consumer.acknowledge(m)
+            assert got == [f"m{i}".encode() for i in range(n)], options
+            started = now_ms()
+            assert consumer.batch_receive() == []
+            assert now_ms() - started >= 200 - 2
+
+
 def test_a_paused_listener_gets_nothing_until_resumed(broker_url, topic, sync_client):
     import pulsar
 
