@@ -14,15 +14,17 @@
   thin face over that object too: no second connection, the user's auth/TLS/settings
   apply). There is no second copy of the delivery logic: each method hands its call
   to the loop and waits for the answer in the caller's thread, where errors are raised;
-  except the hot path: ``receive`` takes messages the loop set aside ahead of it
-  (:data:`HANDOFF`), ``acknowledge`` hands its ack over without waiting.
+  except the hot path: the loop hands every message the tracked consumer lets through
+  to a deque (:data:`HANDOFF`) that ``receive`` takes from (waiting there, woken by the
+  loop, when it is empty), and ``acknowledge`` appends to a deque the loop takes from
+  when it runs anyway (:data:`ACK_GATHER_S`).
 * ``message_listener=callable(consumer, msg)``: a listener thread
   (``nacktracker-sync-listener``) receives and calls it, one message at a time, as the
   sync client calls its own; ``consumer`` is the :class:`SyncConsumer` (its acks and
   nacks go through the tracker).
 * ``close()`` from any thread (the listener's too) stops both threads; a
-  ``KeyboardInterrupt`` in ``receive`` cancels the waiting call (no message lost: it
-  stays in the consumer's queue) and the threads are daemons: consumers left open are
+  ``KeyboardInterrupt`` in ``receive`` ends the wait (no message lost: it stays in
+  the hand-off or the consumer's queue) and the threads are daemons: consumers left open are
   closed at interpreter exit, then their clients, so nothing is left running and the
   exit is clean. The cost: docs/design.md ("The synchronous face").
 """
@@ -33,6 +35,7 @@ import asyncio
 import atexit
 import collections
 import logging
+import math
 import re
 import threading
 import weakref
@@ -42,9 +45,14 @@ import _pulsar
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
+from ._checks import check_delay_ms
+from .clock import Clock
+from .consumer.batches import BatchLimits
+from .consumer.direct import message_length
+from .consumer.options import CLIENT_RECEIVER_QUEUE_SIZE, check_timeout_ms
 from .consumer.shell import TrackedConsumer
 from .consumer.subscription import subscribe as subscribe_async
-from .errors import ConsumerClosed
+from .errors import ConsumerClosed, ReceiveTimeout
 
 __all__ = ["subscribe", "SyncConsumer"]
 
@@ -54,13 +62,13 @@ T = TypeVar("T")
 Listener = Callable[["SyncConsumer", pulsar.Message], None]
 
 #: At most this many messages (and at most the consumer's ``prefetch``, which is this by default on the sync
-#: face) wait here, taken from the loop ahead of the receives that will return them: those receives find
-#: them without a thread hop (they count as received, as the client's queue does). None with an ack timeout
-#: (its clock starts when the application gets the message: each receive takes its own on the loop).
+#: face) wait in the hand-off, given to it by the loop as the tracked consumer lets them through, ahead of the
+#: receives that will return them (they count as received, as the client's queue does). None with an ack
+#: timeout (its clock starts when the application gets the message: each receive asks the loop).
 HANDOFF = 64
-#: Acks handed over while the loop took others less than this long ago wait for it to come back (no wake-up
-#: of their own): the loop looks again after this long while acks keep coming. The client's own acks are
-#: grouped for 100 ms before they are sent.
+#: While acks keep coming the loop looks for them again this long after it took the last ones (no wake-up
+#: per ack); it also takes them whenever a message wakes it. The client's own acks are grouped for 100 ms
+#: before they are sent.
 ACK_GATHER_S = 0.002
 #: What acknowledge() takes (checked in the caller's thread; the rest is checked on the loop).
 ACKABLE = (pulsar.Message, pulsar.MessageId, _pulsar.Message, _pulsar.MessageId)
@@ -146,35 +154,46 @@ class SyncConsumer:
     ``reconsume_later``, ``dead_letter`` and ``stats()`` (:class:`~nacktracker.TrackedConsumer`'s).
     After :meth:`close` every call that would reach the broker raises
     :class:`~nacktracker.ConsumerClosed`. Usable as a context manager (closes on exit).
+
+    The hand-off (see docs/design.md, "The synchronous face"): a task on the loop (the *feeder*)
+    takes every message the tracked consumer lets through, as it does, and appends it to a deque
+    that ``receive`` takes from, waking a receive that waits there; ``acknowledge`` appends to
+    another deque that the loop takes from when it runs anyway (a message came, or
+    :data:`ACK_GATHER_S` after the last acks). With ``ack_timeout_ms`` there is no feeder (the
+    timeout's clock starts when the application gets the message): each receive asks the loop.
     """
 
     def __init__(self, runner: _LoopThread, tracked: TrackedConsumer, listener: Optional[Listener],
-                 client: pulsar.Client) -> None:
+                 client: pulsar.Client, batch_limits: BatchLimits) -> None:
         self._runner = runner
+        self._loop = runner.loop
         self._client = client
         self._tracked = tracked
+        self._batch_limits = batch_limits
         self._closing = threading.Lock()
         self._closed = False
         self._listener = listener
         self._listening = threading.Event()  # cleared by pause_message_listener()
         self._listening.set()
         self._listener_thread: Optional[threading.Thread] = None
-        # taken from the loop, in order; appended on the loop only, taken from in any thread
-        self._ready: collections.deque[pulsar.Message] = collections.deque()
         opts = tracked.options
+        # the hand-off: appended to by the feeder (on the loop), taken from in any thread
+        self._ready: collections.deque[pulsar.Message] = collections.deque()
         self._handoff = 0 if opts.ack_timeout_ms else min(HANDOFF, opts.prefetch)  # the most _ready holds
-        # a receive that leaves this many or fewer asks the loop, without waiting, to top _ready up again
-        # (from what waits in the consumer already): a receiver that keeps up finds the next messages here
-        self._refill_at = self._handoff // 2
-        self._acks: list[Any] = []  # acknowledged here, not yet on the loop (see acknowledge)
-        self._lock = threading.Lock()  # the hand-over to the loop: _acks and the three flags below
-        self._acking = False  # an _ack_all runs on the loop: it takes every ack handed over meanwhile
-        self._woken = False  # a _service call is queued on the loop
-        self._refill = False  # a receive asked for a top-up of _ready (done by the next _service)
-        self._taking = 0  # receives waiting on the loop for a message (_take): top-ups leave theirs to them
-        self._topping = False  # a top-up runs on the loop
-        self._gathering = False  # the loop looks for acks again soon (ACK_GATHER_S): no wake-up needed
+        self._low = self._handoff // 2  # a full hand-off is topped up again once a receive leaves this many
+        self._arrived = threading.Condition(threading.Lock())  # a receive waits on it while _ready is empty
+        self._waiting = 0  # receives waiting on _arrived (changed under its lock; read by the feeder without)
+        self._space: Optional[asyncio.Future[None]] = None  # the feeder waits for room in _ready (on the loop)
+        self._wants_space = False  # ... and a receive that takes _ready down to _low wakes it
+        self._stopped: Optional[BaseException] = None  # why the feeder stopped (the consumer failed)
+        self._feeder: Optional[asyncio.Task[None]] = None
+        # acknowledged here, not yet on the loop: appended in any thread, taken on the loop
+        self._acks: collections.deque[Any] = collections.deque()
+        self._ack_watch = False  # the loop looks at _acks again soon without being woken
+        self._fed = False  # messages were handed over since the loop last looked for acks (more will come)
+        self._acking = False  # an _ack_all task runs on the loop (it takes what comes meanwhile)
         self.ack_failures = 0
+        self._clock: Clock = runner.call(self._start)
         if listener is not None:
             self._listener_thread = threading.Thread(target=self._listen, name="nacktracker-sync-listener",
                                                      daemon=True)
@@ -215,108 +234,151 @@ class SyncConsumer:
             raise ConsumerClosed()
         ready = self._ready
         try:
-            msg = ready.popleft()  # taken from the loop before: no thread hop
+            msg = ready.popleft()  # handed over by the feeder: no thread hop
         except IndexError:
-            return self._call(lambda: self._take(timeout_millis))
-        if len(ready) <= self._refill_at and not self._refill:
-            self._ask_refill()
+            if not self._handoff:  # (ack timeouts) the loop hands each message over as it is asked
+                return self._call(lambda: self._tracked.receive(timeout_millis))
+            msg = self._wait(timeout_millis)
+        if self._wants_space and len(ready) <= self._low:
+            self._wants_space = False
+            self._threadsafe(self._make_room)
         return msg
 
-    def _ask_refill(self) -> None:
-        """Ask the loop to top the hand-off up (not waited for: the next receives find the messages)."""
-        with self._lock:
-            self._refill = True
-            if self._woken:
-                return
-            self._woken = True
+    def _wait(self, timeout_millis: Optional[int]) -> pulsar.Message:
+        """Wait for the feeder to hand a message over (woken by it; in slices, so that a Ctrl-C reaches
+        the main thread); :class:`ReceiveTimeout` after ``timeout_millis``. Interrupted, nothing is lost."""
+        if threading.current_thread() is self._runner.thread:  # it would wait for itself
+            raise RuntimeError("a nacktracker.sync consumer's receive was called on its own loop thread")
+        clock = self._clock
+        deadline = None if timeout_millis is None else clock.now_ms() + check_timeout_ms(timeout_millis)
+        ready, arrived = self._ready, self._arrived
+        with arrived:
+            self._waiting += 1
+            try:
+                while True:
+                    try:
+                        return ready.popleft()
+                    except IndexError:
+                        pass
+                    if self._closed:
+                        raise ConsumerClosed()
+                    if self._stopped is not None:
+                        raise self._stopped
+                    wait = _SIGNAL_CHECK_S
+                    if deadline is not None:
+                        left = deadline - clock.now_ms()
+                        if left <= 0:
+                            raise ReceiveTimeout(f"no message within {timeout_millis} ms")
+                        wait = min(wait, left / 1000)
+                    arrived.wait(wait)
+            finally:
+                self._waiting -= 1
+
+    def _threadsafe(self, callback: Callable[[], None]) -> None:
         try:
-            self._runner.loop.call_soon_threadsafe(self._service)
-        except RuntimeError:  # the loop closed meanwhile: the next receive raises ConsumerClosed
+            self._loop.call_soon_threadsafe(callback)
+        except RuntimeError:  # the loop closed meanwhile: the next call raises ConsumerClosed
             pass
 
-    def _service(self) -> None:
-        """On the loop, once per wake-up from the callers' threads: start taking the acks handed over, and
-        top the hand-off up if a receive asked."""
-        with self._lock:
-            self._woken = False
-            refill, self._refill = self._refill, False
-        self._start_acks()
-        if refill and not self._topping and not self._closed:
-            self._topping = True
-            self._runner.loop.create_task(self._top_up())
+    async def _start(self) -> Clock:
+        """On the loop: start the feeder (with a hand-off); the tracker's clock (the one clock a consumer
+        reads: its ``now_ms`` is the loop's monotonic time, read from any thread here)."""
+        if self._handoff:
+            self._feeder = self._loop.create_task(self._feed(), name="nacktracker-sync-feeder")
+        return self._tracked.tracker.clock
 
-    def _start_acks(self) -> None:
-        """On the loop: take the acks handed over (an _ack_all), then look again in :data:`ACK_GATHER_S`."""
-        with self._lock:
-            ack = bool(self._acks) and not self._acking
-            if ack:
-                self._acking = True
-            gather = ack and not self._gathering
-            if gather:
-                self._gathering = True
-        if ack:
-            self._runner.loop.create_task(self._ack_all())
-        if gather:
-            self._runner.loop.call_later(ACK_GATHER_S, self._gathered)
-
-    def _gathered(self) -> None:
-        with self._lock:
-            self._gathering = False
-        self._start_acks()
-
-    def _move(self) -> int:
-        """On the loop: move what waits in the consumer to ``_ready``, up to the hand-off's size; how many.
-        Not while a receive waits on the loop (the message it waits for is its own)."""
-        if self._taking or self._closed:
-            return 0
-        ready, tracked, most = self._ready, self._tracked, self._handoff
-        moved = 0
+    async def _feed(self) -> None:
+        """On the loop: hand every message the tracked consumer lets through to ``_ready`` (at most
+        ``_handoff`` there), waking the receives that wait; take the acks handed over meanwhile."""
+        tracked, ready, most, arrived = self._tracked, self._ready, self._handoff, self._arrived
         try:
-            while len(ready) < most and (msg := tracked.receive_nowait()) is not None:
+            while True:
+                if len(ready) >= most:
+                    self._space = self._loop.create_future()
+                    self._wants_space = True
+                    if len(ready) >= most:  # (a receive may have taken some before it could see the flag)
+                        await self._space
+                    self._wants_space = False
+                    self._space = None
+                    continue
+                msg = tracked.receive_nowait()
+                if msg is None:
+                    self._start_acks()  # about to wait: what was acknowledged meanwhile goes now
+                    msg = await tracked.receive()
                 ready.append(msg)
-                moved += 1
-        except Exception:  # closed or failed: the next receive that waits on the loop raises it
+                while len(ready) < most and (msg := tracked.receive_nowait()) is not None:
+                    ready.append(msg)
+                if self._waiting:
+                    with arrived:
+                        arrived.notify(len(ready))
+                self._start_acks()
+                self._watch_acks()
+        except Exception as exc:  # closed or failed: the receives raise it once _ready is empty
             log.debug("the hand-off stops: the consumer stopped", exc_info=True)
-        return moved
+            self._stopped = exc
+            with arrived:
+                arrived.notify_all()
 
-    async def _top_up(self) -> None:
-        """On the loop: fill ``_ready`` up to the hand-off's size from what the consumer has now, letting its
-        pump take more from the client's queue in between; never waits for the broker."""
-        try:
-            while self._move() and len(self._ready) < self._handoff:
-                await asyncio.sleep(0)  # the pump takes the next messages from the client's queue
-        finally:
-            self._topping = False
+    def _make_room(self) -> None:
+        """On the loop: a receive took the hand-off down to its low mark: the feeder goes on."""
+        space = self._space
+        if space is not None and not space.done():
+            space.set_result(None)
 
-    async def _take(self, timeout_millis: Optional[int]) -> pulsar.Message:
-        """On the loop: the next message (one that a top-up put in ``_ready`` meanwhile first), then a
-        top-up."""
+    def _drop_ready(self, drop: Callable[[pulsar.Message], bool] = lambda msg: True) -> None:
+        """On the loop: drop what the hand-off holds that ``drop`` names (the rest keeps its order; a
+        receive taking one meanwhile takes it once)."""
         ready = self._ready
-        try:
-            return ready.popleft()
-        except IndexError:
-            pass
-        self._taking += 1
-        try:
-            first = await self._tracked.receive(timeout_millis)
-        finally:
-            self._taking -= 1
-        self._move()
-        return first
+        for _ in range(len(ready)):
+            try:
+                msg = ready.popleft()
+            except IndexError:
+                break
+            if not drop(msg):
+                ready.append(msg)
+        self._make_room()
 
     def batch_receive(self) -> list[pulsar.Message]:
         """As ``pulsar.Consumer.batch_receive`` with ``batch_receive_policy`` (see
-        :meth:`TrackedConsumer.batch_receive <nacktracker.TrackedConsumer.batch_receive>`)."""
-        if self._ready:  # taken by receive() before: they come first
-            batch = []
-            while self._ready:
-                try:
-                    batch.append(self._ready.popleft())
-                except IndexError:
+        :meth:`TrackedConsumer.batch_receive <nacktracker.TrackedConsumer.batch_receive>`): complete at
+        the policy's message count or payload bytes, else when its timeout passes, with what came
+        meanwhile (maybe nothing)."""
+        if not self._handoff:
+            return self._call(self._tracked.batch_receive)
+        if self._closed:
+            raise ConsumerClosed()
+        limits, ready, clock = self._batch_limits, self._ready, self._clock
+        deadline = clock.now_ms() + limits.timeout_ms if limits.timeout_ms > 0 else None
+        batch: list[pulsar.Message] = []
+        size = 0
+        while not limits.full(len(batch), size):
+            try:
+                msg = ready.popleft()
+            except IndexError:
+                left = None if deadline is None else deadline - clock.now_ms()
+                if left is not None and left <= 0:
                     break
-            if batch:
-                return batch
-        return self._call(self._tracked.batch_receive)
+                try:
+                    msg = self._wait(None if left is None else max(1, math.ceil(left)))
+                except ReceiveTimeout:
+                    break
+                except Exception:
+                    if batch:  # closed or failed after the batch began: it is returned as it is
+                        break
+                    raise
+                except BaseException:  # interrupted: what was taken is handed out first next time
+                    ready.extendleft(reversed(batch))
+                    raise
+            length = message_length(msg)
+            if not limits.fits(len(batch), size, length):
+                ready.appendleft(msg)  # the next call's first
+                break
+            batch.append(msg)
+            size += length
+        if self._wants_space and len(ready) <= self._low:
+            self._wants_space = False
+            self._threadsafe(self._make_room)
+        return batch
 
     def _listen(self) -> None:
         listener = self._listener
@@ -354,62 +416,103 @@ class SyncConsumer:
         """Acknowledge a Message or its id (cancels its pending nack; see ``TrackedConsumer.acknowledge``).
 
         As the sync client's (whose acks are grouped and sent later), it does not wait for the
-        broker: the ack is handed to the loop, in order with every later call of this consumer. A
-        wrong type or a closed consumer raises here; a failure on the way (the connection closed
-        underneath) is logged and counted in ``stats()["sync_ack_failures"]``. O(1)."""
+        broker: the ack is handed to the loop, in order with every later call of this consumer, and
+        taken there when the loop runs anyway (within :data:`ACK_GATHER_S`). A wrong type or a closed
+        consumer raises here; a failure on the way (the connection closed underneath) is logged and
+        counted in ``stats()["sync_ack_failures"]``. O(1)."""
         if self._closed:
             raise ConsumerClosed()
         if not isinstance(message, ACKABLE):
             raise TypeError(f"acknowledge takes a pulsar.Message or pulsar.MessageId, not {type(message).__name__}")
-        with self._lock:
-            self._acks.append(message)
-            if self._acking or self._woken or self._gathering:  # the loop takes it soon without a wake-up
+        self._acks.append(message)
+        if not self._ack_watch:  # else the loop looks again soon (the flag is cleared before its last look)
+            self._ack_watch = True
+            try:
+                self._loop.call_soon_threadsafe(self._ack_tick)
+            except RuntimeError:  # the loop closed meanwhile: closed
+                raise ConsumerClosed() from None
+
+    def _ack_tick(self) -> None:
+        """On the loop: take the acks handed over; while acks or messages keep coming, look again in
+        :data:`ACK_GATHER_S` (no wake-up per ack); after such a time with neither, stop looking (the
+        next ack, or the next message handed over, starts it again)."""
+        busy = bool(self._acks) or self._fed
+        self._fed = False
+        if not busy:
+            self._ack_watch = False
+            if not self._acks:  # (an ack appended before the flag was cleared is seen here)
                 return
-            self._woken = True
-        try:
-            self._runner.loop.call_soon_threadsafe(self._service)
-        except RuntimeError:  # the loop closed meanwhile: closed
-            raise ConsumerClosed() from None
+            self._ack_watch = True
+        self._start_acks()
+        if not self._closed:
+            self._loop.call_later(ACK_GATHER_S, self._ack_tick)
+
+    def _watch_acks(self) -> None:
+        """On the loop, as messages are handed over: their acks will come; look for them without being
+        woken (unless already looking)."""
+        self._fed = True
+        if not self._ack_watch:
+            self._ack_watch = True
+            self._loop.call_later(ACK_GATHER_S, self._ack_tick)
+
+    def _start_acks(self) -> None:
+        """On the loop: an _ack_all task for the acks handed over, unless one runs (it takes them)."""
+        if self._acks and not self._acking:
+            self._acking = True
+            self._loop.create_task(self._ack_all())
 
     async def _ack_all(self) -> None:
-        """On the loop: every ack handed over so far, in order (one runs at a time: ``_acking``)."""
-        while True:
-            with self._lock:
-                acks, self._acks = self._acks, []
-                if not acks:
-                    self._acking = False
-                    return
-            for message in acks:
+        """On the loop: every ack handed over so far, in order."""
+        acks, tracked = self._acks, self._tracked
+        try:
+            while acks:
+                message = acks.popleft()
                 try:
-                    await self._tracked.acknowledge(message)
+                    await tracked.acknowledge(message)
                 except Exception:
                     self.ack_failures += 1
                     log.warning("acknowledge of %r failed", message, exc_info=True)
+        finally:
+            self._acking = False
 
     def acknowledge_cumulative(self, message: Any) -> None:
-        """As ``pulsar.Consumer.acknowledge_cumulative`` (not on Shared subscriptions). Messages taken from
-        the loop by an earlier receive and covered by it are not handed out any more (the consumer
-        drops them from its queue too)."""
+        """As ``pulsar.Consumer.acknowledge_cumulative`` (not on Shared subscriptions). Messages handed
+        over to this side and covered by it are not handed out any more (the consumer drops them from
+        its queue too)."""
         async def ack() -> None:
             await self._tracked.acknowledge_cumulative(message)
-            ready = self._ready
-            if ready and isinstance(message, pulsar.Message):  # on the loop: no top-up runs meanwhile
+            if self._ready and isinstance(message, pulsar.Message):
                 upto, topic = message.message_id(), message.topic_name()
-                kept = [m for m in list(ready) if m.topic_name() != topic or not m.message_id() <= upto]
-                ready.clear()
-                ready.extend(kept)
+                self._drop_ready(lambda m: m.topic_name() == topic and m.message_id() <= upto)
         self._call(ack)
 
     def negative_acknowledge(self, message: Any, delay_ms: Optional[int] = None) -> None:
         """Redeliver a Message (or its id) after ``delay_ms`` (default: the backoff for its redelivery count,
         else the consumer's ``delay_ms``), exactly at its due time with ``precision_bits=0``; dead-lettered
-        once its count reaches ``max_redeliveries``. Never blocks on the broker."""
-        self._call(lambda: self._tracked.negative_acknowledge(message, delay_ms))
+        once its count reaches ``max_redeliveries``. A ``delay_ms`` given counts from this call (the time
+        the call takes to reach the loop is taken off it); the default's from when the loop takes the
+        nack. Never blocks on the broker."""
+        if delay_ms is None:
+            self._call(lambda: self._tracked.negative_acknowledge(message, None))
+            return
+        delay, called = check_delay_ms("delay_ms", delay_ms), self._clock.now_ms()
+        self._call(lambda: self._tracked.negative_acknowledge(message, self._since(called, delay)))
+
+    def _since(self, called: float, delay_ms: int) -> int:
+        """On the loop: what is left of ``delay_ms`` counted from ``called`` (the tracker's clock in the
+        caller's thread), in whole ms rounded up: never early, at most 1 ms later than asked."""
+        spent = self._clock.now_ms() - called
+        return max(0, math.ceil(delay_ms - max(0.0, spent)))
 
     def reconsume_later(self, message: Any, delay_ms: Optional[int] = None,
                         properties: Optional[dict[str, str]] = None) -> None:
-        """Java's ``reconsumeLater`` (needs ``enable_retry=True``): see docs/retries.md."""
-        self._call(lambda: self._tracked.reconsume_later(message, delay_ms, properties))
+        """Java's ``reconsumeLater`` (needs ``enable_retry=True``): see docs/retries.md. A ``delay_ms``
+        given counts from this call, as :meth:`negative_acknowledge`'s."""
+        if delay_ms is None:
+            self._call(lambda: self._tracked.reconsume_later(message, None, properties))
+            return
+        delay, called = check_delay_ms("delay_ms", delay_ms), self._clock.now_ms()
+        self._call(lambda: self._tracked.reconsume_later(message, self._since(called, delay), properties))
 
     def dead_letter(self, message: Any, reason: str, exception: Optional[BaseException] = None) -> None:
         """A terminal nack: publish ``message`` to the dead-letter topic now, with ``reason``."""
@@ -418,11 +521,11 @@ class SyncConsumer:
     # -- the rest of the consumer API ------------------------------------------------
 
     def seek(self, messageid: Union[pulsar.Message, pulsar.MessageId, int]) -> None:
-        """As the client's: the broker resends from there (what was taken here is dropped, as the
+        """As the client's: the broker resends from there (what was handed over here is dropped, as the
         client clears its queue)."""
         async def seek() -> None:
             await self._tracked.seek(messageid)
-            self._ready.clear()  # on the loop: a top-up after this takes what the broker resends
+            self._drop_ready()
         self._call(seek)
 
     def get_last_message_id(self) -> Any:
@@ -431,7 +534,7 @@ class SyncConsumer:
     def redeliver_unacknowledged_messages(self) -> None:
         def redeliver() -> None:
             self._tracked.redeliver_unacknowledged_messages()
-            self._ready.clear()  # the broker sends them again
+            self._drop_ready()  # the broker sends them again
         self._call(self._async(redeliver))
 
     def stats(self) -> dict[str, Any]:
@@ -479,6 +582,8 @@ class SyncConsumer:
                 return
             self._closed = True
             self._listening.set()  # a paused listener thread wakes up and ends
+            with self._arrived:
+                self._arrived.notify_all()  # waiting receives raise ConsumerClosed
             try:
                 self._runner.call(lambda: self._close_after_acks(close))
             finally:
@@ -489,6 +594,10 @@ class SyncConsumer:
             thread.join()
 
     async def _close_after_acks(self, close: Callable[[], Awaitable[None]]) -> None:
+        feeder = self._feeder
+        if feeder is not None:
+            feeder.cancel()
+            await asyncio.gather(feeder, return_exceptions=True)
         if self._acks:
             await self._ack_all()
         self._ready.clear()  # unacknowledged: the broker hands them to the subscription again
@@ -539,7 +648,15 @@ def subscribe(client: pulsar.Client, topic: Union[str, list[str], re.Pattern[str
     except BaseException:
         runner.stop()
         raise
-    return SyncConsumer(runner, tracked, message_listener, client)
+    # the batch receive policy as the tracked consumer reads it (batch_receive takes from the hand-off)
+    queue_size = options.get("receiver_queue_size", CLIENT_RECEIVER_QUEUE_SIZE)
+    limits = BatchLimits.of(options.get("batch_receive_policy"), queue_size or CLIENT_RECEIVER_QUEUE_SIZE)
+    try:
+        return SyncConsumer(runner, tracked, message_listener, client, limits)
+    except BaseException:
+        runner.call(tracked.close)
+        runner.stop()
+        raise
 
 
 def _close_all() -> None:

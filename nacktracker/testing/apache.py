@@ -325,8 +325,7 @@ class ApacheBroker(OwnedBroker):
                 elif self._get_status(base + "/admin/v2/namespaces/public/default") != 200:
                     last_error = "namespace public/default not created yet"
                 else:
-                    probe(f"pulsar://127.0.0.1:{port}", min(10.0, max(1.0, deadline - time.monotonic())),
-                          __name__ + ".probe")
+                    probe(f"pulsar://127.0.0.1:{port}", min(10.0, max(1.0, deadline - time.monotonic())))
                     return
             except (OSError, pulsar.PulsarException) as error:
                 last_error = error

@@ -141,8 +141,7 @@ class EmbeddedBroker(OwnedBroker):
                 with socket.create_connection(("127.0.0.1", port), timeout=0.5):
                     pass
                 # Short attempts, so a broker that died meanwhile is noticed quickly.
-                probe(f"pulsar://127.0.0.1:{port}", min(2.0, max(1.0, deadline - time.monotonic())),
-                      __name__ + ".probe")
+                probe(f"pulsar://127.0.0.1:{port}", min(2.0, max(1.0, deadline - time.monotonic())))
                 return
             except (OSError, pulsar.PulsarException) as error:  # connection refused, or the client's timeout
                 last_error = error

@@ -279,6 +279,43 @@ def test_a_listener_that_nacks_then_acks_gets_every_message_on_time(broker_url, 
     assert not [t for t in threading.enumerate() if t.name.startswith("nacktracker-sync")]
 
 
+def test_a_nack_delay_counts_from_the_call_not_from_when_the_loop_takes_it(sync_client, topic):
+    """A nack's ``delay_ms`` counts from the call in the caller's thread: the time the call waits for the
+    consumer's loop thread (on a busy machine, milliseconds) is taken off it. Here the loop is held for
+    150 ms by a backoff (run on the loop for another message's nack) while the nack is called."""
+    import pulsar
+
+    name = topic("sync-stamp")
+    holding = threading.Event()
+
+    def backoff(count: int) -> int:
+        holding.set()
+        time.sleep(0.15)  # the loop thread is busy meanwhile
+        return 10_000
+
+    consumer = nacktracker.sync.subscribe(sync_client, name, "s", backoff=backoff,
+                                          initial_position=pulsar.InitialPosition.Earliest)
+    try:
+        publish(sync_client, name, [b"held", b"timed"])
+        held, timed = consumer.receive(10_000), consumer.receive(10_000)
+        other = threading.Thread(target=consumer.negative_acknowledge, args=(held,))
+        other.start()
+        assert holding.wait(5)
+        called = now_ms()
+        consumer.negative_acknowledge(timed, delay_ms=300)
+        waited = now_ms() - called
+        other.join()
+        back = consumer.receive(10_000)
+        arrived = now_ms()
+        assert back.data() == b"timed"
+        assert waited >= 50, f"the call waited only {waited:.1f} ms for the loop"
+        assert called + 300 - 2 <= arrived <= called + 300 + 15, \
+            f"back at +{arrived - called:.1f} ms (the call waited {waited:.1f} ms)"
+        consumer.acknowledge(back)
+    finally:
+        consumer.close()
+
+
 def test_a_sync_consumer_is_safe_from_any_thread_and_closes_from_another(broker_url, topic, sync_client):
     import pulsar
 
@@ -435,6 +472,32 @@ def test_the_throughput_bench_consumes_every_message_with_each_sync_kind(kind, b
     got = consume_sync(broker_url, name, 200, kind, f"bench-{kind}", nack_every=10)
     assert got["copies"] >= 200 + 20 and got["rate"] > 0 and got["cpu_us_per_msg"] > 0
     assert not [t for t in threading.enumerate() if t.name.startswith("nacktracker-sync")]
+
+
+def test_batch_receive_takes_batches_within_the_policy_in_order(broker_url, topic, sync_client):
+    """``batch_receive`` on the sync face: batches of at most the policy's count, in the order published,
+    every message once; with nothing left, ``[]`` once the policy's timeout passed. With an ack timeout
+    (no hand-off) the tracked consumer's own batch receive answers."""
+    import pulsar
+
+    name = topic("sync-batch")
+    n = 23
+    publish(sync_client, name, [f"m{i}".encode() for i in range(n)])
+    policy = pulsar.ConsumerBatchReceivePolicy(5, -1, 200)
+    for options in ({}, {"ack_timeout_ms": 10_000}):
+        with nacktracker.sync.subscribe(sync_client, name, f"batch-{len(options)}", batch_receive_policy=policy,
+                                        initial_position=pulsar.InitialPosition.Earliest, **options) as consumer:
+            got: list[bytes] = []
+            while len(got) < n:
+                batch = consumer.batch_receive()
+                assert len(batch) <= 5
+                got += [m.data() for m in batch]
+                for m in batch:
+                    consumer.acknowledge(m)
+            assert got == [f"m{i}".encode() for i in range(n)], options
+            started = now_ms()
+            assert consumer.batch_receive() == []
+            assert now_ms() - started >= 200 - 2
 
 
 def test_a_paused_listener_gets_nothing_until_resumed(broker_url, topic, sync_client):
