@@ -251,9 +251,13 @@ class NegativeAcksTracker:
         ``RuntimeError`` (use :meth:`add_threadsafe`). Never blocks.
         Runtime complexity: O(1) amortised.
         """
-        # The common call (a valid MessageKey, its own count) runs inline, _schedule's steps included: each
-        # call and check saved is a share of an add's budget. Anything else takes _add, the general path.
-        if type(message_id) is not MessageKey or redelivery_count is not None or self._closed:
+        # The common call (a valid MessageKey, a count below max_redeliveries: the consumer's every nack)
+        # runs inline, _schedule's steps included: each call and check saved is a share of an add's budget.
+        # Anything else takes _add, the general path.
+        if type(message_id) is not MessageKey or self._closed:
+            return self._add(message_id, delay_ms, redelivery_count)
+        count = 0 if redelivery_count is None else redelivery_count  # a MessageKey's own count is 0
+        if type(count) is not int or count >> 63:  # not an int in [0, 2^63): _add names what is wrong
             return self._add(message_id, delay_ms, redelivery_count)
         ledger, entry, partition, batch, topic = message_id  # key_of's test of a MessageKey, inline
         # ints, ids in [0, 2^63), partition and batch index in [-1, 2^63 - 1) (the largest takes _add's path)
@@ -261,12 +265,12 @@ class NegativeAcksTracker:
                 and not (ledger | entry | (partition + 1) | (batch + 1)) >> 63 and (topic is None or type(topic) is str)):
             return self._add(message_id, delay_ms, redelivery_count)
         most = self.max_redeliveries
-        if most is not None and most <= 0:  # count 0 dead-lettered (a limit set below 1 after construction)
+        if most is not None and count >= most:  # dead-lettered: the general path
             return self._add(message_id, delay_ms, redelivery_count)
         if delay_ms is not None:
             delay = delay_ms if type(delay_ms) is int and delay_ms >= 0 else check_delay_ms("delay_ms", delay_ms)
         elif self._backoff is not None:
-            delay = check_delay_ms("backoff result", self._backoff(0))
+            delay = check_delay_ms("backoff result", self._backoff(count))
         else:
             delay = self._delay_ms
         own = self._own_loop
@@ -290,7 +294,7 @@ class NegativeAcksTracker:
         if limit is None or bucket < limit or lead != self._timer_lead or type(lead) is not int:
             self._rearm(bucket, now)  # an earlier fire, maybe (else nothing to do: no per-add timer work)
         if self._on_event is not None:
-            self._emit("nack", message_id, delay, 0)
+            self._emit("nack", message_id, delay, count)
         return due
 
     def _add(self, message_id: Any, delay_ms: Optional[float], redelivery_count: Optional[int]) -> Optional[int]:

@@ -552,7 +552,7 @@ async def test_add_threadsafe_counts_and_logs_what_still_fails_on_the_loop(caplo
     def broken(*args):
         raise RuntimeError("index broke")
 
-    tracker._schedule = broken  # fault injection: scheduling breaks before the loop runs the add
+    tracker._index.add = broken  # fault injection: the index breaks before the loop runs the add
     await asyncio.sleep(0.01)
     assert tracker.stats()["threadsafe_failures"] == 1 and "failed on the loop" in caplog.text
     await tracker.close()
@@ -946,7 +946,7 @@ async def test_add_threadsafe_failures_on_the_loop_are_each_counted_and_logged_w
         raise RuntimeError("index broke")
 
     real = tracker._schedule
-    tracker._schedule = broken  # fault injection: scheduling breaks before the loop runs the adds
+    tracker._index.add = broken  # fault injection: the index breaks before the loop runs the adds
     tracker.add_threadsafe(K(1), delay_ms=10)
     tracker.add_threadsafe(K(2), delay_ms=10)
     await settle()
