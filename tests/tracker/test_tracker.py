@@ -363,6 +363,14 @@ async def test_a_batch_message_is_tracked_as_its_entry():
     assert adapter.redelivered == [K(5)]
 
 
+def test_a_key_with_another_batch_index_or_topic_keeps_its_other_fields():
+    key = MessageKey(7, 9, 2, 3, "persistent://public/default/t")
+    assert key.with_batch_index(5) == MessageKey(7, 9, 2, 5, "persistent://public/default/t")
+    assert key.with_batch_index(-1) == key.entry and type(key.with_batch_index(5)) is MessageKey
+    assert key.with_topic(None) == MessageKey(7, 9, 2, 3) and key.with_topic("u") == MessageKey(7, 9, 2, 3, "u")
+    assert type(key.with_topic("u")) is MessageKey and key == MessageKey(7, 9, 2, 3, "persistent://public/default/t")
+
+
 async def test_events_and_stats():
     events = []
     tracker, adapter, clock = make(precision_bits=0, on_event=events.append, max_redeliveries=5,
