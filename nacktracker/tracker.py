@@ -356,6 +356,12 @@ class NegativeAcksTracker:
         return self._closed
 
     @property
+    def loop(self) -> Optional[asyncio.AbstractEventLoop]:
+        """The event loop the tracker is bound to: the one running when it was made, else the one of its
+        first use (an ``add``, its ``clock``); ``None`` before. O(1)."""
+        return self._loop
+
+    @property
     def clock(self) -> Clock:
         """The tracker's clock (the one clock its owner may read: see
         ``TrackedConsumer``). Binds to the running loop on first use."""
@@ -573,10 +579,11 @@ class NegativeAcksTracker:
 
     def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        # add()'s cheap test: asyncio's loops keep the id of the thread running them (None when stopped), the
-        # same fact _get_running_loop() gives at the price of a getpid() system call per use (~190 ns, most of
-        # an add's budget). Other loops (uvloop) take the full test on every add.
-        self._own_loop = loop if isinstance(loop, asyncio.BaseEventLoop) and hasattr(loop, "_thread_id") else None
+        # add()'s cheap test: asyncio's loops (every BaseEventLoop sets it in its __init__) keep the id of the
+        # thread running them (None when stopped), the same fact _get_running_loop() gives at the price of a
+        # getpid() system call per use (~190 ns, most of an add's budget). Other loops (uvloop) take the full
+        # test on every add.
+        self._own_loop = loop if isinstance(loop, asyncio.BaseEventLoop) else None
         if self._clock is None:
             self._clock = LoopClock(loop)
 

@@ -363,6 +363,18 @@ async def test_a_batch_message_is_tracked_as_its_entry():
     assert adapter.redelivered == [K(5)]
 
 
+def test_loop_is_the_event_loop_the_tracker_is_bound_to():
+    tracker = NegativeAcksTracker(MemoryAdapter())  # made outside a loop: bound on first use
+    assert tracker.loop is None
+
+    async def main() -> None:
+        tracker.add(MessageKey(1, 1))
+        assert tracker.loop is asyncio.get_running_loop()
+        await tracker.close()
+
+    asyncio.run(main())
+
+
 def test_a_key_with_another_batch_index_or_topic_keeps_its_other_fields():
     key = MessageKey(7, 9, 2, 3, "persistent://public/default/t")
     assert key.with_batch_index(5) == MessageKey(7, 9, 2, 5, "persistent://public/default/t")
