@@ -35,6 +35,15 @@ class MessageKey(NamedTuple):
         (one tuple: ``_replace`` costs a Python-level ``_make`` per call)."""
         return self if self[3] == -1 else _new_tuple(MessageKey, (self[0], self[1], self[2], -1, self[4]))
 
+    def with_batch_index(self, batch_index: int) -> "MessageKey":
+        """This key with ``batch_index`` (a message of this key's entry: ``-1``, the entry). O(1),
+        one tuple (as :attr:`entry`)."""
+        return _new_tuple(MessageKey, (self[0], self[1], self[2], batch_index, self[4]))
+
+    def with_topic(self, topic: Optional[str]) -> "MessageKey":
+        """This key with ``topic``. O(1), one tuple (as :attr:`entry`)."""
+        return _new_tuple(MessageKey, (self[0], self[1], self[2], self[3], topic))
+
 
 def _signed(name: str, value: object) -> int:
     """Partition and batch index: -1 means "none"."""
@@ -65,7 +74,7 @@ def key_of(obj: object) -> tuple[MessageKey, Optional[int]]:
             topic = topic_of() if callable(topic_of) else None
             obj = message_id()
         if type(obj) is MessageKey:
-            return key_of(obj._replace(topic=topic or obj.topic))[0], count
+            return key_of(obj.with_topic(topic or obj.topic))[0], count
         ledger = getattr(obj, "ledger_id", None)
         entry = getattr(obj, "entry_id", None)
         if not (callable(ledger) and callable(entry)):
@@ -78,10 +87,10 @@ def key_of(obj: object) -> tuple[MessageKey, Optional[int]]:
     if not (topic is None or isinstance(topic, str)):
         raise TypeError(f"topic must be a str or None, not {type(topic).__name__}")
     if type(key.ledger_id) is not int or type(key.entry_id) is not int or (key.ledger_id | key.entry_id) >> 63:
-        key = key._replace(ledger_id=check_int("ledger_id", key.ledger_id),
-                           entry_id=check_int("entry_id", key.entry_id))
+        key = MessageKey(check_int("ledger_id", key.ledger_id), check_int("entry_id", key.entry_id), key.partition,
+                         key.batch_index, key.topic)
     partition, batch = key[2], key[3]
     if not (type(partition) is int and type(batch) is int and -1 <= partition <= _MAX and -1 <= batch <= _MAX):
-        key = key._replace(partition=_signed("partition", key.partition),
-                           batch_index=_signed("batch_index", key.batch_index))
+        key = MessageKey(key.ledger_id, key.entry_id, _signed("partition", key.partition),
+                         _signed("batch_index", key.batch_index), key.topic)
     return key, count

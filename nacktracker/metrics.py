@@ -225,7 +225,7 @@ class NackMetrics:
         its consumer's) and record its fires into the timer-lag histogram;
         with ``consumer`` (a :class:`~nacktracker.TrackedConsumer`), also its
         redelivered messages into the lateness histogram."""
-        loop = getattr(tracker, "_loop", None)
+        loop = tracker.loop
         registration = self.observe(stats if stats is not None else tracker.stats, attributes, loop=loop)
         lag, lateness, attrs = self._timer_lag, self._lateness, registration.source.attributes
 

@@ -46,6 +46,7 @@ import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
 from ._checks import check_delay_ms
+from .adapters.pulsar_layout import asyncio_client, raw_client
 from .clock import Clock
 from .consumer.batches import BatchLimits
 from .consumer.direct import message_length
@@ -81,15 +82,13 @@ _open: weakref.WeakSet[SyncConsumer] = weakref.WeakSet()  # closed at interprete
 
 def _asyncio_client(client: pulsar.Client) -> pulsar_asyncio.Client:
     """A ``pulsar.asyncio.Client`` over ``client``'s own C++ client. ``pulsar.asyncio.Client.__init__``
-    does nothing else than build a ``pulsar.Client`` and keep its ``_client`` (pulsar-client 3.x), so
+    does nothing else than build a ``pulsar.Client`` and keep its C++ client (pulsar-client 3.x), so
     this is the object it would make, minus a second connection pool; closing it is not done here
     (the user's client owns the connection)."""
-    raw = getattr(client, "_client", None)
+    raw = raw_client(client)
     if raw is None:
         raise TypeError("this pulsar.Client has no underlying client (pulsar-client 3.x lays it out as _client)")
-    wrapper = pulsar_asyncio.Client.__new__(pulsar_asyncio.Client)
-    wrapper._client = raw
-    return wrapper
+    return asyncio_client(raw)
 
 
 class _LoopThread:

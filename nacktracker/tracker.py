@@ -311,9 +311,7 @@ class NegativeAcksTracker:
             delay = check_delay_ms("backoff result", self._backoff(count))
         else:
             delay = self._delay_ms
-        own = self._own_loop
-        if own is None or own._thread_id != get_ident():  # type: ignore[attr-defined]
-            self._check_thread()  # O(1); not asyncio's own loop, not bound yet, or not this loop's thread
+        self._check_thread()  # O(1): the full test (add's inline path has the cheap one)
         if self.max_redeliveries is not None and count >= self.max_redeliveries:
             self._dead_letter(key, count, delay)
             return None
@@ -404,6 +402,12 @@ class NegativeAcksTracker:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def loop(self) -> Optional[asyncio.AbstractEventLoop]:
+        """The event loop the tracker is bound to: the one running when it was made, else the one of its
+        first use (an ``add``, its ``clock``); ``None`` before. O(1)."""
+        return self._loop
 
     @property
     def clock(self) -> Clock:
@@ -623,10 +627,11 @@ class NegativeAcksTracker:
 
     def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        # add()'s cheap test: asyncio's loops keep the id of the thread running them (None when stopped), the
-        # same fact _get_running_loop() gives at the price of a getpid() system call per use (~190 ns, most of
-        # an add's budget). Other loops (uvloop) take the full test on every add.
-        self._own_loop = loop if isinstance(loop, asyncio.BaseEventLoop) and hasattr(loop, "_thread_id") else None
+        # add()'s cheap test: asyncio's loops (every BaseEventLoop sets it in its __init__) keep the id of the
+        # thread running them (None when stopped), the same fact _get_running_loop() gives at the price of a
+        # getpid() system call per use (~190 ns, most of an add's budget). Other loops (uvloop) take the full
+        # test on every add.
+        self._own_loop = loop if isinstance(loop, asyncio.BaseEventLoop) else None
         if self._clock is None:
             self._clock = LoopClock(loop)
 

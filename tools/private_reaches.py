@@ -2,6 +2,9 @@
 
     python tools/private_reaches.py [--list] [ROOT]      (ROOT: nacktracker/)
 
+A reach spelled with a string counts as one too: ``getattr(x, "_y")``, ``hasattr``, ``setattr``, ``delattr``
+(``x`` not ``self``/``cls``) and ``operator.attrgetter("_y")`` (a getter made once and called per object).
+
 Each reach is put in one of three kinds:
 
 * ``own``: into one of nacktracker's own objects (what the layer rules keep small);
@@ -24,16 +27,44 @@ THIRD_PARTY = {"_consumer", "_schema", "_message", "_msg_id", "_client", "_gatew
                "_thread_id"}
 
 
+#: Built-ins that read or write the attribute their second argument names.
+BY_NAME = {"getattr", "hasattr", "setattr", "delattr"}
+
+
+def _private(name: object) -> bool:
+    return isinstance(name, str) and name.startswith("_") and not name.startswith("__")
+
+
+def _own_self(node: ast.expr) -> bool:
+    return isinstance(node, ast.Name) and node.id in ("self", "cls")
+
+
+def _reached(node: ast.AST) -> str | None:
+    """The private name ``node`` reads or writes on another object, if it does."""
+    if isinstance(node, ast.Attribute):
+        return node.attr if _private(node.attr) and not _own_self(node.value) else None
+    if not isinstance(node, ast.Call):
+        return None
+    func = node.func
+    called = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+    if called in BY_NAME and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant):
+        name = node.args[1].value
+        return name if _private(name) and not _own_self(node.args[0]) else None  # type: ignore[return-value]
+    if called == "attrgetter":
+        names = [a.value for a in node.args if isinstance(a, ast.Constant)]
+        return next((n for n in names if _private(n)), None)
+    return None
+
+
 def reaches(root: Path) -> list[tuple[str, int, str, str]]:
     """``(module, line, expression, kind)`` of every reach under ``root``."""
     found = []
     for path in sorted(root.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
+            name = _reached(node)
+            if name is None:
                 continue
-            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
-                continue
-            kind = "api" if node.attr in API else "third-party" if node.attr in THIRD_PARTY else "own"
+            kind = "api" if name in API else "third-party" if name in THIRD_PARTY else "own"
             found.append((path.relative_to(root.parent).as_posix(), node.lineno, ast.unparse(node), kind))
     return found
 

@@ -34,6 +34,8 @@ from typing import Any, Optional
 import _pulsar
 import pulsar.asyncio as pulsar_asyncio
 
+from .pulsar_layout import raw_client
+
 __all__ = ["close_leaves_no_callback"]
 
 _ORIGINAL_CLOSE = pulsar_asyncio.Client.close
@@ -44,7 +46,7 @@ async def _close(self: pulsar_asyncio.Client) -> None:
     ``close``, through the client's blocking close on a thread: see :mod:`nacktracker.adapters.client_close`).
 
     Raises ``pulsar.asyncio.PulsarException``."""
-    raw = getattr(self, "_client", None)
+    raw = raw_client(self)
     if not isinstance(raw, _pulsar.Client):  # not laid out as pulsar-client 3.x: its own close
         await _ORIGINAL_CLOSE(self)
         return

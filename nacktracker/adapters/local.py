@@ -202,7 +202,7 @@ class LocalRedeliveryAdapter:
             self._stored -= len(kept)
             for index in sorted(kept):
                 token = kept[index]
-                key = entry._replace(batch_index=index)
+                key = entry.with_batch_index(index)
                 answer = deliver(token)
                 if answer is HandBack.NOT_YET:
                     self._kept.setdefault(entry.entry, {})[index] = token

@@ -46,6 +46,7 @@ from .._checks import check_delay_ms
 from ..keys import MessageKey
 from .client_close import close_leaves_no_callback
 from .lead import LeadEstimator
+from .pulsar_layout import raw_consumer
 
 __all__ = ["PulsarAdapter", "MIN_NACK_DELAY_MS", "DEFAULT_LEAD_MS", "DEFAULT_MIN_GAP_MS", "LEAD_BOUNDS_MS", "is_multi_topic"]
 
@@ -131,7 +132,9 @@ class PulsarAdapter:
 
     def __init__(self, consumer: Any, *, lead_ms: Optional[int] = None,
                  min_gap_ms: Optional[int] = None, initial_lead_ms: Optional[int] = None) -> None:
-        raw = getattr(consumer, "_consumer", consumer)
+        raw = raw_consumer(consumer)
+        if raw is None:  # a _pulsar.Consumer itself
+            raw = consumer
         if not isinstance(raw, _pulsar.Consumer):
             raise TypeError("consumer must be a pulsar.Consumer, pulsar.asyncio.Consumer or _pulsar.Consumer, "
                             f"not {type(consumer).__name__}")

@@ -72,7 +72,7 @@ class DeliveryCore:
         self._positions = Positions()  # at or beyond every copy with state here, per partition
         self._cumulative: dict[tuple[Optional[str], int], tuple[int, int, int]] = {}
         self.blind = False  # restored batch entries without records: hold their copies while pending
-        # per verdict (keyed by Verdict.value: the hot path counts without hashing an enum member)
+        # per verdict (keyed by Verdict.label, its value: the hot path counts without hashing an enum member)
         self.counts = dict.fromkeys([v.value for v in Verdict] + ["released", "expired", "nacks_after_ack"], 0)
         #: ``f(lateness_ms)`` per redelivered copy surfacing: now - its bucket's time (the shell keeps the figures)
         self.on_redelivered: Callable[[float], None] = lambda lateness_ms: None
@@ -117,8 +117,8 @@ class DeliveryCore:
         record = self.records.get(entry)
         if record is None or not record.size or not self.held:
             return False
-        held, replace = self.held, entry._replace
-        return any(replace(batch_index=i) in held for i in range(record.size))
+        held, message = self.held, entry.with_batch_index
+        return any(message(i) in held for i in range(record.size))
 
     def awaits_copy(self, entry: MessageKey) -> bool:
         """Whether a message of batch ``entry`` waits here for a redelivered copy or its time: nacked
@@ -151,7 +151,7 @@ class DeliveryCore:
         if self.first_delivery(key):
             return Verdict.SURFACE
         verdict = self._arrive(key, batch_size, token, now_ms)
-        self.counts[verdict._value_] += 1
+        self.counts[verdict.label] += 1
         return verdict
 
     def _arrive(self, key: MessageKey, batch_size: int, token: Token, now_ms: float) -> Verdict:
@@ -278,7 +278,7 @@ class DeliveryCore:
         if record is None:
             record = self.records[entry] = EntryRecord(acked=None if self._dedup is not None else set())
         for index in sorted(indices):
-            parked = self.parked.pop(entry._replace(batch_index=index))
+            parked = self.parked.pop(entry.with_batch_index(index))
             record.nacked.set(index, parked.release_ms, True)
             record.keep(index, parked.tokens + [parked.token])
 
@@ -346,7 +346,7 @@ class DeliveryCore:
         for entry, record in list(self.records.items()):
             if (entry.topic, entry.partition) != where or (entry.ledger_id, entry.entry_id) > mark[:2]:
                 continue
-            for index in [i for i in record.nacked.indices() if covered(entry._replace(batch_index=i))]:
+            for index in [i for i in record.nacked.indices() if covered(entry.with_batch_index(i))]:
                 record.nacked.pop(index)
                 tokens += record.take(index)
             self._maybe_end(entry, record, now_ms)

@@ -9,9 +9,9 @@ an answer at once; only an answer that comes later, from the client's threads,
 goes through a future as ``pulsar.asyncio`` does. Measured by
 ``bench/consume_throughput.py``.
 
-Used only for a ``pulsar.asyncio.Consumer`` whose C++ consumer and schema are in
-``._consumer`` and ``._schema`` (pulsar-client 3.x; see :meth:`DirectConsumer.of`);
-anything else goes through its public async methods.
+Used only for a ``pulsar.asyncio.Consumer`` whose C++ consumer and schema
+:mod:`~nacktracker.adapters.pulsar_layout` finds (pulsar-client 3.x; see
+:meth:`DirectConsumer.of`); anything else goes through its public async methods.
 """
 
 from __future__ import annotations
@@ -24,15 +24,17 @@ import _pulsar
 import pulsar
 import pulsar.asyncio as pulsar_asyncio
 
+from ..adapters.pulsar_layout import consumer_schema, fill_message, raw_consumer, raw_message
+
 __all__ = ["DirectConsumer", "ReceivedMessage", "acknowledge", "acknowledged", "message_length"]
 
 _OK = _pulsar.Result.Ok
 
 
 class ReceivedMessage(pulsar.Message):  # type: ignore[misc]  # pulsar-client has no type information
-    """A ``pulsar.Message`` as the client's own wrapper makes it (``_message``,
-    ``_schema``), plus its :class:`~nacktracker.keys.MessageKey` once the consumer has built it:
-    a message's key is built once, on arrival, and its ack reuses it."""
+    """A ``pulsar.Message`` as the client's own wrapper makes it (its C++ message and schema:
+    :func:`~nacktracker.adapters.pulsar_layout.fill_message`), plus its :class:`~nacktracker.keys.MessageKey`
+    once the consumer has built it: a message's key is built once, on arrival, and its ack reuses it."""
 
     __slots__ = ("nacktracker_key",)
 
@@ -77,8 +79,8 @@ class DirectConsumer:
     loop round trip when the client answers at once. Create it on the loop."""
 
     def __init__(self, consumer: pulsar_asyncio.Consumer) -> None:
-        self._raw = consumer._consumer
-        self._schema = consumer._schema
+        self._raw = raw_consumer(consumer)
+        self._schema = consumer_schema(consumer)
         self._loop = asyncio.get_running_loop()
         self._thread = get_ident()
 
@@ -88,9 +90,9 @@ class DirectConsumer:
         as this module expects (else ``None``: use its public methods)."""
         if type(consumer) is not pulsar_asyncio.Consumer:
             return None
-        raw = getattr(consumer, "_consumer", None)
+        raw = raw_consumer(consumer)
         if not (callable(getattr(raw, "receive_async", None)) and callable(getattr(raw, "acknowledge_async", None))
-                and hasattr(consumer, "_schema")):
+                and consumer_schema(consumer) is not None):
             return None
         return cls(consumer)
 
@@ -116,8 +118,7 @@ class DirectConsumer:
     def wrap(self, raw: Any) -> ReceivedMessage:
         """A client's message in the wrapper ``receive()`` would return."""
         msg = ReceivedMessage()
-        msg._message = raw
-        msg._schema = self._schema
+        fill_message(msg, raw, self._schema)
         msg.nacktracker_key = None
         return msg
 
@@ -129,7 +130,7 @@ class DirectConsumer:
         # and an argument tuple to every receive and every ack (the hot path)
         call = _Call(self._loop, self._thread)
         try:
-            self._raw.acknowledge_async(message._message, call.done)
+            self._raw.acknowledge_async(raw_message(message), call.done)
         finally:
             call.calling = False
         if call.answer is None:
@@ -162,7 +163,10 @@ def message_length(msg: Any) -> int:
     """The payload bytes of a message, as the client counts them for batch receive limits: the C++
     message's ``length()`` (no copy) where there is one, else ``len(msg.data())``. O(1) for a
     received message."""
-    raw = getattr(msg, "_message", None)
+    try:
+        raw = raw_message(msg)
+    except AttributeError:
+        raw = None
     if raw is not None and callable(getattr(raw, "length", None)):
         return int(raw.length())
     return len(msg.data())

@@ -11,6 +11,7 @@ from typing import Any, Callable, Optional, Union
 import _pulsar
 import pulsar
 
+from ..adapters.pulsar_layout import raw_message
 from ..keys import MessageKey, key_of
 from .direct import ReceivedMessage
 
@@ -94,7 +95,7 @@ def message_key_of(msg: ReceivedMessage) -> MessageKey:
     Python frames fewer than through the wrapper). O(1)."""
     key: Optional[MessageKey] = msg.nacktracker_key
     if key is None:
-        raw = msg._message
+        raw = raw_message(msg)
         mid = raw.message_id()
         key = msg.nacktracker_key = _new_key(MessageKey, (mid.ledger_id(), mid.entry_id(), mid.partition(),
                                                           mid.batch_index(), raw.topic_name()))
@@ -132,15 +133,13 @@ def key_and_count(message: Any, ids: BareIds,
         return message_key_of(message), message.redelivery_count()
     if isinstance(message, MessageKey):
         raise TypeError("pass a pulsar Message or MessageId, not a MessageKey")
-    if isinstance(message, pulsar.MessageId):
-        message = message._msg_id
-    key, count = key_of(message)
+    key, count = key_of(message)  # a pulsar.MessageId too: its getters give the C++ id's fields
     if key.topic is None:
         topics = ids.topics(key)
         if len(topics) == 1:
-            key = key._replace(topic=topics[0])
+            key = key.with_topic(topics[0])
         else:
-            key = next((k for k in (key._replace(topic=t) for t in topics) if knows(k)), key)
+            key = next((k for k in (key.with_topic(t) for t in topics) if knows(k)), key)
     return key, count
 
 
@@ -172,9 +171,7 @@ def seek_target(target: object) -> Union[pulsar.MessageId, int]:
     if isinstance(target, pulsar.MessageId):
         return target
     if isinstance(target, _pulsar.MessageId):
-        wrapped = pulsar.MessageId.__new__(pulsar.MessageId)  # the wrapper asyncio's seek unwraps again
-        wrapped._msg_id = target
-        return wrapped
+        return pulsar.MessageId.wrap(target)  # the wrapper asyncio's seek unwraps again
     if isinstance(target, int) and not isinstance(target, bool):
         if not 0 <= target < 2**63:
             raise ValueError(f"a seek timestamp must be ms since the epoch (0 <= t < 2**63), got {target}")

@@ -27,6 +27,13 @@ class Verdict(enum.Enum):
     DROP_EARLY = "early"     # nacked, its bucket has not fired: that bucket asks for it again
     DROP_TWIN = "twin"       # a copy of it is already parked
 
+    #: The verdict's value, as a plain attribute: the key it is counted under (``.value`` is a property
+    #: that costs ~70 ns more on the hot path).
+    label: str
+
+    def __init__(self, value: str) -> None:
+        self.label = value
+
 
 @dataclass(slots=True)
 class Held:

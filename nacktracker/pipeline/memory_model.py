@@ -482,7 +482,9 @@ def _pending_rows(owner: np.ndarray, ledger: np.ndarray, entry: np.ndarray, buck
         order = np.argsort(o, kind="stable")
         cols = [a[order] for a in cols]
     has = np.bincount(cols[0], minlength=k) > 0
-    return _Rows._make([*cols, has, widened, popped >= COMPACT_CHURN, multi_seen]), listing
+    o, led, ent, bkt, st, dense_, by_add, listed, run_start, reset_after, rank, last, seen_lid = cols
+    return _Rows(o, led, ent, bkt, st, dense_, by_add, listed, run_start, reset_after, rank, last, seen_lid, has,
+                 widened, popped >= COMPACT_CHURN, multi_seen), listing
 
 
 def _ledger_ids(rows: _Rows, k: int) -> _LedgerIds:

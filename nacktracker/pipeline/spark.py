@@ -193,6 +193,9 @@ def stop_spark(spark: SparkSession, timeout_s: float = JVM_EXIT_TIMEOUT_S) -> No
 
     from .caches import prune
 
+    # PySpark (checked on 4.3) has no public handle on the driver JVM it launched, nor a public way to forget a
+    # stopped one so that the next session launches its own: the three reads and writes of SparkContext's
+    # _gateway and _jvm below are the only ones in the package.
     gateway = SparkContext._gateway
     proc = getattr(gateway, "proc", None) if gateway is not None else None
     with contextlib.suppress(Exception):

@@ -363,6 +363,26 @@ async def test_a_batch_message_is_tracked_as_its_entry():
     assert adapter.redelivered == [K(5)]
 
 
+def test_loop_is_the_event_loop_the_tracker_is_bound_to():
+    tracker = NegativeAcksTracker(MemoryAdapter())  # made outside a loop: bound on first use
+    assert tracker.loop is None
+
+    async def main() -> None:
+        tracker.add(MessageKey(1, 1))
+        assert tracker.loop is asyncio.get_running_loop()
+        await tracker.close()
+
+    asyncio.run(main())
+
+
+def test_a_key_with_another_batch_index_or_topic_keeps_its_other_fields():
+    key = MessageKey(7, 9, 2, 3, "persistent://public/default/t")
+    assert key.with_batch_index(5) == MessageKey(7, 9, 2, 5, "persistent://public/default/t")
+    assert key.with_batch_index(-1) == key.entry and type(key.with_batch_index(5)) is MessageKey
+    assert key.with_topic(None) == MessageKey(7, 9, 2, 3) and key.with_topic("u") == MessageKey(7, 9, 2, 3, "u")
+    assert type(key.with_topic("u")) is MessageKey and key == MessageKey(7, 9, 2, 3, "persistent://public/default/t")
+
+
 async def test_events_and_stats():
     events = []
     tracker, adapter, clock = make(precision_bits=0, on_event=events.append, max_redeliveries=5,
@@ -542,6 +562,22 @@ async def test_add_threadsafe_refuses_in_the_calling_thread_what_add_refuses():
     await tracker.close()
 
 
+class BrokenIndex:
+    """An index whose ``add`` raises (the rest is the real one's): a fault on the loop's side of an add."""
+
+    def __init__(self, real):
+        self.real = real
+
+    def add(self, *args):
+        raise RuntimeError("index broke")
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def __len__(self):
+        return len(self.real)
+
+
 async def test_add_threadsafe_counts_and_logs_what_still_fails_on_the_loop(caplog):
     """A failure on the loop after the calling thread's checks passed is
     counted in threadsafe_failures and logged, never silent (a close in
@@ -549,10 +585,7 @@ async def test_add_threadsafe_counts_and_logs_what_still_fails_on_the_loop(caplo
     tracker = NegativeAcksTracker(MemoryAdapter(), precision_bits=0)
     tracker.add_threadsafe(K(1), delay_ms=10)
 
-    def broken(*args):
-        raise RuntimeError("index broke")
-
-    tracker._index.add = broken  # fault injection: the index breaks before the loop runs the add
+    tracker._index = BrokenIndex(tracker._index)  # fault injection: the index breaks before the loop runs the add
     await asyncio.sleep(0.01)
     assert tracker.stats()["threadsafe_failures"] == 1 and "failed on the loop" in caplog.text
     await tracker.close()
@@ -942,15 +975,12 @@ async def test_a_plain_add_from_another_thread_gets_the_whole_explanation():
 async def test_add_threadsafe_failures_on_the_loop_are_each_counted_and_logged_with_their_key(caplog):
     tracker = NegativeAcksTracker(MemoryAdapter(), clock=ManualClock(), precision_bits=0)
 
-    def broken(*args):
-        raise RuntimeError("index broke")
-
-    real = tracker._schedule
-    tracker._index.add = broken  # fault injection: the index breaks before the loop runs the adds
+    real = tracker._index
+    tracker._index = BrokenIndex(real)  # fault injection: the index breaks before the loop runs the adds
     tracker.add_threadsafe(K(1), delay_ms=10)
     tracker.add_threadsafe(K(2), delay_ms=10)
     await settle()
-    tracker._schedule = real
+    tracker._index = real
     tracker.add_threadsafe(K(3), delay_ms=10)
     tracker.add_threadsafe(K(4), delay_ms=10)
     await tracker.close()  # before the loop runs those two adds
