@@ -24,7 +24,7 @@ DEMO_DESCRIPTION = """\
 Consume the same traffic with TrackedConsumer and with the client's built-in
 negative ack, side by side on one broker, and print a table of what each did:
 nacks, redeliveries, the error of every redelivery against its due time,
-dead letters, tracker memory, and a steady stream of nacks (where the built-in
+dead letters, memory for pending nacks, and a steady stream of nacks (where the built-in
 tracker starves). Uses $PULSAR_URL when set, else starts an embedded
 pulsar-lite broker on a free 127.0.0.1 port (the 'demo' extra)."""
 

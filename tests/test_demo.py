@@ -20,7 +20,7 @@ SCENARIOS = ["workload", "precision 1 s", "steady stream"]
 METRICS = ["failing once / twice / always", "nack delay", "nacks", "redeliveries",
            "dead-lettered (max_redeliveries=3)", "error p50 / p99 / max",
            "first deliveries: publish→receive", "every message settled after",
-           "tracker memory, stats()['nbytes'] peak", "|error| p99", "redelivered",
+           "memory for pending nacks, stats()['nbytes'] peak", "|error| p99", "redelivered",
            "redelivered during the stream", "first redelivery"]
 
 
@@ -42,4 +42,4 @@ def test_demo_quick_prints_the_whole_table(broker_url):
         row = next(r for r in rows if f"│ {metric} " in r)
         cells = [c.strip() for c in row.split("│")[1:-1]]
         assert len(cells) == 4 and all(re.search(r"\d", c) for c in cells[2:]), row
-    assert "tracker memory" in out and re.search(r"[\d,]+ B \(\d+ pending\)", out)
+    assert "memory for pending nacks" in out and re.search(r"[\d,]+ B \(\d+ pending\)", out)

@@ -55,8 +55,18 @@ def _workload(w: dict[str, Any]) -> Section:
         ("error p50 / p99 / max", _errors(t["error_ms"]), _errors(b["error_ms"])),
         ("first deliveries: publish→receive p50 / p99 / max", lag(t), lag(b)),
         ("every message settled after", settle(t), settle(b)),
-        ("tracker memory, stats()['nbytes'] peak", f"{mem['peak_nbytes']:,} B ({mem['pending_at_peak']} pending)",
-         "not exposed (C++)")])
+        ("memory for pending nacks, stats()['nbytes'] peak", _memory(mem), "not exposed (C++)")])
+
+
+def _memory(mem: dict[str, Any]) -> str:
+    """The peak, its pending nacks, and the largest parts of it (results recorded before the consumer
+    split its bytes give the peak alone)."""
+    text = f"{mem['peak_nbytes']:,} B ({mem['pending_at_peak']} pending)"
+    parts = {name: size for name, size in (mem.get("parts_at_peak") or {}).items() if size}
+    if parts:
+        text += ": " + ", ".join(f"{name.replace('_', ' ')} {size:,} B"
+                                 for name, size in sorted(parts.items(), key=lambda item: -item[1]))
+    return text
 
 
 def _precision(p: dict[str, Any]) -> Section:

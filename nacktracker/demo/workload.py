@@ -60,10 +60,12 @@ class _Tally:
 
 @dataclass
 class _MemorySampler:
-    """The tracker's ``stats()['nbytes']``, sampled while the scenario runs."""
+    """The consumer's ``stats()['nbytes']`` (everything it holds for its pending nacks) and its split
+    (``nbytes_parts``) at the peak, sampled while the scenario runs."""
 
     peak_nbytes: int = 0
     pending_at_peak: int = 0
+    parts_at_peak: Optional[dict[str, int]] = None
     peak_pending: int = 0
     samples: int = 0
     final_nbytes: Optional[int] = None
@@ -73,10 +75,13 @@ class _MemorySampler:
         self.peak_pending = max(self.peak_pending, stats["pending"])
         if stats["nbytes"] > self.peak_nbytes:
             self.peak_nbytes, self.pending_at_peak = stats["nbytes"], stats["pending"]
+            self.parts_at_peak = stats.get("nbytes_parts")
 
     def as_dict(self) -> dict[str, Any]:
         out = {"peak_nbytes": self.peak_nbytes, "pending_at_peak": self.pending_at_peak,
                "peak_pending": self.peak_pending, "samples": self.samples}
+        if self.parts_at_peak is not None:
+            out["parts_at_peak"] = dict(self.parts_at_peak)
         if self.final_nbytes is not None:
             out["final_nbytes"] = self.final_nbytes
         return out
