@@ -78,7 +78,7 @@ class _MemorySampler:
             self.parts_at_peak = stats.get("nbytes_parts")
 
     def as_dict(self) -> dict[str, Any]:
-        out = {"peak_nbytes": self.peak_nbytes, "pending_at_peak": self.pending_at_peak,
+        out: dict[str, Any] = {"peak_nbytes": self.peak_nbytes, "pending_at_peak": self.pending_at_peak,
                "peak_pending": self.peak_pending, "samples": self.samples}
         if self.parts_at_peak is not None:
             out["parts_at_peak"] = dict(self.parts_at_peak)
