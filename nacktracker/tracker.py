@@ -267,12 +267,7 @@ class NegativeAcksTracker:
         most = self.max_redeliveries
         if most is not None and count >= most:  # dead-lettered: the general path
             return self._add(message_id, delay_ms, redelivery_count)
-        if delay_ms is not None:
-            delay = delay_ms if type(delay_ms) is int and delay_ms >= 0 else check_delay_ms("delay_ms", delay_ms)
-        elif self._backoff is not None:
-            delay = check_delay_ms("backoff result", self._backoff(count))
-        else:
-            delay = self._delay_ms
+        delay = delay_ms if type(delay_ms) is int and delay_ms >= 0 else self._delay_of(delay_ms, count)
         own = self._own_loop
         if own is None or own._thread_id != get_ident():  # type: ignore[attr-defined]
             self._check_thread()  # O(1); not asyncio's own loop, not bound yet, or not this loop's thread
@@ -305,17 +300,21 @@ class NegativeAcksTracker:
         count = redelivery_count if redelivery_count is not None else (own_count or 0)
         if type(count) is not int or count >> 63:  # checks only what is not a plain int in range
             count = check_int("redelivery_count", count)
-        if delay_ms is not None:
-            delay = delay_ms if type(delay_ms) is int and delay_ms >= 0 else check_delay_ms("delay_ms", delay_ms)
-        elif self._backoff is not None:
-            delay = check_delay_ms("backoff result", self._backoff(count))
-        else:
-            delay = self._delay_ms
+        delay = self._delay_of(delay_ms, count)
         self._check_thread()  # O(1): the full test (add's inline path has the cheap one)
         if self.max_redeliveries is not None and count >= self.max_redeliveries:
             self._dead_letter(key, count, delay)
             return None
         return self._schedule(key, delay, count)
+
+    def _delay_of(self, delay_ms: Optional[float], count: int) -> int:
+        """A nack's delay: ``delay_ms`` checked, else the backoff's for ``count``, else the tracker's. O(1)
+        plus the backoff."""
+        if delay_ms is not None:
+            return check_delay_ms("delay_ms", delay_ms)
+        if self._backoff is not None:
+            return check_delay_ms("backoff result", self._backoff(count))
+        return self._delay_ms
 
     def _check_thread(self) -> None:
         """``add`` outside the tracker's loop: bind to the running loop on
