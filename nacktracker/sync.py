@@ -191,6 +191,7 @@ class SyncConsumer:
         self._ack_watch = False  # the loop looks at _acks again soon without being woken
         self._fed = False  # messages were handed over since the loop last looked for acks (more will come)
         self._acking = False  # an _ack_all task runs on the loop (it takes what comes meanwhile)
+        self._ack_task: Optional[asyncio.Task[None]] = None  # the last of them (awaited by close)
         self.ack_failures = 0
         self._clock: Clock = runner.call(self._start)
         if listener is not None:
@@ -458,7 +459,7 @@ class SyncConsumer:
         """On the loop: an _ack_all task for the acks handed over, unless one runs (it takes them)."""
         if self._acks and not self._acking:
             self._acking = True
-            self._loop.create_task(self._ack_all())
+            self._ack_task = self._loop.create_task(self._ack_all())  # (kept: the loop holds tasks weakly)
 
     async def _ack_all(self) -> None:
         """On the loop: every ack handed over so far, in order."""
@@ -597,6 +598,9 @@ class SyncConsumer:
         if feeder is not None:
             feeder.cancel()
             await asyncio.gather(feeder, return_exceptions=True)
+        running = self._ack_task
+        if running is not None:  # the acks it took are sent before the consumer closes
+            await asyncio.gather(running, return_exceptions=True)
         if self._acks:
             await self._ack_all()
         self._ready.clear()  # unacknowledged: the broker hands them to the subscription again
