@@ -356,6 +356,37 @@ def test_a_sync_consumer_is_safe_from_any_thread_and_closes_from_another(broker_
     assert consumer.topic() == name and consumer.subscription_name() == "s"
 
 
+def test_closing_only_the_client_closes_its_consumers_first_and_their_acks_go_out(broker_url, topic, caplog):
+    """A program that closes its ``pulsar.Client`` and not its consumers (pulsar-client's own examples
+    do): as the client closes its consumers, the client's close closes its sync consumers first, so
+    the acks they handed to their loop go out (the last ones came again, once the C++ consumer closed
+    under them) and no consumer thread logs a failure (a receive or listener failing on a closed client)."""
+    import logging
+
+    import pulsar
+
+    client = pulsar.Client(broker_url, logger=quiet_logger(), operation_timeout_seconds=10)
+    name = topic("sync-client-close")
+    consumer = nacktracker.sync.subscribe(client, name, "s", initial_position=pulsar.InitialPosition.Earliest)
+    listening = nacktracker.sync.subscribe(client, topic("sync-client-close-listener"), "s",
+                                           message_listener=lambda consumer, msg: None)
+    publish(client, name, [f"m{i}".encode() for i in range(20)])
+    with caplog.at_level(logging.WARNING, logger="nacktracker"):
+        for _ in range(20):
+            consumer.acknowledge(consumer.receive(10_000))  # handed over: sent when the loop takes them
+        client.close()
+    assert consumer.closed and listening.closed
+    assert consumer.stats()["sync_ack_failures"] == 0
+    assert not [r for r in caplog.records if r.name.startswith("nacktracker")], caplog.text
+    with pytest.raises(pulsar.AlreadyClosed):  # closed: a second close is the client's own error
+        client.close()
+    again_client = pulsar.Client(broker_url, logger=quiet_logger(), operation_timeout_seconds=10)
+    again = again_client.subscribe(name, "s", initial_position=pulsar.InitialPosition.Earliest)
+    with pytest.raises(pulsar.Timeout):  # every ack reached the broker: nothing comes again
+        again.receive(1_000)
+    again_client.close()
+
+
 def test_wrong_clients_and_options_are_refused_in_the_callers_thread(broker_url, topic, sync_client):
     import pulsar.asyncio
 
