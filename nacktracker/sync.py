@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import collections
+import inspect
 import logging
 import math
 import re
@@ -232,6 +233,8 @@ class SyncConsumer:
             raise pulsar.InvalidConfiguration("Can not receive when a listener has been set")
         if self._closed:
             raise ConsumerClosed()
+        if timeout_millis is not None:  # checked whether or not a message waits: the same call, the same answer
+            timeout_millis = check_timeout_ms(timeout_millis, "timeout_millis")
         ready = self._ready
         try:
             msg = ready.popleft()  # handed over by the feeder: no thread hop
@@ -250,7 +253,9 @@ class SyncConsumer:
         if threading.current_thread() is self._runner.thread:  # it would wait for itself
             raise RuntimeError("a nacktracker.sync consumer's receive was called on its own loop thread")
         clock = self._clock
-        deadline = None if timeout_millis is None else clock.now_ms() + check_timeout_ms(timeout_millis)
+        deadline = None
+        if timeout_millis is not None:
+            deadline = clock.now_ms() + check_timeout_ms(timeout_millis, "timeout_millis")
         ready, arrived = self._ready, self._arrived
         with arrived:
             self._waiting += 1
@@ -636,8 +641,8 @@ def subscribe(client: pulsar.Client, topic: Union[str, list[str], re.Pattern[str
             raise TypeError("nacktracker.sync.subscribe takes the synchronous pulsar.Client; "
                             "for a pulsar.asyncio.Client use nacktracker.subscribe")
         raise TypeError(f"client must be a pulsar.Client, not {type(client).__name__}")
-    if message_listener is not None and not callable(message_listener):
-        raise TypeError(f"message_listener must be callable(consumer, msg), not {type(message_listener).__name__}")
+    if message_listener is not None:
+        _check_listener(message_listener)
     if options.pop("pattern_auto_discovery_period", None) not in (None, 60):
         raise TypeError("pattern_auto_discovery_period is not supported (pulsar.asyncio has no such option)")
     if isinstance(topic, re.Pattern):
@@ -687,6 +692,23 @@ def _close_with_consumers() -> None:
     if pulsar.Client.close is _CLIENT_CLOSE:
         _close_consumers_first.__wrapped__ = _CLIENT_CLOSE  # type: ignore[attr-defined]  # (inspect, help())
         pulsar.Client.close = _close_consumers_first  # type: ignore[method-assign]
+
+
+def _check_listener(listener: object) -> None:
+    """A ``message_listener`` must be callable as ``listener(consumer, msg)`` (the client's form): a
+    ``TypeError`` here, at ``subscribe``, rather than one logged per message on the listener thread.
+    A callable whose signature cannot be read (some builtins) is taken as it is."""
+    if not callable(listener):
+        raise TypeError(f"message_listener must be callable(consumer, msg), not {type(listener).__name__}")
+    try:
+        signature = inspect.signature(listener)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        raise TypeError(f"message_listener must be callable as listener(consumer, msg), as pulsar-client "
+                        f"calls it; {getattr(listener, '__qualname__', listener)!r} takes {signature}") from None
 
 
 def _close_all() -> None:

@@ -235,13 +235,14 @@ def _check_failure_options(o: dict[str, Any]) -> None:
             raise ValueError("ack_timeout_backoff needs ack_timeout_ms")
 
 
-def check_timeout_ms(timeout_ms: object) -> int:
+def check_timeout_ms(timeout_ms: object, name: str = "timeout_ms") -> int:
     """A receive timeout in whole ms: as a delay (no bool, NaN, negative or
     non-number), and no later than the tracker's due times reach (a larger
-    one would overflow the event loop's float seconds)."""
-    checked = check_delay_ms("timeout_ms", timeout_ms)
+    one would overflow the event loop's float seconds). ``name``: the
+    argument's name in the errors (the sync face's is ``timeout_millis``)."""
+    checked = check_delay_ms(name, timeout_ms)
     if checked > MAX_DUE:
-        raise ValueError(f"timeout_ms must be <= {MAX_DUE}, got {checked}")
+        raise ValueError(f"{name} must be <= {MAX_DUE}, got {checked}")
     return checked
 
 

@@ -401,7 +401,31 @@ def test_wrong_clients_and_options_are_refused_in_the_callers_thread(broker_url,
         nacktracker.sync.subscribe("pulsar://x", topic(), "s")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="delay_mss"):
         nacktracker.sync.subscribe(sync_client, topic(), "s", delay_mss=5)
+    with pytest.raises(TypeError, match=r"listener\(consumer, msg\).*takes \(msg\)"):  # the client calls it so
+        nacktracker.sync.subscribe(sync_client, topic(), "s", message_listener=lambda msg: None)
     assert not [t for t in set(threading.enumerate()) - before if t.name.startswith("nacktracker-sync")]
+
+
+def test_a_wrong_receive_timeout_is_refused_by_its_name_whether_or_not_a_message_waits(sync_client, topic):
+    """``receive(timeout_millis=...)`` is checked before the hand-off is looked at: the same call gets the
+    same answer whether a message waits there or not, and the error names the sync face's argument."""
+    import pulsar
+
+    name = topic("sync-receive-timeout")
+    consumer = nacktracker.sync.subscribe(sync_client, name, "s", initial_position=pulsar.InitialPosition.Earliest)
+    publish(sync_client, name, [b"m"])
+    deadline = time.monotonic() + 10
+    while consumer.stats()["sync_handed_over"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert consumer.stats()["sync_handed_over"] == 1  # a message waits in the hand-off
+    with pytest.raises(TypeError, match="timeout_millis must be an int, not str"):
+        consumer.receive(timeout_millis="5")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="timeout_millis must be >= 0"):
+        consumer.receive(-1)
+    assert consumer.receive(timeout_millis=5_000).data() == b"m"  # still there
+    with pytest.raises(TypeError, match="timeout_millis must be an int, not str"):  # and with none waiting
+        consumer.receive(timeout_millis="5")  # type: ignore[arg-type]
+    consumer.close()
 
 
 def test_a_keyboard_interrupt_in_receive_leaves_nothing_running(broker_url, topic):
