@@ -52,7 +52,7 @@ from ..adapters.base import (
     ReportsBursts,
     WaitsForSiblings,
 )
-from ..adapters.client_close import close_leaves_no_callback
+from ..adapters.client_close import close_leaves_no_callback, close_with_client
 from ..adapters.local import LocalRedeliveryAdapter
 from ..adapters.pulsar import PulsarAdapter, is_multi_topic
 from ..clock import Clock
@@ -207,6 +207,8 @@ class TrackedConsumer:
         self.tracker.add_fire_listener(self._failures.fired)
         if self._store is not None:
             self._store.load_counts()  # the counts of a restored snapshot, once the tracker holds its nacks
+        if client is not None:  # the client's close() closes this consumer first, as it closes its own
+            close_with_client(client, self)
         try:
             asyncio.get_running_loop()
             self._start()
