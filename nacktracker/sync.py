@@ -691,7 +691,7 @@ def _close_with_consumers() -> None:
     Idempotent; a subclass that overrides ``close`` keeps its own. O(1)."""
     if pulsar.Client.close is _CLIENT_CLOSE:
         _close_consumers_first.__wrapped__ = _CLIENT_CLOSE  # type: ignore[attr-defined]  # (inspect, help())
-        pulsar.Client.close = _close_consumers_first  # type: ignore[method-assign]
+        pulsar.Client.close = _close_consumers_first
 
 
 def _check_listener(listener: object) -> None:
