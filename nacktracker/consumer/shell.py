@@ -340,12 +340,14 @@ class TrackedConsumer:
         else:
             verdict = self._decide(key, msg)
         if verdict is Verdict.SURFACE:  # the failure side has a say only with letters in flight or retries on
+            if (self._dead_letters.in_flight or self._failures.retries) and not self._failures.surfacing(msg):
+                return False
             most = self.options.max_redeliveries
             if most is not None and (msg.redelivery_count() or 0) > most:
                 # redelivered past the limit by the broker's own redelivery (redeliver_unacknowledged_messages):
                 # a dead letter, as the clients' dead-letter policy sends it instead of redelivering it again
                 return self._failures.dead_letter(msg, "max_redeliveries", None)
-            return self._failures.surfacing(msg) if self._dead_letters.in_flight or self._failures.retries else True
+            return True
         if verdict is Verdict.DROP_ACKED:
             return self._ack_copies([msg])  # tells the broker again (an ack lost in a restart)
         if verdict is Verdict.DROP_EARLY:
