@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any, Optional
 __all__ = ["NacktrackerError", "TrackerClosedError", "SnapshotError", "AdapterError", "NotReceivedError",
            "TraceError", "MissingColumnError", "ColumnTypeError", "BadValueError", "EmptyTraceError",
            "MissingExtraError", "ExecutorCheckError", "BrokerStartError", "DeadLetterError", "PropertyError",
-           "LetterInFlightError",
+           "LetterInFlightError", "ArgumentError",
            "ReceiveTimeout", "ConsumerClosed", "DeadLetterPublisherClosed"]
 
 
@@ -134,6 +134,12 @@ class ExecutorCheckError(NacktrackerError, RuntimeError):
 
 class BrokerStartError(NacktrackerError, RuntimeError):
     """A broker did not become ready; the message carries its log tail."""
+
+
+class ArgumentError(NacktrackerError, TypeError, ValueError):
+    """An argument of the wrong type where pulsar-client raises ``ValueError`` for it (its sync
+    ``Client.subscribe`` and both clients' ``Consumer.seek``): a ``TypeError`` as nacktracker's own
+    checks raise, and the ``ValueError`` code written for the client catches."""
 
 
 class PropertyError(NacktrackerError, ValueError):

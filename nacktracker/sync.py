@@ -40,7 +40,7 @@ import math
 import re
 import threading
 import weakref
-from typing import Any, Awaitable, Callable, Optional, TypeVar, Union
+from typing import Any, Awaitable, Callable, Optional, TypeVar, Union, cast
 
 import _pulsar
 import pulsar
@@ -54,7 +54,7 @@ from .consumer.direct import message_length
 from .consumer.options import CLIENT_RECEIVER_QUEUE_SIZE, check_timeout_ms
 from .consumer.shell import TrackedConsumer
 from .consumer.subscription import subscribe as subscribe_async
-from .errors import ConsumerClosed, ReceiveTimeout
+from .errors import ArgumentError, ConsumerClosed, ReceiveTimeout
 
 __all__ = ["subscribe", "SyncConsumer"]
 
@@ -90,6 +90,19 @@ def _asyncio_client(client: pulsar.Client) -> pulsar_asyncio.Client:
     if raw is None:
         raise TypeError("this pulsar.Client has no underlying client (pulsar-client 3.x lays it out as _client)")
     return asyncio_client(raw)
+
+
+def _sync_error(exc: pulsar_asyncio.PulsarException) -> BaseException:
+    """The sync client's exception for a ``pulsar.asyncio`` one: the class ``pulsar.Client`` raises
+    for its result (``pulsar.ConsumerBusy``, ``pulsar.CumulativeAcknowledgementNotAllowedError``,
+    ...), so that code catching those keeps working. nacktracker's own (``ReceiveTimeout``,
+    ``ConsumerClosed``) are both already."""
+    if isinstance(exc, pulsar.PulsarException):
+        return cast(BaseException, exc)
+    found = getattr(_pulsar, getattr(exc.error(), "name", ""), None)
+    cls: type[BaseException] = found if isinstance(found, type) and issubclass(found, pulsar.PulsarException) \
+        else pulsar.PulsarException
+    return cls(str(exc))
 
 
 class _LoopThread:
@@ -130,6 +143,8 @@ class _LoopThread:
                 except TimeoutError:
                     if future.done():  # the call's own TimeoutError
                         raise
+        except pulsar_asyncio.PulsarException as exc:
+            raise _sync_error(exc) from exc
         except BaseException:
             future.cancel()
             raise
@@ -164,8 +179,9 @@ class SyncConsumer:
     """
 
     def __init__(self, runner: _LoopThread, tracked: TrackedConsumer, listener: Optional[Listener],
-                 client: pulsar.Client, batch_limits: BatchLimits) -> None:
+                 client: pulsar.Client, batch_limits: BatchLimits, several_topics: bool = False) -> None:
         self._runner = runner
+        self._several_topics = several_topics  # a list or a pattern: ids must name their topic
         self._loop = runner.loop
         self._client = client
         self._tracked = tracked
@@ -429,6 +445,11 @@ class SyncConsumer:
             raise ConsumerClosed()
         if not isinstance(message, ACKABLE):
             raise TypeError(f"acknowledge takes a pulsar.Message or pulsar.MessageId, not {type(message).__name__}")
+        if self._several_topics and not isinstance(message, pulsar.Message):
+            # an id may name no topic (the client's multi-topics consumer refuses it at once: raised here
+            # too, as pulsar.OperationNotSupported), and an id's topic cannot be read: wait for the answer
+            self._call(lambda: self._tracked.acknowledge(message))
+            return
         self._acks.append(message)
         if not self._ack_watch:  # else the loop looks again soon (the flag is cleared before its last look)
             self._ack_watch = True
@@ -621,8 +642,8 @@ class SyncConsumer:
         return f"SyncConsumer(topic={self.topic()!r}, subscription={self.subscription_name()!r}, closed={self._closed})"
 
 
-def subscribe(client: pulsar.Client, topic: Union[str, list[str], re.Pattern[str]], subscription: str, *,
-              message_listener: Optional[Listener] = None, **options: Any) -> SyncConsumer:
+def subscribe(client: pulsar.Client, topic: Union[str, list[str], re.Pattern[str]],
+              subscription: Optional[str] = None, *args: Any, **options: Any) -> SyncConsumer:
     """Subscribe with a sync ``pulsar.Client`` and return a :class:`SyncConsumer`.
 
     ``options``: those of :func:`nacktracker.subscribe` (``delay_ms``, ``precision_bits``, ``backoff``,
@@ -631,11 +652,56 @@ def subscribe(client: pulsar.Client, topic: Union[str, list[str], re.Pattern[str
     names, or a compiled regex (a pattern subscription). ``message_listener``: called as
     ``message_listener(consumer, msg)`` on the consumer's listener thread.
 
+    Every form of call ``pulsar.Client.subscribe`` takes: ``subscription_name=`` for ``subscription``,
+    and its options positionally in its own order (``consumer_type``, ``schema``, ``message_listener``,
+    ...). Its default subscription type is not the client's: **Shared**, as :func:`nacktracker.subscribe`
+    (pass ``consumer_type=pulsar.ConsumerType.Exclusive`` for the client's). An argument of the wrong
+    type raises :class:`~nacktracker.errors.ArgumentError`: the ``ValueError`` the client raises, and a
+    ``TypeError``.
+
     >>> client = pulsar.Client(url)                                           # doctest: +SKIP
     >>> consumer = nacktracker.sync.subscribe(client, "t", "sub", delay_ms=500)  # doctest: +SKIP
     >>> msg = consumer.receive()                                              # doctest: +SKIP
     >>> consumer.negative_acknowledge(msg, delay_ms=1000)                     # doctest: +SKIP
     """
+    try:
+        subscription, message_listener = _call_form(subscription, args, options)
+        return _subscribe(client, topic, subscription, message_listener, options)
+    except TypeError as exc:
+        if isinstance(exc, ValueError):
+            raise
+        raise ArgumentError(str(exc)) from exc
+
+
+def _call_form(subscription: Optional[str], args: tuple[Any, ...],
+               options: dict[str, Any]) -> tuple[Any, Optional[Listener]]:
+    """``pulsar.Client.subscribe``'s forms of call: ``subscription_name=`` and its options given by
+    position (named from the installed client's signature, in its order). Moves the positional ones
+    into ``options``; returns the subscription and the listener."""
+    if "subscription_name" in options:
+        if subscription is not None:
+            raise TypeError("subscribe() got multiple values for the subscription (subscription and "
+                            "subscription_name)")
+        subscription = options.pop("subscription_name")
+    names = _client_positional()
+    if len(args) > len(names):
+        raise TypeError(f"subscribe() takes at most {len(names) + 3} positional arguments "
+                        f"({len(args) + 3} given)")
+    for name, value in zip(names, args):
+        if name in options:
+            raise TypeError(f"subscribe() got multiple values for argument {name!r}")
+        options[name] = value
+    return subscription, options.pop("message_listener", None)
+
+
+def _client_positional() -> list[str]:
+    """The names of ``pulsar.Client.subscribe``'s parameters after ``subscription_name``, in order."""
+    names = list(inspect.signature(pulsar.Client.subscribe).parameters)
+    return names[names.index("subscription_name") + 1:]
+
+
+def _subscribe(client: pulsar.Client, topic: Union[str, list[str], re.Pattern[str]], subscription: Any,
+               message_listener: Optional[Listener], options: dict[str, Any]) -> SyncConsumer:
     if not isinstance(client, pulsar.Client):
         if isinstance(client, pulsar_asyncio.Client):
             raise TypeError("nacktracker.sync.subscribe takes the synchronous pulsar.Client; "
@@ -648,6 +714,7 @@ def subscribe(client: pulsar.Client, topic: Union[str, list[str], re.Pattern[str
     if isinstance(topic, re.Pattern):
         topic = topic.pattern
         options["is_pattern_topic"] = True
+    several = not isinstance(topic, str) or bool(options.get("is_pattern_topic"))
     aclient = _asyncio_client(client)
     _close_with_consumers()
     options.setdefault("prefetch", HANDOFF)  # what the hand-off takes at most (see HANDOFF)
@@ -661,7 +728,7 @@ def subscribe(client: pulsar.Client, topic: Union[str, list[str], re.Pattern[str
     queue_size = options.get("receiver_queue_size", CLIENT_RECEIVER_QUEUE_SIZE)
     limits = BatchLimits.of(options.get("batch_receive_policy"), queue_size or CLIENT_RECEIVER_QUEUE_SIZE)
     try:
-        return SyncConsumer(runner, tracked, message_listener, client, limits)
+        return SyncConsumer(runner, tracked, message_listener, client, limits, several_topics=several)
     except BaseException:
         runner.call(tracked.close)
         runner.stop()

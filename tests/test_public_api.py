@@ -143,6 +143,7 @@ def test_the_typed_pass_through_options_are_the_clients():
 def test_every_error_is_a_nacktracker_error_and_what_it_stands_for():
     stands_for = {"TrackerClosedError": RuntimeError, "SnapshotError": ValueError, "AdapterError": RuntimeError,
                   "NotReceivedError": ValueError, "TraceError": ValueError, "ColumnTypeError": TypeError,
+                  "ArgumentError": TypeError,
                   "MissingExtraError": ImportError, "ExecutorCheckError": RuntimeError,
                   "BrokerStartError": RuntimeError, "DeadLetterError": RuntimeError,
                   "ReceiveTimeout": pulsar.Timeout, "ConsumerClosed": pulsar.AlreadyClosed,
@@ -154,6 +155,7 @@ def test_every_error_is_a_nacktracker_error_and_what_it_stands_for():
             assert issubclass(cls, stands_for[name]), name
     for name in ("ReceiveTimeout", "ConsumerClosed"):
         assert issubclass(getattr(errors, name), pulsar.asyncio.PulsarException)
+    assert issubclass(errors.ArgumentError, ValueError)  # what pulsar-client raises for those arguments
 
 
 def test_the_old_import_paths_give_the_same_classes():

@@ -12,6 +12,7 @@ import _pulsar
 import pulsar
 
 from ..adapters.pulsar_layout import raw_message
+from ..errors import ArgumentError
 from ..keys import MessageKey, key_of
 from .direct import ReceivedMessage
 
@@ -165,7 +166,8 @@ def seek_target(target: object) -> Union[pulsar.MessageId, int]:
     received Message (its id), a ``pulsar.MessageId``, a ``_pulsar.MessageId``
     (what ``Message.message_id()`` and ``MessageId.earliest/latest`` are, which
     ``pulsar.asyncio`` refuses), or a publish timestamp in ms (an int >= 0).
-    Anything else: ``TypeError``. O(1)."""
+    Anything else: :class:`~nacktracker.errors.ArgumentError` (a ``TypeError``, and the ``ValueError``
+    the client raises). O(1)."""
     if isinstance(target, pulsar.Message):
         target = target.message_id()
     if isinstance(target, pulsar.MessageId):
@@ -176,7 +178,7 @@ def seek_target(target: object) -> Union[pulsar.MessageId, int]:
         if not 0 <= target < 2**63:
             raise ValueError(f"a seek timestamp must be ms since the epoch (0 <= t < 2**63), got {target}")
         return target
-    raise TypeError("seek takes a pulsar Message, a MessageId (pulsar.MessageId.earliest/latest too) or a "
+    raise ArgumentError("seek takes a pulsar Message, a MessageId (pulsar.MessageId.earliest/latest too) or a "
                     f"publish timestamp in ms (int), not {type(target).__name__}")
 
 

@@ -93,6 +93,16 @@ COPY_OVERDUE_MS = 1_000
 INITIAL_LEAD_MS = 250
 
 
+#: The scheme of a non-persistent topic's full name.
+NON_PERSISTENT = "non-persistent://"
+
+
+def _non_persistent(key: MessageKey, msg: Any) -> bool:
+    """Whether ``msg`` (of a multi-topic consumer) comes from a non-persistent topic."""
+    topic = key.topic or msg.topic_name()
+    return isinstance(topic, str) and topic.startswith(NON_PERSISTENT)
+
+
 def topic_names(topic: Any) -> list[str]:
     """Topic names from a topic, a list of them, or a pattern (its text). O(topics)."""
     if isinstance(topic, (list, tuple)):
@@ -123,7 +133,7 @@ class TrackedConsumer:
     def __init__(self, consumer: Any, *, client: Optional[pulsar_asyncio.Client] = None,
                  adapter: Any = None, clock: Optional[Clock] = None, schema: Any = None,
                  batch_receive_policy: Any = None, topics: Optional[list[str]] = None,
-                 options: Optional[ConsumerOptions] = None) -> None:
+                 options: Optional[ConsumerOptions] = None, pattern: bool = False) -> None:
         opts = ConsumerOptions() if options is None else options
         if not isinstance(opts, ConsumerOptions):
             raise TypeError(f"options must be a ConsumerOptions, not {type(opts).__name__}")
@@ -144,6 +154,12 @@ class TrackedConsumer:
         #: ``topic()`` changes from one run to the next: its snapshot is then owned by subscription alone)
         self.topics = list(topics) if topics is not None else [] if is_multi_topic(consumer) else topic_names(
             consumer.topic())
+        # A non-persistent topic gives every message the same id: nothing of them can be told apart (nor
+        # redelivered), so each surfaces as it comes (a multi-topic consumer: those whose topic is one)
+        # (``pattern``: subscribed to a pattern, whose topics may be of either kind)
+        reads = str(consumer.topic())
+        self._non_persistent_only = reads.startswith(NON_PERSISTENT) and not pattern
+        self._maybe_non_persistent = pattern or is_multi_topic(consumer)
         # Copies that arrive early are parked until due, so the lead starts on the high side and is
         # learned down: an early copy costs a short wait, a late one costs precision.
         if adapter is None and opts.redelivery == "local":  # Exclusive/Failover: see adapters/local.py
@@ -312,6 +328,8 @@ class TrackedConsumer:
     def _admit(self, msg: Any) -> Union[bool, Awaitable[None]]:
         """Whether a copy from the broker goes to the application now, or what to await first (acks)."""
         key = message_key_of(msg) if type(msg) is ReceivedMessage else self._keys.key(msg)
+        if self._non_persistent_only or self._maybe_non_persistent and _non_persistent(key, msg):
+            return True
         if self._saw is not None:  # a multi-topic consumer: which topic each ledger's ids belong to
             self._saw(key)
         if self._arrived is not None and self._arrived.awaiting_arrivals and self.core.seen(key):
@@ -324,7 +342,14 @@ class TrackedConsumer:
         else:
             verdict = self._decide(key, msg)
         if verdict is Verdict.SURFACE:  # the failure side has a say only with letters in flight or retries on
-            return self._failures.surfacing(msg) if self._dead_letters.in_flight or self._failures.retries else True
+            if (self._dead_letters.in_flight or self._failures.retries) and not self._failures.surfacing(msg):
+                return False
+            most = self.options.max_redeliveries
+            if most is not None and (msg.redelivery_count() or 0) > most:
+                # redelivered past the limit by the broker's own redelivery (redeliver_unacknowledged_messages):
+                # a dead letter, as the clients' dead-letter policy sends it instead of redelivering it again
+                return self._failures.dead_letter(msg, "max_redeliveries", None)
+            return True
         if verdict is Verdict.DROP_ACKED:
             return self._ack_copies([msg])  # tells the broker again (an ack lost in a restart)
         if verdict is Verdict.DROP_EARLY:

@@ -260,7 +260,8 @@ async def subscribe(client: pulsar_asyncio.Client, topic: Union[str, list[str]],
                                       batch_index_ack_enabled=batch_index_ack_enabled, **client_kwargs)
     try:
         tracked = TrackedConsumer(consumer, client=client, schema=client_kwargs.get("schema"),
-                                  batch_receive_policy=batch_limits, topics=subscribed, options=options)
+                                  batch_receive_policy=batch_limits, topics=subscribed, options=options,
+                                  pattern=bool(client_kwargs.get("is_pattern_topic")))
     except BaseException:
         await quietly(consumer.close())
         raise

@@ -28,7 +28,11 @@ Caveats of pulsar-lite (what tests built on this can and cannot show):
 * on Key_Shared it redelivers one nacked message per key at a time (the
   plain client loses the others there too);
 * it answers a seek to a timestamp and then sends nothing until a restart;
-* it ignores ``deliver_after``/``deliver_at`` (delayed delivery).
+* it ignores ``deliver_after``/``deliver_at`` (delayed delivery);
+* it cannot seek a consumer to a message id: the plain client's seek lands on another message and
+  leaves the consumer ``NotConnected``;
+* it cannot list a namespace's topics, so a pattern subscription fails its lookup;
+* it keeps no schema registry: it refuses no consumer's schema.
 
 Example::
 

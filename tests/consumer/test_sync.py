@@ -620,3 +620,22 @@ def test_receives_through_the_hand_off_keep_the_order_and_its_bounds(broker_url,
             consumer.acknowledge(msg)
             assert consumer.stats()["sync_handed_over"] <= nacktracker.sync.HANDOFF
         assert got == [f"m{i}".encode() for i in range(n)]
+
+
+def test_every_message_of_a_non_persistent_topic_comes_through(sync_client, topic):
+    """A non-persistent topic gives all its messages the same id: none of them is taken for a copy of another."""
+    import pulsar
+
+    t = topic("non-persistent").replace("persistent://", "non-persistent://", 1)
+    consumer = nacktracker.sync.subscribe(sync_client, t, "sub")
+    try:
+        producer = sync_client.create_producer(t, batching_enabled=False)
+        for i in range(5):
+            producer.send(b"np-%d" % i)
+        got = [consumer.receive(10_000).data() for _ in range(5)]
+        assert got == [b"np-%d" % i for i in range(5)]
+        with pytest.raises(pulsar.Timeout):
+            consumer.receive(200)
+        producer.close()
+    finally:
+        consumer.close()
