@@ -402,17 +402,17 @@ def test_topics_consumer(client, subscribe, admin):
     consumer = subscribe(client, [topic1, topic2, topic3], "my-topics-consumer-sub",
                          consumer_type=ConsumerType.Shared, receiver_queue_size=10)
 
-    for i in range(100):
-        producer1.send(b"hello-1-%d" % i)
-    for i in range(100):
-        producer2.send(b"hello-2-%d" % i)
-    for i in range(100):
-        producer3.send(b"hello-3-%d" % i)
+    send_100_each_then_receive_all_300(consumer, producer1, producer2, producer3)
 
+
+def send_100_each_then_receive_all_300(consumer, *producers) -> None:
+    """The originals' common end: 100 messages on each topic, all 300 received and acked, then nothing."""
+    for n, producer in enumerate(producers, 1):
+        for i in range(100):
+            producer.send(b"hello-%d-%d" % (n, i))
     for _ in range(300):
         msg = consumer.receive(TM)
         consumer.acknowledge(msg)
-
     with pytest.raises(pulsar.Timeout):
         consumer.receive(100)
 
@@ -443,19 +443,7 @@ def test_topics_pattern_consumer(client, subscribe, admin):
 
     time.sleep(2)  # as the original (it waited for a discovery)
 
-    for i in range(100):
-        producer1.send(b"hello-1-%d" % i)
-    for i in range(100):
-        producer2.send(b"hello-2-%d" % i)
-    for i in range(100):
-        producer3.send(b"hello-3-%d" % i)
-
-    for _ in range(300):
-        msg = consumer.receive(TM)
-        consumer.acknowledge(msg)
-
-    with pytest.raises(pulsar.Timeout):
-        consumer.receive(100)
+    send_100_each_then_receive_all_300(consumer, producer1, producer2, producer3)
 
 
 def test_batch_receive(client, subscribe, topic):
