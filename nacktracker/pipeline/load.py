@@ -34,6 +34,7 @@ from ..events import (
     check_schema,
     check_stats,
 )
+from .spark import quiet_pandas_check
 
 if TYPE_CHECKING:  # pyarrow and pyspark are imported where they are used (the `spark` extra)
     from pyspark.sql import DataFrame, SparkSession
@@ -444,7 +445,9 @@ def _arrow_rows(spark: SparkSession, tasks: list[ReadTask],
 
     merged: dict[tuple[Any, Any], dict[str, Any]] = {}
     ops = {name: op for name, op, _ in aggregates}
-    for row in spark.range(len(work), numPartitions=max(1, len(work))).mapInArrow(aggregate, "stats string").collect():
+    with quiet_pandas_check():  # mapInArrow checks the pandas version too (plan --quiet printed its warning)
+        stats = spark.range(len(work), numPartitions=max(1, len(work))).mapInArrow(aggregate, "stats string").collect()
+    for row in stats:
         part = json.loads(row["stats"])
         if "error" in part:
             raise TraceError(part["error"])
