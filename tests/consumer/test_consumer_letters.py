@@ -500,27 +500,30 @@ async def test_one_consumer_per_snapshot_path_at_a_time_and_a_killed_holder_leav
         await x.close()
 
 
-async def test_a_snapshot_path_that_is_a_device_or_a_fifo_is_refused_at_once(tmp_path):
+@pytest.mark.parametrize("kind", ["a character device", "a FIFO"], ids=["dev-zero", "fifo"])
+async def test_a_snapshot_path_that_is_a_device_or_a_fifo_is_refused_at_once(tmp_path, kind):
+    """/dev/zero (read without bound before: MemoryError) and a FIFO (its open() blocked before)."""
     import os
 
     from nacktracker.snapshot import SnapshotError
 
-    zero = tmp_path / "zero"
-    zero.symlink_to("/dev/zero")
-    fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)
-    for path, kind in ((zero, "a character device"), (fifo, "a FIFO")):
-        h, make = snapshot_consumer(path)
-        with pytest.raises(SnapshotError, match=f"not a regular file \\({kind}\\)"):
-            make()
-        h2, make_ignoring = snapshot_consumer(path, snapshot_on_error="ignore")
-        consumer = make_ignoring()
-        assert consumer.stats()["restored"] == 0
-        await consumer.close()  # its save refuses to replace the device or the FIFO: counted
-        assert consumer.stats()["snapshot_failures"] == 1
-        for x in (h, h2):
-            await x.close()
-    assert os.path.realpath(zero) == "/dev/zero" and os.path.exists("/dev/zero")
+    path = tmp_path / "path"
+    if kind == "a FIFO":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    h, make = snapshot_consumer(path)
+    with pytest.raises(SnapshotError, match=f"not a regular file \\({kind}\\)"):
+        make()
+    h2, make_ignoring = snapshot_consumer(path, snapshot_on_error="ignore")
+    consumer = make_ignoring()
+    assert consumer.stats()["restored"] == 0
+    await consumer.close()  # its save refuses to replace the device or the FIFO: counted
+    assert consumer.stats()["snapshot_failures"] == 1
+    for x in (h, h2):
+        await x.close()
+    if kind == "a character device":
+        assert os.path.realpath(path) == "/dev/zero" and os.path.exists("/dev/zero")
 
 
 # -- every counter against what the topics received ----------------------------------------------
