@@ -93,6 +93,7 @@ OWNERS: list[tuple[tuple[str, ...], str, str]] = [
     (("nacktracker/tracker.py",), "tests/tracker/test_tracker.py tests/tracker/test_faults.py tests/tracker/test_events.py "
      "tests/tracker/test_fuzz.py tests/tracker/test_snapshot.py", "mutate"),
     (("nacktracker/consumer/letters/java.py",), LETTER_TESTS, "mutate"),
+    (("nacktracker/consumer/counts.py",), LETTER_TESTS, "mutate"),
     *(((f"nacktracker/index/{m}.py",), INDEX_TESTS, "mutate-quick")
       for m in ("_ledgers", "bitmaps", "layout", "baselines", "_windows", "_live", "buckets")),
 ]

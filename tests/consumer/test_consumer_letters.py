@@ -166,6 +166,21 @@ async def test_after_a_restart_the_worst_still_surfaces(letters):
     assert [m.data() for m in await again.advance(150)] == [b"r126"]
 
 
+#: The three values the issue found stopping the pump for good (the rest of WORST_VALUES are their friends).
+ISSUE_VALUES = {"superscript-two": "²", "5000-digits": "1" * 5000, "1e400": "1" + "0" * 400}
+
+
+@pytest.mark.parametrize("value", ISSUE_VALUES.values(), ids=ISSUE_VALUES.keys())
+async def test_one_retry_copy_with_a_bad_delay_time_never_stops_the_pump(letters, value):
+    """One such copy alone, a good message behind it: both surface, and so does the next one."""
+    h = letters()
+    h.feed(Message(1, RETRY, {"DELAY_TIME": value, "RECONSUMETIMES": "1"}, publish_ms=h.wall()))
+    h.feed(Message(2, TOPIC))
+    assert sorted(m.data() for m in await h.drain()) == [b"m2", b"r1"]
+    h.feed(Message(3, TOPIC))
+    assert [m.data() for m in await h.drain()] == [b"m3"]
+
+
 async def test_a_bad_delay_time_is_counted_and_logged(letters, caplog):
     h = letters()
     h.feed(Message(1, RETRY, {"DELAY_TIME": "²"}, publish_ms=h.wall()))
@@ -485,27 +500,30 @@ async def test_one_consumer_per_snapshot_path_at_a_time_and_a_killed_holder_leav
         await x.close()
 
 
-async def test_a_snapshot_path_that_is_a_device_or_a_fifo_is_refused_at_once(tmp_path):
+@pytest.mark.parametrize("kind", ["a character device", "a FIFO"], ids=["dev-zero", "fifo"])
+async def test_a_snapshot_path_that_is_a_device_or_a_fifo_is_refused_at_once(tmp_path, kind):
+    """/dev/zero (read without bound before: MemoryError) and a FIFO (its open() blocked before)."""
     import os
 
     from nacktracker.snapshot import SnapshotError
 
-    zero = tmp_path / "zero"
-    zero.symlink_to("/dev/zero")
-    fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)
-    for path, kind in ((zero, "a character device"), (fifo, "a FIFO")):
-        h, make = snapshot_consumer(path)
-        with pytest.raises(SnapshotError, match=f"not a regular file \\({kind}\\)"):
-            make()
-        h2, make_ignoring = snapshot_consumer(path, snapshot_on_error="ignore")
-        consumer = make_ignoring()
-        assert consumer.stats()["restored"] == 0
-        await consumer.close()  # its save refuses to replace the device or the FIFO: counted
-        assert consumer.stats()["snapshot_failures"] == 1
-        for x in (h, h2):
-            await x.close()
-    assert os.path.realpath(zero) == "/dev/zero" and os.path.exists("/dev/zero")
+    path = tmp_path / "path"
+    if kind == "a FIFO":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    h, make = snapshot_consumer(path)
+    with pytest.raises(SnapshotError, match=f"not a regular file \\({kind}\\)"):
+        make()
+    h2, make_ignoring = snapshot_consumer(path, snapshot_on_error="ignore")
+    consumer = make_ignoring()
+    assert consumer.stats()["restored"] == 0
+    await consumer.close()  # its save refuses to replace the device or the FIFO: counted
+    assert consumer.stats()["snapshot_failures"] == 1
+    for x in (h, h2):
+        await x.close()
+    if kind == "a character device":
+        assert os.path.realpath(path) == "/dev/zero" and os.path.exists("/dev/zero")
 
 
 # -- every counter against what the topics received ----------------------------------------------
@@ -561,6 +579,53 @@ async def test_after_a_mixed_run_every_counter_equals_what_the_topics_received(l
     # each timed-out message was redelivered until its last delivery (counts 1 and 2): what the broker was asked
     asked = sum(h.broker.counts.get(e, 0) for e in groups["timed_out"])
     assert stats["ack_timeout_redeliveries"] == asked == 20
+
+
+async def test_ack_timeouts_are_not_nacks_and_every_dead_letter_is_counted_once_in_stats_and_metrics(letters):
+    """One message nacked until max_redeliveries, one dead_letter() call, one never settled (ack timeouts
+    until its last delivery): 2 nacks and 2 ack-timeout redeliveries apart, 3 dead letters (one of each
+    cause), the same in stats() and in the OpenTelemetry counters an operator reads."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from nacktracker.metrics import instrument_consumer
+
+    h = letters(max_redeliveries=2, ack_timeout_ms=100)
+    reader = InMemoryMetricReader()
+    registration = instrument_consumer(h.consumer, meter_provider=MeterProvider(metric_readers=[reader]))
+    for _ in range(3):
+        h.broker.publish()
+
+    async def handle(msgs) -> None:
+        for m in msgs:
+            entry = m.message_id().entry_id()
+            if entry == 0:
+                await h.consumer.negative_acknowledge(m, delay_ms=10)
+            elif entry == 1:
+                await h.consumer.dead_letter(m, reason="poison")
+            # entry 2: neither acknowledged nor nacked
+
+    await handle(await h.drain())
+    for _ in range(600):
+        h.clock.advance(1)
+        await handle(await h.drain())
+        await asyncio.sleep(0)
+    for _ in range(100):  # the fake producers' creation takes real time
+        if len(h.sent(DLQ)) >= 3:
+            break
+        await asyncio.sleep(0.01)
+    await settle()
+    assert sorted(p for p, _ in h.sent(DLQ)) == [b"m0", b"m1", b"m2"]
+    stats = h.consumer.stats()
+    expected = {"nacks": 2, "ack_timeout_redeliveries": 2, "dead_lettered": 3, "dead_letters_max_redeliveries": 1,
+                "dead_letters_dead_letter": 1, "dead_letters_ack_timeout": 1, "dead_letters_bad_property": 0,
+                "retry_letters": 0}
+    assert {k: stats[k] for k in expected} == expected
+    points = {m.name: m.data.data_points[0].value for rm in reader.get_metrics_data().resource_metrics
+              for sm in rm.scope_metrics for m in sm.metrics if m.name in {
+                  "nacktracker.nacks", "nacktracker.dead_lettered", "nacktracker.ack_timeout.redeliveries"}}
+    assert points == {"nacktracker.nacks": 2, "nacktracker.dead_lettered": 3, "nacktracker.ack_timeout.redeliveries": 2}
+    registration.close()
 
 
 # -- the retry and dead-letter toolkit, pinned behaviour by behaviour ------------------------------

@@ -6,31 +6,33 @@ received."""
 from __future__ import annotations
 
 import asyncio
-import random
+import re
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pulsar = pytest.importorskip("pulsar")
 
 import nacktracker  # noqa: E402
-from test_consumer_letters import WORST_VALUES  # noqa: E402
+from nacktracker.errors import LetterInFlightError  # noqa: E402
+from test_consumer_letters import WORST_VALUES, property_dicts  # noqa: E402
 
 SHARED = pulsar.ConsumerType.Shared
 EARLIEST = pulsar.InitialPosition.Earliest
 
-
-def random_properties(rng: random.Random) -> dict[str, str]:
-    """A property dict as a careless producer might write one: the retry properties' names with any text."""
-    names = ["RECONSUMETIMES", "DELAY_TIME", "REAL_TOPIC", "ORIGIN_MESSAGE_ID", "REAL_SUBSCRIPTION", "x"]
-    alphabet = "0123456789-:;²٣ abcxyz\u00e9\u4e2d"
-    return {rng.choice(names): "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 25)))
-            for _ in range(rng.randrange(1, 4))}
+#: Property dicts as any producer may write them (the broker-less tests' strategy), less a DELAY_TIME the
+#: consumer can read: such a copy is held until its due time (the good retry below stands for it), every
+#: other one surfaces at once. Keys the client cannot send (empty) left out.
+surfacing_property_dicts = property_dicts.map(lambda d: {k: v for k, v in d.items() if k and not (
+    k == "DELAY_TIME" and re.fullmatch("[0-9]+", v))})
 
 
-async def read_topic(client, pumps, topic: str, n: int, timeout_s: float = 10.0) -> list:
+async def read_topic(client, pumps, topic: str, n: int, timeout_s: float = 10.0, consumer_type=SHARED) -> list:
     """The first ``n`` messages of ``topic`` (a plain consumer from the earliest, pumped: never a
-    cancelled receive), then a check that no more come."""
-    pump = pumps(await client.subscribe(topic, "check", consumer_type=SHARED, initial_position=EARLIEST))
+    cancelled receive), then a check that no more come. (An Exclusive ``consumer_type`` reads a retry
+    letter before its ``deliver_after``: the broker delays deliveries to Shared subscriptions only.)"""
+    pump = pumps(await client.subscribe(topic, "check", consumer_type=consumer_type, initial_position=EARLIEST))
     out = [(await pump.get(timeout_s))[1] for _ in range(n)]
     with pytest.raises(asyncio.TimeoutError):
         await pump.get(1.0)
@@ -46,22 +48,28 @@ async def receive_all(consumer, quiet_ms: int = 1500) -> list:
             return out
 
 
-async def test_the_retry_topics_worst_never_stops_a_consumer_before_or_after_a_restart(client, topic):
+@settings(max_examples=3, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(drawn=st.lists(surfacing_property_dicts, min_size=30, max_size=30))
+async def test_the_retry_topics_worst_never_stops_a_consumer_before_or_after_a_restart(client, topic, drawn):
+    """The worst values as DELAY_TIME and RECONSUMETIMES, then 30 property dicts drawn by hypothesis, on the
+    retry topic ahead of a good retry and a good message: the good ones are delivered, the bad ones surface;
+    the next consumer (the bad ones were not acknowledged) gets them again and keeps going too. Each
+    example on a topic of its own."""
     t = topic("worst")
     options = dict(enable_retry=True, max_redeliveries=3, retry_lead_ms=0, initial_position=EARLIEST)
     consumer = await nacktracker.subscribe(client, t, "sub", **options)
     retry = consumer.options.retry_letter_topic
     bad = await client.create_producer(retry, batching_enabled=False)
     good = await client.create_producer(t, batching_enabled=False)
-    rng = random.Random(38)
     sent = []
     try:
         for i, value in enumerate(WORST_VALUES):
             for props in ({"DELAY_TIME": value, "RECONSUMETIMES": "1"}, {"RECONSUMETIMES": value}):
                 await bad.send(b"bad-%d-%d" % (i, len(sent)), properties=props)
                 sent.append(props)
-        for i in range(30):
-            await bad.send(b"rand-%d" % i, properties=random_properties(rng))
+        for i, props in enumerate(drawn):
+            await bad.send(b"drawn-%d" % i, properties=props)
         await bad.send(b"good-retry", properties={"DELAY_TIME": "300", "RECONSUMETIMES": "1"})
         await good.send(b"good")
         got = await receive_all(consumer)
@@ -95,11 +103,21 @@ async def test_the_retry_topics_worst_never_stops_a_consumer_before_or_after_a_r
 
 async def test_after_a_mixed_run_every_counter_equals_what_the_brokers_topics_received(client, topic, pumps):
     """Nacks until max_redeliveries, dead_letter() calls, reconsumes until they run out, ack timeouts
-    until their last delivery: each counter against the retry and dead-letter topics' messages."""
+    until their last delivery, a reconsume of a retry copy whose RECONSUMETIMES cannot be read: each
+    counter, in stats() and as the OpenTelemetry counter an operator reads, against the retry and
+    dead-letter topics' messages; the metrics' pulsar.topic is the topic subscribed to."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from nacktracker.metrics import INSTRUMENTS, instrument_consumer
+
     t = topic("mixed")
     consumer = await nacktracker.subscribe(client, t, "sub", enable_retry=True, max_redeliveries=2,
                                            ack_timeout_ms=300, retry_lead_ms=0, initial_position=EARLIEST)
+    reader = InMemoryMetricReader()
+    registration = instrument_consumer(consumer, meter_provider=MeterProvider(metric_readers=[reader]))
     producer = await client.create_producer(t, batching_enabled=False)
+    foreign = await client.create_producer(consumer.options.retry_letter_topic, batching_enabled=False)
     # the client names a consumer of the topic and its retry topic ...-TopicsConsumerFakeName-<random>: the
     # metrics' pulsar.topic and the snapshot's owner are the topic subscribed to
     assert consumer.topics == [t] and consumer.topic() != t
@@ -109,6 +127,7 @@ async def test_after_a_mixed_run_every_counter_equals_what_the_brokers_topics_re
         for group in groups:
             for i in range(n):
                 await producer.send(b"%s-%d" % (group.encode(), i))
+        await foreign.send(b"bad-0", properties={"RECONSUMETIMES": "\u00b2"})  # another client's unreadable count
         nacks = slow_deliveries = 0
         while True:
             try:
@@ -121,18 +140,34 @@ async def test_after_a_mixed_run_every_counter_equals_what_the_brokers_topics_re
                 await consumer.negative_acknowledge(m, delay_ms=100)
             elif group == "dead":
                 await consumer.dead_letter(m, reason="poison")
-            elif group == "retry":
+            elif group in ("retry", "bad"):
                 await consumer.reconsume_later(m, delay_ms=100)
             else:  # "slow": never settled, its ack timeouts pass
                 slow_deliveries += 1
         stats = consumer.stats()
+        exported = {m.name: m.data.data_points for rm in reader.get_metrics_data().resource_metrics
+                    for sm in rm.scope_metrics for m in sm.metrics}
     finally:
+        registration.close()
         await producer.close()
+        await foreign.close()
         await consumer.close()
-    dead = await read_topic(client, pumps, f"{t}-sub-DLQ", 4 * n)
-    retries = await read_topic(client, pumps, consumer.options.retry_letter_topic, 2 * n)
-    by_group = {g: sum(1 for m in dead if m.data().startswith(g.encode())) for g in groups}
-    assert by_group == {"nack": n, "dead": n, "retry": n, "slow": n}
+    dead = await read_topic(client, pumps, f"{t}-sub-DLQ", 4 * n + 1)
+    retry_topic = await read_topic(client, pumps, consumer.options.retry_letter_topic, 2 * n + 1)
+    retries = [m for m in retry_topic if not m.data().startswith(b"bad")]  # the consumer's own letters
+    by_group = {g: sum(1 for m in dead if m.data().startswith(g.encode())) for g in groups + ("bad",)}
+    assert by_group == {"nack": n, "dead": n, "retry": n, "slow": n, "bad": 1}
+    assert stats["dead_letters_bad_property"] == by_group["bad"]
+    # every counter an operator reads is the stat it names, on one series: the topic subscribed to
+    checked = []
+    for spec in INSTRUMENTS:
+        if spec.name in exported and isinstance(stats.get(spec.stat), int):
+            [point] = exported[spec.name]
+            assert point.value == stats[spec.stat], spec.name
+            assert point.attributes["pulsar.topic"] == t, point.attributes
+            checked.append(spec.name.removeprefix("nacktracker."))
+    assert {"nacks", "ack_timeout.redeliveries", "retry_letters", "dead_lettered", "dead_letters.max_redeliveries",
+            "dead_letters.dead_letter_call", "dead_letters.ack_timeout", "dead_letters.bad_property"} <= set(checked)
     assert stats["dead_letters_max_redeliveries"] == by_group["nack"] + by_group["retry"]
     assert stats["reconsume_dead_lettered"] == by_group["retry"]
     assert stats["dead_letters_dead_letter"] == by_group["dead"]
@@ -142,3 +177,44 @@ async def test_after_a_mixed_run_every_counter_equals_what_the_brokers_topics_re
     assert stats["nacks"] == nacks == 2 * n
     # each slow message's ack timeout redelivered it until its last delivery (max_redeliveries 2)
     assert stats["ack_timeout_redeliveries"] == slow_deliveries - n == 2 * n
+
+
+async def test_1000_concurrent_letter_call_pairs_on_1000_messages_publish_exactly_1000_letters(client, topic, pumps):
+    """1,000 messages, on each two letter calls at once (dead_letter twice, reconsume_later then dead_letter,
+    dead_letter then reconsume_later, reconsume_later twice), all 2,000 calls gathered: each first call
+    publishes, each second is refused as in flight, and the retry and dead-letter topics received exactly
+    one letter per message, 1,000 in all (read by a consumer of their own)."""
+    t = topic("pairs")
+    n = 1000
+    consumer = await nacktracker.subscribe(client, t, "sub", enable_retry=True, max_redeliveries=3,
+                                           retry_lead_ms=0, initial_position=EARLIEST)
+    producer = await client.create_producer(t, batching_enabled=False)
+    try:
+        await asyncio.gather(*[producer.send(b"%d" % i) for i in range(n)])
+        msgs = [await consumer.receive(timeout_ms=10_000) for _ in range(n)]
+        assert sorted(int(m.data()) for m in msgs) == list(range(n))
+        c = consumer
+
+        def pair(i: int, m):
+            return [lambda: (c.dead_letter(m, reason="a"), c.dead_letter(m, reason="b")),
+                    lambda: (c.reconsume_later(m, delay_ms=60_000), c.dead_letter(m, reason="c")),
+                    lambda: (c.dead_letter(m, reason="d"), c.reconsume_later(m, delay_ms=1)),
+                    lambda: (c.reconsume_later(m, delay_ms=5), c.reconsume_later(m, delay_ms=6))][i % 4]()
+
+        results = await asyncio.gather(*[call for i, m in enumerate(msgs) for call in pair(i, m)],
+                                       return_exceptions=True)
+        firsts, seconds = results[0::2], results[1::2]
+        assert firsts == [None] * n, {type(r) for r in firsts}
+        assert all(isinstance(r, LetterInFlightError) for r in seconds), {type(r) for r in seconds}
+        stats = consumer.stats()
+        retry_topic = consumer.options.retry_letter_topic
+    finally:
+        await producer.close()
+        await consumer.close()
+    exclusive = pulsar.ConsumerType.Exclusive  # the 60 s retries too, before their deliver_after
+    retries = await read_topic(client, pumps, retry_topic, n // 2, consumer_type=exclusive)
+    dead = await read_topic(client, pumps, f"{t}-sub-DLQ", n // 2, consumer_type=exclusive)
+    letters = sorted(int(m.data()) for m in retries + dead)
+    assert len(retries) + len(dead) == n and letters == list(range(n))  # one letter per message, none twice
+    assert sorted(int(m.data()) % 4 for m in retries) == sorted([1, 3] * (n // 4))  # the first call decided
+    assert stats["retry_letters"] == n // 2 and stats["dead_letters_dead_letter"] == n // 2

@@ -172,6 +172,59 @@ def test_delivery_counts_take_the_larger_and_survive_a_round_trip():
     assert len(counts) == 0
 
 
+def test_delivery_counts_operation_by_operation():
+    """Each operation of DeliveryCounts pinned: what it keeps, what it refuses and what it says (the
+    survivors of a mutation run over consumer/counts.py against the letter tests)."""
+    import json
+    import sys
+    import zlib
+
+    e, other = MessageKey(3, 4, -1, -1, "persistent://p/d/t"), MessageKey(3, 5, 0, -1, None)
+    counts = DeliveryCounts()
+    assert not counts.has(e) and list(counts) == [] and counts.nbytes() == sys.getsizeof({})
+    counts.at_least(e, 0)  # nothing for 0
+    assert len(counts) == 0
+    counts.at_least(e, 1)  # the first count is kept, 1 included
+    assert counts.has(e) and not counts.has(other) and list(counts) == [(e, 1)]
+    counts.at_least(e, 5)
+    counts.at_least(e, 2)  # a smaller count never lowers it
+    assert list(counts) == [(e, 5)] and counts.count(e, 2) == 5 and counts.count(e, 7) == 7
+    counts.forget(other)  # not counted: nothing happens
+    n = len(counts)
+    assert counts.nbytes() == sys.getsizeof(counts._n) + n * (sys.getsizeof(e) + sys.getsizeof(5))  # noqa: SLF001
+    counts.at_least(other, 2)
+    # the file: 8 lowercase hex digits of the body's CRC-32, then compact JSON
+    raw = counts.encode(0xABCDEF)
+    body = json.dumps({"snapshot_crc32": 0xABCDEF, "counts": [["persistent://p/d/t", -1, 3, 4, 5], [None, 0, 3, 5, 2]]},
+                      separators=(",", ":")).encode()
+    assert raw == b"%08x\n" % zlib.crc32(body) + body and b" " not in body
+    restored = DeliveryCounts()
+    restored.at_least(other, 9)  # a count already held keeps the larger value
+    assert restored.restore(raw, None) == 2 and sorted(restored, key=lambda kv: kv[0].entry_id) == [(e, 5), (other, 9)]
+    counts.forget(e)
+    assert not counts.has(e) and list(counts) == [(other, 2)]
+
+    def refused(doc_counts=None, *, raw=None) -> str:
+        if raw is None:
+            body = json.dumps({"snapshot_crc32": 1, "counts": doc_counts}).encode()
+            raw = b"%08x\n" % zlib.crc32(body) + body
+        with pytest.raises(ValueError) as caught:
+            DeliveryCounts().restore(raw, None)
+        return str(caught.value)
+
+    good = counts.encode(1)
+    assert refused(raw=b"%08x\n" % (int(good[:8], 16) ^ 1) + good[9:]) == "checksum mismatch"
+    assert refused(raw=b"0" + good) == "checksum mismatch"  # a head of 9 digits
+    assert refused([[5, 0, 1, 1, 1]]) == "bad topic 5 or partition 0"
+    assert refused([["t", True, 1, 1, 1]]) == "bad topic 't' or partition True"
+    assert refused([["t", -2, 1, 1, 1]]) == "bad topic 't' or partition -2"
+    assert refused([["t", -1, -1, 1, 1]]) == "ledger_id must be >= 0, got -1"
+    assert refused([["t", -1, 1, -1, 1]]) == "entry_id must be >= 0, got -1"
+    assert refused([["t", -1, 1, 1, -1]]) == "count must be >= 0, got -1"
+    assert refused([["t", -1, 1, 1, None]]) == "corrupted delivery counts: count must be an int, not NoneType"
+    assert refused(raw=b"%08x\n{}" % zlib.crc32(b"{}")) == "corrupted delivery counts: 'counts'"
+
+
 def test_bad_retry_and_ack_timeout_options_are_refused_before_anything_is_made():
     from nacktracker.consumer.options import ConsumerOptions
 

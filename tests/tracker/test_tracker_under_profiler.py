@@ -84,3 +84,56 @@ def test_the_trackers_calls_under_a_locals_reading_hook_do_what_they_do_without_
     assert sum(bool(fired) for fired, _ in plain) > 150  # the workload reached the fires it meant to
     differ = [i for i, (a, b) in enumerate(zip(plain, hooked)) if a != b]
     assert len(plain) == len(hooked) and not differ, differ[:5]
+
+
+def fires_after_a_bulk_of_nacks(bits: int, hooked: bool) -> tuple[list, list, int]:
+    """60,000 nacks over 16 ledgers due within 60 s (through ``tracker.add``), then 600 steps of 100 ms of
+    the tracker's own fires (``pop_due_bitmaps`` over windows that fill many segments), under the hook
+    when ``hooked``: what fired at each step, the errors the loop was handed, and what stayed pending."""
+    rng, hook = random.Random(bits + 1), locals_reader(PACKAGE_DIR, random.Random(bits))
+    errors: list = []
+
+    async def main() -> tuple[list, int]:
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: errors.append(
+            context.get("exception") or context.get("message")))
+        clock = ManualClock(0)
+        tracker = NegativeAcksTracker(MemoryAdapter(), precision_bits=bits, clock=clock)
+        fired: list = []
+        tracker.add_fire_listener(lambda cell: fired.extend((k.ledger_id, k.entry_id) for k in cell.keys))
+        for i in range(60_000):
+            tracker.add(MessageKey(rng.randrange(16), i), delay_ms=rng.randrange(1, 60_000))
+        steps = []
+        old = sys.getprofile()
+        if hooked:
+            sys.setprofile(hook)
+        try:
+            for _ in range(600):
+                clock.advance(100)
+                for _ in range(5):
+                    await asyncio.sleep(0)
+                steps.append(sorted(fired))
+                fired.clear()
+        finally:
+            sys.setprofile(old)
+        errors.extend(["failures"] * tracker.stats()["failures"])
+        pending = tracker.pending
+        await tracker.close()
+        return steps, pending
+
+    steps, pending = asyncio.run(main())
+    return steps, errors, pending
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("bits", [0, 8])
+def test_the_trackers_fires_over_a_bulk_of_nacks_under_a_locals_reading_hook_do_what_they_do_without_it(bits):
+    """The case a sampling profiler broke: the tracker's fires popping windows of many segments
+    (a window sorted across its segments once closed a scratch map the hooked frame's locals still
+    viewed: BufferError in the fire, and later fires differing)."""
+    plain, plain_errors, plain_pending = fires_after_a_bulk_of_nacks(bits, hooked=False)
+    hooked, errors, pending = fires_after_a_bulk_of_nacks(bits, hooked=True)
+    assert not plain_errors and not errors, errors[:3]
+    assert sum(len(fired) for fired in plain) == 60_000 and plain_pending == 0  # every nack fired, by its step
+    differ = [i for i, (a, b) in enumerate(zip(plain, hooked)) if a != b]
+    assert len(plain) == len(hooked) and not differ and pending == 0, differ[:5]
