@@ -709,8 +709,12 @@ def _subscribe(client: pulsar.Client, topic: Union[str, list[str], re.Pattern[st
         raise TypeError(f"client must be a pulsar.Client, not {type(client).__name__}")
     if message_listener is not None:
         _check_listener(message_listener)
-    if options.pop("pattern_auto_discovery_period", None) not in (None, 60):
-        raise TypeError("pattern_auto_discovery_period is not supported (pulsar.asyncio has no such option)")
+    # pulsar-client 3.x's pulsar.Client.subscribe checks this option's type and sets nothing with it (the C++
+    # client's default period applies): the same here
+    period = options.pop("pattern_auto_discovery_period", 60)
+    if not isinstance(period, int):
+        raise ValueError(f"Argument pattern_auto_discovery_period is expected to be of type 'int' and not "
+                         f"'{type(period).__name__}'")  # the client's own words
     if isinstance(topic, re.Pattern):
         topic = topic.pattern
         options["is_pattern_topic"] = True

@@ -639,3 +639,22 @@ def test_every_message_of_a_non_persistent_topic_comes_through(sync_client, topi
         producer.close()
     finally:
         consumer.close()
+
+
+
+def test_pattern_auto_discovery_period_is_taken_as_the_client_takes_it(sync_client, topic):
+    """``pulsar.Client.subscribe`` checks ``pattern_auto_discovery_period``'s type (a ValueError) and sets
+    nothing with it (pulsar-client 3.x): the sync face takes it the same way, on any topic form."""
+    with pytest.raises(ValueError, match="pattern_auto_discovery_period"):
+        sync_client.subscribe(topic(), "s", pattern_auto_discovery_period=1.5)
+    with pytest.raises(ValueError, match="pattern_auto_discovery_period"):
+        nacktracker.sync.subscribe(sync_client, topic(), "s", pattern_auto_discovery_period=1.5)
+    t = topic("discovery")
+    consumer = nacktracker.sync.subscribe(sync_client, t, "sub", pattern_auto_discovery_period=1)
+    try:
+        publish(sync_client, t, [b"one"])
+        msg = consumer.receive(10_000)
+        assert msg.data() == b"one"
+        consumer.acknowledge(msg)
+    finally:
+        consumer.close()

@@ -21,8 +21,7 @@ listener test), the port waits for the result with a bound instead: the thing ch
 
 What the package documents differently, asserted as documented (each test says so): the subscription type
 defaults to **Shared** (the client's default is Exclusive), so a cumulative ack on a default subscription is
-refused by the broker as on any Shared one; ``pattern_auto_discovery_period`` other than the client's
-default is refused (``pulsar.asyncio`` has no such setting). Skips on pulsar-lite only, for its documented
+refused by the broker as on any Shared one. Skips on pulsar-lite only, for its documented
 limits (``nacktracker.testing.lite``): no partitioned topics or admin API, delayed delivery ignored,
 batch-index acks ignored, a seek to a timestamp answered but followed by nothing.
 """
@@ -432,16 +431,10 @@ def test_topics_pattern_consumer(client, subscribe, admin):
     producer2 = client.create_producer(topic2)
     producer3 = client.create_producer(topic3)
 
-    # documented: a discovery period other than the client's default is refused (pulsar.asyncio, which the
-    # face runs on, has no such setting), with the client's ValueError for a bad argument
-    with pytest.raises(ValueError, match="pattern_auto_discovery_period"):
-        subscribe(client, re.compile(topics_pattern), "my-pattern-consumer-sub", consumer_type=ConsumerType.Shared,
-                  receiver_queue_size=10, pattern_auto_discovery_period=1)
-    # the topics exist before the subscription: the rest of the test needs no discovery
     consumer = subscribe(client, re.compile(topics_pattern), "my-pattern-consumer-sub",
-                         consumer_type=ConsumerType.Shared, receiver_queue_size=10)
+                         consumer_type=ConsumerType.Shared, receiver_queue_size=10, pattern_auto_discovery_period=1)
 
-    time.sleep(2)  # as the original (it waited for a discovery)
+    time.sleep(2)  # wait enough time to trigger auto discovery, as the original
 
     send_100_each_then_receive_all_300(consumer, producer1, producer2, producer3)
 
