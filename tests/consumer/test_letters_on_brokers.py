@@ -95,9 +95,11 @@ async def test_the_retry_topics_worst_never_stops_a_consumer_before_or_after_a_r
 
 async def test_after_a_mixed_run_every_counter_equals_what_the_brokers_topics_received(client, topic, pumps):
     """Nacks until max_redeliveries, dead_letter() calls, reconsumes until they run out, ack timeouts
-    until their last delivery: each counter against the retry and dead-letter topics' messages."""
+    until their last delivery: each counter against the retry and dead-letter topics' messages. Shared: the
+    nacks are counted from the broker's redelivery count (a local redelivery leaves it as it was)."""
     t = topic("mixed")
-    consumer = await nacktracker.subscribe(client, t, "sub", enable_retry=True, max_redeliveries=2,
+    consumer = await nacktracker.subscribe(client, t, "sub", consumer_type=SHARED,
+                                           enable_retry=True, max_redeliveries=2,
                                            ack_timeout_ms=300, retry_lead_ms=0, initial_position=EARLIEST)
     producer = await client.create_producer(t, batching_enabled=False)
     # the client names a consumer of the topic and its retry topic ...-TopicsConsumerFakeName-<random>: the

@@ -375,7 +375,9 @@ async def test_ack_timeout_with_backoff_on_the_broker(client, topic):
 
 async def test_ack_timeouts_count_for_max_redeliveries_then_dead_letter(client, topic):
     """Never acknowledged: delivered 1 + max_redeliveries times, then dead-lettered when its last
-    delivery's timeout passes (as Java's ack-timeout redelivery past maxRedeliverCount)."""
+    delivery's timeout passes (as Java's ack-timeout redelivery past maxRedeliverCount). On the default
+    type, Exclusive: each redelivery comes from the consumer's memory (it kept the message when its ack
+    timeout passed; pulsar-lite resends nothing there, Apache Pulsar would resend everything)."""
     import nacktracker
 
     t = topic("ackdlq")
