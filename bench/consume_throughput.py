@@ -6,7 +6,7 @@ Three kinds of consumer, side by side on one broker, one process:
   acknowledge()`` (or ``negative_acknowledge()``) per message;
 * ``queued``: the same client behind a 16-deep ``asyncio.Queue`` filled by one
   receive task (the ceiling: TrackedConsumer has such a pump, ``prefetch=16``);
-* ``tracked``: ``nacktracker.subscribe`` (defaults: dedup on, precision 0).
+* ``tracked``: ``nacktracker.subscribe`` (defaults: dedup on, precision 0; Shared, as every kind).
 
 Four workloads (each its own topic of 64-byte messages, produced once):
 batched and non-batched entries, no nacks (``--messages``, 200,000) and 10% of
@@ -126,13 +126,14 @@ async def consume(url: str, topic: str, n: int, kind: str, subscription: str, na
     client = _client(url)
     pump: Optional[asyncio.Task] = None
     try:
-        options: dict[str, Any] = dict(initial_position=pulsar.InitialPosition.Earliest,
+        options: dict[str, Any] = dict(consumer_type=pulsar.ConsumerType.Shared,
+                                       initial_position=pulsar.InitialPosition.Earliest,
                                        receiver_queue_size=RECEIVER_QUEUE,
                                        batch_index_ack_enabled=batch_index_ack)
         if kind == "tracked":
             consumer = await nacktracker.subscribe(client, topic, subscription, delay_ms=NACK_DELAY_MS, **options)
         else:
-            consumer = await client.subscribe(topic, subscription, consumer_type=pulsar.ConsumerType.Shared,
+            consumer = await client.subscribe(topic, subscription,
                                               negative_ack_redelivery_delay_ms=NACK_DELAY_MS, **options)
         receive = consumer.receive
         if kind == "queued":
@@ -253,12 +254,13 @@ def consume_sync(url: str, topic: str, n: int, kind: str, subscription: str, nac
     (``nacktracker.sync``), called from this thread as a synchronous program does."""
     client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error), operation_timeout_seconds=30)
     try:
-        options: dict[str, Any] = dict(initial_position=pulsar.InitialPosition.Earliest,
+        options: dict[str, Any] = dict(consumer_type=pulsar.ConsumerType.Shared,
+                                       initial_position=pulsar.InitialPosition.Earliest,
                                        receiver_queue_size=RECEIVER_QUEUE)
         if kind == "sync":
             consumer: Any = nacktracker.sync.subscribe(client, topic, subscription, delay_ms=NACK_DELAY_MS, **options)
         else:
-            consumer = client.subscribe(topic, subscription, consumer_type=pulsar.ConsumerType.Shared,
+            consumer = client.subscribe(topic, subscription,
                                         negative_ack_redelivery_delay_ms=NACK_DELAY_MS, **options)
         receive, ack, nack = consumer.receive, consumer.acknowledge, consumer.negative_acknowledge
         copies = 0

@@ -12,7 +12,7 @@ trimmed and the garbage collected at both points. Beside it, for a
 export as ``nacktracker.memory.usage``) and its split by part.
 
 Six runs side by side on one broker, in one command: ``TrackedConsumer``
-(``nacktracker.subscribe``, its defaults), the plain
+(``nacktracker.subscribe``, its defaults but Shared), the plain
 ``pulsar.asyncio.Consumer`` (``negative_ack_redelivery_delay_ms=600000``,
 ``negative_acknowledge(msg)``), and, for reference, the plain consumer keeping
 every message it receives in a list instead of nacking it (what a received
@@ -82,6 +82,7 @@ async def measure(kind: str, url: str, topic: str, messages: int, warmup: int, c
     try:
         if kind == "tracked":
             consumer: Any = await nacktracker.subscribe(client, topic, subscription, delay_ms=DELAY_MS,
+                                                        consumer_type=pulsar.ConsumerType.Shared,
                                                         initial_position=pulsar.InitialPosition.Earliest)
         else:
             consumer = await client.subscribe(topic, subscription, consumer_type=pulsar.ConsumerType.Shared,

@@ -86,7 +86,8 @@ async def nacktracker_side(url: str, delays: list[int]) -> list[float]:
     client = pulsar.asyncio.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error),
                                    operation_timeout_seconds=30)
     topic = f"persistent://public/default/pybench-{uuid.uuid4().hex[:8]}"
-    consumer = await nacktracker.subscribe(client, topic, "sub", enable_retry=True, max_redeliveries=100,
+    consumer = await nacktracker.subscribe(client, topic, "sub", consumer_type=pulsar.ConsumerType.Shared,
+                                           enable_retry=True, max_redeliveries=100,
                                            initial_position=pulsar.InitialPosition.Earliest)
     producer = await client.create_producer(topic, batching_enabled=False)
     due: dict[int, float] = {}

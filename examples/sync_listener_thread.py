@@ -55,7 +55,7 @@ def main(url: str) -> int:
                 finished.set()
 
     try:
-        consumer = nacktracker.sync.subscribe(client, topic, "sync-workers",
+        consumer = nacktracker.sync.subscribe(client, topic, "sync-workers", consumer_type=pulsar.ConsumerType.Shared,
                                               initial_position=pulsar.InitialPosition.Earliest,
                                               message_listener=listener)
         with consumer:

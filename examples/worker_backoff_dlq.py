@@ -52,7 +52,10 @@ async def main(url: str) -> int:
         # is safe to time out, unlike the plain client's receive() under asyncio.wait_for).
         dead_letters = await nacktracker.subscribe(client, dlq, "inspect",
                                                    initial_position=pulsar.InitialPosition.Earliest)
-        consumer = await nacktracker.subscribe(client, topic, "workers", backoff=backoff,
+        # Shared: the workload nacks message by message, and the broker redelivers each (its
+        # redelivery_count drives the backoff); the client's default type, Exclusive, would keep them here.
+        consumer = await nacktracker.subscribe(client, topic, "workers", consumer_type=pulsar.ConsumerType.Shared,
+                                               backoff=backoff,
                                                max_redeliveries=MAX_REDELIVERIES, dead_letter_topic=dlq,
                                                precision_bits=0)
         producer = await client.create_producer(topic, batching_enabled=False)

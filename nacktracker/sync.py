@@ -654,8 +654,9 @@ def subscribe(client: pulsar.Client, topic: Union[str, list[str], re.Pattern[str
 
     Every form of call ``pulsar.Client.subscribe`` takes: ``subscription_name=`` for ``subscription``,
     and its options positionally in its own order (``consumer_type``, ``schema``, ``message_listener``,
-    ...). Its default subscription type is not the client's: **Shared**, as :func:`nacktracker.subscribe`
-    (pass ``consumer_type=pulsar.ConsumerType.Exclusive`` for the client's). An argument of the wrong
+    ...). The subscription type defaults to the client's, **Exclusive**, as in :func:`nacktracker.subscribe`
+    (workers sharing a subscription with per-message nacks pass ``consumer_type=pulsar.ConsumerType.Shared``;
+    on Exclusive and Failover a nacked message comes back from the consumer's memory). An argument of the wrong
     type raises :class:`~nacktracker.errors.ArgumentError`: the ``ValueError`` the client raises, and a
     ``TypeError``.
 

@@ -51,14 +51,17 @@ class FailureHandling:
     snapshot's); ``chunks``: its :class:`~.chunks.ChunkedNacks` or ``None``; ``put(msg)``: hands a message
     to the application (the pump's queue); ``rearm()``: the release timer's; ``received(key)``: the
     consumer's received-check (:class:`~nacktracker.errors.NotReceivedError`); ``check_open()``: its
-    closed/loop check; ``closed()``: whether it is closed; ``nack(msg, delay_ms)``: its nack.
+    closed/loop check; ``closed()``: whether it is closed; ``nack(msg, delay_ms)``: its nack; ``keep(key, msg)``:
+    where the consumer redelivers locally (Exclusive/Failover), what keeps a message for its redelivery
+    (an ack timeout's, as a nack's), else ``None``.
     It owns (and :meth:`close` closes) its timers, the ack timeouts and the retry producer."""
 
     def __init__(self, options: ConsumerOptions, *, client: Any, schema: Any, letters: ConsumerDeadLetters,
                  tracker: NegativeAcksTracker, core: DeliveryCore, keys: MessageKeys, counts: DeliveryCounts,
                  chunks: Optional[ChunkedNacks], put: Callable[[Any], None], rearm: Callable[[], None],
                  received: Callable[[MessageKey], MessageKey], check_open: Callable[[], None],
-                 closed: Callable[[], bool], nack: Callable[..., Awaitable[None]]) -> None:
+                 closed: Callable[[], bool], nack: Callable[..., Awaitable[None]],
+                 keep: Optional[Callable[[MessageKey, Any], None]] = None) -> None:
         opts = self.options = options
         retry_topic, most = opts.retry_letter_topic, opts.max_redeliveries
         if opts.enable_retry and (retry_topic is None or most is None):
@@ -67,6 +70,7 @@ class FailureHandling:
         self.letters, self.tracker, self.core, self.keys, self.chunks = letters, tracker, core, keys, chunks
         self._put, self._rearm, self._received, self._check_open, self._closed, self._nack = (
             put, rearm, received, check_open, closed, nack)
+        self._keep = keep
         publisher: Optional[DeadLetterPublisher] = letters.publisher
         self.counts = counts
         self.terminal = None if publisher is None else TerminalDeadLetters(publisher)
@@ -314,6 +318,8 @@ class FailureHandling:
         if self.chunks is not None:  # a chunked message: its request names every chunk (chunks.py)
             self.chunks.note(key, msg)
         due = self.tracker.add(key, delay_ms=delay_ms, redelivery_count=count)
+        if self._keep is not None:  # local redelivery: the broker resends no chosen message, the kept one comes back
+            self._keep(key, msg)
         self.core.nacked(key, due, msg, self.tracker.clock.now_ms())
         self._rearm()
 

@@ -219,7 +219,7 @@ class TrackedConsumer:
             opts, client=client, schema=schema, letters=self._dead_letters, tracker=self.tracker, core=self.core,
             keys=self._keys, counts=counts, chunks=self.chunks, put=self._pump.put, rearm=self._release.rearm,
             received=self._received, check_open=self._check_open, closed=lambda: self._closed,
-            nack=self.negative_acknowledge)
+            nack=self.negative_acknowledge, keep=None if self._local is None else self._local.nacked)
         self.tracker.add_fire_listener(self._failures.fired)
         if self._store is not None:
             self._store.load_counts()  # the counts of a restored snapshot, once the tracker holds its nacks

@@ -174,7 +174,7 @@ def _check_client_options(client_options: dict[str, Any]) -> None:
 
 
 async def subscribe(client: pulsar_asyncio.Client, topic: Union[str, list[str]], subscription: str, *,
-                    consumer_type: pulsar.ConsumerType = pulsar.ConsumerType.Shared,
+                    consumer_type: pulsar.ConsumerType = pulsar.ConsumerType.Exclusive,
                     batch_index_ack_enabled: bool = False,
                     delay_ms: Optional[float] = None, precision_bits: int = 0, backoff: Optional[Callable[[int], int]] = None,
                     max_redeliveries: Optional[int] = None, dead_letter_topic: Optional[str] = None,
@@ -190,13 +190,17 @@ async def subscribe(client: pulsar_asyncio.Client, topic: Union[str, list[str]],
 
     ``client`` must be a ``pulsar.asyncio.Client`` (the tracker's timer and
     the receive pump live on the event loop; a sync ``pulsar.Client`` gets a
-    ``TypeError``). ``consumer_type`` defaults to **Shared** (Pulsar's own
-    default is Exclusive): nacks are a per-message workflow. On Shared and
+    ``TypeError``). ``consumer_type`` defaults to **Exclusive**, as the
+    client's: code written for ``client.subscribe`` keeps its meaning (a
+    cumulative ack works, a second consumer on the subscription is refused).
+    Workers sharing a subscription with per-message nacks (the usual nack
+    workload) pass ``consumer_type=pulsar.ConsumerType.Shared``: on Shared and
     Key_Shared the broker redelivers each nacked entry (possibly to another
-    consumer of the subscription). On **Exclusive and Failover** the broker can
-    only resend everything unacknowledged, so the consumer redelivers nacked
-    messages **locally** (``redelivery="local"``, set here from the type): it
-    keeps each nacked message (one per pending nack) and hands it back at its
+    consumer of the subscription) and a pending nack costs bytes. On
+    **Exclusive and Failover** the broker can only resend everything
+    unacknowledged, so the consumer redelivers nacked messages **locally**
+    (``redelivery="local"``, set here from the type): it keeps each nacked
+    message (one received message per pending nack) and hands it back at its
     time, no broker call (the docs' "Subscription types per broker");
     ``redelivery`` (default: from the type) may only say the same.
 

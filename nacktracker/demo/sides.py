@@ -169,7 +169,8 @@ class TrackedSide:
 
     @classmethod
     async def open(cls, client: pulsar_asyncio.Client, topic: str, options: SideOptions) -> "TrackedSide":
-        consumer = await subscribe(client, topic, cls.name, initial_position=_Earliest, delay_ms=options.delay_ms,
+        consumer = await subscribe(client, topic, cls.name, consumer_type=_Shared, initial_position=_Earliest,
+                                   delay_ms=options.delay_ms,
                                    precision_bits=options.precision_bits, backoff=options.backoff,
                                    max_redeliveries=options.max_redeliveries,
                                    dead_letter_topic=options.dead_letter_topic)

@@ -32,7 +32,13 @@ Caveats of pulsar-lite (what tests built on this can and cannot show):
 * it cannot seek a consumer to a message id: the plain client's seek lands on another message and
   leaves the consumer ``NotConnected``;
 * it cannot list a namespace's topics, so a pattern subscription fails its lookup;
-* it keeps no schema registry: it refuses no consumer's schema.
+* it keeps no schema registry: it refuses no consumer's schema;
+* it does not refuse a second consumer on an ``Exclusive`` subscription: the subscribe gets no answer
+  and times out (``pulsar.Timeout``), where Apache Pulsar answers ``ConsumerBusy`` (the plain client's
+  too);
+* on ``Exclusive`` and ``Failover`` subscriptions (the client's default type among them) a chunked
+  message never reaches the application: the client drops its chunks as out of order (the plain
+  client too; on ``Shared`` and ``Key_Shared`` it arrives whole).
 
 Example::
 

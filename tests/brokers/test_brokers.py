@@ -98,7 +98,7 @@ async def test_multi_topic_subscription_without_consumer_name_dead_letters_each_
     for t in topics:
         await publish(client, t, 2)
     consumer = await nacktracker.subscribe(
-        client, topics, "sub", initial_position=Earliest, delay_ms=100, max_redeliveries=1,
+        client, topics, "sub", consumer_type=Types.Shared, initial_position=Earliest, delay_ms=100, max_redeliveries=1,
         dead_letter_initial_subscription="audit")
     assert consumer.consumer_name() == ""  # as the client made it; dead letters still get Java's names
     async with consumer:
@@ -122,7 +122,7 @@ async def test_three_shared_consumers_always_nacking_dead_letter_each_message_ex
     t = topic("three")
     n = 300
     consumers = [await nacktracker.subscribe(
-        client, t, "sub", initial_position=Earliest, delay_ms=200, max_redeliveries=1,
+        client, t, "sub", consumer_type=Types.Shared, initial_position=Earliest, delay_ms=200, max_redeliveries=1,
         dead_letter_initial_subscription="audit", consumer_name=f"c{i}") for i in range(3)]
     producer = await client.create_producer(
         t, batching_enabled=batched, batching_max_messages=10, batching_max_publish_delay_ms=50)
@@ -147,7 +147,7 @@ async def test_three_shared_consumers_always_nacking_dead_letter_each_message_ex
     assert len(counts) == n
     for c in consumers:
         await c.close()
-    left = await nacktracker.subscribe(client, t, "sub", initial_position=Earliest)
+    left = await nacktracker.subscribe(client, t, "sub", consumer_type=Types.Shared, initial_position=Earliest)
     async with left:
         assert await receive_all(left, 1500) == []
 
@@ -159,7 +159,8 @@ async def test_partitioned_topic_nacks_come_back_once_on_time(client, topic, ses
     broker = admin_of(session_broker, broker_kind)
     t = partitioned(broker, topic("part"))
     await publish(client, t, 10)
-    async with await nacktracker.subscribe(client, t, "sub", initial_position=Earliest) as consumer:
+    async with await nacktracker.subscribe(client, t, "sub", consumer_type=Types.Shared,
+                                           initial_position=Earliest) as consumer:
         msgs = [await consumer.receive(timeout_ms=10_000) for _ in range(10)]
         assert {m.topic_name() for m in msgs} == {f"{t}-partition-0", f"{t}-partition-1"}
         due = {}
@@ -184,7 +185,8 @@ async def test_partitioned_topic_dead_letters_go_to_each_partitions_dead_letter_
     broker = admin_of(session_broker, broker_kind)
     t = partitioned(broker, topic("partdlq"))
     await publish(client, t, 6)
-    consumer = await nacktracker.subscribe(client, t, "sub", initial_position=Earliest, delay_ms=100,
+    consumer = await nacktracker.subscribe(client, t, "sub", consumer_type=Types.Shared,
+                                           initial_position=Earliest, delay_ms=100,
                                            max_redeliveries=1, dead_letter_initial_subscription="audit")
     async with consumer:
         topics = collections.Counter()
@@ -208,7 +210,8 @@ async def test_partitioned_topic_restart_on_a_snapshot_holds_resent_copies_until
     t = partitioned(broker, topic("partsnap"))
     await publish(client, t, 6)
     path = tmp_path / "nacks.snap"
-    a = await nacktracker.subscribe(client, t, "sub", initial_position=Earliest, snapshot_path=path)
+    a = await nacktracker.subscribe(client, t, "sub", consumer_type=Types.Shared,
+                                    initial_position=Earliest, snapshot_path=path)
     msgs = [await a.receive(timeout_ms=10_000) for _ in range(6)]
     due = {}
     for i, m in enumerate(msgs):
@@ -219,7 +222,8 @@ async def test_partitioned_topic_restart_on_a_snapshot_holds_resent_copies_until
             due[m.data()] = now_ms() + 2000 + 300 * i
     await asyncio.sleep(0.3)  # let the acks land
     await a.close()
-    b = await nacktracker.subscribe(client, t, "sub", initial_position=Earliest, snapshot_path=path)
+    b = await nacktracker.subscribe(client, t, "sub", consumer_type=Types.Shared,
+                                    initial_position=Earliest, snapshot_path=path)
     async with b:
         assert b.stats()["restored"] == 3
         errors = {}
@@ -248,7 +252,8 @@ async def test_batch_index_acks_on_a_broker_with_them_bring_back_only_the_nacked
         try:
             t = topic("bia")
             await publish_batch(client, t, 4)
-            consumer = await nacktracker.subscribe(client, t, "sub", initial_position=Earliest,
+            consumer = await nacktracker.subscribe(client, t, "sub", consumer_type=Types.Shared,
+                                                   initial_position=Earliest,
                                                    batch_index_ack_enabled=True)
             async with consumer:
                 b0, b1, b2, b3 = [await consumer.receive(timeout_ms=10_000) for _ in range(4)]
@@ -278,7 +283,8 @@ async def test_a_broker_restart_resets_the_brokers_redelivery_count(topic, own_b
         try:
             t = topic("count")
             await publish(client, t, 1)
-            consumer = await nacktracker.subscribe(client, t, "sub", initial_position=Earliest, delay_ms=100)
+            consumer = await nacktracker.subscribe(client, t, "sub", consumer_type=Types.Shared,
+                                                   initial_position=Earliest, delay_ms=100)
             msg = await consumer.receive(timeout_ms=10_000)
             await consumer.negative_acknowledge(msg)
             again = await consumer.receive(timeout_ms=5000)

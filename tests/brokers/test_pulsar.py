@@ -36,7 +36,10 @@ LATE_MS = 250
 
 
 async def tracked(client, topics, **options) -> TrackedConsumer:
-    # Earliest: the tests publish before they subscribe
+    # Earliest: the tests publish before they subscribe. Shared: these tests are about the broker
+    # redelivering chosen messages, and some about its refusals there (a cumulative ack); Exclusive,
+    # the default, redelivers locally (tests/brokers/test_pulsar_local.py)
+    options.setdefault("consumer_type", Shared)
     return await nacktracker.subscribe(client, topics, "sub", initial_position=Earliest, **options)
 
 

@@ -185,6 +185,10 @@ async def test_subscribe_picks_the_redelivery_path_by_subscription_type(client, 
         async with await nacktracker.subscribe(client, t, f"s-{kind.name}", consumer_type=kind) as consumer:
             assert type(consumer.adapter) is adapter
             assert consumer.options.redelivery == ("local" if adapter is LocalRedeliveryAdapter else "broker")
+    async with await nacktracker.subscribe(client, t, "s-default") as consumer:  # Exclusive, as the client's
+        assert type(consumer.adapter) is LocalRedeliveryAdapter and consumer.options.redelivery == "local"
+    with pytest.raises(ValueError, match="Exclusive"):  # the default type, named in the refusal
+        await nacktracker.subscribe(client, t, "bad", redelivery="broker")
     with pytest.raises(ValueError, match="Failover"):
         await nacktracker.subscribe(client, t, "bad", consumer_type=Types.Failover, redelivery="broker")
     with pytest.raises(ValueError, match="redelivery"):

@@ -76,7 +76,10 @@ def id_of(msg):
 
 
 async def tracked(client, t, **options):
-    return await nacktracker.subscribe(client, t, "sub", initial_position=Earliest, precision_bits=0, **options)
+    # Shared: the faults are those of the broker's redelivery path (the adapter's; Exclusive, the default,
+    # redelivers locally)
+    return await nacktracker.subscribe(client, t, "sub", consumer_type=pulsar.ConsumerType.Shared,
+                                       initial_position=Earliest, precision_bits=0, **options)
 
 
 async def publish(client, t, n, prefix=b"m"):

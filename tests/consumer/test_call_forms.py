@@ -93,9 +93,10 @@ async def test_ids_from_a_multi_topic_consumer_nack_and_ack_on_their_own_topic(c
     # a pattern consumer finds topics that exist when it subscribes (new ones only at its next discovery)
     producers = {t: await client.create_producer(t) for t in topics}
     if form == "list":
-        consumer = await nacktracker.subscribe(client, topics, "sub", delay_ms=100)
+        consumer = await nacktracker.subscribe(client, topics, "sub", consumer_type=Types.Shared, delay_ms=100)
     else:
-        consumer = await nacktracker.subscribe(client, f"{base}-.*", "sub", delay_ms=100, is_pattern_topic=True)
+        consumer = await nacktracker.subscribe(client, f"{base}-.*", "sub", consumer_type=Types.Shared,
+                                               delay_ms=100, is_pattern_topic=True)
     async with consumer:
         sent = await publish(client, topics, n=4, producers=producers)
         nacked = set()

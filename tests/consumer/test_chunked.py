@@ -296,11 +296,14 @@ async def test_a_chunked_message_nacked_until_dead_lettered_arrives_whole(chunk_
     """Go's TestChunkDLQWithNack: nacked at every delivery until its redelivery count reaches
     max_redeliveries, the chunked message is dead-lettered whole, with its key and properties."""
 
+    import pulsar
+
     import nacktracker
     from nacktracker.consumer import PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_REAL_TOPIC
 
     payload, topic, dlq = os.urandom(chunk_service.payload), _topic("chunk-dlq"), _topic("chunk-dlq-target")
-    consumer = await nacktracker.subscribe(chunk_client, topic, "chunk-dlq-sub", delay_ms=200, max_redeliveries=2,
+    consumer = await nacktracker.subscribe(chunk_client, topic, "chunk-dlq-sub",
+                                           consumer_type=pulsar.ConsumerType.Shared, delay_ms=200, max_redeliveries=2,
                                            dead_letter_topic=dlq)
     async with consumer:
         producer = await _producer(chunk_client, topic)
@@ -342,7 +345,8 @@ async def test_a_chunked_message_retried_until_dead_lettered_arrives_whole(chunk
                     "letter within 30 s; it passes alone); Apache Pulsar, with 5 KiB chunks, is the broker that "
                     "proves this")
     payload, topic, sub = os.urandom(chunk_service.payload), _topic("chunk-rlq"), "chunk-rlq-sub"
-    consumer = await nacktracker.subscribe(chunk_client, topic, sub, enable_retry=True, max_redeliveries=2,
+    consumer = await nacktracker.subscribe(chunk_client, topic, sub, consumer_type=pulsar.ConsumerType.Shared,
+                                           enable_retry=True, max_redeliveries=2,
                                            delay_ms=200, retry_lead_ms=500,
                                            initial_position=pulsar.InitialPosition.Earliest)
     dlq_consumer = verifier(consumer.dead_letter_topic, "dlq-sub")
@@ -379,7 +383,8 @@ async def test_chunked_messages_whose_ack_timed_out_are_dead_lettered_whole(chun
     n = 10
     topic, sub = _topic("dead-letter-topic"), "my-subscription"
     contents = {str(i): os.urandom(chunk_service.payload) for i in range(n)}
-    consumer = await nacktracker.subscribe(chunk_client, topic, sub, ack_timeout_ms=1_000, max_redeliveries=2,
+    consumer = await nacktracker.subscribe(chunk_client, topic, sub, consumer_type=pulsar.ConsumerType.Shared,
+                                           ack_timeout_ms=1_000, max_redeliveries=2,
                                            initial_position=pulsar.InitialPosition.Earliest)
     dlq_consumer = verifier(f"{topic}-{sub}-DLQ", sub)  # the default dead-letter topic, as Java names it
     async with consumer:
@@ -409,6 +414,8 @@ async def test_chunked_messages_nacked_on_a_partitioned_topic_come_back_whole(ch
                                                                               broker_kind):
     """A chunked message per partition of a 2-partition topic (Shared), each nacked, each back whole
     once from its own partition; nothing more, and nothing left at the broker."""
+    import pulsar
+
     import nacktracker
 
     if chunk_service.apache is None:
@@ -416,7 +423,8 @@ async def test_chunked_messages_nacked_on_a_partitioned_topic_come_back_whole(ch
     topic = _topic("chunked-partitioned")
     chunk_service.apache.admin("PUT", f"/admin/v2/persistent/{topic.removeprefix('persistent://')}/partitions", 2)
     payloads = {os.urandom(chunk_service.payload) for _ in range(4)}
-    consumer = await nacktracker.subscribe(chunk_client, topic, "sub", delay_ms=300)
+    consumer = await nacktracker.subscribe(chunk_client, topic, "sub", consumer_type=pulsar.ConsumerType.Shared,
+                                           delay_ms=300)
     async with consumer:
         producer = await _producer(chunk_client, topic)  # round robin: two messages on each partition
         for data in sorted(payloads):
@@ -463,7 +471,8 @@ async def test_a_request_leaves_out_messages_written_between_the_chunks(chunk_cl
     try:
         for _attempt in range(5):  # until some small message lands between the chunks (the sends race)
             topic = _topic("chunked-interleaved")
-            consumer = await nacktracker.subscribe(chunk_client, topic, "sub", delay_ms=300)
+            consumer = await nacktracker.subscribe(chunk_client, topic, "sub", consumer_type=pulsar.ConsumerType.Shared,
+                                                   delay_ms=300)
             big = await _producer(chunk_client, topic)
             small = await small_client.create_producer(topic, batching_enabled=False)
             sends = [small.send(f"small-{i}".encode()) for i in range(n)]
@@ -479,7 +488,8 @@ async def test_a_request_leaves_out_messages_written_between_the_chunks(chunk_cl
         else:
             pytest.skip("no small message landed between the chunks in 5 attempts")
         # a second worker of the subscription: the broker may hand the redelivered message to either
-        other = await nacktracker.subscribe(chunk_client, topic, "sub", delay_ms=300)
+        other = await nacktracker.subscribe(chunk_client, topic, "sub", consumer_type=pulsar.ConsumerType.Shared,
+                                            delay_ms=300)
         await consumer.negative_acknowledge(chunked)  # the small ones are held meanwhile
         waits = {asyncio.ensure_future(c.receive(timeout_ms=30_000)): c for c in (consumer, other)}
         done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
@@ -509,11 +519,14 @@ async def test_a_chunked_nack_restored_from_a_snapshot_comes_back_whole(chunk_cl
     """A chunked message nacked, its consumer closed before it is due, a new one started on the
     snapshot: the broker resends the message to the new consumer before its time (dropped there and
     its chunks noted), and at its time the request names every chunk: it comes back whole, once."""
+    import pulsar
+
     import nacktracker
 
     payload, topic, path = os.urandom(chunk_service.payload), _topic("chunked-restored"), str(tmp_path / "n.snap")
     options = dict(delay_ms=2_000, snapshot_path=path, snapshot_interval_s=None)
-    consumer = await nacktracker.subscribe(chunk_client, topic, "sub", **options)
+    consumer = await nacktracker.subscribe(chunk_client, topic, "sub", consumer_type=pulsar.ConsumerType.Shared,
+                                           **options)
     producer = await _producer(chunk_client, topic)
     await producer.send(payload)
     await producer.close()
@@ -522,7 +535,8 @@ async def test_a_chunked_nack_restored_from_a_snapshot_comes_back_whole(chunk_cl
     nacked_at = loop.time()
     await consumer.negative_acknowledge(msg)
     await consumer.close()  # saves the pending nack; the message goes back to the subscription
-    async with await nacktracker.subscribe(chunk_client, topic, "sub", **options) as again:
+    async with await nacktracker.subscribe(chunk_client, topic, "sub", consumer_type=pulsar.ConsumerType.Shared,
+                                           **options) as again:
         assert again.stats()["restored"] == 1
         back = await again.receive(timeout_ms=30_000)
         assert back.data() == payload and str(back.message_id()) == str(msg.message_id())

@@ -74,7 +74,8 @@ async def test_100_concurrent_dead_letters_make_one_producer_and_100_messages_in
     dlq = f"{t}-sub-DLQ"
     await publish(client, t, n)
     counting = make_client()
-    consumer = await nacktracker.subscribe(counting, t, "sub", initial_position=Earliest, precision_bits=0,
+    consumer = await nacktracker.subscribe(counting, t, "sub", consumer_type=Shared,
+                                           initial_position=Earliest, precision_bits=0,
                                            max_redeliveries=1, dead_letter_initial_subscription="audit")
     async with consumer:
         for m in await receive_n(consumer, n):
@@ -114,7 +115,8 @@ async def test_a_dead_letter_failing_during_close_stays_pending_and_in_the_snaps
     path = str(tmp_path / "nacks.snap")
     await publish(client, t, 1)
     refusing = make_client(fail_creates=True)
-    consumer = await nacktracker.subscribe(refusing, t, "sub", initial_position=Earliest, precision_bits=0,
+    consumer = await nacktracker.subscribe(refusing, t, "sub", consumer_type=Shared,
+                                           initial_position=Earliest, precision_bits=0,
                                            max_redeliveries=1, snapshot_path=path, snapshot_interval_s=None)
     first = await consumer.receive(timeout_ms=10_000)
     await consumer.negative_acknowledge(first, delay_ms=100)
@@ -133,7 +135,8 @@ async def test_a_dead_letter_failing_during_close_stays_pending_and_in_the_snaps
     # says at least 1 (docs/retries.md), so on both brokers the next nack dead-letters it.
     dlq = f"{t}-sub-DLQ"
     inspect = pumps(await client.subscribe(dlq, "inspect", consumer_type=Shared, initial_position=Earliest))
-    async with await nacktracker.subscribe(client, t, "sub", initial_position=Earliest, precision_bits=0,
+    async with await nacktracker.subscribe(client, t, "sub", consumer_type=Shared,
+                                           initial_position=Earliest, precision_bits=0,
                                            max_redeliveries=1, snapshot_path=path) as again:
         assert again.stats()["restored"] == 1
         back = await again.receive(timeout_ms=10_000)

@@ -53,7 +53,7 @@ async def test_a_batch_of_one_keeps_no_record_and_comes_back_once_at_its_time(cl
     await producer.send(b"alone")  # sent alone: flushed as an entry of one message
     await producer.close()
     loop = asyncio.get_running_loop()
-    async with await nacktracker.subscribe(client, t, "sub", precision_bits=0,
+    async with await nacktracker.subscribe(client, t, "sub", consumer_type=pulsar.ConsumerType.Shared, precision_bits=0,
                                            initial_position=pulsar.InitialPosition.Earliest) as consumer:
         msg = await consumer.receive(timeout_ms=5000)
         assert msg.message_id().batch_index() == 0  # batched, alone in its entry

@@ -105,14 +105,16 @@ async def test_after_a_mixed_run_every_counter_equals_what_the_brokers_topics_re
     """Nacks until max_redeliveries, dead_letter() calls, reconsumes until they run out, ack timeouts
     until their last delivery, a reconsume of a retry copy whose RECONSUMETIMES cannot be read: each
     counter, in stats() and as the OpenTelemetry counter an operator reads, against the retry and
-    dead-letter topics' messages; the metrics' pulsar.topic is the topic subscribed to."""
+    dead-letter topics' messages; the metrics' pulsar.topic is the topic subscribed to. Shared: the nacks
+    are counted from the broker's redelivery count (a local redelivery leaves it as it was)."""
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
     from nacktracker.metrics import INSTRUMENTS, instrument_consumer
 
     t = topic("mixed")
-    consumer = await nacktracker.subscribe(client, t, "sub", enable_retry=True, max_redeliveries=2,
+    consumer = await nacktracker.subscribe(client, t, "sub", consumer_type=SHARED,
+                                           enable_retry=True, max_redeliveries=2,
                                            ack_timeout_ms=300, retry_lead_ms=0, initial_position=EARLIEST)
     reader = InMemoryMetricReader()
     registration = instrument_consumer(consumer, meter_provider=MeterProvider(metric_readers=[reader]))

@@ -317,6 +317,22 @@ async def test_local_redeliveries_count_for_backoff_and_max_redeliveries(local):
     await h.consumer.acknowledge(m)
 
 
+
+@pytest.mark.timing
+async def test_an_ack_timeout_brings_the_message_back_from_memory_at_its_time(local):
+    """Received and neither acked nor nacked for ``ack_timeout_ms``: the consumer hands the message back
+    from memory at that time (the broker resends no chosen message here), counted as an ack-timeout
+    redelivery. It keeps each received message while its ack timeout runs (the application may have
+    dropped it); acknowledged, it is freed and nothing more comes."""
+    h = local(precision_bits=0, ack_timeout_ms=300)
+    [m] = await h.singles(1)
+    assert await h.advance_to(600) == [(300, b"e0.-1"), (600, b"e0.-1")]  # each delivery times out in turn
+    assert h.raw.queue.empty() and h.raw.redeliver_all == 0  # from memory: no broker call
+    stats = h.consumer.stats()
+    assert stats["ack_timeout_redeliveries"] == 2 and stats["locally_kept"] == 1  # its third timeout runs
+    await h.consumer.acknowledge(m)
+    assert await h.advance_to(1_000) == [] and settled(h) == (0, 0, 0, 0)
+
 async def test_batches_only_the_nacked_messages_come_back_each_at_its_time(local):
     h = local(precision_bits=0)
     b0, b1, b2, b3 = h.publish(4)

@@ -135,8 +135,10 @@ async def forty_nacks(consumer: Any) -> list[float]:
 async def test_forty_nacks_with_their_own_delays_come_back_on_time(face, broker_url, topic):
     """On the sync face as a synchronous program uses it: every call from one thread of the program's
     own (no thread hop per call in the test's harness, which would add its own lateness)."""
+    import pulsar
+
     name = topic("sync-nacks")
-    consumer = await face(name, "s")
+    consumer = await face(name, "s", consumer_type=pulsar.ConsumerType.Shared)  # the broker's redelivery
     await publish_async(broker_url, name, [f"m{i}".encode() for i in range(40)])
     if face.kind == "sync":
         late = await asyncio.to_thread(asyncio.run, forty_nacks(consumer.sync))
@@ -153,7 +155,8 @@ async def test_max_redeliveries_two_is_three_deliveries_then_one_dead_letter(fac
     name = topic("sync-dlq")
     dlq = name + "-s-DLQ"
     reader = sync_client.subscribe(dlq, "reader", initial_position=pulsar.InitialPosition.Earliest)
-    consumer = await face(name, "s", max_redeliveries=2, dead_letter_topic=dlq, delay_ms=200)
+    consumer = await face(name, "s", consumer_type=pulsar.ConsumerType.Shared, max_redeliveries=2,
+                          dead_letter_topic=dlq, delay_ms=200)
     await publish_async(broker_url, name, [b"poison"])
     deliveries = 0
     while True:
@@ -195,7 +198,7 @@ async def test_a_steady_stream_of_nacks_does_not_postpone_the_first_redelivery(f
     import pulsar
 
     name = topic("sync-stream")
-    consumer = await face(name, "s", delay_ms=200)
+    consumer = await face(name, "s", consumer_type=pulsar.ConsumerType.Shared, delay_ms=200)
     await publish_async(broker_url, name, [f"m{i}".encode() for i in range(600)])
     rng = random.Random(3)
     fresh: asyncio.Queue[Any] = asyncio.Queue()
@@ -234,6 +237,68 @@ async def test_a_steady_stream_of_nacks_does_not_postpone_the_first_redelivery(f
     assert len(during) > 100, f"only {len(during)} redeliveries during the stream"
 
 
+
+async def test_the_default_type_is_the_clients_exclusive_on_both_faces(face, broker_url, broker_kind, topic):
+    """Subscribed without a type, as code written for the plain client does: the subscription is Exclusive,
+    the default of ``pulsar.Client.subscribe`` and ``pulsar.asyncio.Client.subscribe``. A second consumer on
+    it is refused as the plain client of the same face refuses its own second consumer on a default-typed
+    subscription (the same class, the same result: ConsumerBusy; on Apache Pulsar: pulsar-lite answers
+    neither subscribe, which times out); a cumulative ack is taken (a Shared subscription would refuse it):
+    it cancels the nack it covers, and the broker keeps it (the next consumer of the subscription gets only
+    what came after)."""
+    import pulsar
+    import pulsar.asyncio
+
+    defaults = [inspect.signature(f).parameters["consumer_type"].default
+                for f in (pulsar.Client.subscribe, pulsar.asyncio.Client.subscribe, nacktracker.subscribe)]
+    assert defaults == [pulsar.ConsumerType.Exclusive] * 3
+    name = topic("default-type")
+
+    refused_as = (pulsar.asyncio.PulsarException if face.kind == "async" else pulsar.PulsarException,)
+
+    def refusal(exc: BaseException) -> tuple[type, Any]:
+        return type(exc), exc.error() if face.kind == "async" else None  # pulsar.asyncio: one class, a result
+
+    async def plain_second_consumer() -> BaseException:
+        """The plain client of this face: a default-typed subscription, then a second consumer on it."""
+        if face.kind == "async":
+            plain_client: Any = pulsar.asyncio.Client(broker_url, logger=quiet_logger(), operation_timeout_seconds=10)
+            plain = await plain_client.subscribe(name, "plain")
+            with pytest.raises(refused_as) as refused_plain:
+                await plain_client.subscribe(name, "plain")
+            await plain.close()
+            await plain_client.close()
+        else:
+            plain_client = pulsar.Client(broker_url, logger=quiet_logger(), operation_timeout_seconds=10)
+            plain = plain_client.subscribe(name, "plain")
+            with pytest.raises(refused_as) as refused_plain:
+                await asyncio.to_thread(plain_client.subscribe, name, "plain")
+            plain_client.close()
+        return refused_plain.value
+
+    consumer = await face(name, "s")
+    if broker_kind != "lite":  # measured there: a second subscribe times out, the plain client's too (testing.lite)
+        plain_refused = await plain_second_consumer()
+        assert refusal(plain_refused) == ((pulsar.asyncio.PulsarException, pulsar.Result.ConsumerBusy)
+                                          if face.kind == "async" else (pulsar.ConsumerBusy, None))
+        with pytest.raises(refused_as) as refused:
+            await face(name, "s")
+        assert refusal(refused.value) == refusal(plain_refused), (refused.value, plain_refused)
+
+    await publish_async(broker_url, name, [b"m0", b"m1", b"m2"])
+    got = [await consumer.receive(10_000) for _ in range(3)]
+    assert [m.data() for m in got] == [b"m0", b"m1", b"m2"]
+    await consumer.negative_acknowledge(got[0], delay_ms=300)
+    await consumer.acknowledge_cumulative(got[2])
+    assert (await settle(consumer.stats()))["pending"] == 0
+    with pytest.raises(pulsar.Timeout):
+        await consumer.receive(1_000)  # the nacked m0 does not come back: the cumulative ack covered it
+    await consumer.close()
+    await publish_async(broker_url, name, [b"m3"])
+    again = await face(name, "s")
+    assert (await again.receive(10_000)).data() == b"m3"
+
+
 # -- the sync face alone -----------------------------------------------------------------
 
 
@@ -265,8 +330,8 @@ def test_a_listener_that_nacks_then_acks_gets_every_message_on_time(broker_url, 
             if len(acked) == n:
                 done.set()
 
-    consumer = nacktracker.sync.subscribe(sync_client, name, "s", message_listener=listener,
-                                          initial_position=pulsar.InitialPosition.Earliest)
+    consumer = nacktracker.sync.subscribe(sync_client, name, "s", consumer_type=pulsar.ConsumerType.Shared,
+                                          message_listener=listener, initial_position=pulsar.InitialPosition.Earliest)
     try:
         with pytest.raises(pulsar.InvalidConfiguration):
             consumer.receive(10)
@@ -293,8 +358,8 @@ def test_a_nack_delay_counts_from_the_call_not_from_when_the_loop_takes_it(sync_
         time.sleep(0.15)  # the loop thread is busy meanwhile
         return 10_000
 
-    consumer = nacktracker.sync.subscribe(sync_client, name, "s", backoff=backoff,
-                                          initial_position=pulsar.InitialPosition.Earliest)
+    consumer = nacktracker.sync.subscribe(sync_client, name, "s", consumer_type=pulsar.ConsumerType.Shared,
+                                          backoff=backoff, initial_position=pulsar.InitialPosition.Earliest)
     try:
         publish(sync_client, name, [b"held", b"timed"])
         held, timed = consumer.receive(10_000), consumer.receive(10_000)
@@ -463,12 +528,14 @@ except KeyboardInterrupt:
 
 def test_negative_acks_come_back_in_order_then_nothing_more(sync_client, topic):
     """The client's ``test_negative_acks``: ten string messages nacked as received come back, in order,
-    after the consumer's nack delay; acknowledged, nothing more arrives."""
+    after the consumer's nack delay; acknowledged, nothing more arrives. On Shared: this port also checks
+    the broker's redelivery count, which a local redelivery (Exclusive, the default) leaves as it was (the
+    as-written port, on the default type: tests/consumer/ported/test_python_client.py)."""
     import pulsar
 
     name = topic("sync-negative-acks")
-    consumer = nacktracker.sync.subscribe(sync_client, name, "test", schema=pulsar.schema.StringSchema(),
-                                          negative_ack_redelivery_delay_ms=1000)
+    consumer = nacktracker.sync.subscribe(sync_client, name, "test", consumer_type=pulsar.ConsumerType.Shared,
+                                          schema=pulsar.schema.StringSchema(), negative_ack_redelivery_delay_ms=1000)
     producer = sync_client.create_producer(name, schema=pulsar.schema.StringSchema())
     for i in range(10):
         producer.send_async(f"hello-{i}", callback=lambda result, msg_id: None)
@@ -501,7 +568,7 @@ def test_dead_letter_policy_sends_each_message_after_its_redeliveries(sync_clien
     n = 5
     reader = sync_client.subscribe(dlq, "dlq-reader", initial_position=pulsar.InitialPosition.Earliest)
     consumer = nacktracker.sync.subscribe(
-        sync_client, name, "sub", negative_ack_redelivery_delay_ms=200,
+        sync_client, name, "sub", consumer_type=pulsar.ConsumerType.Shared, negative_ack_redelivery_delay_ms=200,
         dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(max_redeliver_count=2, dead_letter_topic=dlq))
     publish(sync_client, name, [f"m{i}".encode() for i in range(n)])
     deliveries: dict[bytes, int] = {}

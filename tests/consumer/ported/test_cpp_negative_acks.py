@@ -2,9 +2,9 @@
 
 ``testNegativeAcks`` (batched or not) and ``testNegativeAcksWithPartitions``: ten messages received,
 nothing more pending; then all nacked at once *by id* (``msg.message_id()``); all ten come back (in
-order on a plain topic), are acked, and nothing more comes. The C++ consumer's default type is
-Exclusive: passed explicitly here (``subscribe`` defaults to Shared). ``testRedeliveryCount`` (a
-Shared consumer nacking one message four times sees the broker's count reach 3; the client's
+order on a plain topic), are acked, and nothing more comes, on the default type (Exclusive: the C++
+consumer's and ``subscribe``'s). ``testRedeliveryCount`` (a Shared consumer, the type passed as the
+original sets it, nacking one message four times sees the broker's count reach 3; the client's
 ``negative_ack_redelivery_delay_ms=500``, which is the consumer's ``delay_ms``). The precision
 test is Go's, with more cases: ``test_go_negative_acks.py``.
 
@@ -46,8 +46,7 @@ async def test_negative_acks_by_id_all_at_once(client, session_broker, broker_ki
     if partitions:
         session_broker.admin("PUT", f"/admin/v2/persistent/{t.removeprefix('persistent://')}/partitions", partitions)
     ordered = not partitions
-    consumer = await nacktracker.subscribe(client, t, "test", consumer_type=pulsar.ConsumerType.Exclusive,
-                                           negative_ack_redelivery_delay_ms=100)
+    consumer = await nacktracker.subscribe(client, t, "test", negative_ack_redelivery_delay_ms=100)
     async with consumer:
         producer = await client.create_producer(t, batching_enabled=batching)
         await asyncio.gather(*[producer.send(d) for d in EXPECTED])
@@ -68,7 +67,8 @@ async def test_negative_acks_by_id_all_at_once(client, session_broker, broker_ki
 
 async def test_redelivery_count(client, topic):
     t = topic("test-redelivery-count")
-    consumer = await nacktracker.subscribe(client, t, "my-sub-name", negative_ack_redelivery_delay_ms=500)
+    consumer = await nacktracker.subscribe(client, t, "my-sub-name", consumer_type=pulsar.ConsumerType.Shared,
+                                           negative_ack_redelivery_delay_ms=500)
     async with consumer:
         assert consumer.topic() == t and consumer.subscription_name() == "my-sub-name"
         producer = await client.create_producer(t)

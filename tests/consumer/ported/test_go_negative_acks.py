@@ -31,7 +31,8 @@ async def test_negative_ack_precision_bit_cnt(client, topic, bits):
     t = topic(f"testNackPrecisionBit-{bits}")
     options = {} if bits is None else {"precision_bits": bits}
     window = 1 << (bits or 0)
-    consumer = await nacktracker.subscribe(client, t, f"sub-{bits}", delay_ms=DELAY_MS, **options)
+    consumer = await nacktracker.subscribe(client, t, f"sub-{bits}", consumer_type=pulsar.ConsumerType.Shared,
+                                           delay_ms=DELAY_MS, **options)
     async with consumer:
         producer = await client.create_producer(t)
         for i in (1, 2):

@@ -1,7 +1,7 @@
 """Pulsar's own DeadLetterTopicTest (the Java client's, in apache/pulsar), ported by intent.
 
-Each case subscribes as the plain client's code would -- an ack timeout and a
-``dead_letter_policy`` (``pulsar.ConsumerDeadLetterPolicy``), done here by the consumer's
+Each case subscribes as the plain client's code would -- Shared, as the Java test does, an ack
+timeout and a ``dead_letter_policy`` (``pulsar.ConsumerDeadLetterPolicy``), done here by the consumer's
 ``ack_timeout_ms`` and ``max_redeliveries`` -- receives every message without ever acking,
 and checks that each message was delivered ``max_redeliver_count + 1`` times, then reached the
 dead-letter topic once, with what it carried (key, ordering key, event time, payload) and Java's
@@ -72,7 +72,8 @@ async def nothing_left(client, topics, subscription=SUB, kind=pulsar.ConsumerTyp
 
 async def test_dead_letters_keep_what_the_message_carried_and_name_their_origin(client, topic):
     t = topic("dead-letter-topic")
-    consumer = await nacktracker.subscribe(client, t, SUB, consumer_name="my-consumer", initial_position=Earliest,
+    consumer = await nacktracker.subscribe(client, t, SUB, consumer_type=pulsar.ConsumerType.Shared,
+                                           consumer_name="my-consumer", initial_position=Earliest,
                                            unacked_messages_timeout_ms=1000,  # Java's ackTimeout(1 s)
                                            dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(1))
     letters = await nacktracker.subscribe(client, f"{t}-{SUB}-DLQ", SUB, initial_position=Earliest)
@@ -104,7 +105,8 @@ async def test_dead_letters_keep_what_the_message_carried_and_name_their_origin(
 async def test_batched_messages_each_reach_the_dead_letter_topic_once(client, topic):
     """``testDeadLetterTopic`` (not chunked): batched messages, maxRedeliverCount 2, keys carried."""
     t = topic("dead-letter-topic")
-    consumer = await nacktracker.subscribe(client, t, SUB, initial_position=Earliest, ack_timeout_ms=1000,
+    consumer = await nacktracker.subscribe(client, t, SUB, consumer_type=pulsar.ConsumerType.Shared,
+                                           initial_position=Earliest, ack_timeout_ms=1000,
                                            dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(2))
     letters = await nacktracker.subscribe(client, f"{t}-{SUB}-DLQ", SUB, initial_position=Earliest)
     producer = await client.create_producer(t, batching_enabled=True)
@@ -123,7 +125,8 @@ async def test_a_multi_topic_consumer_dead_letters_each_topics_messages_beside_i
     """Java's ``testDeadLetterTopicWithMultiTopic`` (disabled there): each topic's letters go to its own
     ``<topic>-<subscription>-DLQ``."""
     t1, t2 = topic("dead-letter-topic-1"), topic("dead-letter-topic-2")
-    consumer = await nacktracker.subscribe(client, [t1, t2], SUB, initial_position=Earliest, ack_timeout_ms=1000,
+    consumer = await nacktracker.subscribe(client, [t1, t2], SUB, consumer_type=pulsar.ConsumerType.Shared,
+                                           initial_position=Earliest, ack_timeout_ms=1000,
                                            dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(2))
     letters = await nacktracker.subscribe(client, [f"{t1}-{SUB}-DLQ", f"{t2}-{SUB}-DLQ"], SUB, initial_position=Earliest)
     sent = set()
@@ -148,7 +151,8 @@ async def test_a_custom_dead_letter_topic_and_an_initial_subscription_made_befor
     t = topic("dead-letter-topic")
     custom = topic("dead-letter-custom-topic-my-subscription-custom-DLQ")
     policy = pulsar.ConsumerDeadLetterPolicy(1, custom, "init-sub")
-    consumer = await nacktracker.subscribe(client, t, SUB, initial_position=Earliest, ack_timeout_ms=1000,
+    consumer = await nacktracker.subscribe(client, t, SUB, consumer_type=pulsar.ConsumerType.Shared,
+                                           initial_position=Earliest, ack_timeout_ms=1000,
                                            dead_letter_policy=policy)
     producer = await client.create_producer(t)
     for i in range(N):
@@ -196,7 +200,8 @@ async def test_nothing_is_dead_lettered_while_the_application_has_not_received_i
     """``testDeadLetterWithoutConsumerReceiveImmediately``: the ack timeout starts when the application
     receives the message, not when the consumer does."""
     t = topic("dead-letter-topic-without-consumer-receive-immediately")
-    consumer = await nacktracker.subscribe(client, t, SUB, ack_timeout_ms=1000,
+    consumer = await nacktracker.subscribe(client, t, SUB, consumer_type=pulsar.ConsumerType.Shared,
+                                           ack_timeout_ms=1000,
                                            dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(1))
     async with consumer:
         producer = await client.create_producer(t)

@@ -1,8 +1,9 @@
 """Pulsar's own RetryTopicTest (the Java client's, in apache/pulsar), ported by intent.
 
-Each case: messages reconsumed (``reconsume_later``, Java's ``reconsumeLater``) at every delivery
-until their ``max_redeliver_count`` is spent (the client's ``dead_letter_policy``, here the
-consumer's ``max_redeliveries``), so each is received ``max + 1`` times, then reaches the
+Each case, on a Shared subscription as the Java test's: messages reconsumed (``reconsume_later``,
+Java's ``reconsumeLater``) at every delivery until their ``max_redeliver_count`` is spent (the
+client's ``dead_letter_policy``, here the consumer's ``max_redeliveries``), so each is received
+``max + 1`` times, then reaches the
 dead-letter topic once, and nothing is left on the subscription or its retry topic. Java's
 delay is 1 s; 100 ms here (a retry the broker delivers early is held until due). Run on both
 brokers.
@@ -71,7 +72,8 @@ async def publish(client, t: str, n: int = N) -> list[bytes]:
 
 async def test_retry_topic(client, topic):
     t = topic("retry-topic")
-    consumer = await nacktracker.subscribe(client, t, SUB, enable_retry=True, initial_position=Earliest,
+    consumer = await nacktracker.subscribe(client, t, SUB, consumer_type=pulsar.ConsumerType.Shared,
+                                           enable_retry=True, initial_position=Earliest,
                                            dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(2))
     async with consumer:
         sent = await publish(client, t)
@@ -84,7 +86,8 @@ async def test_retry_topic(client, topic):
 async def test_retry_topic_with_multi_topic(client, topic):
     """Two topics: the retry and dead-letter topics are the first topic's (Java's names)."""
     t1, t2 = topic("retry-topic-1"), topic("retry-topic-2")
-    consumer = await nacktracker.subscribe(client, [t1, t2], SUB, enable_retry=True, initial_position=Earliest,
+    consumer = await nacktracker.subscribe(client, [t1, t2], SUB, consumer_type=pulsar.ConsumerType.Shared,
+                                           enable_retry=True, initial_position=Earliest,
                                            dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(2))
     async with consumer:
         sent = await publish(client, t1, N // 2) + await publish(client, t2, N // 2)
@@ -97,7 +100,8 @@ async def test_retry_topic_with_multi_topic(client, topic):
 async def test_retry_topic_by_custom_topic_name(client, topic):
     t = topic("retry-topic")
     custom = topic("my-subscription-custom-Retry")
-    consumer = await nacktracker.subscribe(client, t, SUB, enable_retry=True, retry_letter_topic=custom,
+    consumer = await nacktracker.subscribe(client, t, SUB, consumer_type=pulsar.ConsumerType.Shared,
+                                           enable_retry=True, retry_letter_topic=custom,
                                            initial_position=Earliest,
                                            dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(2))
     async with consumer:
