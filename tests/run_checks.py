@@ -89,6 +89,7 @@ REQUIRED_MODULES = {
     "pulsar_lite": "pulsar-lite (the embedded test broker)",
     "pyspark": "PySpark (the `spark` extra)",
     "opentelemetry.sdk.metrics": "opentelemetry-sdk (the `test` extra)",
+    "fastavro": "fastavro (pulsar-client's Avro schemas, the `test` extra)",
 }
 
 
