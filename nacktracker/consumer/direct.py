@@ -34,9 +34,31 @@ _OK = _pulsar.Result.Ok
 class ReceivedMessage(pulsar.Message):  # type: ignore[misc]  # pulsar-client has no type information
     """A ``pulsar.Message`` as the client's own wrapper makes it (its C++ message and schema:
     :func:`~nacktracker.adapters.pulsar_layout.fill_message`), plus its :class:`~nacktracker.keys.MessageKey`
-    once the consumer has built it: a message's key is built once, on arrival, and its ack reuses it."""
+    once the consumer has built it: a message's key is built once, on arrival, and its ack reuses it.
 
-    __slots__ = ("nacktracker_key",)
+    On Exclusive and Failover a nacked message comes back from the consumer's memory, which the broker
+    never sees: :meth:`redelivery_count` adds those hand-backs to the broker's count, as the broker's
+    own redelivery would have counted them (the plain client's nack resends through the broker there)."""
+
+    __slots__ = ("nacktracker_key", "local_redeliveries")
+
+    def redelivery_count(self) -> int:
+        """The broker's redelivery count plus the times this consumer handed the message back from its
+        memory since it was received. O(1)."""
+        count: int = super().redelivery_count()
+        try:
+            return count + self.local_redeliveries
+        except AttributeError:  # never handed back (the slot is unset)
+            return count
+
+    def broker_redelivery_count(self) -> int:
+        """The broker's redelivery count alone (``pulsar.Message.redelivery_count``). O(1)."""
+        count: int = super().redelivery_count()
+        return count
+
+    def redelivered_locally(self, times: int) -> None:
+        """This message was handed back from the consumer's memory ``times`` times in all. O(1)."""
+        self.local_redeliveries = times
 
 
 class _Call:

@@ -130,8 +130,8 @@ def key_and_count(message: Any, ids: BareIds,
     topics may hold it, the one ``knows(key)`` says this consumer received; none:
     the key keeps topic ``None``, which the consumer takes as never received).
     A MessageKey: TypeError. O(1)."""
-    if type(message) is ReceivedMessage:  # its key was built on arrival
-        return message_key_of(message), message.redelivery_count()
+    if type(message) is ReceivedMessage:  # its key was built on arrival; the broker's count (local hand-backs
+        return message_key_of(message), message.broker_redelivery_count()  # are added by consumer/local.py)
     if isinstance(message, MessageKey):
         raise TypeError("pass a pulsar Message or MessageId, not a MessageKey")
     key, count = key_of(message)  # a pulsar.MessageId too: its getters give the C++ id's fields

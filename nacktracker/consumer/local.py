@@ -26,12 +26,13 @@ _HAND_BACK = {Verdict.SURFACE: HandBack.TAKEN, Verdict.PARK: HandBack.TAKEN, Ver
 class LocalNacks:
     """``decide(msg) -> Verdict``: the shell's delivery path for a copy (the
     core's verdict, parking included); ``surface(msg)``: hand it to the
-    application (the receive pump's queue). Every method is O(1) unless its
+    application (the receive pump's queue); ``key(msg)``: its MessageKey. Every method is O(1) unless its
     docstring says otherwise."""
 
     def __init__(self, adapter: RedeliversLocally, decide: Callable[[Any], Verdict],
-                 surface: Callable[[Any], None]) -> None:
+                 surface: Callable[[Any], None], key: Callable[[Any], MessageKey]) -> None:
         self.adapter = adapter
+        self._key = key
         self._decide = decide
         self._surface = surface
         adapter.bind(self._hand_back)
@@ -71,6 +72,13 @@ class LocalNacks:
 
     def _hand_back(self, msg: Any) -> HandBack:
         verdict = self._decide(msg)
+        answer = _HAND_BACK.get(verdict, HandBack.DROPPED)
+        if answer is HandBack.TAKEN:
+            # its redelivery_count() counts this hand-back, as the broker's count would have (a message the
+            # consumer did not wrap, from a client laid out otherwise, keeps the broker's count)
+            counted = getattr(msg, "redelivered_locally", None)
+            if counted is not None:
+                counted(self.adapter.redeliveries(self._key(msg)) + 1)
         if verdict is Verdict.SURFACE:
             self._surface(msg)
-        return _HAND_BACK.get(verdict, HandBack.DROPPED)
+        return answer

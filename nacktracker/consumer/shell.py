@@ -169,7 +169,8 @@ class TrackedConsumer:
         self.adapter = adapter if adapter is not None else PulsarAdapter(
             consumer, lead_ms=opts.lead_ms, min_gap_ms=opts.min_gap_ms, initial_lead_ms=INITIAL_LEAD_MS)
         self._local = None if not isinstance(self.adapter, RedeliversLocally) else LocalNacks(  # capabilities: base.py
-            self.adapter, lambda msg: self._decide(self._keys.key(msg), msg), lambda msg: self._pump.put(msg))
+            self.adapter, lambda msg: self._decide(self._keys.key(msg), msg), lambda msg: self._pump.put(msg),
+            lambda msg: self._keys.key(msg))
         self._arrived = self.adapter if isinstance(self.adapter, LearnsPathLatency) else None
         # one producer per dead-letter topic, in the order decided; an unnamed consumer is named (letters/in_flight.py)
         self._dead_letters, name = ConsumerDeadLetters.of(consumer, client, opts, schema, ack=self._acknowledge,

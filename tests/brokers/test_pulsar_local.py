@@ -82,7 +82,7 @@ async def test_nacked_messages_come_back_at_their_time_and_acked_or_held_sibling
             msg = await consumer.receive(timeout_ms=3_000)
             errors.append(now_ms() - due[msg.data()])
             back.append(msg.data())
-            assert msg.redelivery_count() == 0  # the broker's count: it redelivered nothing
+            assert msg.redelivery_count() == 1  # back once, from memory: counted as the broker counts its own
             await consumer.acknowledge(msg)
         assert back == [b"m1", b"m4", b"m3"], back
         assert all(-EARLY_MS <= e <= LATE_MS for e in errors), errors
@@ -130,7 +130,7 @@ async def test_local_redeliveries_count_for_backoff_and_dead_letter_after_max_re
 
     async with await tracked(client, t, kind, precision_bits=0, backoff=backoff, max_redeliveries=2) as consumer:
         msg = await consumer.receive(timeout_ms=5_000)
-        deliveries = 1
+        deliveries, seen = 1, [msg.redelivery_count()]
         while True:
             await consumer.negative_acknowledge(msg)
             try:
@@ -138,7 +138,9 @@ async def test_local_redeliveries_count_for_backoff_and_dead_letter_after_max_re
             except ReceiveTimeout:
                 break
             deliveries += 1
+            seen.append(msg.redelivery_count())
         assert deliveries == 3 and counts == [0, 1, 2]  # the third nack (count 2) dead-letters it
+        assert seen == [0, 1, 2]  # each copy from memory counted, as the broker counts its redeliveries
         _, dead = await dlq_pump.get()
         assert dead.data() == b"m0" and dead.properties()[PROPERTY_REAL_TOPIC] == t
         stats = consumer.stats()

@@ -311,7 +311,7 @@ async def test_local_redeliveries_count_for_backoff_and_max_redeliveries(local):
     for _ in range(3):
         await h.consumer.negative_acknowledge(m)
         [(at, _data)] = await h.advance_to(h.clock.now_ms() - 1_000_000 + 400)
-        assert m.redelivery_count() == 0  # the Message's own count is the broker's
+        assert m.redelivery_count() == 0  # a fake Message: the broker's count (a received one adds the hand-backs)
     assert counts == [0, 1, 2]
     assert h.adapter.redeliveries(MessageKey(7, 0, -1, -1, TOPIC)) == 3  # max_redeliveries: the broker tests
     await h.consumer.acknowledge(m)

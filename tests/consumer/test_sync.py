@@ -528,14 +528,13 @@ except KeyboardInterrupt:
 
 def test_negative_acks_come_back_in_order_then_nothing_more(sync_client, topic):
     """The client's ``test_negative_acks``: ten string messages nacked as received come back, in order,
-    after the consumer's nack delay; acknowledged, nothing more arrives. On Shared: this port also checks
-    the broker's redelivery count, which a local redelivery (Exclusive, the default) leaves as it was (the
-    as-written port, on the default type: tests/consumer/ported/test_python_client.py)."""
+    after the consumer's nack delay; acknowledged, nothing more arrives. On the default type (Exclusive), as
+    the original: each comes back from the consumer's memory, its redelivery count 1 as the broker's would be."""
     import pulsar
 
     name = topic("sync-negative-acks")
-    consumer = nacktracker.sync.subscribe(sync_client, name, "test", consumer_type=pulsar.ConsumerType.Shared,
-                                          schema=pulsar.schema.StringSchema(), negative_ack_redelivery_delay_ms=1000)
+    consumer = nacktracker.sync.subscribe(sync_client, name, "test", schema=pulsar.schema.StringSchema(),
+                                          negative_ack_redelivery_delay_ms=1000)
     producer = sync_client.create_producer(name, schema=pulsar.schema.StringSchema())
     for i in range(10):
         producer.send_async(f"hello-{i}", callback=lambda result, msg_id: None)
