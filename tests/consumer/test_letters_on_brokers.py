@@ -15,8 +15,7 @@ from hypothesis import strategies as st
 pulsar = pytest.importorskip("pulsar")
 
 import nacktracker  # noqa: E402
-from nacktracker.errors import LetterInFlightError  # noqa: E402
-from test_consumer_letters import WORST_VALUES, property_dicts  # noqa: E402
+from test_consumer_letters import WORST_VALUES, letter_call_pairs, property_dicts  # noqa: E402
 
 SHARED = pulsar.ConsumerType.Shared
 EARLIEST = pulsar.InitialPosition.Earliest
@@ -195,19 +194,7 @@ async def test_1000_concurrent_letter_call_pairs_on_1000_messages_publish_exactl
         await asyncio.gather(*[producer.send(b"%d" % i) for i in range(n)])
         msgs = [await consumer.receive(timeout_ms=10_000) for _ in range(n)]
         assert sorted(int(m.data()) for m in msgs) == list(range(n))
-        c = consumer
-
-        def pair(i: int, m):
-            return [lambda: (c.dead_letter(m, reason="a"), c.dead_letter(m, reason="b")),
-                    lambda: (c.reconsume_later(m, delay_ms=60_000), c.dead_letter(m, reason="c")),
-                    lambda: (c.dead_letter(m, reason="d"), c.reconsume_later(m, delay_ms=1)),
-                    lambda: (c.reconsume_later(m, delay_ms=5), c.reconsume_later(m, delay_ms=6))][i % 4]()
-
-        results = await asyncio.gather(*[call for i, m in enumerate(msgs) for call in pair(i, m)],
-                                       return_exceptions=True)
-        firsts, seconds = results[0::2], results[1::2]
-        assert firsts == [None] * n, {type(r) for r in firsts}
-        assert all(isinstance(r, LetterInFlightError) for r in seconds), {type(r) for r in seconds}
+        await letter_call_pairs(consumer, msgs)
         stats = consumer.stats()
         retry_topic = consumer.options.retry_letter_topic
     finally:
