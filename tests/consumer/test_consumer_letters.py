@@ -533,6 +533,21 @@ async def test_a_snapshot_path_that_is_a_device_or_a_fifo_is_refused_at_once(tmp
         assert os.path.realpath(path) == "/dev/zero" and os.path.exists("/dev/zero")
 
 
+async def drive(h, handle, ms: int, dead_letters: int) -> None:
+    """Hand every delivery to ``handle`` while the clock moves ``ms`` in 1 ms steps, then wait until the
+    dead-letter topic holds ``dead_letters`` messages (the fake producers' creation takes real time)."""
+    await handle(await h.drain())
+    for _ in range(ms):
+        h.clock.advance(1)
+        await handle(await h.drain())
+        await asyncio.sleep(0)
+    for _ in range(100):
+        if len(h.sent(DLQ)) >= dead_letters:
+            break
+        await asyncio.sleep(0.01)
+    await settle()
+
+
 # -- every counter against what the topics received ----------------------------------------------
 
 async def test_after_a_mixed_run_every_counter_equals_what_the_topics_received(letters):
@@ -562,16 +577,7 @@ async def test_after_a_mixed_run_every_counter_equals_what_the_topics_received(l
                 await h.consumer.reconsume_later(m, delay_ms=10)
             # timed_out: neither acked nor nacked
 
-    await handle(await h.drain())
-    for _ in range(1500):
-        h.clock.advance(1)
-        await handle(await h.drain())
-        await asyncio.sleep(0)
-    for _ in range(100):  # the fake producers' creation takes real time
-        if len(h.sent(DLQ)) >= 31:
-            break
-        await asyncio.sleep(0.01)
-    await settle()
+    await drive(h, handle, 1500, dead_letters=31)
     dead = [(group_of.get(int(p[1:]), "bad"), o["properties"]) for p, o in h.sent(DLQ)]
     by_group = {g: sum(1 for d, _ in dead if d == g) for g in ("nacked", "dead_letter", "timed_out", "bad")}
     assert by_group == {"nacked": 10, "dead_letter": 10, "timed_out": 10, "bad": 1}
@@ -612,16 +618,7 @@ async def test_ack_timeouts_are_not_nacks_and_every_dead_letter_is_counted_once_
                 await h.consumer.dead_letter(m, reason="poison")
             # entry 2: neither acknowledged nor nacked
 
-    await handle(await h.drain())
-    for _ in range(600):
-        h.clock.advance(1)
-        await handle(await h.drain())
-        await asyncio.sleep(0)
-    for _ in range(100):  # the fake producers' creation takes real time
-        if len(h.sent(DLQ)) >= 3:
-            break
-        await asyncio.sleep(0.01)
-    await settle()
+    await drive(h, handle, 600, dead_letters=3)
     assert sorted(p for p, _ in h.sent(DLQ)) == [b"m0", b"m1", b"m2"]
     stats = h.consumer.stats()
     expected = {"nacks": 2, "ack_timeout_redeliveries": 2, "dead_lettered": 3, "dead_letters_max_redeliveries": 1,
