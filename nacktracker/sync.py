@@ -714,8 +714,8 @@ def _subscribe(client: pulsar.Client, topic: Union[str, list[str], re.Pattern[st
     # client's default period applies): the same here
     period = options.pop("pattern_auto_discovery_period", 60)
     if not isinstance(period, int):
-        raise ValueError(f"Argument pattern_auto_discovery_period is expected to be of type 'int' and not "
-                         f"'{type(period).__name__}'")  # the client's own words
+        raise ArgumentError(f"Argument pattern_auto_discovery_period is expected to be of type 'int' and not "
+                            f"'{type(period).__name__}'")  # the client's own words (its ValueError, and a TypeError)
     if isinstance(topic, re.Pattern):
         topic = topic.pattern
         options["is_pattern_topic"] = True

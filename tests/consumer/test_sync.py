@@ -713,7 +713,7 @@ def test_pattern_auto_discovery_period_is_taken_as_the_client_takes_it(sync_clie
     nothing with it (pulsar-client 3.x): the sync face takes it the same way, on any topic form."""
     with pytest.raises(ValueError, match="pattern_auto_discovery_period"):
         sync_client.subscribe(topic(), "s", pattern_auto_discovery_period=1.5)
-    with pytest.raises(ValueError, match="pattern_auto_discovery_period"):
+    with pytest.raises(nacktracker.errors.ArgumentError, match="pattern_auto_discovery_period"):  # a ValueError and a TypeError
         nacktracker.sync.subscribe(sync_client, topic(), "s", pattern_auto_discovery_period=1.5)
     t = topic("discovery")
     consumer = nacktracker.sync.subscribe(sync_client, t, "sub", pattern_auto_discovery_period=1)
