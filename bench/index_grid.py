@@ -16,9 +16,8 @@ then measures in that process:
   much of it was free heap the allocator kept);
 * CPU per call at that steady state (thread CPU time, 25 rounds of 600
   calls, timed while no other cell of the run plays: :func:`machine_to_itself`):
-  ``add`` (the stream goes on; a chunk's time ends with the ``len()`` that
-  stores what a TimeBucketIndex still holds staged), ``discard`` of a
-  pending id (hit) and of an id that is not pending (miss: a message between two nacked ones, what
+  ``add`` (the stream goes on), ``discard`` of a pending id (hit) and of an
+  id that is not pending (miss: a message between two nacked ones, what
   every ``acknowledge`` does), for the index and, side by side in the same
   process, a DictIndex copy of its pending set (``dict_*_ns``). Each
   one's best round is its figure; the ratios the targets check are the
@@ -200,14 +199,11 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _per_call_ns(chunks: list[list[tuple]], settle=None) -> float:
+def _per_call_ns(chunks: list[list[tuple]]) -> float:
     """CPU ns per call, the best of several chunks: each chunk is a list of
     ``(bound method, *args)``; thread CPU time, so preemption by other
     processes on a shared machine does not count (the minimum drops what
-    noise is left), with the garbage collector off as in bench/throughput.py.
-    ``settle``: called after each chunk's calls, inside its time (the
-    ``len()`` that stores the adds a TimeBucketIndex still holds staged:
-    their cost is the adds')."""
+    noise is left), with the garbage collector off as in bench/throughput.py."""
     best = float("inf")
     gc.disable()
     try:
@@ -217,8 +213,6 @@ def _per_call_ns(chunks: list[list[tuple]], settle=None) -> float:
             t = time.thread_time_ns()
             for fn, *args in chunk:
                 fn(*args)
-            if settle is not None:
-                settle()
             best = min(best, (time.thread_time_ns() - t) / len(chunk))
     finally:
         gc.enable()
@@ -386,9 +380,8 @@ def side_by_side(first, stream: Traffic, cell: Cell, now: int, calls: int) -> di
                 if prepare:
                     for lg, e in chunk:
                         idx.add(lg, e, now + 30_000)
-                    len(idx)  # stores the staged adds before the discards' time
                 method = getattr(idx, "add" if name == "add" else "discard")
-                times[i].append(_per_call_ns([[(method, *args) for args in chunk]], idx.__len__ if name == "add" else None))
+                times[i].append(_per_call_ns([[(method, *args) for args in chunk]]))
         out[f"{name}_ns"], out[f"dict_{name}_ns"] = min(times[0]), min(times[1])
         out[f"{name}_vs_dict"] = statistics.median(a / b for a, b in zip(*times))
     return out
@@ -411,7 +404,6 @@ def flatness(sizes=(30_000, 100_000, 300_000), calls: int = 20_000, rounds: int 
             nacks = [traffic.nack() for _ in range(n)]
             for lg, e, d in nacks:
                 idx.add(lg, e, 1_000_000 + d)
-            len(idx)  # stores the staged adds before the discards' time
             misses = [(idx.discard, lg, e + 1) for lg, e, _ in nacks[:: max(1, n // calls)]]
             built.append((index, idx, misses))
     best = [float("inf")] * len(built)
@@ -434,7 +426,6 @@ def listed_miss(cells: int = 8, run: int = 8_000, calls: int = 4_000) -> list[di
         for b in range(cells):
             for e in range(b * 2 * run, b * 2 * run + run, 2):
                 idx.add(7, e, 100_000 + b * 1024)
-        len(idx)  # stores the staged adds before the discards' time
         top = cells * 2 * run
         misses = [(idx.discard, 7, e) for e in range(1, top, max(3, top // calls) | 1)]
         rows.append({"index": index, "listed_cells": cells, "discard_miss_ns": _per_call_ns([misses] * REPEATS)})

@@ -35,11 +35,8 @@ are its methods.
 from __future__ import annotations
 
 import array
-import sys
-from typing import Any, Final, Iterable, Iterator, cast
+from typing import Final, Iterable, Iterator, cast
 
-import numpy as np
-import numpy.typing as npt
 from pyroaring import BitMap, BitMap64
 
 from .._checks import MAX_DUE, check_int, entry_array, message_id
@@ -48,7 +45,7 @@ from . import layout
 from ._ledgers import Ledgers
 from ._live import LiveIds, in_listed, listed_cells
 from ._windows import Windows
-from .bitmaps import common, distinct, merge_into, overlaps, u32_array, u64_array
+from .bitmaps import common, merge_into, overlaps
 from .layout import (
     COUNTER_INTS,
     LISTING,
@@ -72,42 +69,6 @@ __all__ = ["TimeBucketIndex"]
 #: The largest entry id and ledger slot the narrow live bitmap keys (``slot << 22 | entry``).
 NARROW_ENTRY_MAX: Final = (1 << LIVE_ENTRY_BITS) - 1
 NARROW_SLOT_MAX: Final = (1 << LIVE_SLOT_BITS) - 1
-#: ``add`` stages its arguments (three list items an add) and stores them once this many items are
-#: staged, or when any other method is called (``_fold``): a batch of 1,024 adds.
-STAGED = 3 * 1024
-#: Fewer staged adds than this are stored one by one (a batch's numpy and bitmap calls cost ~50 us).
-#: Read as a module global at each fold, so a test can set it to 1 (every fold tries the bulk path).
-BULK_MIN = 64
-
-
-def extend_as_appends(a: array.array[int], values: npt.NDArray[Any]) -> None:
-    """Extend an 8-byte array by ``values`` leaving it the capacity appends of
-    one value at a time leave. CPython grows an array past its capacity to
-    ``n + n // 16 + 7`` (``+ 3`` while it held fewer than 8), so one extend
-    grows it once, to a capacity of its own (up to ~4% more bytes per sparse
-    copy on the bulk path): only the last growth an append would make
-    decides the capacity, so the values go in three steps at most: up to 8
-    items one by one, up to that last growth point, the rest.
-    Runtime: O(k) in C, O(1) Python steps (at most 10)."""
-    data = values.view(np.uint8)
-    n, end, at = len(a), len(a) + len(values), 0
-    while n < 8 and n < end:  # the small growths read the size before: one value at a time
-        a.frombytes(data[at:at + 8])  # type: ignore[arg-type]  # numpy arrays are buffers
-        at, n = at + 8, n + 1
-    if n == end:
-        return
-    cap = (sys.getsizeof(a) - _EMPTY_ARRAY) // 8
-    grow = 0  # the size at which appends would grow the array the last time, if they would
-    while cap < end:
-        grow = cap + 1
-        cap = grow + (grow >> 4) + 7
-    if grow:
-        a.frombytes(data[at:(grow - n) * 8 + at])  # type: ignore[arg-type]
-        at += (grow - n) * 8
-    a.frombytes(data[at:])  # type: ignore[arg-type]
-
-
-_EMPTY_ARRAY: Final = sys.getsizeof(array.array(PACKED))
 
 
 def _checked(ledger_id: object, entry_id: object, due_ms: object) -> tuple[int, int, int]:
@@ -138,7 +99,7 @@ class TimeBucketIndex:
     """
 
     __slots__ = ("precision", "precision_bits", "_add", "_mask", "_lay", "_wshift", "_cshift", "_omask", "_slot_limit",
-                 "_ledgers", "_ids", "_time", "_windows", "_by_id", "_count", "_stage",
+                 "_ledgers", "_ids", "_time", "_windows", "_by_id", "_count",
                  "_hot_bucket", "_hot_slot", "_hot_lid", "_hot_win", "_hot_off", "_hot_dense", "_hot_start", "_hot_listed")
 
     def __init__(self, precision_bits: int = 8, rounding: str = "floor") -> None:
@@ -159,7 +120,6 @@ class TimeBucketIndex:
         self._windows: dict[int, Window] = self._time.by_id
         self._by_id: dict[int, int] = self._ledgers.by_id
         self._count = 0  # live occurrences
-        self._stage: list[int] = []  # staged adds, flat (ledger, entry, due) triples: see add()
         # the fast path: the cell the last add went to (bucket, slot, ledger id, window, offset), its
         # bitmap if dense and whether its ledger lists it, and where its run of adds started
         self._hot_bucket, self._hot_slot, self._hot_lid, self._hot_off = -1, -1, -1, -1
@@ -177,239 +137,15 @@ class TimeBucketIndex:
         Ids are ints in ``[0, 2^63)``, ``due_ms`` in ``[0, 2^62)``; anything
         else raises ``TypeError``/``ValueError`` and changes nothing.
 
-        The add is staged: its arguments join a short list that every other
-        method first stores (:meth:`_fold`), in order, as one-by-one adds
-        would have: a batch of new ids of plain ledgers in a few numpy and
-        bitmap calls, anything else one by one. So nothing an add does is
-        ever seen late, and no operation sees a different index.
-
-        Runtime complexity: O(1) amortised: an append here, and in the fold
-        O(1) amortised per add: an append of its copy, or a bitmap add for
-        a cell in a run (or a listed cell), after one bitmap lookup (plus at
-        most ``LISTED`` for an id not above its ledger's listed cells). A
-        message already pending: see ``_add_again``; the live bitmap's
-        one-time re-keying: ``layout.LIVE_ENTRY_BITS``.
+        Runtime complexity: O(1) amortised: an append, or a bitmap add for a
+        cell in a run (or a listed cell), after one bitmap
+        lookup (plus at most ``LISTED`` for an id not above its ledger's
+        listed cells). A message already pending: see ``_add_again``; the
+        live bitmap's one-time re-keying: ``layout.LIVE_ENTRY_BITS``.
         """
         if (type(ledger_id) is not int or type(entry_id) is not int or type(due_ms) is not int
                 or (ledger_id | entry_id) >> 63 or due_ms >> 62):  # negative or too large
             ledger_id, entry_id, due_ms = _checked(ledger_id, entry_id, due_ms)
-        stage = self._stage
-        stage += (ledger_id, entry_id, due_ms)  # one flat list: the cheapest append, one C call to read back
-        if len(stage) >= STAGED:
-            self._fold()
-
-    def _fold(self) -> None:
-        """Store the staged adds, in order (every method but :meth:`add` and
-        :meth:`bucket_of` calls it first), leaving exactly what one-by-one
-        adds leave (:meth:`_add_one`): the same copies in the same arrays,
-        the same looks, the same fast-path cell. Fewer than ``BULK_MIN``
-        adds go one by one; a batch tries :meth:`_add_bulk` (once), and a
-        run of adds into the fast path's listed dense cell takes
-        :meth:`_add_listed_run`; whatever neither takes goes one by one.
-        Runtime: O(k) for k staged adds: in C for the bulk steps, plus
-        O(ledgers + windows + segments) Python steps."""
-        stage = self._stage
-        self._stage = []
-        n = len(stage) // 3
-        add = self._add_one
-        if n < BULK_MIN:
-            it = iter(stage)
-            for ledger_id, entry_id, due_ms in zip(it, it, it):
-                add(ledger_id, entry_id, due_ms)
-            return
-        # one C loop to int64, one copy to three contiguous columns (numpy on strided views is slower)
-        lids, entries, dues = np.frombuffer(array.array("q", stage), dtype=np.int64).reshape(-1, 3).T.copy()
-        buckets = (dues + self._add) & self._mask
-        i, bulk = 0, True
-        while i < n:
-            if self._hot_dense is not None:  # a dense cell: a run into it if listed, else _add_one leaves it
-                if self._hot_listed:
-                    k = self._add_listed_run(lids, entries, buckets, i)
-                    if k:
-                        i += k
-                        continue
-                add(stage[3 * i], stage[3 * i + 1], stage[3 * i + 2])
-                i += 1
-                continue
-            if bulk and n - i >= BULK_MIN:
-                if self._add_bulk(stage, 3 * i, lids[i:], entries[i:], buckets[i:]):
-                    return
-                bulk = False  # not tried again in this batch: a try costs about what storing it does
-            while i < n and self._hot_dense is None:
-                add(stage[3 * i], stage[3 * i + 1], stage[3 * i + 2])
-                i += 1
-
-    def _add_listed_run(self, lids: npt.NDArray[np.int64], entries: npt.NDArray[np.int64],
-                        buckets: npt.NDArray[np.int64], i: int) -> int:
-        """The staged adds from ``i`` on that fall into the fast path's cell, a
-        listed dense cell (a burst, seed 000's case), stored at once if each
-        would take ``add``'s listed step (a narrow id new to the index and to
-        the run, a ledger without ghosts): into the cell, its ledger's
-        ``hi`` following. Returns how many (0: none stored, one by one then).
-        Runtime: O(k) in C, plus O(LISTED) bitmap calls."""
-        lid, bucket, slot = self._hot_lid, self._hot_bucket, self._hot_slot
-        other = np.flatnonzero((lids[i:] != lid) | (buckets[i:] != bucket))
-        k = int(other[0]) if len(other) else len(lids) - i
-        if k < 2:
-            return 0
-        run = entries[i:i + k]
-        ext = self._ledgers.ext[slot]
-        ids = self._ids
-        if ext is None or ext.ghost is not None or ext.cells is None or slot > NARROW_SLOT_MAX or int(run.max()) > NARROW_ENTRY_MAX:
-            return 0
-        fresh = BitMap()
-        fresh.update(u32_array(run))
-        if len(fresh) != k or any(overlaps(fresh, c) for c in listed_cells(ext)):
-            return 0  # an id twice, or pending in a listed cell already
-        keyed = fresh.shift(slot << ids.shift) if ids.shift == LIVE_ENTRY_BITS else ids.keyed(slot, fresh)
-        if keyed.intersect(ids.bits):  # type: ignore[arg-type]
-            return 0  # pending elsewhere
-        cell = cast(Cell, self._hot_dense)
-        cell.update(u32_array(run) if type(cell) is BitMap else u64_array(run))
-        top = int(run.max())
-        if top > ext.hi:
-            ext.hi = top
-        self._count += k
-        return k
-
-    def _add_bulk(self, stage: list[int], at: int, lids: npt.NDArray[np.int64], entries: npt.NDArray[np.int64],
-                  buckets: npt.NDArray[np.int64]) -> bool:
-        """The adds ``stage[at:]`` (flat triples; their ids and buckets as
-        arrays) as a batch, if each would take ``add``'s common step or its
-        fast step (an append to the cell the add before went to) without a
-        run reaching ``PROMOTE``: ids new to the index and to the batch, of
-        ledgers without rare state, narrow keys. False, having changed
-        nothing, if one would not. Runtime: O(k) in C for k adds, plus O(1)
-        Python steps per distinct ledger, window and segment filled."""
-        if int(entries.max()) > NARROW_ENTRY_MAX:
-            return False
-        n = len(lids)
-        # runs: an add into the cell of the add before it (the first: into the fast path's cell) is add's
-        # fast step, an append to that cell's array with no new segment; a run of PROMOTE becomes a bitmap
-        cont = np.empty(n, dtype=np.bool_)
-        cont[0] = int(lids[0]) == self._hot_lid and int(buckets[0]) == self._hot_bucket
-        np.logical_and(lids[1:] == lids[:-1], buckets[1:] == buckets[:-1], out=cont[1:])
-        starts: npt.NDArray[np.intp] | None = None  # where runs start (None: every add)
-        prior = len(self._hot_win.packed) - self._hot_start if cont[0] else 0  # the fast path's run so far
-        if cont.any():
-            starts = np.flatnonzero(~cont)
-            lead = int(starts[0]) if len(starts) else n
-            if prior + lead >= PROMOTE or (len(starts) and int(np.diff(starts, append=n).max()) >= PROMOTE):
-                return False  # a run becomes a bitmap: one by one
-        new: list[int] = []
-        slots = self._bulk_slots(stage, at, lids, new)
-        if slots is None:
-            return False  # a wide key or a ledger with rare state: one by one
-        ids = self._ids
-        keys = slots << ids.shift | entries
-        fresh: Cell = BitMap() if ids.shift == LIVE_ENTRY_BITS else BitMap64()
-        fresh.update(u32_array(keys) if type(fresh) is BitMap else u64_array(keys))
-        if len(fresh) != n or fresh.intersect(ids.bits):  # type: ignore[arg-type]
-            return False  # an id twice in the batch, or pending already: one by one
-        del fresh
-        for lid in new:
-            self._ledgers.slot(lid)
-        ids.bits.update(u32_array(keys) if ids.shift == LIVE_ENTRY_BITS else u64_array(keys))
-        self._count += n
-        lay = self._lay
-        offs = (buckets >> self.precision_bits) & self._omask
-        packed = (offs.astype(np.uint64) << np.uint64(lay.offset_shift) | slots.astype(np.uint64) << np.uint64(32)
-                  | entries.astype(np.uint64))
-        wids = buckets >> self._wshift
-        windows, segment = self._windows, layout.SEGMENT
-        # the fast path's cell at the end: the last add's, its run started that many copies back
-        last = int(wids[-1]), int(buckets[-1]), int(slots[-1]), int(offs[-1]), int(lids[-1])
-        last_run = prior + n if starts is not None and not len(starts) else (n - int(starts[-1]) if starts is not None else 1)
-        first = ~cont  # the adds that start a run (add's general step: a new segment when the array is full)
-        low_wid, top_wid = int(wids.min()), int(wids.max())
-        groups: list[tuple[int, npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[Any]]]  # (window id, copies, offsets, run starts)
-        if low_wid == top_wid:
-            groups = [(low_wid, packed, offs, first)]
-        elif top_wid - low_wid < 1 << 16:  # by window, in the batch's order within each (a radix sort)
-            rel = (wids - low_wid).astype(np.uint16)
-            order = np.argsort(rel, kind="stable")
-            packed, offs, first = packed[order], offs[order], first[order]
-            ends = np.cumsum(np.bincount(rel)).tolist()
-            groups, start = [], 0
-            for j, end in enumerate(ends):
-                if end > start:
-                    groups.append((low_wid + j, packed[start:end], offs[start:end], first[start:end]))
-                start = end
-        else:
-            order = np.argsort(wids, kind="stable")
-            cuts = np.flatnonzero(np.diff(wids[order])) + 1
-            groups = [(int(wids[part[0]]), packed[part], offs[part], first[part]) for part in np.split(order, cuts)]
-        for wid, vals, woffs, wfirst in groups:
-            w = windows.get(wid)
-            if w is None:  # a new window: _put's path (which counts the copy's churn)
-                w = self._time.window(wid << self._wshift)
-                ids.churn += 1
-            if w.opened:
-                low = int(woffs.min())
-                if low < w.tail_min:
-                    w.tail_min = low
-            run_starts = None if starts is None else np.flatnonzero(wfirst)
-            i, m = 0, len(vals)
-            while i < m:
-                copies = w.packed
-                if wfirst[i] and (copies is NO_PACKED or len(copies) >= segment):
-                    copies = self._segment_for(w)  # a new segment, and the window's look when due
-                # up to the first run start that finds the array full (a run never straddles two segments)
-                full_at = i + max(segment - len(copies), 1)
-                if run_starts is None:
-                    end = min(m, full_at)
-                else:
-                    k = int(np.searchsorted(run_starts, full_at))
-                    end = int(run_starts[k]) if k < len(run_starts) else m
-                extend_as_appends(copies, vals[i:end])
-                i = end
-        wid, self._hot_bucket, self._hot_slot, self._hot_off, self._hot_lid = last
-        w = self._hot_win = windows[wid]
-        self._hot_start = len(w.packed) - last_run
-        return True
-
-    def _bulk_slots(self, stage: list[int], at: int, lids: npt.NDArray[np.int64],
-                    new: list[int]) -> npt.NDArray[np.int64] | None:
-        """The ledger slot of each add of a bulk batch, or None if a ledger's
-        adds cannot take the common step (a slot the narrow live key or a
-        packed copy cannot hold, or rare state). New ledgers are appended to
-        ``new`` in order of first appearance, with the slots one-by-one adds
-        would hand them; the caller gives them those slots once the batch is
-        sure to be stored (giving them earlier would change when the ledger
-        table's lists grow). Runtime: O(k) in C, plus O(1) Python steps per
-        distinct ledger."""
-        ledgers, by_id = self._ledgers, self._by_id
-        low, top = int(lids.min()), int(lids.max())
-        if top - low < 1 << 16:  # ids close together (the tracker's slots): a table, no sort
-            seen = np.zeros(top - low + 1, dtype=np.bool_)
-            seen[lids - low] = True
-            uniq = (np.flatnonzero(seen) + low).tolist()
-        else:
-            uniq = distinct(lids).tolist()
-        known = by_id
-        if any(lid not in by_id for lid in uniq):  # new ledgers: the slots Ledgers.slot will hand them, in order
-            known = dict(by_id)
-            free, fresh = list(ledgers.free), len(ledgers.lid)
-            for lid in dict.fromkeys(stage[at::3]):
-                if lid not in known:
-                    new.append(lid)
-                    if free:
-                        known[lid] = free.pop()
-                    else:
-                        known[lid], fresh = fresh, fresh + 1
-        exts, limit = ledgers.ext, min(NARROW_SLOT_MAX + 1, self._slot_limit)
-        slot_of = [known[lid] for lid in uniq]
-        for slot in slot_of:
-            if slot >= limit or (exts and slot < len(exts) and exts[slot] is not None):
-                return None
-        if top - low < 1 << 16:
-            table = np.zeros(top - low + 1, dtype=np.int64)
-            table[np.asarray(uniq) - low] = slot_of
-            return table[lids - low]
-        return np.asarray(slot_of, dtype=np.int64)[np.searchsorted(np.asarray(uniq), lids)]
-
-    def _add_one(self, ledger_id: int, entry_id: int, due_ms: int) -> None:
-        """One staged add (checked already), stored. Runtime: see :meth:`add`."""
         bucket = (due_ms + self._add) & self._mask  # Precision.bucket, inlined
         # the common steps inline (a call costs about as much as the rest of an add); the rare ones are helpers
         ids = self._ids
@@ -542,15 +278,13 @@ class TimeBucketIndex:
         iterable of ints. Runtime complexity: O(k) in C for k ids none of which
         is pending; O(k) adds otherwise (and below 32 ids).
         """
-        if self._stage:
-            self._fold()
         if type(ledger_id) is not int or type(due_ms) is not int or ledger_id >> 63 or due_ms >> 62:
             ledger_id = check_int("ledger_id", ledger_id)
             due_ms = check_int("due_ms", due_ms, MAX_DUE)
         batch = entry_array(entry_ids)
         if len(batch) < PROMOTE:
             for e in batch:
-                self._add_one(ledger_id, e, due_ms)
+                self.add(ledger_id, e, due_ms)
             return
         new: Cell = BitMap(batch) if batch.typecode == "I" else BitMap64(batch)
         slot = self._ledgers.slot(ledger_id)
@@ -566,7 +300,7 @@ class TimeBucketIndex:
                 ext.wide is not None and type(new) is BitMap64 and new.intersect(ext.wide)) or (
                 any(overlaps(new, c) for c in listed_cells(ext))))):
             for e in new:
-                self._add_one(ledger_id, e, due_ms)
+                self.add(ledger_id, e, due_ms)
             return
         bucket = self.precision.bucket(due_ms)
         ids.bits |= keyed  # type: ignore[operator]
@@ -591,8 +325,6 @@ class TimeBucketIndex:
         its other copies become ghosts (a small record each) dropped when
         their bucket is taken.
         """
-        if self._stage:
-            self._fold()
         if type(ledger_id) is not int or type(entry_id) is not int or (ledger_id | entry_id) >> 63:
             ledger_id = check_int("ledger_id", ledger_id)
             entry_id = check_int("entry_id", entry_id)
@@ -633,8 +365,6 @@ class TimeBucketIndex:
         when that tail grows past max(``layout.SEGMENT``, w/32)), then O(log w + k) per
         bucket taken for its k copies, plus O(c log c) for the c cells taken.
         """
-        if self._stage:
-            self._fold()
         now_ms = check_int("now_ms", now_ms)
         out: list[tuple[int, int, Cell]] = []
         lid = self._ledgers.lid
@@ -672,8 +402,6 @@ class TimeBucketIndex:
         (ghosts) are pending or it is known from the unsorted tail only
         (O(t) in C for a tail of t).
         """
-        if self._stage:
-            self._fold()
         front = self._front()
         return None if front is None else front[0]
 
@@ -684,20 +412,14 @@ class TimeBucketIndex:
 
     def __len__(self) -> int:
         """Pending occurrences (a message pending in two buckets counts twice). O(1)."""
-        if self._stage:
-            self._fold()
         return self._count
 
     def __bool__(self) -> bool:
-        if self._stage:
-            self._fold()
         return self._count > 0
 
     def __contains__(self, item: object) -> bool:
         """``(ledger_id, entry_id) in index``. Runtime complexity: O(1): a
         bitmap lookup plus at most ``LISTED`` (the ledger's listed cells)."""
-        if self._stage:
-            self._fold()
         pair = message_id(item)
         if pair is None:
             return False
@@ -709,8 +431,6 @@ class TimeBucketIndex:
         """Whether anything of this ledger is pending. Runtime complexity:
         O(1) with listed cells or 64-bit ids, else O(log n) (two ranks of the
         live bitmap, in C)."""
-        if self._stage:
-            self._fold()
         slot = self._by_id.get(ledger_id)
         return slot is not None and self._ids.has_live(slot)
 
@@ -722,8 +442,6 @@ class TimeBucketIndex:
         adds to it ends and a ledger's live set every few thousand changes.
         Runtime complexity: O(all containers).
         """
-        if self._stage:
-            self._fold()
         self._ids.compact()
         for w in self._windows.values():
             for cell in w.dense.values():
@@ -736,15 +454,11 @@ class TimeBucketIndex:
         """Distinct bucket times pending. Runtime complexity: O(n log n) in C
         (numpy over the window arrays), no Python object per message. Copies
         of messages acked while pending count until their bucket is taken."""
-        if self._stage:
-            self._fold()
         return self._time.count(buckets_only=True)
 
     def bitmap_count(self) -> int:
         """``(bucket, ledger)`` cells pending. Runtime complexity: O(n log n)
         in C, as :meth:`bucket_count` (and the same caveat)."""
-        if self._stage:
-            self._fold()
         return self._time.count(buckets_only=False)
 
     def bucket_count_bound(self) -> int:
@@ -755,8 +469,6 @@ class TimeBucketIndex:
         and the buckets one window spans (at least 8). Exact when each window
         is small; ghosts count as in :meth:`bucket_count`. Runtime
         complexity: O(windows), never O(messages)."""
-        if self._stage:
-            self._fold()
         return self._time.count_bound(1 << self._lay.offset_bits, buckets_only=True)
 
     def bitmap_count_bound(self) -> int:
@@ -766,16 +478,12 @@ class TimeBucketIndex:
         out, which no slot in a window reaches). Exact when each window is
         small or each copy is alone in its ``(bucket, ledger)`` cell.
         Runtime complexity: O(windows), never O(messages)."""
-        if self._stage:
-            self._fold()
         return self._time.count_bound((1 << self._lay.offset_bits) * len(self._ledgers.lid), buckets_only=False)
 
     def iter_bitmaps(self) -> Iterator[tuple[int, int, Cell]]:
         """``(bucket_ms, ledger_id, bitmap)`` of the live copies in order, without
         removing them. The bitmaps are fresh: mutating them changes nothing.
         Runtime complexity: O(n log n) for n copies."""
-        if self._stage:
-            self._fold()
         ledgers, ids = self._ledgers, self._ids
         for wid, w in self._time.in_order():
             rows = []
@@ -804,11 +512,9 @@ class TimeBucketIndex:
         Runtime complexity: O(windows + cells + ledgers + ids pending in two
         buckets or acked while pending); never O(messages).
         """
-        if self._stage:
-            self._fold()
         # its counters and the hot bucket's time, each as an int object of its own whatever its value
         # (shared small ints below 257: up to 64 B more than held), so an empty index always reads the same
-        return (held_size(self) + COUNTER_INTS * held_size(1 << 40) + held_size(self._stage)
+        return (held_size(self) + COUNTER_INTS * held_size(1 << 40)
                 + self._ledgers.nbytes() + self._ids.nbytes() + self._time.nbytes())
 
     def __repr__(self) -> str:

@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from pyroaring import BitMap, BitMap64
 
 from nacktracker import DictIndex, TimeBucketIndex
-from nacktracker.index import _live, _windows, buckets, layout
+from nacktracker.index import _live, _windows, layout
 from nacktracker.index._ledgers import NO_EXTS, NO_SLOTS
 from nacktracker.index._live import NO_GHOSTS, NO_MULTI
 from nacktracker.index._windows import SMALL_WINDOW, Windows
@@ -34,15 +34,6 @@ from nacktracker.index.layout import (
     SEGMENT,
     Layout,
 )
-
-
-@pytest.fixture
-def adds_stored_at_once(monkeypatch):
-    """Every add stored as it is made (``add`` stages nothing): for the tests
-    that read the layout one add at a time leaves. Staged adds leave the same
-    layout: ``test_staged_adds_leave_the_layout_one_by_one_adds_leave``."""
-    monkeypatch.setattr(buckets, "STAGED", 3)
-
 
 ledgers = st.sampled_from([1, 2, 7, 2**40 + 3])
 # around the live bitmap's narrow bound (2^22) and 32 bits, and the largest id
@@ -208,33 +199,6 @@ TestLookingWindows = LookingWindows.TestCase
 TestLookingWindows.settings = settings(max_examples=60, stateful_step_count=60, deadline=None)
 
 
-class BulkFolds(LookingWindows):
-    """The same with every fold of staged adds trying the bulk path (from one
-    add on, where it stores batches of 64 or more), and batches of
-    interleaved adds staged between the other operations."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.bulk_min = buckets.BULK_MIN
-        buckets.BULK_MIN = 1
-
-    @rule(seed=st.integers(0, 99), ledger_count=st.integers(1, 12), n=st.integers(1, 300),
-          gap=st.sampled_from([1, 3, 20]), span=st.sampled_from([0, 300, 60_000]))
-    def interleaved(self, seed, ledger_count, n, gap, span):
-        for row in _interleaved(seed, ledger_count, n, gap, span):
-            self.both("add", *row)
-
-    def teardown(self):
-        try:
-            super().teardown()
-        finally:
-            buckets.BULK_MIN = self.bulk_min
-
-
-TestBulkFolds = BulkFolds.TestCase
-TestBulkFolds.settings = settings(max_examples=60, stateful_step_count=60, deadline=None)
-
-
 def test_interleaved_cells_end_in_bitmaps():
     """Consecutive ids of 4 ledgers, round robin, into 8 buckets in turn (no
     run of adds to any cell): a window's looks move the cells into bitmaps,
@@ -253,7 +217,6 @@ def test_interleaved_cells_end_in_bitmaps():
     assert not idx and idx.next_due_ms() is None
 
 
-@pytest.mark.usefixtures("adds_stored_at_once")
 def test_sparse_cells_stay_packed():
     """Ids far apart, each cell with a few copies: no look moves a cell
     (a bitmap would cost more), the copies stay 8 bytes each."""
@@ -282,7 +245,6 @@ def check_segments(idx: TimeBucketIndex) -> None:
         assert all(w.spill) and (min(map(idx._lay.offset_of, tail)) >= w.tail_min if tail else True)
 
 
-@pytest.mark.usefixtures("adds_stored_at_once")
 def test_a_window_fills_in_segments_and_opens_across_them():
     """Sparse copies past SEGMENT roll into a new array; opening the window
     sorts across them in place, and taking its buckets drops whole segments."""
@@ -348,7 +310,6 @@ TestDifferential = Differential.TestCase
 TestDifferential.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
 
 
-@pytest.mark.usefixtures("adds_stored_at_once")
 def test_sparse_copies_are_8_byte_arrays_of_one_typecode_from_add_to_take():
     """Every array of sparse copies (new, rolled, refilled by a look, split from the tail) holds 8-byte
     values of PACKED, whose largest value (64 bits) round-trips."""
@@ -366,7 +327,6 @@ def test_sparse_copies_are_8_byte_arrays_of_one_typecode_from_add_to_take():
     check_segments(idx)
 
 
-@pytest.mark.usefixtures("adds_stored_at_once")
 def test_a_new_cell_after_a_full_segment_starts_a_new_segment():
     """A window's array holds SEGMENT copies; a new cell's first copy starts a
     new segment, whether it comes by add's inline path or by a switch away from
@@ -388,7 +348,6 @@ def test_a_new_cell_after_a_full_segment_starts_a_new_segment():
     assert idx.pop_due(100) == ref.pop_due(100) and not idx
 
 
-@pytest.mark.usefixtures("adds_stored_at_once")
 def test_due_times_far_apart_keep_their_own_windows():
     """Windows are keyed by ``bucket >> window_shift``: an id due days after
     another (2^28 ms, about 3 days, at precision 0) lives in a window of
@@ -403,7 +362,6 @@ def test_due_times_far_apart_keep_their_own_windows():
         assert idx.pop_due(far) == ref.pop_due(far) == [(1, 5)] and not idx
 
 
-@pytest.mark.usefixtures("adds_stored_at_once")
 def test_a_run_of_adds_becomes_a_bitmap_and_stays_exact():
     idx = TimeBucketIndex(precision_bits=0)
     for e in range(PROMOTE * 3):
@@ -547,7 +505,6 @@ def test_counts_take_a_bucket_with_sparse_and_dense_copies_once(bits):
     assert (later.bucket_count(), later.bitmap_count()) == (1, 2)
 
 
-@pytest.mark.usefixtures("adds_stored_at_once")
 def test_a_burst_is_stored_once_in_a_listed_cell():
     """Seed 000's case: a ledger's run of ids in one bucket sits in its dense
     cell only, not in the live bitmap too; acks and re-adds still answer
@@ -568,7 +525,6 @@ def test_a_burst_is_stored_once_in_a_listed_cell():
     assert idx.pop_due(10_000) == [] and not idx._by_id  # the ghost copy went when its bucket came to the front
 
 
-@pytest.mark.usefixtures("adds_stored_at_once")
 def test_a_ledger_crossing_listed_flushes_its_cells_into_the_live_bitmap():
     idx = TimeBucketIndex(precision_bits=0)
     ref = DictIndex(precision_bits=0)
@@ -616,7 +572,6 @@ def test_listed_cells_take_64_bit_ids():
     assert idx.pop_due(100) == ref.pop_due(100)
 
 
-@pytest.mark.usefixtures("adds_stored_at_once")
 def test_listed_cells_answer_lookups_between_and_inside_their_ranges():
     """Adds below or above a listed cell's ids, a batch merged into a listed
     cell, and lookups between two cells' ranges (or in a cell's gap) answer
@@ -757,7 +712,6 @@ def test_membership_takes_the_ids_add_takes_and_nothing_else(cls):
         assert item not in idx, item
 
 
-@pytest.mark.usefixtures("adds_stored_at_once")
 def test_the_live_bitmap_widens_for_ids_it_cannot_key():
     """The live bitmap starts 32-bit (``slot << 22 | entry``); the first id
     below 2^32 it cannot key (entry >= 2^22, or a ledger slot >= 2^10)
@@ -790,7 +744,6 @@ def test_the_live_bitmap_widens_for_ids_it_cannot_key():
         assert idx.pop_due(10**6) == ref.pop_due(10**6) and not idx and not idx._ids.bits
 
 
-@pytest.mark.usefixtures("adds_stored_at_once")
 @pytest.mark.parametrize("first", ["add", "add_many"])
 def test_an_index_whose_first_id_is_past_the_narrow_bound_starts_wide(first):
     """A ledger past 4,194,304 entries nacked into a fresh index: the empty
@@ -809,7 +762,6 @@ def test_an_index_whose_first_id_is_past_the_narrow_bound_starts_wide(first):
     assert idx.pop_due(20) == ref.pop_due(20) and not idx
 
 
-@pytest.mark.usefixtures("adds_stored_at_once")
 def test_widening_and_popping_more_ids_than_one_re_keying_step():
     """More live ids than one ``KEY_SLICE`` step re-key in several steps (the
     narrow bitmap emptied as they go); buckets holding more than a step, from
@@ -1029,7 +981,6 @@ def test_a_tail_taken_whole_leaves_the_shared_empties():
     assert w.spill is NO_SEGMENTS and w.packed is NO_PACKED and w.tail_min == w.NO_TAIL and w.empty()
 
 
-@pytest.mark.usefixtures("adds_stored_at_once")
 def test_a_front_bucket_known_from_a_stale_tail_mark_is_checked_not_trusted():
     """In the open front window, a run of adds promoted out of the tail into a
     dense cell leaves the tail's earliest-offset mark behind; acks then empty
@@ -1145,7 +1096,6 @@ def test_the_largest_entry_id_and_slot_the_narrow_live_bitmap_keys_keep_it_narro
     assert idx.pop_due(150) == ref.pop_due(150) and not idx
 
 
-@pytest.mark.usefixtures("adds_stored_at_once")
 def test_a_burst_into_a_sparse_cell_meets_the_copy_in_its_ledgers_listed_cell():
     """A ledger with a listed cell (its ids kept there only, not in the live
     bitmap) adds into a new sparse hot cell: re-adding an id the listed cell
@@ -1216,7 +1166,6 @@ def test_a_hot_cell_of_a_ledger_with_ghosts_widened_to_64_bits_keeps_its_ids_liv
     assert not idx
 
 
-@pytest.mark.usefixtures("adds_stored_at_once")
 def test_widening_re_keys_every_live_id_across_slices():
     """More live ids than one re-keying slice, consecutive (no gap between two
     slices): widening keeps every one."""
@@ -1415,7 +1364,6 @@ def test_a_bulk_add_into_a_ledger_with_ghosts_brings_back_the_acked_copy_in_its_
     assert not idx and not idx._ids.ghosts
 
 
-@pytest.mark.usefixtures("adds_stored_at_once")
 def test_a_run_promoted_to_a_listed_cell_counts_its_ids_as_changes_to_the_live_bitmap():
     """The run's ids leave the live bitmap when it becomes a listed cell: each
     is a change counted towards the live bitmap's next compaction (adds on the
@@ -1461,7 +1409,6 @@ def test_a_bucket_popped_while_its_cell_is_the_hot_one_takes_later_adds_in_a_new
                        ("add", 1, 51, 100), ("__contains__", (1, 51)), ("pop_due", 100), ("pop_due", 5000)])
 
 
-@pytest.mark.usefixtures("adds_stored_at_once")
 def test_a_run_on_the_slower_path_becomes_a_32_bit_dense_cell_at_exactly_promote_adds():
     """In a ledger with a ghost, adds take the slower path: the run becomes a
     dense cell at its PROMOTE-th add, and while its ids fit 32 bits the cell
@@ -1481,7 +1428,6 @@ def test_a_run_on_the_slower_path_becomes_a_32_bit_dense_cell_at_exactly_promote
     assert [type(c) for c in w.dense.values()] == [BitMap64]
 
 
-@pytest.mark.usefixtures("adds_stored_at_once")
 def test_a_ledger_at_the_packed_slot_limit_keeps_dense_32_bit_cells():
     """A packed copy holds ledger slots below the layout's limit (2^18 at bits
     0); the ledger given that slot keeps its copies in dense cells, 32-bit for
@@ -1518,7 +1464,6 @@ def test_a_looks_bound_on_its_fullest_cell_is_never_below_it(copies, per_part):
     assert _windows._fullest_bound(parts) >= fullest
 
 
-@pytest.mark.usefixtures("adds_stored_at_once")
 def test_a_look_with_no_cell_that_can_pay_sorts_nothing_and_waits_for_growth():
     """Sparse traffic at bits 0 (each cell a copy or two): the look's bound
     says no cell can pay, so the window's copies stay as they came (no sort,
@@ -1531,125 +1476,3 @@ def test_a_look_with_no_cell_that_can_pay_sorts_nothing_and_waits_for_growth():
     lay = Layout.for_bits(0)
     arrival = [(20_000 + i % 5_000) & lay.offset_mask for i in range(2 * SEGMENT)]  # the buckets' offsets
     assert [lay.offset_of(v) for seg in w.full for v in seg] == arrival  # in arrival order: not sorted
-
-
-# -- staged adds ----------------------------------------------------------------
-
-def _stored(idx: TimeBucketIndex) -> tuple:
-    """Everything the index stores, by content (not by capacity), after its
-    staged adds are stored; the fast path's window by id."""
-    idx._fold()
-    ids, led = idx._ids, idx._ledgers
-    windows = {wid: ([list(a) for a in w.full], list(w.packed), [list(a) for a in w.spill], w.pos, w.opened,
-                     w.tail_min, w.scan_at, {k: (type(c).__name__, list(c)) for k, c in w.dense.items()},
-                     sorted(w.dense_keys)) for wid, w in idx._windows.items()}
-    hot = (idx._hot_bucket, idx._hot_slot, idx._hot_lid, idx._hot_off, idx._hot_start, idx._hot_listed,
-           None if idx._hot_dense is None else list(idx._hot_dense),
-           next((wid for wid, w in idx._windows.items() if w is idx._hot_win), None))
-    exts = [None if e is None else (e.cells is not None, e.hi, e.ghost, e.multi, e.wide and list(e.wide)) for e in led.ext]
-    return (idx._count, windows, idx._time.first_id, hot, type(ids.bits).__name__, list(ids.bits), ids.shift, ids.churn,
-            dict(led.by_id), list(led.lid), exts)
-
-
-def _interleaved(seed: int, ledgers: int, n: int, gap: int, span: int) -> list[tuple[int, int, int]]:
-    """Sparse interleaved traffic (bench.index_add's shape): ledgers round robin, ids 1-gap apart."""
-    import random
-    rng = random.Random(seed)
-    nxt = [0] * ledgers
-    out = []
-    for i in range(n):
-        lane = i % ledgers
-        nxt[lane] += rng.randint(1, gap)
-        out.append((100 + lane, nxt[lane], 1_000 + rng.randint(0, span)))
-    return out
-
-
-stage_ledgers = st.sampled_from([1, 2, 7, 2**40 + 3, 1_000_000])
-stage_ops = st.one_of(
-    st.tuples(st.just("adds"), st.lists(st.tuples(stage_ledgers, entries, dues), max_size=40)),
-    st.tuples(st.just("adds"), st.builds(_interleaved, st.integers(0, 99), st.integers(1, 20), st.integers(1, 700),
-                                         st.sampled_from([1, 3, 20]), st.sampled_from([0, 300, 60_000]))),
-    st.tuples(st.just("run"), stage_ledgers, st.integers(0, 50), st.integers(1, PROMOTE + 8), dues),
-    st.tuples(st.just("discard"), stage_ledgers, entries),
-    st.tuples(st.just("pop_due"), st.integers(0, 70_000)),
-    st.tuples(st.just("next_due_ms"),),
-)
-
-
-@settings(max_examples=120, deadline=None)
-@given(ops=st.lists(stage_ops, max_size=12), bits=st.sampled_from([0, 3, 8, 12]), segment=st.sampled_from([4, SEGMENT]),
-       bulk_min=st.sampled_from([1, 64]))
-def test_staged_adds_leave_the_layout_one_by_one_adds_leave(ops, bits, segment, bulk_min):
-    """Adds staged and stored in batches (the bulk path where a batch allows
-    it: from one add on when ``BULK_MIN`` is 1) leave every array, bitmap,
-    look, counter and the fast path's cell exactly as the same adds stored
-    one at a time, every answer is the same, and so are the bytes (the
-    arrays' capacities included)."""
-    saved = layout.SEGMENT, buckets.BULK_MIN
-    layout.SEGMENT, buckets.BULK_MIN = segment, bulk_min
-    try:
-        staged, one_by_one = TimeBucketIndex(precision_bits=bits), TimeBucketIndex(precision_bits=bits)
-        for name, *args in ops:
-            if name in ("adds", "run"):
-                rows = args[0] if name == "adds" else [(args[0], e, args[3]) for e in range(args[1], args[1] + args[2])]
-                for row in rows:
-                    staged.add(*row)
-                    one_by_one.add(*row)
-                    one_by_one._fold()
-                assert staged._stage or not rows  # nothing stored until a fold
-            else:
-                assert getattr(staged, name)(*args) == getattr(one_by_one, name)(*args)
-            assert _stored(staged) == _stored(one_by_one)
-            assert staged.nbytes() == one_by_one.nbytes()
-            check_segments(staged)
-            check_listed(staged)
-        assert staged.pop_due(2**62) == one_by_one.pop_due(2**62)
-    finally:
-        layout.SEGMENT, buckets.BULK_MIN = saved
-
-
-def test_a_batch_of_interleaved_adds_takes_the_bulk_path_and_a_run_does_not(monkeypatch):
-    """The bulk path stores a batch of interleaved new ids in one go; a run
-    into one cell goes one add at a time until it becomes a listed bitmap
-    (PROMOTE adds), then into that bitmap at once; a batch holding an id
-    twice is stored one add at a time."""
-    calls = []
-    real = TimeBucketIndex._add_one
-    monkeypatch.setattr(TimeBucketIndex, "_add_one", lambda self, *a: (calls.append(a), real(self, *a))[1])
-    idx = TimeBucketIndex(precision_bits=0)
-    for row in _interleaved(1, 16, 1_000, 20, 60_000):
-        idx.add(*row)
-    assert len(idx) == 1_000 and not calls
-    for e in range(buckets.BULK_MIN):
-        idx.add(500, e, 5_000)  # a run
-    assert len(idx) == 1_000 + buckets.BULK_MIN and len(calls) == PROMOTE
-    calls.clear()
-    rows = _interleaved(2, 16, 100, 20, 60_000)
-    for row in [*rows, rows[0]]:  # one id twice
-        idx.add(*row)
-    assert len(idx) == 1_100 + buckets.BULK_MIN and len(calls) == 101
-
-
-@settings(max_examples=300, deadline=None)
-@given(start=st.integers(0, 300), cut=st.none() | st.integers(0, 300), k=st.integers(0, 600))
-def test_a_bulk_extend_leaves_an_array_the_capacity_appends_leave(start, cut, k):
-    """``extend_as_appends``: the same values and the same allocation as
-    appending them one at a time, from any size and capacity (a shrunk array too)."""
-    import sys
-
-    from nacktracker.index.buckets import extend_as_appends
-
-    appended = array.array(PACKED)
-    for v in range(start):
-        appended.append(v)
-    bulk = array.array(PACKED)
-    for v in range(start):
-        bulk.append(v)
-    if cut is not None:
-        del bulk[cut:]
-        del appended[cut:]
-    values = np.arange(k, dtype=np.uint64) + 7
-    extend_as_appends(bulk, values)
-    for v in values.tolist():
-        appended.append(v)
-    assert bulk == appended and sys.getsizeof(bulk) == sys.getsizeof(appended)

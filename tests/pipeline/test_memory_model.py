@@ -172,7 +172,6 @@ def test_the_bursts_trace_crosses_the_listing_limit_with_pops_between():
     """What the trace above is for: ledger 7 fills its list (LISTED cells),
     its next promotion flushes the list, and listed cells fire in between."""
     def listed(idx):
-        idx._fold()  # the staged adds stored, as any other call of the index would
         slot = idx._by_id.get(7)
         ext = None if slot is None else idx._ledgers.ext_at(slot)
         return [] if ext is None or ext.cells is None else ext.cells[::LISTING]
@@ -345,13 +344,12 @@ def test_the_live_ids_count_their_bitmap_multi_and_ghost_records_exactly():
 
 def test_an_index_counts_its_object_counters_and_components():
     """``TimeBucketIndex.nbytes()``: its object, its three counter ints (each
-    an int of its own, whatever its value), its list of staged adds (empty
-    once stored), the ledger table, the live ids and the time order, each of
-    which counts itself (the tests above)."""
+    an int of its own, whatever its value), the ledger table, the live ids and
+    the time order, each of which counts itself (the tests above)."""
     from nacktracker.index.layout import COUNTER_INTS, held_size
 
     idx = TimeBucketIndex(precision_bits=4)
-    empty = held_size(idx) + 3 * 32 + held_size([]) + idx._ledgers.nbytes() + idx._ids.nbytes() + idx._time.nbytes()
+    empty = held_size(idx) + 3 * 32 + idx._ledgers.nbytes() + idx._ids.nbytes() + idx._time.nbytes()
     assert COUNTER_INTS == 3 and held_size(1 << 40) == 32 and idx.nbytes() == empty
     for e in range(300):
         idx.add(1 + e % 3, e * 7, 1_000 + (e % 5) * 20_000)
@@ -359,7 +357,7 @@ def test_an_index_counts_its_object_counters_and_components():
     idx.discard(1, 0)
     idx.pop_due(1_000)
     parts = idx._ledgers.nbytes(), idx._ids.nbytes(), idx._time.nbytes()
-    assert all(parts) and idx.nbytes() == held_size(idx) + 3 * 32 + held_size([]) + sum(parts)
+    assert all(parts) and idx.nbytes() == held_size(idx) + 3 * 32 + sum(parts)
 
 
 def test_an_empty_window_and_a_ledger_record_cost_their_objects():
