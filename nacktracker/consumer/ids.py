@@ -161,6 +161,19 @@ def is_bare_id(message: Any) -> bool:
     return not callable(getattr(message, "message_id", None))  # as keys.key_of tells a message from an id
 
 
+def names_no_message(message: Any) -> bool:
+    """Whether the application passed an id that names a position rather than a message:
+    ``pulsar.MessageId.earliest`` (ledger and entry -1), or any id with a negative ledger or entry.
+    The client takes such an id in an ack and the broker acknowledges nothing with it. O(1)."""
+    if type(message) is ReceivedMessage or isinstance(message, MessageKey):
+        return False
+    ledger, entry = getattr(message, "ledger_id", None), getattr(message, "entry_id", None)
+    if not (callable(ledger) and callable(entry)):  # a Message (or not an id at all: the key says what is wrong)
+        return False
+    led, ent = ledger(), entry()
+    return type(led) is int and type(ent) is int and (led < 0 or ent < 0)
+
+
 def seek_target(target: object) -> Union[pulsar.MessageId, int]:
     """What ``pulsar.asyncio.Consumer.seek`` takes, from what users pass: a
     received Message (its id), a ``pulsar.MessageId``, a ``_pulsar.MessageId``

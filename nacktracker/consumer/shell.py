@@ -66,7 +66,16 @@ from .core import DeliveryCore, Verdict
 from .counts import DeliveryCounts
 from .direct import DirectConsumer, ReceivedMessage, acknowledged, message_length
 from .failures import FailureHandling
-from .ids import BareIds, MessageKeys, batch_size, is_bare_id, message_key_of, names_several_topics, seek_target
+from .ids import (
+    BareIds,
+    MessageKeys,
+    batch_size,
+    is_bare_id,
+    message_key_of,
+    names_no_message,
+    names_several_topics,
+    seek_target,
+)
 from .lateness import RedeliveryLateness
 from .letters.in_flight import ConsumerDeadLetters
 from .letters.publisher import quietly
@@ -373,13 +382,18 @@ class TrackedConsumer:
     async def acknowledge(self, message: Any) -> None:
         """Acknowledge a message (or id); once the client accepted it, cancel its pending nack and remember it
         (``dedup``). A failed ack raises and changes nothing here: a pending nack stays pending. A message this
-        consumer did not receive goes to the client as it is (Pulsar's way: the broker decides; refusing would turn
+        consumer did not receive (``MessageId.earliest`` too) goes to the client as it is (Pulsar's way: the broker decides; refusing would turn
         a late or repeated ack into an error). Runtime: O(1), plus the tracker's discard when nacks are pending."""
         self._check_open()
         await self._acknowledge(message)
 
     async def _acknowledge(self, message: Any, key: Optional[MessageKey] = None) -> None:  # dead letters too
         received = type(message) is ReceivedMessage  # the hot path: its key was built on arrival, its ack is direct
+        if key is None and not received and names_no_message(message):  # MessageId.earliest: the client's alone
+            waiting = self._consumer.acknowledge(message)
+            if waiting is not None:
+                await waiting
+            return
         key = key or (message.nacktracker_key if received else None) or self._keys.key(message)
         direct = self._pump.direct if received else None
         waiting = direct.acknowledge(message) if direct is not None else self._consumer.acknowledge(message)
@@ -402,6 +416,9 @@ class TrackedConsumer:
         copies, parked copies, copies waiting in the receive queue, batch records; later copies of those are
         dropped. O(held + records + queued)."""
         self._check_open()
+        if names_no_message(message):  # MessageId.earliest: nothing at or before it here; the client's alone
+            await self._consumer.acknowledge_cumulative(message)
+            return
         key = self._keys.key_and_count(message)[0]
         await self._consumer.acknowledge_cumulative(message)
         tokens = self.core.acked_cumulative(key, self.tracker.clock.now_ms())
@@ -432,13 +449,15 @@ class TrackedConsumer:
         message is dead-lettered instead. A bare message id has no redelivery count (it is never
         dead-lettered). A nack of a message already acknowledged is
         ignored (logged, counted in ``nacks_after_ack``): the broker would
-        never send it again. One this consumer did not receive:
-        :class:`NotReceivedError`. On Exclusive/Failover a nacked Message comes back from this consumer's
+        never send it again. One this consumer did not receive (or an id
+        naming a position, ``MessageId.earliest``): :class:`NotReceivedError`. On Exclusive/Failover a nacked Message comes back from this consumer's
         memory (the docs' "Subscription types per broker"); a bare id, which carries no message, at its time
         by asking the broker to resend what is unacknowledged, as the plain client does on those types (the
         application's other messages are not surfaced twice). Never blocks. Runtime: O(1) amortised.
         """
         self._check_open()
+        if names_no_message(message):
+            raise NotReceivedError(f"{message}, a position (as MessageId.earliest) and not a message,")
         key, count = self._keys.key_and_count(message)
         self._received(key)
         if self._local is not None:  # redelivered from memory: see consumer/local.py

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nacktracker import MessageKey
-from nacktracker.consumer.ids import MAX_LEDGERS, BareIds, names_several_topics
+from nacktracker.consumer.ids import MAX_LEDGERS, BareIds, names_no_message, names_several_topics
 
 T = "persistent://public/default/t"
 
@@ -52,3 +52,13 @@ def test_a_pattern_names_several_topics_and_a_topic_name_does_not():
     assert names_several_topics("persistent://public/default/orders-.*")
     assert names_several_topics("persistent://public/default/(a|b)")
     assert not names_several_topics("persistent://public/default/orders-v1.2=x:y%20-partition-0")
+
+
+def test_an_id_with_a_negative_ledger_or_entry_names_a_position_and_any_message_or_key_does_not():
+    import pulsar
+
+    assert names_no_message(pulsar.MessageId.earliest)
+    assert names_no_message(pulsar.MessageId(-1, -1, 3, -1)) and names_no_message(pulsar.MessageId(0, 3, -1, -1))
+    assert not names_no_message(pulsar.MessageId.latest)  # a real id as far as its fields go: the broker decides
+    assert not names_no_message(pulsar.MessageId(-1, 0, 0, -1))
+    assert not any(names_no_message(x) for x in (MessageKey(0, 0), object(), None, "(-1,-1,-1,-1)"))

@@ -303,6 +303,34 @@ async def test_the_default_type_is_the_clients_exclusive_on_both_faces(face, bro
 
 
 @pytest.mark.timing
+@pytest.mark.parametrize("kind", ["Exclusive", "Shared"])
+async def test_positions_passed_as_ids_are_acknowledged_as_the_client_takes_them(face, broker_url, topic, kind):
+    """``MessageId.earliest`` and ``latest`` in an ack (and ``earliest`` in a cumulative ack) go to the
+    client as they are, which takes them on both faces (the broker acknowledges nothing with them), and
+    nothing the consumer holds changes: its message still comes back when nacked. A nack of ``earliest``
+    names no message: NotReceivedError in the caller, nothing tracked."""
+    import pulsar
+
+    from nacktracker.consumer import NotReceivedError
+
+    name = topic("positions")
+    consumer = await face(name, "sub", delay_ms=100, consumer_type=getattr(pulsar.ConsumerType, kind))
+    await publish_async(broker_url, name, [b"held"])
+    held = await settle(consumer.receive(10_000))
+    for position in (pulsar.MessageId.earliest, pulsar.MessageId.latest):
+        await settle(consumer.acknowledge(position))
+    if kind != "Shared":  # a cumulative ack is refused on Shared whatever it names
+        await settle(consumer.acknowledge_cumulative(pulsar.MessageId.earliest))
+    with pytest.raises(NotReceivedError, match="MessageId.earliest"):
+        await settle(consumer.negative_acknowledge(pulsar.MessageId.earliest))
+    await settle(consumer.negative_acknowledge(held))
+    back = await settle(consumer.receive(10_000))
+    assert (back.data(), back.message_id()) == (held.data(), held.message_id())
+    await settle(consumer.acknowledge(back))
+    stats = await settle(consumer.stats())
+    assert (stats["nacks"], stats.get("sync_ack_failures", 0)) == (1, 0)
+
+
 def test_a_listener_that_nacks_then_acks_gets_every_message_on_time(broker_url, topic, sync_client):
     import pulsar
 
