@@ -1,4 +1,7 @@
-"""The Go client's ``TestNegativeAckPrecisionBitCnt`` (apache/pulsar-client-go), ported by intent.
+"""The Go client's nack tests (apache/pulsar-client-go): ``TestConsumerNack`` and
+``TestZeroQueueConsumer_Nack`` as written (Go's ``NackRedeliveryDelay`` is the client's
+``negative_ack_redelivery_delay_ms``, ``EnableZeroQueueConsumer`` its ``receiver_queue_size=0``),
+and ``TestNegativeAckPrecisionBitCnt``, ported by intent:
 
 Two messages nacked within one precision window (``2^bits`` ms; their due times in one bucket)
 come back in the same cycle, never earlier than the window allows (floor rounding: up to
@@ -59,3 +62,31 @@ async def test_negative_ack_precision_bit_cnt(client, topic, bits):
             assert t1 >= due1 and t2 >= due2  # exact by default: never early
         if window >= 64:  # one bucket: one cycle (Go checks this at 8 bits)
             assert abs(t1 - t2) <= 20, (t1, t2)
+
+
+@pytest.mark.parametrize("zero_queue", [False, True], ids=["TestConsumerNack", "TestZeroQueueConsumer_Nack"])
+async def test_consumer_nack(client, topic, zero_queue):
+    """100 messages: the even ones acked, the odd ones nacked as they arrive (1 s); only the odd ones come
+    back, in order."""
+    topic_name = topic("consumer-nack")
+    producer = await client.create_producer(topic_name)
+    options = {"receiver_queue_size": 0} if zero_queue else {}
+    consumer = await nacktracker.subscribe(client, topic_name, "sub-1", consumer_type=pulsar.ConsumerType.Shared,
+                                           negative_ack_redelivery_delay_ms=1000, **options)
+    async with consumer:
+        n = 100
+        for i in range(n):
+            await producer.send(f"msg-content-{i}".encode())
+        for i in range(n):
+            msg = await consumer.receive(timeout_ms=10_000)
+            assert msg.data().decode() == f"msg-content-{i}"
+            if i % 2 == 0:
+                await consumer.acknowledge(msg)  # only acks even messages
+            else:
+                await consumer.negative_acknowledge(msg)  # fails to process odd messages
+        # we should only receive the odd messages
+        for i in range(1, n, 2):
+            msg = await consumer.receive(timeout_ms=10_000)
+            assert msg.data().decode() == f"msg-content-{i}"
+            await consumer.acknowledge(msg)
+    await producer.close()
