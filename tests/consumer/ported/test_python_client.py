@@ -621,13 +621,9 @@ def test_batch_index_ack(subscribe, topic, broker_kind, own_broker):
         client.close()
 
 
-def test_dead_letter_policy(client, subscribe, topic, broker_kind):
+def test_dead_letter_policy(client, subscribe, topic):
     """The broker's redelivery of everything unacknowledged (``redeliver_unacknowledged_messages``) brings
     each message back until the policy's count, then it goes to the dead-letter topic."""
-    if broker_kind == "apache":
-        pytest.skip("on Apache Pulsar 4.0 (the session's broker) redeliver_unacknowledged_messages on a Shared "
-                    "subscription without an ack timeout brings nothing back, for the plain consumer too "
-                    "(measured): the original's loop waits forever there")
     t = topic("my-python-topic-test-dlq")
     dlq_topic = t + "-dlq"
     max_redeliver_count = 5
