@@ -105,8 +105,9 @@ def own_broker(broker_kind, tmp_path):
         broker.stop()
 
 
-#: Fixtures that start brokers of the test's own (test_reliability's ``crashable``: one per module).
-OWN_BROKER_FIXTURES = {"own_broker", "crashable"}
+#: Fixtures that start brokers of the test's own (test_reliability's ``crashable`` and the ported client tests'
+#: ``auth_broker``: one per module).
+OWN_BROKER_FIXTURES = {"own_broker", "crashable", "auth_broker"}
 
 
 def pytest_collection_modifyitems(config, items):

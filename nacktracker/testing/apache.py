@@ -178,6 +178,11 @@ class ApacheBroker(OwnedBroker):
     :meth:`restart` and :meth:`start` after :meth:`kill` come back on the same
     URLs with the same data.
 
+    ``token``: for a broker that authenticates and authorizes (``settings``
+    such as ``authenticationEnabled``, ``authorizationEnabled``,
+    ``tokenSecretKey``), a token of one of its ``superUserRoles``: the start's
+    readiness checks and :meth:`admin` present it (``Authorization: Bearer``).
+
     :meth:`start` returns once the admin API answers ``/admin/v2/brokers/ready``
     and the ``public/default`` namespace exists (standalone creates it just
     after the broker starts) and a real client can create a producer;
@@ -201,6 +206,7 @@ class ApacheBroker(OwnedBroker):
         jvm_options: Sequence[str] = (),
         startup_timeout: float = 120.0,
         stop_timeout: float = 10.0,
+        token: Optional[str] = None,
     ) -> None:
         settings = {**DEFAULT_SETTINGS, **(settings or {})}
         for key in ("brokerServicePort", "webServicePort"):
@@ -213,6 +219,7 @@ class ApacheBroker(OwnedBroker):
         self.admin_port = admin_port
         self.heap = heap
         self.jvm_options = tuple(jvm_options)
+        self.token = token
 
     @property
     def url(self) -> str:
@@ -238,7 +245,7 @@ class ApacheBroker(OwnedBroker):
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(
             self.admin_url + path, data=data, method=method,
-            headers={"Content-Type": "application/json", "Accept": "application/json"})
+            headers={"Content-Type": "application/json", "Accept": "application/json", **self._auth_header()})
         try:
             with urllib.request.urlopen(request, timeout=timeout) as answer:
                 text = answer.read().decode()
@@ -298,9 +305,12 @@ class ApacheBroker(OwnedBroker):
         ]
         return cmd, {k: v for k, v in os.environ.items() if k != "PULSAR_STANDALONE_USE_ZOOKEEPER"}
 
+    def _auth_header(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
     def _get_status(self, url: str) -> int:
         try:
-            with urllib.request.urlopen(url, timeout=2) as answer:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=self._auth_header()), timeout=2) as answer:
                 status: int = answer.status
                 return status
         except urllib.error.HTTPError as error:
@@ -325,7 +335,8 @@ class ApacheBroker(OwnedBroker):
                 elif self._get_status(base + "/admin/v2/namespaces/public/default") != 200:
                     last_error = "namespace public/default not created yet"
                 else:
-                    probe(f"pulsar://127.0.0.1:{port}", min(10.0, max(1.0, deadline - time.monotonic())))
+                    probe(f"pulsar://127.0.0.1:{port}", min(10.0, max(1.0, deadline - time.monotonic())),
+                          authentication=pulsar.AuthenticationToken(self.token) if self.token else None)
                     return
             except (OSError, pulsar.PulsarException) as error:
                 last_error = error

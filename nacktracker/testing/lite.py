@@ -33,6 +33,9 @@ Caveats of pulsar-lite (what tests built on this can and cannot show):
   leaves the consumer ``NotConnected``;
 * it cannot list a namespace's topics, so a pattern subscription fails its lookup;
 * it keeps no schema registry: it refuses no consumer's schema;
+* it serves no HTTP lookups (its only HTTP endpoint is metrics, switched off here): a client needs the
+  ``pulsar://`` URL;
+* it authenticates and authorizes nobody: a client's credentials, valid or not, are taken;
 * it does not refuse a second consumer on an ``Exclusive`` subscription: the subscribe gets no answer
   and times out (``pulsar.Timeout``), where Apache Pulsar answers ``ConsumerBusy`` (the plain client's
   too);

@@ -175,7 +175,7 @@ class OwnedBroker:
             stop(proc, sig, self.stop_timeout, self.name)
 
 
-def probe(url: str, timeout: float) -> None:
+def probe(url: str, timeout: float, authentication: Any = None) -> None:
     """Prove a broker works end to end: a real client creates a producer.
 
     Its logger is the client's own console logger (errors only), never a ``logging.Logger``: the C++
@@ -184,7 +184,7 @@ def probe(url: str, timeout: float) -> None:
     every message, its own logger notwithstanding (about 5x the CPU per received message)."""
     import pulsar
 
-    client = pulsar.Client(url, operation_timeout_seconds=max(1, round(timeout)),
+    client = pulsar.Client(url, authentication=authentication, operation_timeout_seconds=max(1, round(timeout)),
                            connection_timeout_ms=int(timeout * 1000),
                            logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
     try:
