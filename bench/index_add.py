@@ -11,7 +11,10 @@ flipped every round), CPU time of the add calls alone (the ids are built before)
 Prints ns per add of each (its best round) and the median over rounds of the index's time over
 the dict's in the same round.
 
-    python -m bench.index_add [--rounds 7] [--bits 0] [--json]
+    python -m bench.index_add [--rounds 7] [--bits 0] [--adds 100000] [--json]
+
+``--adds``: the adds of each stream (the targets are read at 100,000; larger streams show how each
+index's add cost grows with the pending set).
 """
 
 from __future__ import annotations
@@ -80,10 +83,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--bits", type=int, default=0, help="precision of the sparse stream (the anchor runs at 8)")
+    p.add_argument("--adds", type=int, default=N, help="adds per stream")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     before = os.getloadavg()
-    out = {"sparse": compare(sparse(), a.bits, a.rounds), "anchor": compare(anchor(), 8, a.rounds),
+    out = {"sparse": compare(sparse(a.adds), a.bits, a.rounds), "anchor": compare(anchor(a.adds), 8, a.rounds),
            "loadavg_before": [round(v, 2) for v in before], "loadavg_after": [round(v, 2) for v in os.getloadavg()]}
     if a.json:
         print(json.dumps(out, indent=1))
