@@ -22,8 +22,8 @@ subscription; the producer customizer is Java's API). Elsewhere: ``testDuplicate
 (three consumers dead-lettering once, ``tests/brokers/test_brokers.py``), chunked messages (the
 chunked-message tests). Not ported: the schema cases (``testAutoConsumeSchemaDeadLetter``,
 ``testCloseDeadLetterTopicProducerOnExceptionToPreventProducerLeak`` and
-``sendDeadLetterTopicWithMismatchSchemaProducer`` need Avro/AUTO_CONSUME schemas, which pulsar-client's
-Python schemas do not match), ``testDeadLetterPolicyDeserialize`` (the Java builder's ``loadConf``) and
+``sendDeadLetterTopicWithMismatchSchemaProducer`` need Java's AUTO_CONSUME and AUTO_PRODUCE_BYTES schemas
+or an incompatible Avro schema on one topic, which pulsar-client's Python client lacks), ``testDeadLetterPolicyDeserialize`` (the Java builder's ``loadConf``) and
 ``testCheckUnnecessaryGetPartitionedTopicMetadataWhenUseRetryAndDQL`` (a mocked Java client's lookups).
 """
 
