@@ -10,18 +10,28 @@ left on the subscription. The ack timeout is Java's 1 s (the C++ client refuses 
 the consumer times acks itself). Run on both brokers; the partitioned case needs Apache Pulsar.
 
 Ported: the message-key, ordering-key, event-time, producer-name and original-info cases (one
-scenario checks them all), ``testDeadLetterTopic`` (non-chunked), ``testDeadLetterTopicWithMultiTopic``
+scenario checks them all; ``testDeadLetterTopicWithBinaryMessageKey`` and the ordering key's bytes in a
+second), ``testDeadLetterTopic`` (non-chunked), ``testDeadLetterTopicWithMultiTopic``
 (disabled in Java; it holds here), ``testDeadLetterTopicByCustomTopicName``,
-``testDeadLetterTopicWithInitialSubscription``, ``testDeadLetterTopicUnderPartitionedTopicWithKeyShareType``
-and ``testDeadLetterWithoutConsumerReceiveImmediately``. Elsewhere: three consumers dead-lettering
-once (``test_brokers.py``), chunked messages (the chunked-message tests). Not ported: the schema
-cases (Avro, AUTO_CONSUME: pulsar-client's Python schemas differ), the Java client's internals.
+``testDeadLetterTopicWithInitialSubscription``, ``testDeadLetterTopicUnderPartitionedTopicWithKeyShareType``,
+``testDeadLetterWithoutConsumerReceiveImmediately``, ``testMultipleSameNameConsumersToDeadLetterTopic``,
+``testDeadLetterTopicWithInitialSubscriptionAndMultiConsumers``, ``testDeadLetterTopicWithMaxUnackedMessagesBlocking``
+(topic policies: Apache Pulsar), ``testAckedBatchMessageNotSentToDeadLetterTopicOnFinalRedeliveryRound``
+(batch-index acks: Apache Pulsar) and ``testDeadLetterTopicWithProducerBuilder`` (its retries and initial
+subscription; the producer customizer is Java's API). Elsewhere: ``testDuplicatedMessageSendToDeadLetterTopic``
+(three consumers dead-lettering once, ``tests/brokers/test_brokers.py``), chunked messages (the
+chunked-message tests). Not ported: the schema cases (``testAutoConsumeSchemaDeadLetter``,
+``testCloseDeadLetterTopicProducerOnExceptionToPreventProducerLeak`` and
+``sendDeadLetterTopicWithMismatchSchemaProducer`` need Java's AUTO_CONSUME and AUTO_PRODUCE_BYTES schemas
+or an incompatible Avro schema on one topic, which pulsar-client's Python client lacks), ``testDeadLetterPolicyDeserialize`` (the Java builder's ``loadConf``) and
+``testCheckUnnecessaryGetPartitionedTopicMetadataWhenUseRetryAndDQL`` (a mocked Java client's lookups).
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+import uuid
 
 import pytest
 
@@ -210,3 +220,211 @@ async def test_nothing_is_dead_lettered_while_the_application_has_not_received_i
         await asyncio.sleep(2.5)  # more than two ack timeouts
         assert (await consumer.receive(timeout_ms=1000)).data() == b"a message"
         assert consumer.stats()["dead_letter_published"] == 0
+
+
+async def test_binary_keys_reach_the_dead_letter_topic(client, topic):
+    """``testDeadLetterTopicWithBinaryMessageKey`` and the ordering-key case's bytes: keys made of the bytes
+    1, 2, 3, 4 (pulsar-client's Python keys are str: the same bytes on the wire) come through unchanged."""
+    t = topic("dead-letter-topic")
+    key = "\x01\x02\x03\x04"
+    consumer = await nacktracker.subscribe(client, t, SUB, consumer_type=pulsar.ConsumerType.Shared,
+                                           initial_position=Earliest, ack_timeout_ms=1000,
+                                           dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(1))
+    letters = await nacktracker.subscribe(client, f"{t}-{SUB}-DLQ", SUB, initial_position=Earliest)
+    producer = await client.create_producer(t, batching_enabled=False)
+    for i in range(N):
+        await producer.send(f"Hello Pulsar [{i}]".encode(), partition_key=key, ordering_key=key)
+    await producer.close()
+    async with consumer:
+        await never_ack(consumer, N * 2)
+        dead = await drain(letters, N)
+        assert {(m.partition_key(), m.ordering_key()) for m in dead} == {(key, key)}
+    await letters.close()
+
+
+async def test_same_named_consumers_dead_letter_each_message_once(client, topic):
+    """``testMultipleSameNameConsumersToDeadLetterTopic``: three consumers of one Shared subscription, all
+    named ``my-consumer``, never acking (ack timeout and nack delay 1001 ms), one dead-letter topic: each
+    message is received twice in all and reaches the dead-letter topic once (the three dead-letter
+    producers' names differ, or the broker would refuse two of them)."""
+    t = topic("same-name-consumers-dead-letter-topic")
+    dlq = f"{t}-DLQ"
+    consumers = [await nacktracker.subscribe(client, t, "my-subscription-DuplicatedMessage",
+                                             consumer_type=pulsar.ConsumerType.Shared, consumer_name="my-consumer",
+                                             ack_timeout_ms=1001, delay_ms=1001, initial_position=Earliest,
+                                             dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(1, dlq))
+                 for _ in range(3)]
+    received = []
+
+    async def never_acking(consumer):
+        while True:
+            received.append(await consumer.receive())
+
+    tasks = [asyncio.get_running_loop().create_task(never_acking(c)) for c in consumers]
+    try:
+        producer = await client.create_producer(t)
+        for i in range(N // 2):
+            await producer.send(f"Message [{i}]".encode())
+        await producer.close()
+        letters = await nacktracker.subscribe(client, dlq, "my-subscription-DuplicatedMessage-DLQ",
+                                              initial_position=Earliest)
+        async with letters:
+            dead = []
+            while True:  # until 3 s pass without a letter (Java: 10 s)
+                try:
+                    msg = await letters.receive(timeout_ms=3000)
+                except ReceiveTimeout:
+                    break
+                await letters.acknowledge(msg)
+                dead.append(msg.data())
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    assert sorted(dead) == sorted(f"Message [{i}]".encode() for i in range(N // 2))
+    assert len(received) == (N // 2) * 2
+    for c in consumers:
+        await c.close()
+
+
+async def test_two_consumers_with_an_initial_subscription_both_publish_dead_letters(client, topic, session_broker,
+                                                                                    broker_kind):
+    """``testDeadLetterTopicWithInitialSubscriptionAndMultiConsumers``: two consumers of one subscription, one
+    dead-letter policy with an initial subscription: both publish dead letters (on Apache Pulsar, two publishers
+    on the dead-letter topic: the second's creating the same initial subscription does not fail it), and the
+    initial subscription holds every letter."""
+    t = topic("dead-letter-topic")
+    dlq = f"{t}-{SUB}-DLQ"
+    n = 100
+    policy = pulsar.ConsumerDeadLetterPolicy(1, None, "init-sub")
+    consumers = [await nacktracker.subscribe(client, t, SUB, consumer_type=pulsar.ConsumerType.Shared,
+                                             receiver_queue_size=20, ack_timeout_ms=1000, initial_position=Earliest,
+                                             dead_letter_policy=policy) for _ in range(2)]
+    producer = await client.create_producer(t, batching_enabled=False)
+    for i in range(n):
+        await producer.send(f"Hello Pulsar [{i}]".encode())
+    await producer.close()
+    received = []
+
+    async def never_acking(consumer):
+        while len(received) < n * 2:
+            try:
+                received.append(await consumer.receive(timeout_ms=3000))
+            except ReceiveTimeout:
+                return
+
+    await asyncio.wait_for(asyncio.gather(*[never_acking(c) for c in consumers]), 30)
+    for _ in range(100):
+        if sum(c.stats()["dead_letter_published"] for c in consumers) == n:
+            break
+        await asyncio.sleep(0.1)
+    assert [c.stats()["dead_letter_published"] > 0 for c in consumers] == [True, True]
+    if broker_kind == "apache" and session_broker is not None:
+        stats = session_broker.admin("GET", f"/admin/v2/persistent/{dlq.removeprefix('persistent://')}/stats")
+        assert len(stats["publishers"]) == 2
+        assert "init-sub" in stats["subscriptions"]
+    letters = await nacktracker.subscribe(client, dlq, "init-sub")
+    assert sorted(m.data() for m in await drain(letters, n)) == sorted(f"Hello Pulsar [{i}]".encode()
+                                                                       for i in range(n))
+    await letters.close()
+    for c in consumers:
+        await c.close()
+
+
+async def test_dead_letters_with_max_unacked_messages_blocking(client, topic, session_broker, broker_kind):
+    """``testDeadLetterTopicWithMaxUnackedMessagesBlocking``: the topic's policies block a consumer (and the
+    subscription) at 30 unacknowledged messages; 300 messages (Java: 1000, blocking at 100), each nacked at
+    every delivery (1 ms delay), maxRedeliverCount 3: every message still reaches the dead-letter topic."""
+    if broker_kind != "apache" or session_broker is None:
+        pytest.skip("topic policies need Apache Pulsar's admin API (pulsar-lite has none)")
+    t = topic("dead-letter-topic-unacked-blocking")
+    dlq = f"{t}-{SUB}-DLQ"
+    path = f"/admin/v2/persistent/{t.removeprefix('persistent://')}"
+    n, blocking = 300, 30
+    session_broker.admin("PUT", path)
+    session_broker.admin("POST", f"{path}/maxUnackedMessagesOnConsumer", blocking)
+    session_broker.admin("POST", f"{path}/maxUnackedMessagesOnSubscription", blocking)
+    for _ in range(100):  # topic policies apply asynchronously
+        if session_broker.admin("GET", f"{path}/maxUnackedMessagesOnSubscription") == blocking:
+            break
+        await asyncio.sleep(0.1)
+    consumer = await nacktracker.subscribe(client, t, SUB, consumer_type=pulsar.ConsumerType.Shared,
+                                           receiver_queue_size=200, delay_ms=1, initial_position=Earliest,
+                                           dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(3, dlq))
+    letters = await nacktracker.subscribe(client, dlq, SUB, initial_position=Earliest)
+    producer = await client.create_producer(t)
+    for i in range(n):
+        await producer.send(f"Hello Pulsar [{i}]".encode())
+    await producer.close()
+    async with consumer:
+        for _ in range(n * 4):
+            await consumer.negative_acknowledge(await consumer.receive(timeout_ms=10_000))
+        dead = await drain(letters, n)
+        assert sorted(m.data() for m in dead) == sorted(f"Hello Pulsar [{i}]".encode() for i in range(n))
+    await letters.close()
+
+
+async def test_batch_messages_acked_on_their_last_round_are_not_dead_lettered(broker_kind, own_broker,
+                                                                                pulsar_logger):
+    """``testAckedBatchMessageNotSentToDeadLetterTopicOnFinalRedeliveryRound``: one batch of five,
+    batch-index acks at both ends, ack timeout 1 s, maxRedeliverCount 3; three messages acked at once, two
+    left to time out until their last round (redelivery count 3), then acked: none is dead-lettered."""
+    if broker_kind != "apache":
+        pytest.skip("pulsar-lite ignores batch-index acks (it redelivers whole entries)")
+    with own_broker(settings={"acknowledgmentAtBatchIndexLevelEnabled": True}) as broker:
+        client = pulsar.asyncio.Client(broker.url, logger=pulsar_logger, operation_timeout_seconds=10)
+        try:
+            t = f"persistent://public/default/acked-batch-final-round-{uuid.uuid4().hex[:10]}"
+            consumer = await nacktracker.subscribe(client, t, SUB, consumer_type=pulsar.ConsumerType.Shared,
+                                                   initial_position=Earliest, batch_index_ack_enabled=True,
+                                                   ack_timeout_ms=1000,
+                                                   dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(3))
+            letters = await nacktracker.subscribe(client, f"{t}-{SUB}-DLQ", SUB, initial_position=Earliest)
+            producer = await client.create_producer(t, batching_enabled=True, batching_max_publish_delay_ms=1000)
+            await asyncio.gather(*[producer.send(f"message-{i}".encode()) for i in range(5)])
+            await producer.close()
+            async with consumer:
+                deliveries = []
+                while len(deliveries) < 3 + 2 * 4:
+                    msg = await consumer.receive(timeout_ms=5000)
+                    index, count = msg.message_id().batch_index(), msg.redelivery_count()
+                    deliveries.append((index, count))
+                    if index in (1, 2) and count < 3:
+                        continue  # left to time out
+                    await consumer.acknowledge(msg)
+                assert sorted(deliveries) == sorted([(0, 0), (3, 0), (4, 0)] + [(i, c) for i in (1, 2)
+                                                                             for c in range(4)])
+                with pytest.raises(ReceiveTimeout):
+                    await letters.receive(timeout_ms=2000)
+                assert consumer.stats()["dead_letter_published"] == 0
+            await letters.close()
+        finally:
+            await client.close()
+
+
+async def test_retries_then_dead_letters_into_an_initial_subscription(client, topic):
+    """``testDeadLetterTopicWithProducerBuilder`` without its Java-only producer customizer: batched
+    messages with keys, reconsumed at every delivery (``enable_retry``), maxRedeliverCount 2 and a
+    dead-letter initial subscription: the subscription, read only afterwards, holds every message once,
+    keys and payloads intact; nothing is left on the topic."""
+    t = topic("dead-letter-topic-with-producer-builder")
+    consumer = await nacktracker.subscribe(client, t, SUB, consumer_type=pulsar.ConsumerType.Shared,
+                                           enable_retry=True, initial_position=Earliest,
+                                           dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(2, None,
+                                                                                              f"{SUB}-DLQ"))
+    producer = await client.create_producer(t, batching_enabled=True)
+    sent = {str(i): f"Hello Pulsar [{i}]".encode() for i in range(N)}
+    await asyncio.gather(*[producer.send(data, partition_key=key) for key, data in sent.items()])
+    await producer.close()
+    async with consumer:
+        for _ in range(N * 3):
+            await consumer.reconsume_later(await consumer.receive(timeout_ms=15_000), delay_ms=100)
+        for _ in range(100):
+            if consumer.stats()["reconsume_dead_lettered"] == N:
+                break
+            await asyncio.sleep(0.1)
+    letters = await nacktracker.subscribe(client, f"{t}-{SUB}-DLQ", f"{SUB}-DLQ")
+    dead = await drain(letters, N)
+    assert {m.partition_key(): m.data() for m in dead} == sent
+    await letters.close()
+    await nothing_left(client, t)

@@ -16,8 +16,14 @@ maps to it; the C++ client refuses ack timeouts under 10 s),
 ``testNegativeAcksWithBackoff`` (a multiplier backoff from 0 or 100 ms to 1 s),
 ``testNegativeAcksWithBatchAckEnabled`` (batch-index acks at both ends) and a
 per-nack custom delay (the Java client's ``negativeAcknowledge`` with a delay is
-``negative_acknowledge(msg, delay_ms=...)`` here). Not ported:
-``testNegativeAcksDeleteFromUnackedTracker`` (the Java client's internal maps).
+``negative_acknowledge(msg, delay_ms=...)`` here: ``testNegativeAcknowledgeWithCustomDelay``; Java's
+fallback to the consumer's delay on Failover/Exclusive is its client's limit, not kept),
+``testNegativeAcksWithBackoff`` as it is now (five rounds of nacks; on Shared the whole takes the
+backoff's delays summed), ``testNegativeAcksWithBatch`` (batch-index acks: two messages of one batch
+nacked apart come back each at its own time), ``testFailoverConsumerBatchCumulateAck``,
+``testMultiTopicConsumerConcurrentRedeliverAndReceive`` and ``testConfigureNegativeAckPrecisionBitCnt``
+(``precision_bits``). Not ported: ``testNegativeAcksDeleteFromUnackedTracker`` (the Java client's
+internal maps: its unacked-message tracker and nack map, made-up ids).
 """
 
 from __future__ import annotations
@@ -129,3 +135,148 @@ async def test_negative_acks_with_batch_ack_enabled(broker_kind, own_broker, pul
                                                   delay_ms=100)
         finally:
             await client.close()
+
+
+def backoff_rounds_total_ms(min_delay_ms: int, rounds: int) -> int:
+    """Java's ``MultiplierRedeliveryBackoff(min, 1 s)``: min * 2^i, at most 1 s; 0 when min is 0."""
+    return sum(min(min_delay_ms * 2 ** i, 1000) for i in range(rounds))
+
+
+@pytest.mark.parametrize("min_delay_ms", [100, 0])
+@pytest.mark.parametrize("batching,partitions,kind", VARIATIONS, ids=[ids(*v) for v in VARIATIONS])
+async def test_negative_acks_with_backoff_over_five_rounds(client, session_broker, broker_kind, batching, partitions,
+                                                           kind, min_delay_ms):
+    """Java's ``testNegativeAcksWithBackoff`` as it is now: every message nacked at each of five deliveries,
+    then acknowledged; on Shared the whole takes at least the backoff's five delays summed. (Java nacks one
+    message per batch, relying on its client to resend a whole batch's unacknowledged messages; this consumer
+    surfaces only what was nacked, so every message is nacked here.)"""
+    t = await make_topic(session_broker, broker_kind, partitions)
+    consumer = await nacktracker.subscribe(client, t, "sub1", consumer_type=kind,
+                                           backoff=nacktracker.MultiplierBackoff(min_delay_ms, 1000))
+    async with consumer:
+        producer = await client.create_producer(t, batching_enabled=batching)
+        sent = {f"test-{i}".encode() for i in range(N)}
+        await asyncio.gather(*[producer.send(m) for m in sorted(sent)])
+        await producer.close()
+        started = asyncio.get_running_loop().time()
+        for _ in range(5):
+            for _ in range(N):
+                await consumer.negative_acknowledge(await consumer.receive(timeout_ms=10_000))
+        received = set()
+        for _ in range(N):
+            msg = await consumer.receive(timeout_ms=10_000)
+            received.add(msg.data())
+            await consumer.acknowledge(msg)
+        elapsed_ms = (asyncio.get_running_loop().time() - started) * 1000
+        assert received == sent
+        if kind == Types.Shared:
+            assert elapsed_ms >= backoff_rounds_total_ms(min_delay_ms, 5)
+        with pytest.raises(ReceiveTimeout):
+            await consumer.receive(timeout_ms=300)
+
+
+async def test_negative_acks_with_batch(broker_kind, own_broker, pulsar_logger):
+    """``testNegativeAcksWithBatch``: two messages of one batch, batch-index acks at both ends, nacked
+    1 s apart with a 1.5 s delay: the first comes back at its own time (0.5 s after the second nack),
+    not with the second. (Java: a 3 s delay, nacks 2 s apart.)"""
+    if broker_kind != "apache":
+        pytest.skip("pulsar-lite ignores batch-index acks (it redelivers whole entries)")
+    with own_broker(settings={"acknowledgmentAtBatchIndexLevelEnabled": True}) as broker:
+        client = pulsar.asyncio.Client(broker.url, logger=pulsar_logger, operation_timeout_seconds=10)
+        try:
+            t = f"persistent://public/default/testNegativeAcksWithBatch-{uuid.uuid4().hex[:10]}"
+            consumer = await nacktracker.subscribe(client, t, "sub1", consumer_type=Types.Shared,
+                                                   batch_index_ack_enabled=True, delay_ms=1500)
+            async with consumer:
+                producer = await client.create_producer(t, batching_enabled=True, batching_max_messages=2,
+                                                        batching_max_publish_delay_ms=3_600_000)
+                sends = [asyncio.ensure_future(producer.send(f"test-{i}".encode())) for i in range(2)]
+                await asyncio.gather(*sends)
+                assert sends[0].result().ledger_id() == sends[1].result().ledger_id()
+                assert sends[0].result().entry_id() == sends[1].result().entry_id()  # one batch
+                await producer.close()
+                first = await consumer.receive(timeout_ms=10_000)
+                await consumer.negative_acknowledge(first)
+                await asyncio.sleep(1.0)
+                await consumer.negative_acknowledge(await consumer.receive(timeout_ms=10_000))
+                again = await consumer.receive(timeout_ms=1000)  # due 0.5 s from now
+                assert again.data() == first.data()
+                await consumer.acknowledge(again)
+                second = await consumer.receive(timeout_ms=5000)
+                assert second.data() != first.data()
+                await consumer.acknowledge(second)
+        finally:
+            await client.close()
+
+
+async def test_failover_consumer_batch_cumulative_ack(client, session_broker, broker_kind):
+    """``testFailoverConsumerBatchCumulateAck``: a 2-partition topic, batches of 10 on Failover; the
+    first message received is acknowledged cumulatively, then the consumer asks the broker to resend
+    what is unacknowledged: the other nine come (each once), acknowledged cumulatively one by one."""
+    t = await make_topic(session_broker, broker_kind, True)
+    consumer = await nacktracker.subscribe(client, t, "sub", consumer_type=Types.Failover, receiver_queue_size=10)
+    async with consumer:
+        producer = await client.create_producer(t, batching_enabled=True, batching_max_messages=10,
+                                                batching_max_publish_delay_ms=3000)
+        await asyncio.gather(*[producer.send(str(i).encode()) for i in range(10)])
+        await producer.close()
+        left = {str(i).encode() for i in range(10)}
+        first = await consumer.receive(timeout_ms=10_000)
+        left.discard(first.data())
+        await consumer.acknowledge_cumulative(first)
+        await asyncio.sleep(0.5)
+        consumer.redeliver_unacknowledged_messages()
+        await asyncio.sleep(0.5)
+        count = 0
+        while True:
+            try:
+                msg = await consumer.receive(timeout_ms=3000)
+            except ReceiveTimeout:
+                break
+            await consumer.acknowledge_cumulative(msg)
+            left.discard(msg.data())
+            count += 1
+        assert (count, left) == (9, set())
+
+
+@pytest.mark.parametrize("round_", range(3))
+async def test_multi_topic_consumer_redeliver_with_a_full_receive_queue(client, session_broker, broker_kind, round_):
+    """``testMultiTopicConsumerConcurrentRedeliverAndReceive`` (run 5 times in Java; 3 here): a
+    2-partition topic, the receive queue full (10), then ``redeliver_unacknowledged_messages``: all ten
+    come, none lost. (Java injects its race on the client's internal executor; here the call runs while
+    the consumer's pump holds the queue.)"""
+    t = await make_topic(session_broker, broker_kind, True)
+    consumer = await nacktracker.subscribe(client, t, "sub", consumer_type=Types.Exclusive, receiver_queue_size=10)
+    async with consumer:
+        producer = await client.create_producer(t, batching_enabled=False)
+        for i in range(10):
+            await producer.send(str(i).encode())
+        await producer.close()
+        await asyncio.sleep(1.0)  # the queue fills
+        consumer.redeliver_unacknowledged_messages()
+        got = set()
+        while True:
+            try:
+                got.add((await consumer.receive(timeout_ms=2000)).data())
+            except ReceiveTimeout:
+                break
+        assert got == {str(i).encode() for i in range(10)}
+
+
+@pytest.mark.parametrize("bits", range(1, 13))
+async def test_configure_negative_ack_precision_bits(client, topic, bits):
+    """``testConfigureNegativeAckPrecisionBitCnt``: with ``precision_bits=k`` a nacked message may come
+    back up to 2^k ms early, never earlier (Java: a 2 s delay; 1 s here)."""
+    t = topic("testConfigureNegativeAckPrecisionBitCnt")
+    consumer = await nacktracker.subscribe(client, t, "sub1", consumer_type=Types.Shared, delay_ms=1000,
+                                           precision_bits=bits)
+    async with consumer:
+        producer = await client.create_producer(t)
+        await producer.send(b"test-0")
+        await producer.close()
+        loop = asyncio.get_running_loop()
+        await consumer.negative_acknowledge(await consumer.receive(timeout_ms=10_000))
+        expected = loop.time() + 1.0
+        back = await consumer.receive(timeout_ms=10_000)
+        assert back.data() == b"test-0"
+        assert loop.time() >= expected - (1 << bits) / 1000
