@@ -28,4 +28,5 @@ def test_quick_soak_redelivers_everything_and_returns_to_its_start():
     # "memory comes back": the process's RSS too, not only the tracker's own count
     # (bench/soak.py: every cycle's RSS within 5% of the start, no growth across cycles)
     assert all(abs(cycle["rss_vs_start"]) <= 0.05 for cycle in result["cycles"]), result["cycles"]
-    assert result["checks"]["rss_within_5pct"] and result["checks"]["no_growth_across_cycles"], result["checks"]
+    assert result["checks"]["rss_within_5pct"] and result["checks"]["no_growth_across_cycles"], (
+        result["checks"], result["start"], [(c["peak_pending"], c["peak_rss"], c["rss_end"]) for c in result["cycles"]])
