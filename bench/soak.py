@@ -15,7 +15,8 @@ there, once. Checks: every cycle redelivers every nack exactly once; after
 every cycle RSS is within 5% of the start, and nbytes too (or within 1 KiB:
 an emptied tracker keeps its dicts' grown hash tables, a fixed few hundred
 bytes); no growth across cycles: the last cycle ends no higher than the one
-before it (RSS within 1% of the start, nbytes not at all). A leak grows every
+before it (RSS within 1% of the start, unless it also held over 5% more nacks at
+its peak than any cycle before it; nbytes not at all). A leak grows every
 cycle; a high-water mark (allocator pools, dict tables) appears once.
 
     python -m bench.soak                # 1,000,000 nacks at 20k/s, 3 cycles (~2.7 min)
@@ -151,7 +152,10 @@ async def run_async(nacks: int, rate: float, cycles: int, delay_ms: int, bits: i
         # a fixed few hundred bytes over a fresh one, so 5% of ~1 KB would flag the allocator, not a leak
         "nbytes_within_5pct_or_1KiB": all(r["nbytes_end"] - start["nbytes"] <= max(0.05 * start["nbytes"], 1024)
                                           for r in rows),
-        "no_growth_across_cycles": last["rss_end"] - prev["rss_end"] <= 0.01 * start["rss"]
+        # a leak grows every cycle; a last cycle that also held more at its peak than any before it (a loop
+        # slowed by a busy machine bunches the nacks) may leave a higher allocator high-water mark once
+        "no_growth_across_cycles": (last["rss_end"] - prev["rss_end"] <= 0.01 * start["rss"]
+                                    or last["peak_pending"] > 1.05 * max(r["peak_pending"] for r in rows[:-1] or [warm]))
         and last["nbytes_end"] <= prev["nbytes_end"],
     }
     return {"config": {"nacks": nacks, "rate": rate, "cycles": cycles, "delay_ms": delay_ms, "precision_bits": bits},
