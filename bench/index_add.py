@@ -52,7 +52,8 @@ def anchor(n: int = N, seed: int = 1) -> tuple[list[int], list[int], list[int]]:
     return [i % 4 for i in range(n)], [i // 4 for i in range(n)], [1_000_000 + rng.randint(1_000, 60_000) for _ in range(n)]
 
 
-def _timed(make: Callable[[], Any], stream: tuple[list[int], list[int], list[int]]) -> float:
+def timed_adds(make: Callable[[], Any], stream: tuple[list[int], list[int], list[int]]) -> float:
+    """CPU seconds of the add calls of ``stream`` into a fresh ``make()`` (the garbage collector off)."""
     idx = make()
     add = idx.add
     gc.collect()
@@ -72,7 +73,7 @@ def compare(stream: tuple[list[int], list[int], list[int]], bits: int, rounds: i
     for r in range(rounds):
         pair = [(tb, lambda: TimeBucketIndex(precision_bits=bits)), (dt, lambda: DictIndex(precision_bits=bits))]
         for out, make in (pair if r % 2 == 0 else pair[::-1]):
-            out.append(_timed(make, stream))
+            out.append(timed_adds(make, stream))
     n = len(stream[0])
     return {"bits": bits, "adds": n, "rounds": rounds, "index_ns": round(min(tb) * 1e9 / n), "dict_ns": round(min(dt) * 1e9 / n),
             "ratio_median": round(statistics.median(a / b for a, b in zip(tb, dt)), 3),

@@ -21,16 +21,14 @@ from __future__ import annotations
 
 import argparse
 import array
-import gc
 import os
 import statistics
 import sys
-import time
 from typing import Any, Callable, Optional
 
 from pyroaring import BitMap
 
-from bench.index_add import anchor, sparse
+from bench.index_add import anchor, sparse, timed_adds
 from nacktracker.index import DictIndex, TimeBucketIndex
 from nacktracker.index.layout import LIVE_ENTRY_BITS, PACKED, SEGMENT, Layout
 from nacktracker.precision import Precision
@@ -115,19 +113,6 @@ class Minimal(Entry):
         packed.append((off << self._cshift | slot) << 32 | entry_id)
 
 
-def _timed(make: Callable[[], Any], stream: tuple[list[int], list[int], list[int]]) -> float:
-    add = make().add
-    gc.collect()
-    gc.disable()
-    try:
-        t = time.process_time()
-        for ledger, entry, due in zip(*stream):
-            add(ledger, entry, due)
-        return time.process_time() - t
-    finally:
-        gc.enable()
-
-
 def compare(stream: tuple[list[int], list[int], list[int]], bits: int, rounds: int) -> dict[str, tuple[int, float]]:
     makers: dict[str, Callable[[], Any]] = {
         "entry": lambda: Entry(bits), "claim": lambda: Claim(bits), "minimal": lambda: Minimal(bits),
@@ -136,7 +121,7 @@ def compare(stream: tuple[list[int], list[int], list[int]], bits: int, rounds: i
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            times[name].append(_timed(makers[name], stream))
+            times[name].append(timed_adds(makers[name], stream))
     n = len(stream[0])
     return {name: (round(min(t) * 1e9 / n), round(statistics.median(a / b for a, b in zip(t, times["DictIndex"])), 3))
             for name, t in times.items()}
