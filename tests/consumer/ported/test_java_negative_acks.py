@@ -29,8 +29,10 @@ internal maps: its unacked-message tracker and nack map, made-up ids).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import uuid
+from typing import Any, AsyncIterator
 
 import pytest
 
@@ -123,18 +125,29 @@ async def test_negative_acks_with_backoff(client, session_broker, broker_kind, b
                                           backoff=nacktracker.MultiplierBackoff(min_delay_ms, 1000))
 
 
-async def test_negative_acks_with_batch_ack_enabled(broker_kind, own_broker, pulsar_logger):
+@contextlib.asynccontextmanager
+async def batch_index_ack_client(broker_kind: str, own_broker: Any, pulsar_logger: Any,
+                                 why: str) -> AsyncIterator[Any]:
+    """A client of an Apache broker of the test's own with batch-index acks on (pulsar-lite ignores them:
+    skipped there, saying ``why``); closed, and the broker stopped, after the block."""
     if broker_kind != "apache":
-        pytest.skip("pulsar-lite ignores batch-index acks (and loses a batch's other messages to one)")
+        pytest.skip(why)
     with own_broker(settings={"acknowledgmentAtBatchIndexLevelEnabled": True}) as broker:
         client = pulsar.asyncio.Client(broker.url, logger=pulsar_logger, operation_timeout_seconds=10)
         try:
-            t = f"persistent://public/default/testNegativeAcksWithBatchAckEnabled-{uuid.uuid4().hex[:10]}"
-            # Java's case relies on its 1 s ack timeout (its nack delay is the default minute); ours nacks at 100 ms
-            await nack_all_then_receive_all_again(client, t, True, Types.Shared, batch_index_ack_enabled=True,
-                                                  delay_ms=100)
+            yield client
         finally:
             await client.close()
+
+
+async def test_negative_acks_with_batch_ack_enabled(broker_kind, own_broker, pulsar_logger):
+    async with batch_index_ack_client(broker_kind, own_broker, pulsar_logger,
+                                      "pulsar-lite ignores batch-index acks (and loses a batch's other messages "
+                                      "to one)") as client:
+        t = f"persistent://public/default/testNegativeAcksWithBatchAckEnabled-{uuid.uuid4().hex[:10]}"
+        # Java's case relies on its 1 s ack timeout (its nack delay is the default minute); ours nacks at 100 ms
+        await nack_all_then_receive_all_again(client, t, True, Types.Shared, batch_index_ack_enabled=True,
+                                              delay_ms=100)
 
 
 def backoff_rounds_total_ms(min_delay_ms: int, rounds: int) -> int:
@@ -179,34 +192,29 @@ async def test_negative_acks_with_batch(broker_kind, own_broker, pulsar_logger):
     """``testNegativeAcksWithBatch``: two messages of one batch, batch-index acks at both ends, nacked
     1 s apart with a 1.5 s delay: the first comes back at its own time (0.5 s after the second nack),
     not with the second. (Java: a 3 s delay, nacks 2 s apart.)"""
-    if broker_kind != "apache":
-        pytest.skip("pulsar-lite ignores batch-index acks (it redelivers whole entries)")
-    with own_broker(settings={"acknowledgmentAtBatchIndexLevelEnabled": True}) as broker:
-        client = pulsar.asyncio.Client(broker.url, logger=pulsar_logger, operation_timeout_seconds=10)
-        try:
-            t = f"persistent://public/default/testNegativeAcksWithBatch-{uuid.uuid4().hex[:10]}"
-            consumer = await nacktracker.subscribe(client, t, "sub1", consumer_type=Types.Shared,
-                                                   batch_index_ack_enabled=True, delay_ms=1500)
-            async with consumer:
-                producer = await client.create_producer(t, batching_enabled=True, batching_max_messages=2,
-                                                        batching_max_publish_delay_ms=3_600_000)
-                sends = [asyncio.ensure_future(producer.send(f"test-{i}".encode())) for i in range(2)]
-                await asyncio.gather(*sends)
-                assert sends[0].result().ledger_id() == sends[1].result().ledger_id()
-                assert sends[0].result().entry_id() == sends[1].result().entry_id()  # one batch
-                await producer.close()
-                first = await consumer.receive(timeout_ms=10_000)
-                await consumer.negative_acknowledge(first)
-                await asyncio.sleep(1.0)
-                await consumer.negative_acknowledge(await consumer.receive(timeout_ms=10_000))
-                again = await consumer.receive(timeout_ms=1000)  # due 0.5 s from now
-                assert again.data() == first.data()
-                await consumer.acknowledge(again)
-                second = await consumer.receive(timeout_ms=5000)
-                assert second.data() != first.data()
-                await consumer.acknowledge(second)
-        finally:
-            await client.close()
+    async with batch_index_ack_client(broker_kind, own_broker, pulsar_logger,
+                                      "pulsar-lite ignores batch-index acks (it redelivers whole entries)") as client:
+        t = f"persistent://public/default/testNegativeAcksWithBatch-{uuid.uuid4().hex[:10]}"
+        consumer = await nacktracker.subscribe(client, t, "sub1", consumer_type=Types.Shared,
+                                               batch_index_ack_enabled=True, delay_ms=1500)
+        async with consumer:
+            producer = await client.create_producer(t, batching_enabled=True, batching_max_messages=2,
+                                                    batching_max_publish_delay_ms=3_600_000)
+            sends = [asyncio.ensure_future(producer.send(f"test-{i}".encode())) for i in range(2)]
+            await asyncio.gather(*sends)
+            assert sends[0].result().ledger_id() == sends[1].result().ledger_id()
+            assert sends[0].result().entry_id() == sends[1].result().entry_id()  # one batch
+            await producer.close()
+            first = await consumer.receive(timeout_ms=10_000)
+            await consumer.negative_acknowledge(first)
+            await asyncio.sleep(1.0)
+            await consumer.negative_acknowledge(await consumer.receive(timeout_ms=10_000))
+            again = await consumer.receive(timeout_ms=1000)  # due 0.5 s from now
+            assert again.data() == first.data()
+            await consumer.acknowledge(again)
+            second = await consumer.receive(timeout_ms=5000)
+            assert second.data() != first.data()
+            await consumer.acknowledge(second)
 
 
 async def test_failover_consumer_batch_cumulative_ack(client, session_broker, broker_kind):
